@@ -1,0 +1,277 @@
+/*
+ * fastgrad.h — the whole public C API of fastgrad.
+ *
+ * fastgrad is a library of fused forward and backward kernels for training neural
+ * networks. The CPU backend (OpenBLAS + OpenMP) is the reference and the default; the
+ * CUDA backend (cuBLASLt + own kernels) is built when nvcc is present. This header is
+ * the documentation: read it top to bottom.
+ *
+ * Conventions
+ *  - Every entry returns fg_status (FG_OK == 0). On failure fg_last_error() gives a
+ *    thread-local message naming the argument, and no output has been written.
+ *  - The library never prints, exits or aborts, and never synchronizes the host with
+ *    the device inside an op. fg_context_check() is the one place that waits.
+ *  - Zero-initialized descriptors mean documented defaults.
+ *  - Sizes are int64. Strides are in elements; an all-zero stride array means
+ *    contiguous row-major. Negative strides are not accepted.
+ *  - The caller owns memory and the stream. Ops allocate no device memory: scratch
+ *    comes from a caller workspace (plans) or the context's own workspace (one-call
+ *    functions), grown stream-ordered when an op needs more.
+ *  - Each backward function computes one gradient; `accumulate` != 0 adds it into the
+ *    existing contents of the output (beta = 1) instead of overwriting it.
+ *  - Enums only grow at the end; the ABI of existing entries does not change within
+ *    a major version.
+ *
+ * This header compiles as C99/C11 and as C++.
+ */
+#ifndef FASTGRAD_H
+#define FASTGRAD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FG_VERSION_MAJOR 0
+#define FG_VERSION_MINOR 1
+#define FG_VERSION_PATCH 0
+/* (major << 16) | (minor << 8) | patch */
+#define FG_VERSION ((FG_VERSION_MAJOR << 16) | (FG_VERSION_MINOR << 8) | FG_VERSION_PATCH)
+
+#if defined(__GNUC__) || defined(__clang__)
+#define FG_NODISCARD __attribute__((warn_unused_result))
+#else
+#define FG_NODISCARD
+#endif
+
+#if defined(__GNUC__) || defined(__clang__)
+#define FG_API __attribute__((visibility("default")))
+#else
+#define FG_API
+#endif
+
+/* ------------------------------------------------------------------ status */
+
+typedef enum fg_status {
+    FG_OK = 0,
+    FG_ERR_NULL_POINTER = 1,     /* a required pointer argument is NULL           */
+    FG_ERR_INVALID_VALUE = 2,    /* an option or scalar argument is out of range  */
+    FG_ERR_SHAPE = 3,            /* ranks or shapes disagree                       */
+    FG_ERR_DTYPE = 4,            /* unknown dtype, or dtypes that must match don't */
+    FG_ERR_WRONG_DEVICE = 5,     /* memory not reachable from the context's device */
+    FG_ERR_MISALIGNED = 6,       /* data not aligned to its element size           */
+    FG_ERR_WORKSPACE = 7,        /* workspace missing or too small                 */
+    FG_ERR_OVERFLOW = 8,         /* a size or extent overflows int64               */
+    FG_ERR_ALIAS = 9,            /* an output overlaps an input or another output  */
+    FG_ERR_UNSUPPORTED = 10,     /* valid, but no kernel of this backend does it   */
+    FG_ERR_NO_DEVICE = 11,       /* backend not built in, or no such device        */
+    FG_ERR_OUT_OF_MEMORY = 12,   /* the context could not grow its own workspace  */
+    FG_ERR_BACKEND = 13,         /* CUDA / cuBLASLt / BLAS reported a failure      */
+    FG_ERR_DEVICE_VALUE = 14,    /* a kernel found a bad value (fg_context_check)  */
+    FG_ERR_INTERNAL = 15         /* a bug in fastgrad: please report it            */
+} fg_status;
+
+/* Static name of a status code ("FG_ERR_SHAPE"); never NULL. */
+FG_API const char *fg_status_string(fg_status status);
+/* Detail of the last failure on this thread ("linear_forward: w.shape[1]=1000 but
+ * x.shape[-1]=1024"); "" after a success. Valid until the next call on this thread. */
+FG_API const char *fg_last_error(void);
+
+/* Runtime version, FG_VERSION of the library actually loaded. */
+FG_API uint32_t fg_version(void);
+
+/* ------------------------------------------------------------------ dtypes */
+
+typedef enum fg_dtype {
+    FG_F32 = 0,   /* the default */
+    FG_F16 = 1,   /* IEEE binary16 */
+    FG_BF16 = 2,  /* bfloat16 */
+    FG_F64 = 3
+} fg_dtype;
+
+/* Size in bytes of one element; 0 for an unknown dtype. */
+FG_API size_t fg_dtype_size(fg_dtype dtype);
+/* Static name ("bf16"); "?" for an unknown dtype. */
+FG_API const char *fg_dtype_name(fg_dtype dtype);
+
+/* Host conversions, round to nearest even; NaN stays NaN, overflow gives inf. */
+FG_API uint16_t fg_f32_to_f16(float value);
+FG_API float fg_f16_to_f32(uint16_t bits);
+FG_API uint16_t fg_f32_to_bf16(float value);
+FG_API float fg_bf16_to_f32(uint16_t bits);
+/* Converts n contiguous host elements. src and dst must not overlap. */
+FG_NODISCARD FG_API fg_status fg_convert(const void *src, fg_dtype src_dtype, void *dst,
+                                         fg_dtype dst_dtype, int64_t n);
+
+/* ------------------------------------------------------------------ tensors */
+
+#define FG_MAX_RANK 8
+
+/* A view of memory the caller owns. Shapes and strides are in elements.
+ * stride all zero: contiguous row-major. An optional operand is absent when its
+ * rank is 0 (pass NULL to the one-call functions). */
+typedef struct fg_tensor {
+    void *data;
+    fg_dtype dtype;
+    int32_t rank;
+    int64_t shape[FG_MAX_RANK];
+    int64_t stride[FG_MAX_RANK];
+} fg_tensor;
+
+/* Convenience: a contiguous tensor descriptor. rank <= FG_MAX_RANK. */
+FG_API fg_tensor fg_tensor_make(void *data, fg_dtype dtype, int32_t rank, const int64_t *shape);
+
+/* ------------------------------------------------------------------ context */
+
+typedef enum fg_backend {
+    FG_BACKEND_CPU = 0,   /* the default */
+    FG_BACKEND_CUDA = 1
+} fg_backend;
+
+typedef struct fg_context_desc {
+    fg_backend backend;
+    int32_t device;          /* CUDA device ordinal                                   */
+    void *stream;            /* cudaStream_t the ops are enqueued on; NULL = default  */
+    int32_t allow_tf32;      /* one-call functions may round f32 inputs to tf32       */
+    int32_t num_threads;     /* CPU: OpenMP threads; 0 = OpenMP's default             */
+} fg_context_desc;
+
+typedef struct fg_context fg_context;
+
+/* Whether a backend is usable here (built in and, for CUDA, a device present). */
+FG_API int fg_backend_available(fg_backend backend);
+
+/* desc NULL: the CPU backend with defaults. */
+FG_NODISCARD FG_API fg_status fg_context_create(const fg_context_desc *desc, fg_context **out);
+/* Frees the context and its own workspace (stream-ordered). NULL is a no-op. */
+FG_API void fg_context_destroy(fg_context *ctx);
+FG_NODISCARD FG_API fg_status fg_context_set_stream(fg_context *ctx, void *stream);
+/* Waits for the context's stream and reports what the device found since the last
+ * check: FG_ERR_DEVICE_VALUE with the first offending index in fg_last_error(), or
+ * FG_ERR_BACKEND for an asynchronous CUDA failure. Clears the device flag. */
+FG_NODISCARD FG_API fg_status fg_context_check(fg_context *ctx);
+/* Hands the context a caller-owned workspace for the one-call functions; the context
+ * then never allocates. NULL/0 returns to the context's own, grown on demand. */
+FG_NODISCARD FG_API fg_status fg_context_set_workspace(fg_context *ctx, void *ptr, size_t bytes);
+
+/* ------------------------------------------------------------------ plans */
+
+typedef enum fg_op {
+    FG_OP_NONE = 0,
+    /* operands, in order (index: name [shape])                                           */
+    FG_OP_LINEAR_FORWARD = 1,          /* 0:x [...,K] 1:w [M,K] 2:b [M] (optional) 3:y [...,M]  */
+    FG_OP_LINEAR_BACKWARD_INPUT = 2,   /* 0:dy [...,M] 1:w [M,K] 2:dx [...,K]               */
+    FG_OP_LINEAR_BACKWARD_WEIGHT = 3,  /* 0:dy [...,M] 1:x [...,K] 2:dw [M,K]               */
+    FG_OP_LINEAR_BACKWARD_BIAS = 4,    /* 0:dy [...,M] 1:db [M]                              */
+    FG_OP_MATMUL_FORWARD = 5,          /* 0:a [(B,)M,K] 1:b [(B,)K,N] 2:c [(B,)M,N]         */
+    FG_OP_MATMUL_BACKWARD_INPUT = 6,   /* 0:dc 1:b 2:da   (da = dc·bᵀ, summed if a broadcast) */
+    FG_OP_MATMUL_BACKWARD_OTHER = 7,   /* 0:a 1:dc 2:db   (db = aᵀ·dc, summed if b broadcast) */
+    FG_OP_OUTER_FORWARD = 8,           /* 0:x [N] 1:y [M] 2:z [N,M]                          */
+    FG_OP_OUTER_BACKWARD_INPUT = 9,    /* 0:dz [N,M] 1:y [M] 2:dx [N]                        */
+    FG_OP_OUTER_BACKWARD_OTHER = 10    /* 0:dz [N,M] 1:x [N] 2:dy [M]                        */
+} fg_op;
+
+#define FG_MAX_OPERANDS 6
+
+/* Plan flags */
+#define FG_PLAN_ALLOW_TF32 1u   /* f32 inputs may be rounded to tf32 on tensor cores */
+
+typedef struct fg_plan_desc {
+    fg_op op;
+    fg_tensor operands[FG_MAX_OPERANDS]; /* dtypes, shapes, strides; data is ignored */
+    int32_t accumulate;                  /* backward ops: add into the output        */
+    uint32_t flags;                      /* FG_PLAN_*                                 */
+} fg_plan_desc;
+
+/* What a plan promises about its numbers. */
+typedef struct fg_precision {
+    fg_dtype storage;       /* element type in memory                                 */
+    fg_dtype math;          /* type products are formed in (exact products of bf16/f16
+                               land in f32)                                           */
+    fg_dtype accumulator;   /* type sums are carried in                               */
+    int32_t tf32;           /* 1: f32 inputs rounded to tf32 (10-bit mantissa)        */
+    int32_t deterministic;  /* 1: the same inputs give the same bits, run to run      */
+    int32_t bit_stable;     /* 1: ... also across processes on the same hardware and
+                               library versions                                       */
+} fg_precision;
+
+/* A plan's SKU and guarantee. */
+typedef struct fg_plan_info {
+    fg_op op;
+    const char *op_name;    /* "linear_forward"                                       */
+    fg_dtype dtype;
+    fg_backend backend;
+    int32_t arch;           /* CUDA compute capability x10 (90 = sm_90); 0 on the CPU */
+    char kernel[128];       /* what runs: "cublasLt(algo=21,tile=..)+bias", "gemv_dot<f32,v4>" */
+    fg_precision precision;
+    size_t workspace_bytes; /* what fg_plan_run needs                                 */
+} fg_plan_info;
+
+typedef struct fg_plan fg_plan;
+
+/* Validates the descriptor (everything but the data pointers) and selects kernels. */
+FG_NODISCARD FG_API fg_status fg_plan_create(fg_context *ctx, const fg_plan_desc *desc,
+                                             fg_plan **out);
+FG_API void fg_plan_destroy(fg_plan *plan);
+FG_NODISCARD FG_API fg_status fg_plan_info_get(const fg_plan *plan, fg_plan_info *info);
+FG_NODISCARD FG_API fg_status fg_plan_workspace_size(const fg_plan *plan, size_t *bytes);
+/* FG_OK when the plan can run on these operands (same dtypes/shapes/strides as its
+ * descriptor; pointers valid, on the context's device, aligned, not aliasing). */
+FG_NODISCARD FG_API fg_status fg_plan_can_implement(const fg_plan *plan,
+                                                    const fg_tensor *operands);
+/* Runs on the context's stream. workspace may be NULL when workspace_bytes == 0. */
+FG_NODISCARD FG_API fg_status fg_plan_run(fg_plan *plan, const fg_tensor *operands,
+                                          void *workspace, size_t workspace_bytes);
+
+/* ------------------------------------------------------------------ Linear */
+/* y = x·wᵀ (+ b). x [..., K] with any leading dims (they must collapse into one
+ * stride), w [M, K], b [M] or NULL, y [..., M]. One row (N = 1) runs as a GEMV. */
+FG_NODISCARD FG_API fg_status fg_linear_forward(fg_context *ctx, const fg_tensor *x,
+                                                const fg_tensor *w, const fg_tensor *b,
+                                                const fg_tensor *y);
+/* dx = dy·w */
+FG_NODISCARD FG_API fg_status fg_linear_backward_input(fg_context *ctx, const fg_tensor *dy,
+                                                       const fg_tensor *w, const fg_tensor *dx,
+                                                       int accumulate);
+/* dw = dyᵀ·x, summed over all leading dims */
+FG_NODISCARD FG_API fg_status fg_linear_backward_weight(fg_context *ctx, const fg_tensor *dy,
+                                                        const fg_tensor *x, const fg_tensor *dw,
+                                                        int accumulate);
+/* db = Σ dy over all leading dims (deterministic, f32 accumulation) */
+FG_NODISCARD FG_API fg_status fg_linear_backward_bias(fg_context *ctx, const fg_tensor *dy,
+                                                      const fg_tensor *db, int accumulate);
+
+/* ------------------------------------------------------------------ Matmul */
+/* c = a·b. a [M,K] or [B,M,K]; b [K,N] or [B,K,N]; c [M,N] or [B,M,N]. A 2-D operand
+ * is broadcast across the batch of the other. */
+FG_NODISCARD FG_API fg_status fg_matmul_forward(fg_context *ctx, const fg_tensor *a,
+                                                const fg_tensor *b, const fg_tensor *c);
+/* da = dc·bᵀ (summed over the batch when a was 2-D and b 3-D) */
+FG_NODISCARD FG_API fg_status fg_matmul_backward_input(fg_context *ctx, const fg_tensor *dc,
+                                                       const fg_tensor *b, const fg_tensor *da,
+                                                       int accumulate);
+/* db = aᵀ·dc (summed over the batch when b was 2-D and a 3-D) */
+FG_NODISCARD FG_API fg_status fg_matmul_backward_other(fg_context *ctx, const fg_tensor *a,
+                                                       const fg_tensor *dc, const fg_tensor *db,
+                                                       int accumulate);
+
+/* ------------------------------------------------------------------ Outer */
+/* z = x ⊗ y: x [N], y [M], z [N, M] */
+FG_NODISCARD FG_API fg_status fg_outer_forward(fg_context *ctx, const fg_tensor *x,
+                                               const fg_tensor *y, const fg_tensor *z);
+/* dx = dz·y */
+FG_NODISCARD FG_API fg_status fg_outer_backward_input(fg_context *ctx, const fg_tensor *dz,
+                                                      const fg_tensor *y, const fg_tensor *dx,
+                                                      int accumulate);
+/* dy = dzᵀ·x */
+FG_NODISCARD FG_API fg_status fg_outer_backward_other(fg_context *ctx, const fg_tensor *dz,
+                                                      const fg_tensor *x, const fg_tensor *dy,
+                                                      int accumulate);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FASTGRAD_H */

@@ -1,0 +1,150 @@
+/*
+ * gemm.c — the backend-neutral half of the GEMM primitive. Every op lowers to fg_gemm
+ * problems; this file puts one into the form both backends expect (c row-major,
+ * degenerate strides made valid, a batch sum collapsed into one product where the
+ * memory layout allows, every dim within int32) and hands it to the context's backend.
+ */
+#include "internal.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#define DIM_LIMIT ((int64_t)INT32_MAX)
+
+/* Gives a size-1 dim a stride that BLAS accepts. */
+static void fix_degenerate(fg_mat *x, int64_t rows, int64_t cols) {
+    if (rows <= 1) x->rs = x->cs == 1 ? (cols > 1 ? cols : 1) : 1;
+    if (cols <= 1) x->cs = x->rs == 1 ? (rows > 1 ? rows : 1) : 1;
+}
+
+static void shift(fg_mat *x, int64_t elems, size_t esize) {
+    x->offset += elems;
+    if (x->data) x->data = (char *)x->data + elems * (int64_t)esize;
+}
+
+static bool valid_layout(const fg_mat *x, int64_t rows, int64_t cols) {
+    if (rows <= 1 || cols <= 1) return true;
+    return (x->cs == 1 && x->rs >= cols) || (x->rs == 1 && x->cs >= rows);
+}
+
+static fg_status dispatch(fg_context *ctx, const fg_gemm *g, fg_kernel_info *info, void *ws,
+                          size_t ws_bytes, bool run) {
+    if (ctx->backend == FG_BACKEND_CPU) return fg_cpu_gemm(ctx, g, info, ws, ws_bytes, run);
+#ifdef FG_HAVE_CUDA
+    if (ctx->backend == FG_BACKEND_CUDA) return fg_cuda_gemm(ctx, g, info, ws, ws_bytes, run);
+#endif
+    return fg_fail(FG_ERR_NO_DEVICE, "gemm: backend %d is not built in", (int)ctx->backend);
+}
+
+/* Splits dims past int32 into chunks; plans from the first (largest) chunk. */
+static fg_status split(fg_context *ctx, const fg_gemm *g, fg_kernel_info *info, void *ws,
+                       size_t ws_bytes, bool run) {
+    const size_t es = fg_dtype_size(g->dtype);
+    if (g->batch > DIM_LIMIT && g->c.bs != 0) {
+        for (int64_t b0 = 0; b0 < g->batch; b0 += DIM_LIMIT) {
+            fg_gemm s = *g;
+            s.batch = g->batch - b0 < DIM_LIMIT ? g->batch - b0 : DIM_LIMIT;
+            shift(&s.a, b0 * g->a.bs, es);
+            shift(&s.b, b0 * g->b.bs, es);
+            shift(&s.c, b0 * g->c.bs, es);
+            FG_TRY(split(ctx, &s, info, ws, ws_bytes, run));
+            if (!run) return FG_OK;
+        }
+        return FG_OK;
+    }
+    if (g->m > DIM_LIMIT) {
+        for (int64_t i0 = 0; i0 < g->m; i0 += DIM_LIMIT) {
+            fg_gemm s = *g;
+            s.m = g->m - i0 < DIM_LIMIT ? g->m - i0 : DIM_LIMIT;
+            shift(&s.a, i0 * g->a.rs, es);
+            shift(&s.c, i0 * g->c.rs, es);
+            if (s.bias) s.bias = (char *)s.bias + i0 * g->bias_rs * (int64_t)es;
+            FG_TRY(split(ctx, &s, info, ws, ws_bytes, run));
+            if (!run) return FG_OK;
+        }
+        return FG_OK;
+    }
+    if (g->n > DIM_LIMIT) {
+        for (int64_t j0 = 0; j0 < g->n; j0 += DIM_LIMIT) {
+            fg_gemm s = *g;
+            s.n = g->n - j0 < DIM_LIMIT ? g->n - j0 : DIM_LIMIT;
+            shift(&s.b, j0 * g->b.cs, es);
+            shift(&s.c, j0 * g->c.cs, es);
+            if (s.bias) s.bias = (char *)s.bias + j0 * g->bias_cs * (int64_t)es;
+            FG_TRY(split(ctx, &s, info, ws, ws_bytes, run));
+            if (!run) return FG_OK;
+        }
+        return FG_OK;
+    }
+    if (g->k > DIM_LIMIT || (g->batch > DIM_LIMIT && g->c.bs == 0)) {
+        /* A long reduction runs in chunks that add into c (beta = 1 after the first). */
+        bool along_k = g->k > DIM_LIMIT;
+        int64_t total = along_k ? g->k : g->batch;
+        for (int64_t p0 = 0; p0 < total; p0 += DIM_LIMIT) {
+            fg_gemm s = *g;
+            int64_t len = total - p0 < DIM_LIMIT ? total - p0 : DIM_LIMIT;
+            if (along_k) {
+                s.k = len;
+                shift(&s.a, p0 * g->a.cs, es);
+                shift(&s.b, p0 * g->b.rs, es);
+            } else {
+                s.batch = len;
+                shift(&s.a, p0 * g->a.bs, es);
+                shift(&s.b, p0 * g->b.bs, es);
+            }
+            if (p0 > 0) {
+                s.beta = 1.0;
+                s.bias = NULL; /* added once */
+                s.bias_operand = -1;
+            }
+            FG_TRY(split(ctx, &s, info, ws, ws_bytes, run));
+            if (!run) return FG_OK;
+        }
+        return FG_OK;
+    }
+    return dispatch(ctx, g, info, ws, ws_bytes, run);
+}
+
+fg_status fg_gemm_execute(fg_context *ctx, const fg_gemm *in, fg_kernel_info *info, void *ws,
+                          size_t ws_bytes, bool run) {
+    fg_gemm g = *in;
+    memset(info, 0, sizeof *info);
+    info->deterministic = true;
+    info->accumulator = g.dtype == FG_F64 ? FG_F64 : FG_F32;
+    if (g.batch == 0 || g.m == 0 || g.n == 0) {
+        snprintf(info->name, sizeof info->name, "empty");
+        return FG_OK;
+    }
+    if (g.batch == 1) {
+        g.a.bs = g.b.bs = g.c.bs = 0;
+    }
+    fix_degenerate(&g.a, g.m, g.k);
+    fix_degenerate(&g.b, g.k, g.n);
+    fix_degenerate(&g.c, g.m, g.n);
+
+    if (g.c.cs != 1) {
+        /* c column-major: compute cᵀ = bᵀ·aᵀ, which is row-major (a bias along the
+           columns of c runs along the rows of cᵀ) */
+        fg_mat a = g.a;
+        g.a = fg_mat_t(g.b);
+        g.b = fg_mat_t(a);
+        g.c = fg_mat_t(g.c);
+        int64_t t = g.m;
+        g.m = g.n;
+        g.n = t;
+        int64_t t2 = g.bias_rs;
+        g.bias_rs = g.bias_cs;
+        g.bias_cs = t2;
+    }
+
+    /* A batch sum whose operands lie side by side along k is one longer product. */
+    if (g.batch > 1 && g.c.bs == 0 && g.a.bs != 0 && g.b.bs != 0 && g.a.bs == g.k * g.a.cs &&
+        g.b.bs == g.k * g.b.rs) {
+        fg_gemm c = g;
+        c.k = g.k * g.batch;
+        c.batch = 1;
+        c.a.bs = c.b.bs = 0;
+        if (valid_layout(&c.a, c.m, c.k) && valid_layout(&c.b, c.k, c.n)) g = c;
+    }
+    return split(ctx, &g, info, ws, ws_bytes, run);
+}

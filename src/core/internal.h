@@ -1,0 +1,172 @@
+/*
+ * internal.h — what the library's own files share and the public header hides:
+ * the context, error reporting, tensor checks, and the GEMM primitive every op lowers
+ * to (a backend-neutral description that src/cpu/gemm.c and src/cuda/gemm.cu run).
+ */
+#ifndef FG_INTERNAL_H
+#define FG_INTERNAL_H
+
+#include "fastgrad.h"
+
+#include <stdbool.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------ errors */
+
+/* Records the message for fg_last_error() and returns status. */
+fg_status fg_fail(fg_status status, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+void fg_clear_error(void);
+
+#define FG_TRY(expr)                                                                         \
+    do {                                                                                     \
+        fg_status fg_try_status_ = (expr);                                                   \
+        if (fg_try_status_ != FG_OK) return fg_try_status_;                                  \
+    } while (0)
+
+/* ------------------------------------------------------------------ context */
+
+struct fg_cuda_state; /* src/cuda/context.cu */
+
+struct fg_context {
+    fg_backend backend;
+    int device;
+    int arch;          /* compute capability x10, 0 on CPU */
+    int sm_count;
+    int allow_tf32;
+    int num_threads;
+    void *workspace;   /* host memory (CPU) or device memory (CUDA) */
+    size_t workspace_bytes;
+    bool workspace_external;
+    bool cuda_present; /* CPU context in a CUDA build: a device exists, so check pointers */
+    struct fg_cuda_state *cuda;
+};
+
+/* Makes sure the context's own workspace holds `bytes`; returns it. */
+fg_status fg_context_workspace(fg_context *ctx, size_t bytes, void **ptr);
+
+/* ------------------------------------------------------------------ tensors */
+
+/* Contiguous strides when the caller left them all zero. */
+void fg_tensor_strides(const fg_tensor *t, int64_t stride[FG_MAX_RANK]);
+/* Structural checks of a descriptor: dtype known, rank in [lo, hi], shapes >= 0,
+ * strides >= 0, element count and byte extent fit int64. `what` names it in errors. */
+fg_status fg_check_desc(const char *op, const char *what, const fg_tensor *t, int rank_lo,
+                        int rank_hi);
+/* Element count (fg_check_desc has ruled out overflow). */
+int64_t fg_numel(const fg_tensor *t);
+/* Bytes from data to one past the last element (0 when empty). */
+int64_t fg_extent_bytes(const fg_tensor *t);
+/* Pointer checks at run time: non-NULL data (unless empty), element alignment, memory
+ * reachable from the context's device. */
+fg_status fg_check_data(const fg_context *ctx, const char *op, const char *what,
+                        const fg_tensor *t);
+/* An output must not overlap another operand. */
+fg_status fg_check_no_overlap(const char *op, const char *out_name, const fg_tensor *out,
+                              const char *other_name, const fg_tensor *other);
+/* Formats a shape as "[2, 3, 4]" into buf. */
+const char *fg_shape_str(const fg_tensor *t, char *buf, size_t len);
+
+/* Leading dims [0, upto) of t collapse into one index with a single stride?
+ * Gives that stride (0 when the product is 1). */
+bool fg_collapse_dims(const fg_tensor *t, int upto, int64_t *count, int64_t *stride);
+
+/* ------------------------------------------------------------------ GEMM primitive */
+
+#define FG_OPERAND_ONES (-1) /* a vector of ones, in place of an operand */
+
+/* A matrix (or batch of matrices) inside an operand. Strides in elements; one of
+ * rs, cs must be 1 unless that dim has size 1. */
+typedef struct fg_mat {
+    int operand;      /* index into the op's operands, or FG_OPERAND_ONES */
+    int64_t offset;   /* elements from the operand's data */
+    int64_t rs, cs;   /* row and column stride */
+    int64_t bs;       /* batch stride; 0 = the same matrix for every batch */
+    void *data;       /* resolved at run time */
+} fg_mat;
+
+/* c = alpha · a·b + beta · c (+ bias[i·bias_rs + j·bias_cs] on element (i, j)), for each batch.
+ * a: m×k, b: k×n, c: m×n. c.bs == 0 with batch > 1: the products are summed over the
+ * batch into c (deterministically, in batch order, low precision carried in f32). */
+typedef struct fg_gemm {
+    fg_dtype dtype;
+    int64_t batch, m, n, k;
+    fg_mat a, b, c;
+    double alpha, beta;
+    int bias_operand;  /* -1: no bias */
+    int64_t bias_rs, bias_cs; /* a bias along columns has bias_rs == 0 */
+    void *bias;        /* resolved at run time */
+    bool allow_tf32;
+} fg_gemm;
+
+typedef struct fg_kernel_info {
+    char name[128];
+    size_t workspace_bytes;
+    bool deterministic;
+    fg_dtype accumulator; /* type the sums are carried in */
+} fg_kernel_info;
+
+/* Plans (run = false: fills info, touches no data) or runs one GEMM on ctx's backend.
+ * Normalizes orientation, collapses batch sums, splits dims past int32, then calls
+ * the backend. */
+fg_status fg_gemm_execute(fg_context *ctx, const fg_gemm *g, fg_kernel_info *info, void *ws,
+                          size_t ws_bytes, bool run);
+
+/* Backends: the same contract on a problem fg_gemm_execute has normalized (c row-major
+ * or a vector, every dim and leading dim within int32). */
+fg_status fg_cpu_gemm(fg_context *ctx, const fg_gemm *g, fg_kernel_info *info, void *ws,
+                      size_t ws_bytes, bool run);
+#ifdef FG_HAVE_CUDA
+fg_status fg_cuda_gemm(fg_context *ctx, const fg_gemm *g, fg_kernel_info *info, void *ws,
+                       size_t ws_bytes, bool run);
+#endif
+
+/* ------------------------------------------------------------------ op lowering */
+
+#define FG_MAX_GEMMS 2
+
+/* An op lowered to GEMM primitives that run in order. */
+typedef struct fg_lowered {
+    int count;
+    fg_gemm gemm[FG_MAX_GEMMS];
+} fg_lowered;
+
+/* One entry per fg_op: names its operands, says which are outputs, validates a plan
+ * descriptor (everything but data) and lowers it. */
+typedef struct fg_op_entry {
+    fg_op op;
+    const char *name;
+    int n_operands;
+    const char *operand_names[FG_MAX_OPERANDS];
+    unsigned output_mask;    /* bit i: operand i is written */
+    unsigned optional_mask;  /* bit i: operand i may be absent (rank 0) */
+    fg_status (*lower)(const fg_plan_desc *desc, fg_lowered *out);
+} fg_op_entry;
+
+const fg_op_entry *fg_linear_op_entry(fg_op op);
+const fg_op_entry *fg_matmul_op_entry(fg_op op);
+const fg_op_entry *fg_outer_op_entry(fg_op op);
+
+/* Fills a plan descriptor for the one-call functions and runs it on ctx's workspace. */
+fg_status fg_run_once(fg_context *ctx, fg_op op, const fg_tensor *const *operands, int n,
+                      int accumulate);
+
+/* Matrix view of the last two dims of t starting at dim `first` (rows, cols). */
+fg_mat fg_mat_of(int operand, const int64_t *stride, int rows_dim, int cols_dim);
+fg_mat fg_mat_t(fg_mat m); /* transposed view */
+
+/* Checks that the matrix [rows, cols] of operand `what` has a unit stride in one dim. */
+fg_status fg_check_unit_stride(const char *op, const char *what, const fg_mat *m, int64_t rows,
+                               int64_t cols);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FG_INTERNAL_H */

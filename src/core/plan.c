@@ -1,0 +1,199 @@
+/*
+ * plan.c — the plan mechanism every op goes through: descriptor → fg_plan_create
+ * (validate the structure, lower to GEMM primitives, let the backend pick kernels)
+ * → fg_plan_can_implement (check the run's pointers) → fg_plan_workspace_size →
+ * fg_plan_run. The one-call functions (fg_linear_forward, ...) are fg_run_once().
+ */
+#include "internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct fg_plan {
+    fg_context *ctx;
+    const fg_op_entry *entry;
+    fg_plan_desc desc;
+    fg_lowered lowered;
+    fg_plan_info info;
+};
+
+static const fg_op_entry *find_op(fg_op op) {
+    const fg_op_entry *e = fg_linear_op_entry(op);
+    if (!e) e = fg_matmul_op_entry(op);
+    if (!e) e = fg_outer_op_entry(op);
+    return e;
+}
+
+static fg_dtype accumulator_of(fg_dtype t) { return t == FG_F64 ? FG_F64 : FG_F32; }
+
+/* Builds the plan in place (no allocation), so the one-call path costs no malloc. */
+static fg_status plan_init(fg_context *ctx, const fg_plan_desc *desc, struct fg_plan *p) {
+    if (!ctx) return fg_fail(FG_ERR_NULL_POINTER, "plan_create: ctx is NULL");
+    if (!desc) return fg_fail(FG_ERR_NULL_POINTER, "plan_create: desc is NULL");
+    const fg_op_entry *e = find_op(desc->op);
+    if (!e) return fg_fail(FG_ERR_INVALID_VALUE, "plan_create: desc.op=%d is not an op", (int)desc->op);
+    if (desc->flags & ~FG_PLAN_ALLOW_TF32)
+        return fg_fail(FG_ERR_INVALID_VALUE, "%s: unknown flags 0x%x", e->name,
+                       desc->flags & ~FG_PLAN_ALLOW_TF32);
+    if (desc->accumulate != 0 && desc->accumulate != 1)
+        return fg_fail(FG_ERR_INVALID_VALUE, "%s: accumulate=%d must be 0 or 1", e->name,
+                       desc->accumulate);
+    memset(p, 0, sizeof *p);
+    p->ctx = ctx;
+    p->entry = e;
+    p->desc = *desc;
+    FG_TRY(e->lower(desc, &p->lowered));
+
+    fg_plan_info *info = &p->info;
+    info->op = e->op;
+    info->op_name = e->name;
+    info->dtype = desc->operands[0].dtype;
+    info->backend = ctx->backend;
+    info->arch = ctx->arch;
+    info->precision.storage = info->dtype;
+    info->precision.math = accumulator_of(info->dtype);
+    info->precision.accumulator = accumulator_of(info->dtype);
+    info->precision.deterministic = 1;
+    info->precision.bit_stable = 1;
+    size_t used = 0;
+    for (int i = 0; i < p->lowered.count; i++) {
+        fg_gemm *g = &p->lowered.gemm[i];
+        g->allow_tf32 = (desc->flags & FG_PLAN_ALLOW_TF32) && g->dtype == FG_F32;
+        if (g->allow_tf32) info->precision.tf32 = 1;
+        fg_kernel_info k;
+        FG_TRY(fg_gemm_execute(ctx, g, &k, NULL, 0, false));
+        if (!k.deterministic) info->precision.deterministic = info->precision.bit_stable = 0;
+        if (k.accumulator == FG_F64) info->precision.accumulator = FG_F64;
+        if (k.workspace_bytes > info->workspace_bytes) info->workspace_bytes = k.workspace_bytes;
+        used += (size_t)snprintf(info->kernel + used, used < sizeof info->kernel ? sizeof info->kernel - used : 0,
+                                 "%s%s", i ? " ; " : "", k.name);
+        if (used >= sizeof info->kernel) used = sizeof info->kernel - 1;
+    }
+    return FG_OK;
+}
+
+static fg_status check_run(const struct fg_plan *p, const fg_tensor *ops) {
+    const fg_op_entry *e = p->entry;
+    if (!ops) return fg_fail(FG_ERR_NULL_POINTER, "%s: operands is NULL", e->name);
+    for (int i = 0; i < e->n_operands; i++) {
+        const fg_tensor *want = &p->desc.operands[i], *got = &ops[i];
+        bool same = want->dtype == got->dtype && want->rank == got->rank;
+        for (int d = 0; same && d < want->rank; d++)
+            same = want->shape[d] == got->shape[d] && want->stride[d] == got->stride[d];
+        if (!same) {
+            char a[160], b[160];
+            return fg_fail(FG_ERR_SHAPE, "%s: %s is %s %s but the plan was made for %s %s", e->name,
+                           e->operand_names[i], fg_dtype_name(got->dtype), fg_shape_str(got, b, sizeof b),
+                           fg_dtype_name(want->dtype), fg_shape_str(want, a, sizeof a));
+        }
+        if (got->rank == 0 && (e->optional_mask >> i & 1u)) continue;
+        FG_TRY(fg_check_data(p->ctx, e->name, e->operand_names[i], got));
+    }
+    for (int i = 0; i < e->n_operands; i++) {
+        if (!(e->output_mask >> i & 1u) || ops[i].rank == 0) continue;
+        for (int j = 0; j < e->n_operands; j++) {
+            if (j == i || ops[j].rank == 0) continue;
+            FG_TRY(fg_check_no_overlap(e->name, e->operand_names[i], &ops[i], e->operand_names[j],
+                                       &ops[j]));
+        }
+    }
+    return FG_OK;
+}
+
+static void resolve(fg_mat *m, const fg_tensor *ops, size_t es) {
+    m->data = m->operand >= 0 ? (char *)ops[m->operand].data + m->offset * (int64_t)es : NULL;
+}
+
+static fg_status plan_run(struct fg_plan *p, const fg_tensor *ops, void *ws, size_t ws_bytes) {
+    FG_TRY(check_run(p, ops));
+    if (p->info.workspace_bytes > 0 && (!ws || ws_bytes < p->info.workspace_bytes))
+        return fg_fail(FG_ERR_WORKSPACE, "%s: workspace of %zu bytes given, %zu needed", p->entry->name,
+                       ws ? ws_bytes : 0, p->info.workspace_bytes);
+    for (int i = 0; i < p->lowered.count; i++) {
+        fg_gemm g = p->lowered.gemm[i];
+        const size_t es = fg_dtype_size(g.dtype);
+        resolve(&g.a, ops, es);
+        resolve(&g.b, ops, es);
+        resolve(&g.c, ops, es);
+        g.bias = g.bias_operand >= 0 ? ops[g.bias_operand].data : NULL;
+        fg_kernel_info k;
+        FG_TRY(fg_gemm_execute(p->ctx, &g, &k, ws, ws_bytes, true));
+    }
+    fg_clear_error();
+    return FG_OK;
+}
+
+fg_status fg_plan_create(fg_context *ctx, const fg_plan_desc *desc, fg_plan **out) {
+    if (!out) return fg_fail(FG_ERR_NULL_POINTER, "plan_create: out is NULL");
+    *out = NULL;
+    struct fg_plan *p = malloc(sizeof *p);
+    if (!p) return fg_fail(FG_ERR_OUT_OF_MEMORY, "plan_create: out of host memory");
+    fg_status s = plan_init(ctx, desc, p);
+    if (s != FG_OK) {
+        free(p);
+        return s;
+    }
+    *out = p;
+    fg_clear_error();
+    return FG_OK;
+}
+
+void fg_plan_destroy(fg_plan *plan) { free(plan); }
+
+fg_status fg_plan_info_get(const fg_plan *plan, fg_plan_info *info) {
+    if (!plan) return fg_fail(FG_ERR_NULL_POINTER, "plan_info_get: plan is NULL");
+    if (!info) return fg_fail(FG_ERR_NULL_POINTER, "plan_info_get: info is NULL");
+    *info = plan->info;
+    return FG_OK;
+}
+
+fg_status fg_plan_workspace_size(const fg_plan *plan, size_t *bytes) {
+    if (!plan) return fg_fail(FG_ERR_NULL_POINTER, "plan_workspace_size: plan is NULL");
+    if (!bytes) return fg_fail(FG_ERR_NULL_POINTER, "plan_workspace_size: bytes is NULL");
+    *bytes = plan->info.workspace_bytes;
+    return FG_OK;
+}
+
+fg_status fg_plan_can_implement(const fg_plan *plan, const fg_tensor *operands) {
+    if (!plan) return fg_fail(FG_ERR_NULL_POINTER, "plan_can_implement: plan is NULL");
+    FG_TRY(check_run(plan, operands));
+    fg_clear_error();
+    return FG_OK;
+}
+
+fg_status fg_plan_run(fg_plan *plan, const fg_tensor *operands, void *workspace,
+                      size_t workspace_bytes) {
+    if (!plan) return fg_fail(FG_ERR_NULL_POINTER, "plan_run: plan is NULL");
+    return plan_run(plan, operands, workspace, workspace_bytes);
+}
+
+fg_status fg_run_once(fg_context *ctx, fg_op op, const fg_tensor *const *operands, int n,
+                      int accumulate) {
+    const fg_op_entry *e = find_op(op);
+    if (!e || n != e->n_operands) return fg_fail(FG_ERR_INTERNAL, "run_once: bad op table");
+    if (!ctx) return fg_fail(FG_ERR_NULL_POINTER, "%s: ctx is NULL", e->name);
+    fg_plan_desc desc;
+    memset(&desc, 0, sizeof desc);
+    desc.op = op;
+    desc.accumulate = accumulate ? 1 : 0;
+    desc.flags = ctx->allow_tf32 ? FG_PLAN_ALLOW_TF32 : 0;
+    fg_tensor ops[FG_MAX_OPERANDS];
+    memset(ops, 0, sizeof ops);
+    for (int i = 0; i < n; i++) {
+        if (!operands[i]) {
+            if (e->optional_mask >> i & 1u) continue;
+            return fg_fail(FG_ERR_NULL_POINTER, "%s: %s is NULL", e->name, e->operand_names[i]);
+        }
+        ops[i] = *operands[i];
+        if (ops[i].rank == 0 && (e->optional_mask >> i & 1u)) ops[i].data = NULL;
+        desc.operands[i] = ops[i];
+        desc.operands[i].data = NULL;
+    }
+    struct fg_plan p;
+    FG_TRY(plan_init(ctx, &desc, &p));
+    FG_TRY(check_run(&p, ops)); /* before the workspace may grow */
+    void *ws = NULL;
+    if (p.info.workspace_bytes) FG_TRY(fg_context_workspace(ctx, p.info.workspace_bytes, &ws));
+    return plan_run(&p, ops, ws, p.info.workspace_bytes);
+}

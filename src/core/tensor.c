@@ -1,0 +1,184 @@
+/*
+ * tensor.c — checks on fg_tensor descriptors shared by every op's front door:
+ * structure (dtype, rank, shapes, strides, int64 overflow) when a plan is made, and
+ * data (NULL, alignment, device, overlap) when it runs. Also small view helpers.
+ */
+#include "internal.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#ifdef FG_HAVE_CUDA
+fg_status fg_cuda_check_pointer(const fg_context *ctx, const char *op, const char *what,
+                                const void *ptr);
+#endif
+
+void fg_tensor_strides(const fg_tensor *t, int64_t stride[FG_MAX_RANK]) {
+    bool all_zero = true;
+    for (int i = 0; i < t->rank; i++) all_zero = all_zero && t->stride[i] == 0;
+    if (!all_zero) {
+        for (int i = 0; i < t->rank; i++) stride[i] = t->stride[i];
+        return;
+    }
+    int64_t s = 1;
+    for (int i = t->rank - 1; i >= 0; i--) {
+        stride[i] = s;
+        s *= t->shape[i] > 0 ? t->shape[i] : 1;
+    }
+}
+
+const char *fg_shape_str(const fg_tensor *t, char *buf, size_t len) {
+    size_t used = (size_t)snprintf(buf, len, "[");
+    for (int i = 0; i < t->rank && i < FG_MAX_RANK && used < len; i++)
+        used += (size_t)snprintf(buf + used, len - used, i ? ", %lld" : "%lld",
+                                 (long long)t->shape[i]);
+    if (used < len) snprintf(buf + used, len - used, "]");
+    return buf;
+}
+
+int64_t fg_numel(const fg_tensor *t) {
+    int64_t n = 1;
+    for (int i = 0; i < t->rank; i++) n *= t->shape[i];
+    return n;
+}
+
+int64_t fg_extent_bytes(const fg_tensor *t) {
+    int64_t stride[FG_MAX_RANK];
+    fg_tensor_strides(t, stride);
+    int64_t last = 0;
+    for (int i = 0; i < t->rank; i++) {
+        if (t->shape[i] == 0) return 0;
+        last += (t->shape[i] - 1) * stride[i];
+    }
+    return (last + 1) * (int64_t)fg_dtype_size(t->dtype);
+}
+
+fg_status fg_check_desc(const char *op, const char *what, const fg_tensor *t, int rank_lo,
+                        int rank_hi) {
+    if (!t) return fg_fail(FG_ERR_NULL_POINTER, "%s: %s is NULL", op, what);
+    if (fg_dtype_size(t->dtype) == 0)
+        return fg_fail(FG_ERR_DTYPE, "%s: %s.dtype=%d is not a dtype", op, what, (int)t->dtype);
+    if (t->rank < rank_lo || t->rank > rank_hi) {
+        if (rank_lo == rank_hi)
+            return fg_fail(FG_ERR_SHAPE, "%s: %s.rank=%d but it must be %d", op, what, t->rank,
+                           rank_lo);
+        return fg_fail(FG_ERR_SHAPE, "%s: %s.rank=%d but it must be in [%d, %d]", op, what,
+                       t->rank, rank_lo, rank_hi);
+    }
+    int64_t numel = 1, last = 0;
+    const int64_t esize = (int64_t)fg_dtype_size(t->dtype);
+    for (int i = 0; i < t->rank; i++) {
+        if (t->shape[i] < 0)
+            return fg_fail(FG_ERR_SHAPE, "%s: %s.shape[%d]=%lld is negative", op, what, i,
+                           (long long)t->shape[i]);
+        if (t->stride[i] < 0)
+            return fg_fail(FG_ERR_UNSUPPORTED, "%s: %s.stride[%d]=%lld is negative", op, what, i,
+                           (long long)t->stride[i]);
+        if (t->shape[i] != 0 && numel > INT64_MAX / t->shape[i])
+            return fg_fail(FG_ERR_OVERFLOW, "%s: %s has more than 2^63 elements", op, what);
+        numel *= t->shape[i];
+    }
+    if (numel == 0) return FG_OK;
+    if (numel > INT64_MAX / esize)
+        return fg_fail(FG_ERR_OVERFLOW, "%s: %s is larger than 2^63 bytes", op, what);
+    int64_t stride[FG_MAX_RANK];
+    fg_tensor_strides(t, stride);
+    for (int i = 0; i < t->rank; i++) {
+        int64_t span = t->shape[i] - 1;
+        if (stride[i] != 0 && span > (INT64_MAX / esize - last) / stride[i])
+            return fg_fail(FG_ERR_OVERFLOW, "%s: %s spans more than 2^63 bytes (stride[%d]=%lld)",
+                           op, what, i, (long long)stride[i]);
+        last += span * stride[i];
+    }
+    return FG_OK;
+}
+
+fg_status fg_check_data(const fg_context *ctx, const char *op, const char *what,
+                        const fg_tensor *t) {
+    if (fg_numel(t) == 0) return FG_OK;
+    if (!t->data) return fg_fail(FG_ERR_NULL_POINTER, "%s: %s.data is NULL", op, what);
+    if ((uintptr_t)t->data % fg_dtype_size(t->dtype) != 0)
+        return fg_fail(FG_ERR_MISALIGNED, "%s: %s.data=%p is not aligned to its %zu-byte %s elements",
+                       op, what, t->data, fg_dtype_size(t->dtype), fg_dtype_name(t->dtype));
+#ifdef FG_HAVE_CUDA
+    FG_TRY(fg_cuda_check_pointer(ctx, op, what, t->data));
+#else
+    (void)ctx;
+#endif
+    return FG_OK;
+}
+
+fg_status fg_check_no_overlap(const char *op, const char *out_name, const fg_tensor *out,
+                              const char *other_name, const fg_tensor *other) {
+    int64_t a = fg_extent_bytes(out), b = fg_extent_bytes(other);
+    if (a == 0 || b == 0) return FG_OK;
+    uintptr_t p = (uintptr_t)out->data, q = (uintptr_t)other->data;
+    if (p < q + (uintptr_t)b && q < p + (uintptr_t)a)
+        return fg_fail(FG_ERR_ALIAS, "%s: output %s overlaps %s", op, out_name, other_name);
+    return FG_OK;
+}
+
+bool fg_collapse_dims(const fg_tensor *t, int upto, int64_t *count, int64_t *stride_out) {
+    int64_t stride[FG_MAX_RANK];
+    fg_tensor_strides(t, stride);
+    int64_t n = 1, s = 0;
+    bool ok = true;
+    /* Walk from the innermost of the leading dims outwards; size-1 dims never matter. */
+    int64_t expect = -1;
+    for (int i = upto - 1; i >= 0; i--) {
+        if (t->shape[i] == 1) continue;
+        if (expect < 0) {
+            s = stride[i];
+        } else if (stride[i] != expect) {
+            ok = false;
+        }
+        expect = stride[i] * t->shape[i];
+        n *= t->shape[i];
+    }
+    for (int i = 0; i < upto; i++)
+        if (t->shape[i] == 0) n = 0;
+    *count = n;
+    *stride_out = n <= 1 ? 0 : s;
+    return ok;
+}
+
+fg_mat fg_mat_of(int operand, const int64_t *stride, int rows_dim, int cols_dim) {
+    fg_mat m;
+    memset(&m, 0, sizeof m);
+    m.operand = operand;
+    m.rs = rows_dim >= 0 ? stride[rows_dim] : 0;
+    m.cs = cols_dim >= 0 ? stride[cols_dim] : 0;
+    return m;
+}
+
+fg_mat fg_mat_t(fg_mat m) {
+    int64_t t = m.rs;
+    m.rs = m.cs;
+    m.cs = t;
+    return m;
+}
+
+fg_status fg_check_unit_stride(const char *op, const char *what, const fg_mat *m, int64_t rows,
+                               int64_t cols) {
+    if (rows <= 1 || cols <= 1) return FG_OK;
+    if (m->cs == 1 && m->rs >= cols) return FG_OK;
+    if (m->rs == 1 && m->cs >= rows) return FG_OK;
+    if (m->cs == 1 || m->rs == 1)
+        return fg_fail(FG_ERR_UNSUPPORTED,
+                       "%s: %s has overlapping rows or columns (strides %lld, %lld for a %lldx%lld matrix)",
+                       op, what, (long long)m->rs, (long long)m->cs, (long long)rows,
+                       (long long)cols);
+    return fg_fail(FG_ERR_UNSUPPORTED,
+                   "%s: %s needs a unit stride in one of its two matrix dims (strides %lld, %lld)",
+                   op, what, (long long)m->rs, (long long)m->cs);
+}
+
+fg_tensor fg_tensor_make(void *data, fg_dtype dtype, int32_t rank, const int64_t *shape) {
+    fg_tensor t;
+    memset(&t, 0, sizeof t);
+    t.data = data;
+    t.dtype = dtype;
+    t.rank = rank < 0 ? 0 : rank > FG_MAX_RANK ? FG_MAX_RANK : rank;
+    for (int i = 0; i < t.rank; i++) t.shape[i] = shape[i];
+    return t;
+}

@@ -1,0 +1,58 @@
+/*
+ * cuda_internal.h — what the CUDA backend's files share: the per-context CUDA state
+ * (stream, cuBLASLt handle, device error flag, cached GEMM algorithm choices) and a
+ * guard that makes the context's device current for one call and restores the
+ * caller's afterwards (no hidden global device).
+ */
+#ifndef FG_CUDA_INTERNAL_H
+#define FG_CUDA_INTERNAL_H
+
+#include "../core/internal.h"
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#define FG_LT_CACHE 64
+
+typedef struct fg_lt_key {
+    int32_t dtype, ctype, tf32, op_a, op_b, epilogue;
+    int64_t rows_a, cols_a, ld_a, rows_b, cols_b, ld_b, rows_c, cols_c, ld_c;
+    int64_t batch, bs_a, bs_b, bs_c;
+    uint32_t align_a, align_b, align_c, align_bias;
+} fg_lt_key;
+
+typedef struct fg_lt_entry {
+    bool used;
+    fg_lt_key key;
+    cublasLtMatmulAlgo_t algo;
+    bool found; /* false: the heuristic had no algorithm for this key */
+} fg_lt_entry;
+
+struct fg_cuda_state {
+    cudaStream_t stream;
+    cublasLtHandle_t lt;
+    unsigned long long *flag; /* device: [0] error code, [1] first offending index */
+    fg_lt_entry cache[FG_LT_CACHE];
+    int cache_next;
+};
+
+#ifdef __cplusplus
+class fg_device_guard {
+  public:
+    explicit fg_device_guard(int device) {
+        if (cudaGetDevice(&prev_) != cudaSuccess) prev_ = -1;
+        if (prev_ != device) cudaSetDevice(device);
+    }
+    ~fg_device_guard() {
+        if (prev_ >= 0) cudaSetDevice(prev_);
+    }
+
+  private:
+    int prev_;
+};
+#endif
+
+/* Turns a CUDA error into FG_ERR_BACKEND with the call named. */
+fg_status fg_cuda_fail(cudaError_t err, const char *what);
+
+#endif

@@ -1,0 +1,593 @@
+/*
+ * gemm.cu — the CUDA GEMM primitive: the one file that calls cuBLAS(Lt). Every CUDA op
+ * that multiplies matrices comes here through fg_gemm_execute (src/core/gemm.c), which
+ * has already made c row-major and every dim fit int32.
+ *
+ *  - General products: cuBLASLt, computing cᵀ = bᵀ·aᵀ in its column-major terms, with
+ *    the bias fused as an epilogue, f32 accumulation (f64 for f64), TF32 only when
+ *    asked, split-K reductions restricted to deterministic schemes, algorithm choices
+ *    cached per context.
+ *  - Vector products (one row or one column, batch 1): own bandwidth-bound kernels.
+ *    gemv_dot: each output is a dot product of a contiguous run (a warp per output
+ *    pair, 16-byte loads). gemv_cols: outputs are columns of row-contiguous data
+ *    (dx of a single row, bias gradients as a product with a vector of ones): blocks
+ *    sum fixed row slices into a partial buffer, and a second kernel adds the slices
+ *    in order, so the result is deterministic.
+ *  - Batch sums (c.bs == 0) in f16/bf16 accumulate in an f32 buffer and round once.
+ */
+#include "cuda_internal.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdio.h>
+#include <string.h>
+
+#define LT_WORKSPACE ((size_t)32 << 20)
+
+/* ------------------------------------------------------------------ element helpers */
+
+template <typename T> struct acc_type { typedef float type; };
+template <> struct acc_type<double> { typedef double type; };
+
+__device__ __forceinline__ float to_acc(float x) { return x; }
+__device__ __forceinline__ double to_acc(double x) { return x; }
+__device__ __forceinline__ float to_acc(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_acc(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T> __device__ __forceinline__ T from_acc(float x);
+template <> __device__ __forceinline__ float from_acc<float>(float x) { return x; }
+template <> __device__ __forceinline__ __half from_acc<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16>(float x) {
+    return __float2bfloat16_rn(x);
+}
+template <typename T> __device__ __forceinline__ T from_acc(double x) { return (T)x; }
+
+/* VEC elements of T in one 16-byte load. */
+template <typename T, int VEC> struct alignas(16) vec_t { T v[VEC]; };
+
+template <typename T, int VEC>
+__device__ __forceinline__ vec_t<T, VEC> load_vec(const T *p) {
+    vec_t<T, VEC> r;
+    *reinterpret_cast<uint4 *>(&r) = __ldg(reinterpret_cast<const uint4 *>(p));
+    return r;
+}
+
+template <typename A>
+__device__ __forceinline__ A warp_sum(A v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* out = alpha·acc + beta·out + bias; out is never read when beta == 0. */
+template <typename T, typename A>
+__device__ __forceinline__ void epilogue(T *out, A acc, A alpha, A beta, const T *bias) {
+    A v = alpha * acc;
+    if (beta != A(0)) v += beta * to_acc(*out);
+    if (bias) v += to_acc(*bias);
+    *out = from_acc<T>(v);
+}
+
+/* out[j·os] = alpha·Σ_p M(p, j)·v[p·vs] + beta·out + bias[j·bias_inc],
+ * M(p, j) at m[p·mp + j·mj], v NULL = ones. */
+template <typename T> struct vec_args {
+    const T *m, *v, *bias;
+    T *out;
+    int64_t mp, mj, vs, os, bias_inc, len, depth;
+    typename acc_type<T>::type alpha, beta;
+};
+
+/* ------------------------------------------------------------------ gemv_dot */
+
+constexpr int DOT_ROWS = 2;     /* outputs per warp: each x load feeds two rows */
+constexpr int DOT_THREADS = 256;
+
+template <typename T, int VEC>
+__global__ void __launch_bounds__(DOT_THREADS) gemv_dot_kernel(vec_args<T> a) {
+    typedef typename acc_type<T>::type A;
+    const int lane = threadIdx.x & 31;
+    const int64_t warp = ((int64_t)blockIdx.x * DOT_THREADS + threadIdx.x) >> 5;
+    const int64_t j0 = warp * DOT_ROWS;
+    if (j0 >= a.len) return;
+    const bool two = j0 + 1 < a.len;
+    const T *r0 = a.m + j0 * a.mj, *r1 = a.m + (two ? j0 + 1 : j0) * a.mj;
+    A acc0 = 0, acc1 = 0;
+    int64_t p_tail = 0;
+    if (VEC > 1) { /* mp == 1, v contiguous (or ones), all 16-byte aligned */
+        const int64_t nvec = a.depth / VEC;
+        int64_t q = lane;
+        for (; q + 32 < nvec; q += 64) { /* two vectors per row in flight */
+            vec_t<T, VEC> m00 = load_vec<T, VEC>(r0 + q * VEC), m01 = load_vec<T, VEC>(r0 + (q + 32) * VEC);
+            vec_t<T, VEC> m10 = load_vec<T, VEC>(r1 + q * VEC), m11 = load_vec<T, VEC>(r1 + (q + 32) * VEC);
+            vec_t<T, VEC> x0, x1;
+            if (a.v) {
+                x0 = load_vec<T, VEC>(a.v + q * VEC);
+                x1 = load_vec<T, VEC>(a.v + (q + 32) * VEC);
+            }
+#pragma unroll
+            for (int e = 0; e < VEC; e++) {
+                A xe0 = a.v ? to_acc(x0.v[e]) : A(1), xe1 = a.v ? to_acc(x1.v[e]) : A(1);
+                acc0 += to_acc(m00.v[e]) * xe0 + to_acc(m01.v[e]) * xe1;
+                acc1 += to_acc(m10.v[e]) * xe0 + to_acc(m11.v[e]) * xe1;
+            }
+        }
+        for (; q < nvec; q += 32) {
+            vec_t<T, VEC> m0 = load_vec<T, VEC>(r0 + q * VEC), m1 = load_vec<T, VEC>(r1 + q * VEC);
+            vec_t<T, VEC> x;
+            if (a.v) x = load_vec<T, VEC>(a.v + q * VEC);
+#pragma unroll
+            for (int e = 0; e < VEC; e++) {
+                A xe = a.v ? to_acc(x.v[e]) : A(1);
+                acc0 += to_acc(m0.v[e]) * xe;
+                acc1 += to_acc(m1.v[e]) * xe;
+            }
+        }
+        p_tail = nvec * VEC;
+    }
+    for (int64_t p = p_tail + lane; p < a.depth; p += 32) {
+        A xe = a.v ? to_acc(a.v[p * a.vs]) : A(1);
+        acc0 += to_acc(r0[p * a.mp]) * xe;
+        acc1 += to_acc(r1[p * a.mp]) * xe;
+    }
+    acc0 = warp_sum(acc0);
+    acc1 = warp_sum(acc1);
+    if (lane == 0) {
+        epilogue(a.out + j0 * a.os, acc0, a.alpha, a.beta, a.bias ? a.bias + j0 * a.bias_inc : nullptr);
+        if (two)
+            epilogue(a.out + (j0 + 1) * a.os, acc1, a.alpha, a.beta,
+                     a.bias ? a.bias + (j0 + 1) * a.bias_inc : nullptr);
+    }
+}
+
+/* ------------------------------------------------------------------ gemv_cols */
+
+constexpr int COLS_THREADS = 256;
+
+/* Block (x, s) sums rows [s·rows_per, (s+1)·rows_per) for VEC columns per thread; with
+ * one slice it finishes the outputs, else it writes its slice of `part` [S, len]. */
+template <typename T, int VEC>
+__global__ void __launch_bounds__(COLS_THREADS)
+    gemv_cols_kernel(vec_args<T> a, typename acc_type<T>::type *part, int64_t rows_per, int slices) {
+    typedef typename acc_type<T>::type A;
+    const int64_t j = ((int64_t)blockIdx.x * COLS_THREADS + threadIdx.x) * VEC;
+    if (j >= a.len) return;
+    const int64_t p0 = (int64_t)blockIdx.y * rows_per;
+    const int64_t p1 = p0 + rows_per < a.depth ? p0 + rows_per : a.depth;
+    A acc[VEC];
+#pragma unroll
+    for (int e = 0; e < VEC; e++) acc[e] = 0;
+    const bool full = VEC > 1 && j + VEC <= a.len;
+    if (full) {
+        int64_t p = p0;
+        for (; p + 4 <= p1; p += 4) { /* four rows in flight */
+            vec_t<T, VEC> r[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) r[u] = load_vec<T, VEC>(a.m + (p + u) * a.mp + j);
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                A x = a.v ? to_acc(a.v[(p + u) * a.vs]) : A(1);
+#pragma unroll
+                for (int e = 0; e < VEC; e++) acc[e] += x * to_acc(r[u].v[e]);
+            }
+        }
+        for (; p < p1; p++) {
+            vec_t<T, VEC> r = load_vec<T, VEC>(a.m + p * a.mp + j);
+            A x = a.v ? to_acc(a.v[p * a.vs]) : A(1);
+#pragma unroll
+            for (int e = 0; e < VEC; e++) acc[e] += x * to_acc(r.v[e]);
+        }
+    } else {
+        for (int64_t p = p0; p < p1; p++) {
+            A x = a.v ? to_acc(a.v[p * a.vs]) : A(1);
+#pragma unroll
+            for (int e = 0; e < VEC; e++)
+                if (j + e < a.len) acc[e] += x * to_acc(a.m[p * a.mp + (j + e) * a.mj]);
+        }
+    }
+#pragma unroll
+    for (int e = 0; e < VEC; e++) {
+        if (j + e >= a.len) break;
+        if (slices == 1)
+            epilogue(a.out + (j + e) * a.os, acc[e], a.alpha, a.beta,
+                     a.bias ? a.bias + (j + e) * a.bias_inc : nullptr);
+        else
+            part[(int64_t)blockIdx.y * a.len + j + e] = acc[e];
+    }
+}
+
+/* Adds the slices in order: the same bits every run. */
+template <typename T>
+__global__ void gemv_cols_finish(vec_args<T> a, const typename acc_type<T>::type *part, int slices) {
+    typedef typename acc_type<T>::type A;
+    const int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= a.len) return;
+    A acc = 0;
+    for (int s = 0; s < slices; s++) acc += part[(int64_t)s * a.len + j];
+    epilogue(a.out + j * a.os, acc, a.alpha, a.beta, a.bias ? a.bias + j * a.bias_inc : nullptr);
+}
+
+/* ------------------------------------------------------------------ 2-D axpby */
+
+/* dst[i, j] = beta·src[i, j] + bias[i·bias_rs + j·bias_cs] (src NULL: 0). Prepares c for a
+ * product (k == 0, a bias that cuBLASLt cannot fuse) and widens / narrows the f32
+ * buffer of a low-precision batch sum. */
+template <typename S, typename D>
+__global__ void axpby_2d_kernel(const S *src, int64_t lds, D *dst, int64_t ldd, int64_t rows, int64_t cols,
+                                float beta, const D *bias, int64_t bias_rs, int64_t bias_cs) {
+    const int64_t total = rows * cols;
+    for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < total;
+         t += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t i = t / cols, j = t - i * cols;
+        double v = (src && beta != 0.0f) ? (double)beta * (double)to_acc(src[i * lds + j]) : 0.0;
+        if (bias) v += (double)to_acc(bias[i * bias_rs + j * bias_cs]);
+        dst[i * ldd + j] = from_acc<D>((typename acc_type<D>::type)v);
+    }
+}
+
+template <typename S, typename D>
+static cudaError_t axpby_2d(cudaStream_t st, const void *src, int64_t lds, void *dst, int64_t ldd, int64_t rows,
+                            int64_t cols, double beta, const void *bias, int64_t bias_rs, int64_t bias_cs) {
+    int64_t total = rows * cols;
+    if (total == 0) return cudaSuccess;
+    int64_t blocks = (total + 255) / 256;
+    if (blocks > 65536) blocks = 65536;
+    axpby_2d_kernel<S, D><<<(unsigned)blocks, 256, 0, st>>>((const S *)src, lds, (D *)dst, ldd, rows, cols,
+                                                           (float)beta, (const D *)bias, bias_rs, bias_cs);
+    return cudaGetLastError();
+}
+
+/* ------------------------------------------------------------------ dtype dispatch */
+
+template <template <typename> class F, typename... Args>
+static fg_status by_dtype(fg_dtype t, Args &&...args) {
+    switch (t) {
+    case FG_F32: return F<float>::run(args...);
+    case FG_F64: return F<double>::run(args...);
+    case FG_F16: return F<__half>::run(args...);
+    case FG_BF16: return F<__nv_bfloat16>::run(args...);
+    }
+    return fg_fail(FG_ERR_DTYPE, "cuda gemm: unknown dtype %d", (int)t);
+}
+
+static bool aligned16(const void *p, int64_t stride_elems, size_t es) {
+    return ((uintptr_t)p % 16 == 0) && ((stride_elems * (int64_t)es) % 16 == 0);
+}
+
+/* ------------------------------------------------------------------ vector products */
+
+typedef struct vec_plan {
+    bool dot, vec;
+    int slices;
+    int64_t rows_per;
+    size_t ws;
+} vec_plan;
+
+static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+template <typename T> struct vector_product {
+    static fg_status run(const fg_gemm *g, fg_context *ctx, fg_kernel_info *info, void *ws, size_t ws_bytes,
+                         bool do_run) {
+        typedef typename acc_type<T>::type A;
+        constexpr int VEC = 16 / sizeof(T);
+        vec_args<T> a;
+        /* same mapping as the CPU backend: output index j, reduction index p */
+        if (g->m == 1) {
+            a.m = (const T *)g->b.data; a.v = (const T *)g->a.data;
+            a.mp = g->b.rs; a.mj = g->b.cs; a.vs = g->a.cs;
+            a.out = (T *)g->c.data; a.os = g->c.cs; a.len = g->n; a.bias_inc = g->bias_cs;
+        } else {
+            a.m = (const T *)g->a.data; a.v = (const T *)g->b.data;
+            a.mp = g->a.cs; a.mj = g->a.rs; a.vs = g->b.rs;
+            a.out = (T *)g->c.data; a.os = g->c.rs; a.len = g->m; a.bias_inc = g->bias_rs;
+        }
+        a.depth = g->k;
+        a.bias = (const T *)g->bias;
+        a.alpha = (A)g->alpha;
+        a.beta = (A)g->beta;
+        const bool dot = a.mp == 1 || a.len == 1 || a.mj != 1;
+        const char *tn = fg_dtype_name(g->dtype);
+        if (dot) {
+            /* alignment is only known at run time; the plan names the vector kernel */
+            bool vec = a.mp == 1 && (!a.v || a.vs == 1);
+            if (do_run) vec = vec && aligned16(a.m, a.mj, sizeof(T)) && (!a.v || aligned16(a.v, 0, sizeof(T)));
+            snprintf(info->name, sizeof info->name, "gemv_dot<%s,v%d>%s", tn, vec ? VEC : 1, a.v ? "" : "_ones");
+            if (!do_run) return FG_OK;
+            int64_t warps = cdiv(a.len, DOT_ROWS);
+            int64_t blocks = cdiv(warps * 32, DOT_THREADS);
+            if (vec) gemv_dot_kernel<T, VEC><<<(unsigned)blocks, DOT_THREADS, 0, ctx->cuda->stream>>>(a);
+            else gemv_dot_kernel<T, 1><<<(unsigned)blocks, DOT_THREADS, 0, ctx->cuda->stream>>>(a);
+            cudaError_t e = cudaGetLastError();
+            return e == cudaSuccess ? FG_OK : fg_cuda_fail(e, "gemv_dot");
+        }
+        /* columns: slices chosen from the shape alone, so results never depend on the GPU */
+        const int64_t col_blocks = cdiv(cdiv(a.len, VEC), COLS_THREADS);
+        int64_t slices = cdiv(1024, col_blocks);
+        int64_t max_slices = cdiv(a.depth, 64);
+        if (slices > max_slices) slices = max_slices;
+        if (slices > 65535) slices = 65535;
+        if (slices < 1) slices = 1;
+        const int64_t rows_per = cdiv(a.depth, slices);
+        slices = cdiv(a.depth, rows_per);
+        info->workspace_bytes = slices > 1 ? (size_t)(slices * a.len) * sizeof(A) : 0;
+        bool vec = true;
+        if (do_run) vec = aligned16(a.m, a.mp, sizeof(T));
+        snprintf(info->name, sizeof info->name, "gemv_cols<%s,v%d>x%lld%s", tn, vec ? VEC : 1, (long long)slices,
+                 a.v ? "" : "_ones");
+        if (!do_run) return FG_OK;
+        if (ws_bytes < info->workspace_bytes) return fg_fail(FG_ERR_INTERNAL, "gemv_cols: workspace too small");
+        dim3 grid_v((unsigned)col_blocks, (unsigned)slices), grid_s((unsigned)cdiv(a.len, COLS_THREADS), (unsigned)slices);
+        A *part = (A *)ws;
+        if (vec) gemv_cols_kernel<T, VEC><<<grid_v, COLS_THREADS, 0, ctx->cuda->stream>>>(a, part, rows_per, (int)slices);
+        else gemv_cols_kernel<T, 1><<<grid_s, COLS_THREADS, 0, ctx->cuda->stream>>>(a, part, rows_per, (int)slices);
+        cudaError_t e = cudaGetLastError();
+        if (e == cudaSuccess && slices > 1)
+            gemv_cols_finish<T><<<(unsigned)cdiv(a.len, 256), 256, 0, ctx->cuda->stream>>>(a, part, (int)slices);
+        if (e == cudaSuccess) e = cudaGetLastError();
+        return e == cudaSuccess ? FG_OK : fg_cuda_fail(e, "gemv_cols");
+    }
+};
+
+/* ------------------------------------------------------------------ cuBLASLt */
+
+static cudaDataType_t cuda_type(fg_dtype t) {
+    switch (t) {
+    case FG_F32: return CUDA_R_32F;
+    case FG_F64: return CUDA_R_64F;
+    case FG_F16: return CUDA_R_16F;
+    case FG_BF16: return CUDA_R_16BF;
+    }
+    return CUDA_R_32F;
+}
+
+static uint32_t alignment(const void *p, int64_t ld, int64_t bs, size_t es, bool known) {
+    uintptr_t bits = (uintptr_t)(ld * (int64_t)es) | (uintptr_t)(bs * (int64_t)es) | 256u;
+    if (known) bits |= (uintptr_t)p;
+    return (uint32_t)(bits & (~bits + 1)); /* lowest set bit */
+}
+
+/* One cuBLASLt product in column-major terms: D = alpha·op(A)·op(B) + beta·C, C = D. */
+typedef struct lt_call {
+    fg_lt_key key;
+    const void *a, *b, *bias;
+    void *c;
+    double alpha, beta;
+} lt_call;
+
+#define LT_CHECK(expr)                                                                                       \
+    do {                                                                                                     \
+        cublasStatus_t st_ = (expr);                                                                         \
+        if (st_ != CUBLAS_STATUS_SUCCESS) {                                                                  \
+            status = fg_fail(FG_ERR_BACKEND, "cuBLASLt: %s failed (status %d)", #expr, (int)st_);            \
+            goto done;                                                                                       \
+        }                                                                                                    \
+    } while (0)
+
+/* Plans (run = false) or runs; *found says whether cuBLASLt has an algorithm. */
+static fg_status lt_matmul(fg_context *ctx, const lt_call *c, bool run, bool *found, char *name, size_t name_len,
+                           void *ws) {
+    struct fg_cuda_state *st = ctx->cuda;
+    const fg_lt_key *k = &c->key;
+    fg_status status = FG_OK;
+    cublasLtMatmulDesc_t op = NULL;
+    cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
+    cublasLtMatmulPreference_t pref = NULL;
+    const bool f64 = k->dtype == FG_F64;
+    cublasComputeType_t compute = f64 ? CUBLAS_COMPUTE_64F : k->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    cudaDataType_t scale = f64 ? CUDA_R_64F : CUDA_R_32F;
+    cudaDataType_t ab = cuda_type((fg_dtype)k->dtype), cd = cuda_type((fg_dtype)k->ctype);
+    cublasOperation_t opa = (cublasOperation_t)k->op_a, opb = (cublasOperation_t)k->op_b;
+    cublasLtEpilogue_t epi = (cublasLtEpilogue_t)k->epilogue;
+    fg_lt_entry *hit = NULL;
+    for (int i = 0; i < FG_LT_CACHE; i++)
+        if (st->cache[i].used && memcmp(&st->cache[i].key, k, sizeof *k) == 0) hit = &st->cache[i];
+
+    LT_CHECK(cublasLtMatmulDescCreate(&op, compute, scale));
+    LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+    LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+    LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+    if (epi == CUBLASLT_EPILOGUE_BIAS) {
+        const void *bias = run ? c->bias : (const void *)(uintptr_t)256; /* any aligned value for planning */
+        LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+    }
+    LT_CHECK(cublasLtMatrixLayoutCreate(&la, ab, (uint64_t)k->rows_a, (uint64_t)k->cols_a, k->ld_a));
+    LT_CHECK(cublasLtMatrixLayoutCreate(&lb, ab, (uint64_t)k->rows_b, (uint64_t)k->cols_b, k->ld_b));
+    LT_CHECK(cublasLtMatrixLayoutCreate(&lc, cd, (uint64_t)k->rows_c, (uint64_t)k->cols_c, k->ld_c));
+    if (k->batch > 1) {
+        int32_t count = (int32_t)k->batch;
+        LT_CHECK(cublasLtMatrixLayoutSetAttribute(la, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
+        LT_CHECK(cublasLtMatrixLayoutSetAttribute(lb, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
+        LT_CHECK(cublasLtMatrixLayoutSetAttribute(lc, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
+        LT_CHECK(cublasLtMatrixLayoutSetAttribute(la, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &k->bs_a, sizeof k->bs_a));
+        LT_CHECK(cublasLtMatrixLayoutSetAttribute(lb, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &k->bs_b, sizeof k->bs_b));
+        LT_CHECK(cublasLtMatrixLayoutSetAttribute(lc, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &k->bs_c, sizeof k->bs_c));
+    }
+    if (!hit) {
+        hit = &st->cache[st->cache_next];
+        st->cache_next = (st->cache_next + 1) % FG_LT_CACHE;
+        memset(hit, 0, sizeof *hit);
+        LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+        uint64_t wsb = LT_WORKSPACE;
+        uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+        LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb));
+        LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &scheme, sizeof scheme));
+        LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &k->align_a, sizeof k->align_a));
+        LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &k->align_b, sizeof k->align_b));
+        LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &k->align_c, sizeof k->align_c));
+        LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &k->align_c, sizeof k->align_c));
+        cublasLtMatmulHeuristicResult_t res;
+        int n = 0;
+        cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(st->lt, op, la, lb, lc, lc, pref, 1, &res, &n);
+        hit->used = true;
+        hit->key = *k;
+        hit->found = hs == CUBLAS_STATUS_SUCCESS && n > 0;
+        if (hit->found) hit->algo = res.algo;
+    }
+    *found = hit->found;
+    if (hit->found && name) {
+        int id = 0, tile = 0, splitk = 0;
+        size_t w;
+        cublasLtMatmulAlgoConfigGetAttribute(&hit->algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof id, &w);
+        cublasLtMatmulAlgoConfigGetAttribute(&hit->algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile, &w);
+        cublasLtMatmulAlgoConfigGetAttribute(&hit->algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof splitk, &w);
+        snprintf(name, name_len, "cublasLt(algo=%d,tile=%d,splitk=%d)%s", id, tile, splitk,
+                 epi == CUBLASLT_EPILOGUE_BIAS ? "+bias" : "");
+    }
+    if (run && hit->found) {
+        float af = (float)c->alpha, bf = (float)c->beta;
+        const void *alpha = f64 ? (const void *)&c->alpha : (const void *)&af;
+        const void *beta = f64 ? (const void *)&c->beta : (const void *)&bf;
+        LT_CHECK(cublasLtMatmul(st->lt, op, alpha, c->a, la, c->b, lb, beta, c->c, lc, c->c, lc, &hit->algo, ws,
+                                LT_WORKSPACE, st->stream));
+    }
+done:
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (la) cublasLtMatrixLayoutDestroy(la);
+    if (lb) cublasLtMatrixLayoutDestroy(lb);
+    if (lc) cublasLtMatrixLayoutDestroy(lc);
+    if (op) cublasLtMatmulDescDestroy(op);
+    return status;
+}
+
+/* Column-major description of row-major c = a·b: cᵀ = bᵀ·aᵀ. */
+static lt_call lt_describe(const fg_gemm *g, fg_dtype ctype, void *c_ptr, int64_t ldc, int64_t bsc, bool run) {
+    lt_call c;
+    memset(&c, 0, sizeof c);
+    fg_lt_key *k = &c.key;
+    const size_t es = fg_dtype_size(g->dtype), ces = fg_dtype_size(ctype);
+    k->dtype = g->dtype;
+    k->ctype = ctype;
+    k->tf32 = g->allow_tf32;
+    k->epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+    /* Lt's A is bᵀ (n×k) */
+    if (g->b.cs == 1 || g->n == 1) {
+        k->op_a = CUBLAS_OP_N; k->rows_a = g->n; k->cols_a = g->k; k->ld_a = g->b.rs;
+    } else {
+        k->op_a = CUBLAS_OP_T; k->rows_a = g->k; k->cols_a = g->n; k->ld_a = g->b.cs;
+    }
+    /* Lt's B is aᵀ (k×m) */
+    if (g->a.cs == 1 || g->k == 1) {
+        k->op_b = CUBLAS_OP_N; k->rows_b = g->k; k->cols_b = g->m; k->ld_b = g->a.rs;
+    } else {
+        k->op_b = CUBLAS_OP_T; k->rows_b = g->m; k->cols_b = g->k; k->ld_b = g->a.cs;
+    }
+    if (k->ld_a < k->rows_a) k->ld_a = k->rows_a;
+    if (k->ld_b < k->rows_b) k->ld_b = k->rows_b;
+    k->rows_c = g->n;
+    k->cols_c = g->m;
+    k->ld_c = ldc < g->n ? g->n : ldc;
+    k->batch = g->batch;
+    if (g->batch > 1) {
+        k->bs_a = g->b.bs;
+        k->bs_b = g->a.bs;
+        k->bs_c = bsc;
+    }
+    k->align_a = alignment(g->b.data, k->ld_a, k->bs_a, es, run);
+    k->align_b = alignment(g->a.data, k->ld_b, k->bs_b, es, run);
+    k->align_c = alignment(c_ptr, k->ld_c, k->bs_c, ces, run);
+    c.a = g->b.data;
+    c.b = g->a.data;
+    c.c = c_ptr;
+    c.alpha = g->alpha;
+    c.beta = g->beta;
+    return c;
+}
+
+template <typename T> struct general_product {
+    static fg_status run(const fg_gemm *g, fg_context *ctx, fg_kernel_info *info, void *ws, size_t ws_bytes,
+                         bool do_run) {
+        cudaStream_t s = ctx->cuda->stream;
+        const fg_dtype t = g->dtype;
+        const bool reduce = g->batch > 1 && g->c.bs == 0;
+        const bool low = t == FG_F16 || t == FG_BF16;
+        const size_t es = fg_dtype_size(t);
+        cudaError_t e;
+        if (g->k == 0) { /* c = beta·c + bias */
+            snprintf(info->name, sizeof info->name, "axpby_2d<%s>", fg_dtype_name(t));
+            if (!do_run) return FG_OK;
+            int64_t batches = reduce ? 1 : g->batch;
+            for (int64_t b = 0; b < batches; b++) {
+                char *c = (char *)g->c.data + b * g->c.bs * (int64_t)es;
+                e = axpby_2d<T, T>(s, c, g->c.rs, c, g->c.rs, g->m, g->n, g->beta, g->bias, g->bias_rs, g->bias_cs);
+                if (e != cudaSuccess) return fg_cuda_fail(e, "axpby_2d");
+            }
+            return FG_OK;
+        }
+        bool found = false;
+        if (reduce) {
+            if (g->bias) return fg_fail(FG_ERR_INTERNAL, "cuda gemm: a bias on a batch sum");
+            /* Σ_b a_b·b_b: one product per batch element, in order, into c (f32/f64) or an
+               f32 buffer that is rounded once at the end (f16/bf16) */
+            fg_gemm one = *g;
+            one.batch = 1;
+            one.a.bs = one.b.bs = one.c.bs = 0;
+            fg_dtype ct = low ? FG_F32 : t;
+            int64_t ldc = low ? g->n : g->c.rs;
+            void *cbuf = low ? (char *)ws + LT_WORKSPACE : g->c.data;
+            lt_call c = lt_describe(&one, ct, cbuf, ldc, 0, do_run);
+            FG_TRY(lt_matmul(ctx, &c, false, &found, info->name, sizeof info->name, ws));
+            if (!found) return fg_fail(FG_ERR_UNSUPPORTED, "cuBLASLt has no algorithm for this %s batch sum", fg_dtype_name(t));
+            info->workspace_bytes = LT_WORKSPACE + (low ? (size_t)(g->m * g->n) * sizeof(float) : 0);
+            strncat(info->name, low ? " x batch, f32 sum" : " x batch", sizeof info->name - strlen(info->name) - 1);
+            if (!do_run) return FG_OK;
+            if (low) {
+                e = axpby_2d<T, float>(s, g->c.data, g->c.rs, cbuf, ldc, g->m, g->n, g->beta, NULL, 0, 0);
+                if (e != cudaSuccess) return fg_cuda_fail(e, "axpby_2d");
+            }
+            for (int64_t b = 0; b < g->batch; b++) {
+                one.a.data = (char *)g->a.data + b * g->a.bs * (int64_t)es;
+                one.b.data = (char *)g->b.data + b * g->b.bs * (int64_t)es;
+                one.beta = (b == 0 && !low) ? g->beta : 1.0;
+                c = lt_describe(&one, ct, cbuf, ldc, 0, true);
+                FG_TRY(lt_matmul(ctx, &c, true, &found, NULL, 0, ws));
+                if (!found) return fg_fail(FG_ERR_UNSUPPORTED, "cuBLASLt has no algorithm for this batch sum");
+            }
+            if (low) {
+                e = axpby_2d<float, T>(s, cbuf, ldc, g->c.data, g->c.rs, g->m, g->n, 1.0, NULL, 0, 0);
+                if (e != cudaSuccess) return fg_cuda_fail(e, "axpby_2d");
+            }
+            return FG_OK;
+        }
+        lt_call c = lt_describe(g, t, g->c.data, g->c.rs, g->c.bs, do_run);
+        bool fused_bias = false;
+        if (g->bias && g->bias_rs == 0 && g->bias_cs == 1) { /* try the bias epilogue first */
+            lt_call cb = c;
+            cb.key.epilogue = CUBLASLT_EPILOGUE_BIAS;
+            cb.key.align_bias = do_run ? alignment(g->bias, 0, 0, es, true) : 256;
+            cb.bias = g->bias;
+            FG_TRY(lt_matmul(ctx, &cb, false, &found, info->name, sizeof info->name, ws));
+            if (found) {
+                c = cb;
+                fused_bias = true;
+            }
+        }
+        if (!fused_bias) {
+            FG_TRY(lt_matmul(ctx, &c, false, &found, info->name, sizeof info->name, ws));
+            if (!found)
+                return fg_fail(FG_ERR_UNSUPPORTED, "cuBLASLt has no algorithm for this %s product (m=%lld n=%lld k=%lld)",
+                               fg_dtype_name(t), (long long)g->m, (long long)g->n, (long long)g->k);
+            if (g->bias) strncat(info->name, " after axpby_2d bias", sizeof info->name - strlen(info->name) - 1);
+        }
+        info->workspace_bytes = LT_WORKSPACE;
+        if (!do_run) return FG_OK;
+        if (g->bias && !fused_bias) { /* c = beta·c + bias, then the product adds into it */
+            for (int64_t b = 0; b < g->batch; b++) {
+                char *cp = (char *)g->c.data + b * g->c.bs * (int64_t)es;
+                e = axpby_2d<T, T>(s, cp, g->c.rs, cp, g->c.rs, g->m, g->n, g->beta, g->bias, g->bias_rs, g->bias_cs);
+                if (e != cudaSuccess) return fg_cuda_fail(e, "axpby_2d");
+            }
+            c.beta = 1.0;
+        }
+        return lt_matmul(ctx, &c, true, &found, NULL, 0, ws);
+    }
+};
+
+extern "C" fg_status fg_cuda_gemm(fg_context *ctx, const fg_gemm *g, fg_kernel_info *info, void *ws,
+                                  size_t ws_bytes, bool run) {
+    fg_device_guard guard(ctx->device);
+    const bool ones = g->a.operand == FG_OPERAND_ONES || g->b.operand == FG_OPERAND_ONES;
+    const bool vector = g->batch == 1 && (g->m == 1 || g->n == 1) && g->k > 0;
+    if (vector || (ones && g->k > 0)) {
+        if (!vector) return fg_fail(FG_ERR_INTERNAL, "cuda gemm: a ones operand outside a vector product");
+        return by_dtype<vector_product>(g->dtype, g, ctx, info, ws, ws_bytes, run);
+    }
+    return by_dtype<general_product>(g->dtype, g, ctx, info, ws, ws_bytes, run);
+}

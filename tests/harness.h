@@ -1,0 +1,121 @@
+/*
+ * harness.h — what every test driver shares: fresh random seeds (FG_TEST_SEED to
+ * replay one), buffers on either backend holding any dtype with any strides, values
+ * that go up and come back as float64, NaN poisoning, the relative-error metric and
+ * the per-dtype tolerances of DESIGN.md, and checks that count failures and go on.
+ */
+#ifndef FG_TEST_HARNESS_H
+#define FG_TEST_HARNESS_H
+
+#include "fastgrad.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern int th_failures, th_checks, th_skips;
+
+#define TH_CHECK(cond, ...)                                                                   \
+    do {                                                                                      \
+        th_checks++;                                                                          \
+        if (!(cond)) {                                                                        \
+            th_failures++;                                                                    \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                              \
+            fprintf(stderr, __VA_ARGS__);                                                     \
+            fprintf(stderr, "\n");                                                            \
+        }                                                                                     \
+    } while (0)
+
+#define TH_OK(expr)                                                                           \
+    do {                                                                                      \
+        fg_status th_s_ = (expr);                                                             \
+        TH_CHECK(th_s_ == FG_OK, "%s -> %s: %s", #expr, fg_status_string(th_s_), fg_last_error()); \
+    } while (0)
+
+/* Seeds the generator (fresh unless FG_TEST_SEED is set) and prints the seed. */
+void th_init(const char *name);
+/* Prints the summary; returns the process exit code. */
+int th_finish(const char *name);
+/* Uniform in [-1, 1). */
+double th_rand(void);
+uint64_t th_rand_u64(void);
+void th_fill(double *v, int64_t n);
+
+/* Backends present here, CPU first; prints a SKIP line for CUDA when absent. */
+int th_backends(fg_backend out[2]);
+fg_context *th_context(fg_backend be, bool tf32);
+const char *th_backend_name(fg_backend be);
+
+/* Storage on a backend. */
+typedef struct th_buf {
+    fg_backend be;
+    fg_dtype dtype;
+    int64_t n;      /* elements of storage */
+    void *ptr;      /* host or device */
+} th_buf;
+
+th_buf th_alloc(fg_backend be, fg_dtype dtype, int64_t n);
+void th_free(th_buf *b);
+/* Storage elements needed for a view of that shape and strides (NULL strides: contiguous). */
+int64_t th_storage(int rank, const int64_t *shape, const int64_t *stride);
+/* A tensor viewing b at element offset `off`. NULL strides: contiguous (all-zero in the
+ * descriptor, exercising the default). */
+fg_tensor th_tensor(const th_buf *b, int64_t off, int rank, const int64_t *shape, const int64_t *stride);
+/* Writes the logical values (row-major, fg_numel of t) through t's view. */
+void th_put(const th_buf *b, const fg_tensor *t, const double *vals);
+/* Reads t's logical values back as float64. */
+void th_get(const th_buf *b, const fg_tensor *t, double *vals);
+/* Fills all storage with NaN. */
+void th_poison(th_buf *b);
+/* Raw bytes of the storage (caller frees), and whether storage still equals them. */
+void *th_snapshot(const th_buf *b);
+bool th_unchanged(const th_buf *b, const void *snap);
+/* Rounds values to what dtype can hold. */
+void th_round(fg_dtype dtype, double *v, int64_t n);
+
+/* ‖out − ref‖ / ‖ref‖ (absolute when ref is zero); +inf when out has a NaN. */
+double th_relerr(const double *out, const double *ref, int64_t n);
+/* DESIGN.md: f64 1e-12, f32 1e-5, tf32 1e-3, f16/bf16 1e-2. */
+double th_tol(fg_dtype dtype, bool tf32);
+
+extern const fg_dtype th_dtypes[4];
+
+/* ------------------------------------------------------------------ operands */
+
+/* A tensor with its storage and its logical values (row-major float64). */
+typedef struct th_operand {
+    th_buf buf;
+    fg_tensor t;
+    double *v;
+    int64_t n;
+} th_operand;
+
+/* layout 0: contiguous (all-zero strides); 1: rows of the last dim padded by 3;
+ * 2: the last two dims stored transposed (column-major matrices); 3: contiguous but
+ * starting one element past an aligned address. */
+th_operand th_make(fg_backend be, fg_dtype dt, int rank, const int64_t *shape, int layout);
+/* Random values in [-1, 1), rounded to the dtype, written to the device. */
+void th_randomize(th_operand *o);
+void th_drop(th_operand *o);
+/* Before an op: NaN everywhere, or (accumulate) random values that ref gains. */
+void th_prepare_out(th_operand *o, double *ref, int accumulate);
+/* Reads o back and checks relerr against ref. */
+void th_verify(const char *what, th_operand *o, const double *ref, double tol, const char *label);
+
+/* Runs `call`, expecting status `want`, `needle` in fg_last_error(), and the storage of
+ * operand `out` bit-for-bit untouched. */
+#define TH_EXPECT_BAD(want, needle, out, call)                                                               \
+    do {                                                                                                     \
+        void *snap_ = th_snapshot(&(out)->buf);                                                              \
+        fg_status s_ = (call);                                                                               \
+        TH_CHECK(s_ == (want), "%s: got %s (%s), want %s", #call, fg_status_string(s_), fg_last_error(),     \
+                 fg_status_string(want));                                                                    \
+        TH_CHECK(strstr(fg_last_error(), needle) != NULL, "%s: message '%s' does not name '%s'", #call,      \
+                 fg_last_error(), needle);                                                                   \
+        TH_CHECK(th_unchanged(&(out)->buf, snap_), "%s: output was written", #call);                        \
+        free(snap_);                                                                                         \
+    } while (0)
+
+#endif

@@ -1,1 +1,396 @@
-int main(void){return 0;}
+/*
+ * fastgrad_bench.c — times each op and sets it beside ceilings measured in the same run.
+ *
+ *   fastgrad-bench            CUDA when present: ceilings (a bf16 8192³ GEMM through the
+ *                             primitive, a device-to-device copy), then every op.
+ *   fastgrad-bench --quick    the CPU backend on small shapes (a smoke run: CPU timings
+ *                             here are noise, not results).
+ *
+ * CUDA timing: events around each launch after warm-up, the median of many runs, and
+ * inputs rotated among sets that together exceed the L2 cache. Bytes count each input
+ * read once and each output written once; a copy counts its read and its write.
+ * Lines starting with "CHECK" compare a result with the target of issue #2.
+ */
+#include "fastgrad.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#ifdef FG_BENCH_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+#define MAX_SETS 4
+
+static fg_backend backend = FG_BACKEND_CPU;
+static fg_context *ctx;
+static int reps = 30;
+static double ceil_tflops = 0, ceil_gbs = 0;
+
+static void die(const char *what, fg_status s) {
+    fprintf(stderr, "bench: %s: %s %s\n", what, fg_status_string(s), fg_last_error());
+    exit(1);
+}
+
+/* ------------------------------------------------------------------ memory */
+
+static void *alloc_random(fg_dtype dt, int64_t n, uint64_t seed) {
+    size_t es = fg_dtype_size(dt), bytes = (size_t)n * es;
+    char *host = malloc(bytes);
+    if (!host) die("host allocation", FG_ERR_OUT_OF_MEMORY);
+    uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
+    for (int64_t i = 0; i < n; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        float v = (float)((double)(s >> 40) / (double)(1ull << 24) * 2.0 - 1.0);
+        if (dt == FG_F32) ((float *)host)[i] = v;
+        else if (dt == FG_F64) ((double *)host)[i] = v;
+        else if (dt == FG_BF16) ((uint16_t *)host)[i] = fg_f32_to_bf16(v);
+        else ((uint16_t *)host)[i] = fg_f32_to_f16(v);
+    }
+    if (backend == FG_BACKEND_CPU) return host;
+#ifdef FG_BENCH_HAVE_CUDA
+    void *dev = NULL;
+    if (cudaMalloc(&dev, bytes) != cudaSuccess || cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice) != cudaSuccess)
+        die("device allocation", FG_ERR_OUT_OF_MEMORY);
+    free(host);
+    return dev;
+#else
+    return host;
+#endif
+}
+
+static void release(void *p) {
+    if (backend == FG_BACKEND_CPU) free(p);
+#ifdef FG_BENCH_HAVE_CUDA
+    else cudaFree(p);
+#endif
+}
+
+/* ------------------------------------------------------------------ timing */
+
+typedef fg_status (*op_fn)(void *arg, int set);
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* Median milliseconds of one call, rotating among `sets` input sets. */
+static double time_op(op_fn fn, void *arg, int sets) {
+    double t[512];
+    int n = reps < 512 ? reps : 512;
+    for (int w = 0; w < 3; w++) {
+        fg_status s = fn(arg, w % sets);
+        if (s != FG_OK) die("warm-up", s);
+    }
+#ifdef FG_BENCH_HAVE_CUDA
+    if (backend == FG_BACKEND_CUDA) {
+        cudaEvent_t ev[2 * 512];
+        for (int i = 0; i < 2 * n; i++) cudaEventCreate(&ev[i]);
+        for (int i = 0; i < n; i++) {
+            cudaEventRecord(ev[2 * i], 0);
+            fg_status s = fn(arg, i % sets);
+            cudaEventRecord(ev[2 * i + 1], 0);
+            if (s != FG_OK) die("run", s);
+        }
+        cudaDeviceSynchronize();
+        fg_status s = fg_context_check(ctx);
+        if (s != FG_OK) die("context_check", s);
+        for (int i = 0; i < n; i++) {
+            float ms;
+            cudaEventElapsedTime(&ms, ev[2 * i], ev[2 * i + 1]);
+            t[i] = ms;
+        }
+        for (int i = 0; i < 2 * n; i++) cudaEventDestroy(ev[i]);
+        qsort(t, (size_t)n, sizeof t[0], cmp_double);
+        return t[n / 2];
+    }
+#endif
+    for (int i = 0; i < n; i++) {
+        double t0 = now_ms();
+        fg_status s = fn(arg, i % sets);
+        if (s != FG_OK) die("run", s);
+        t[i] = now_ms() - t0;
+    }
+    qsort(t, (size_t)n, sizeof t[0], cmp_double);
+    return t[n / 2];
+}
+
+static void report(const char *name, const char *shape, fg_dtype dt, double ms, double flops, double bytes) {
+    char rate[64] = "", frac[64] = "";
+    if (flops > 0) {
+        double tf = flops / ms / 1e9;
+        snprintf(rate, sizeof rate, "%9.1f TFLOP/s", tf);
+        if (ceil_tflops > 0) snprintf(frac, sizeof frac, "%5.1f%% of GEMM ceiling", 100 * tf / ceil_tflops);
+    } else {
+        double gbs = bytes / ms / 1e6;
+        snprintf(rate, sizeof rate, "%9.1f GB/s", gbs);
+        if (ceil_gbs > 0) snprintf(frac, sizeof frac, "%5.1f%% of copy ceiling", 100 * gbs / ceil_gbs);
+    }
+    printf("%-34s %-26s %-5s %10.4f ms %s  %s\n", name, shape, fg_dtype_name(dt), ms, rate, frac);
+    fflush(stdout);
+}
+
+/* ------------------------------------------------------------------ ops */
+
+typedef struct linear_args {
+    int sets;
+    fg_tensor x[MAX_SETS], w[MAX_SETS], b[MAX_SETS], y[MAX_SETS], dy[MAX_SETS];
+    fg_tensor dx[MAX_SETS], dw[MAX_SETS], db[MAX_SETS];
+    int which; /* 0 forward, 1 input, 2 weight, 3 bias, 4 all four */
+} linear_args;
+
+static fg_status linear_run(void *p, int s) {
+    linear_args *a = p;
+    fg_status st = FG_OK;
+    if (a->which == 0 || a->which == 4) st = fg_linear_forward(ctx, &a->x[s], &a->w[s], &a->b[s], &a->y[s]);
+    if (st == FG_OK && (a->which == 1 || a->which == 4)) st = fg_linear_backward_input(ctx, &a->dy[s], &a->w[s], &a->dx[s], 0);
+    if (st == FG_OK && (a->which == 2 || a->which == 4)) st = fg_linear_backward_weight(ctx, &a->dy[s], &a->x[s], &a->dw[s], 0);
+    if (st == FG_OK && (a->which == 3 || a->which == 4)) st = fg_linear_backward_bias(ctx, &a->dy[s], &a->db[s], 0);
+    return st;
+}
+
+static fg_tensor t2(void *p, fg_dtype dt, int64_t r, int64_t c) {
+    int64_t s[2] = {r, c};
+    return fg_tensor_make(p, dt, 2, s);
+}
+
+static fg_tensor t1(void *p, fg_dtype dt, int64_t n) { return fg_tensor_make(p, dt, 1, &n); }
+
+/* Linear N×K → M: each kernel alone and the four together. Returns the four's fraction
+ * of the GEMM ceiling. */
+static double bench_linear(fg_dtype dt, int64_t n, int64_t k, int64_t m, int sets) {
+    linear_args a;
+    memset(&a, 0, sizeof a);
+    a.sets = sets;
+    for (int s = 0; s < sets; s++) {
+        a.x[s] = t2(alloc_random(dt, n * k, 10 + s), dt, n, k);
+        a.w[s] = t2(alloc_random(dt, m * k, 20 + s), dt, m, k);
+        a.b[s] = t1(alloc_random(dt, m, 30 + s), dt, m);
+        a.y[s] = t2(alloc_random(dt, n * m, 40 + s), dt, n, m);
+        a.dy[s] = t2(alloc_random(dt, n * m, 50 + s), dt, n, m);
+        a.dx[s] = t2(alloc_random(dt, n * k, 60 + s), dt, n, k);
+        a.dw[s] = t2(alloc_random(dt, m * k, 70 + s), dt, m, k);
+        a.db[s] = t1(alloc_random(dt, m, 80 + s), dt, m);
+    }
+    char shape[64];
+    snprintf(shape, sizeof shape, "N=%lld K=%lld M=%lld", (long long)n, (long long)k, (long long)m);
+    const double f = 2.0 * n * k * m, es = (double)fg_dtype_size(dt);
+    static const char *names[4] = {"linear_forward (+bias)", "linear_backward_input", "linear_backward_weight",
+                                   "linear_backward_bias"};
+    double total = 0;
+    for (int w = 0; w < 4; w++) {
+        a.which = w;
+        double ms = time_op(linear_run, &a, sets);
+        total += ms;
+        if (w < 3) report(names[w], shape, dt, ms, f, 0);
+        else report(names[w], shape, dt, ms, 0, (double)(n * m + m) * es);
+    }
+    a.which = 4;
+    double ms = time_op(linear_run, &a, sets);
+    report("linear fwd + 3 bwd", shape, dt, ms, 3 * f, 0);
+    for (int s = 0; s < sets; s++) {
+        void *ps[] = {a.x[s].data, a.w[s].data, a.b[s].data, a.y[s].data, a.dy[s].data, a.dx[s].data, a.dw[s].data,
+                      a.db[s].data};
+        for (int i = 0; i < 8; i++) release(ps[i]);
+    }
+    return ceil_tflops > 0 ? (3 * f / ms / 1e9) / ceil_tflops : 0;
+}
+
+typedef struct gemv_args {
+    fg_tensor x[MAX_SETS], w[MAX_SETS], y[MAX_SETS];
+    int transposed; /* 0: y = x·wᵀ (forward), 1: y = x·w (backward_input) */
+} gemv_args;
+
+static fg_status gemv_run(void *p, int s) {
+    gemv_args *a = p;
+    if (a->transposed) return fg_linear_backward_input(ctx, &a->x[s], &a->w[s], &a->y[s], 0);
+    return fg_linear_forward(ctx, &a->x[s], &a->w[s], NULL, &a->y[s]);
+}
+
+/* One row against an m×k weight. Returns the fraction of the copy ceiling. */
+static double bench_gemv(fg_dtype dt, int64_t k, int64_t m, int transposed, int sets) {
+    gemv_args a;
+    memset(&a, 0, sizeof a);
+    int64_t in = transposed ? m : k, out = transposed ? k : m;
+    for (int s = 0; s < sets; s++) {
+        a.x[s] = t2(alloc_random(dt, in, 90 + s), dt, 1, in);
+        a.w[s] = t2(alloc_random(dt, m * k, 100 + s), dt, m, k);
+        a.y[s] = t2(alloc_random(dt, out, 110 + s), dt, 1, out);
+    }
+    a.transposed = transposed;
+    char shape[64];
+    snprintf(shape, sizeof shape, "1x%lld . %lldx%lld%s", (long long)in, (long long)m, (long long)k, transposed ? "" : "^T");
+    double ms = time_op(gemv_run, &a, sets);
+    double bytes = (double)(m * k + in + out) * (double)fg_dtype_size(dt);
+    report(transposed ? "gemv single row: backward_input" : "gemv single row: linear_forward", shape, dt, ms, 0, bytes);
+    for (int s = 0; s < sets; s++) {
+        release(a.x[s].data);
+        release(a.w[s].data);
+        release(a.y[s].data);
+    }
+    return ceil_gbs > 0 ? (bytes / ms / 1e6) / ceil_gbs : 0;
+}
+
+typedef struct mm_args {
+    fg_tensor a[MAX_SETS], b[MAX_SETS], c[MAX_SETS];
+} mm_args;
+
+static fg_status mm_run(void *p, int s) {
+    mm_args *a = p;
+    return fg_matmul_forward(ctx, &a->a[s], &a->b[s], &a->c[s]);
+}
+
+static double bench_matmul(fg_dtype dt, int64_t batch, int64_t m, int64_t k, int64_t n, int sets, const char *name) {
+    mm_args a;
+    memset(&a, 0, sizeof a);
+    for (int s = 0; s < sets; s++) {
+        int64_t as[3] = {batch, m, k}, bs[3] = {batch, k, n}, cs[3] = {batch, m, n};
+        int r = batch > 1 ? 3 : 2, o = batch > 1 ? 0 : 1;
+        a.a[s] = fg_tensor_make(alloc_random(dt, batch * m * k, 120 + s), dt, r, as + o);
+        a.b[s] = fg_tensor_make(alloc_random(dt, batch * k * n, 130 + s), dt, r, bs + o);
+        a.c[s] = fg_tensor_make(alloc_random(dt, batch * m * n, 140 + s), dt, r, cs + o);
+    }
+    char shape[64];
+    snprintf(shape, sizeof shape, "B=%lld %lldx%lldx%lld", (long long)batch, (long long)m, (long long)k, (long long)n);
+    double ms = time_op(mm_run, &a, sets);
+    double tf = 2.0 * batch * m * k * n / ms / 1e9;
+    report(name, shape, dt, ms, 2.0 * batch * m * k * n, 0);
+    for (int s = 0; s < sets; s++) {
+        release(a.a[s].data);
+        release(a.b[s].data);
+        release(a.c[s].data);
+    }
+    return tf;
+}
+
+typedef struct outer_args {
+    fg_tensor x[MAX_SETS], y[MAX_SETS], z[MAX_SETS], dx[MAX_SETS], dy[MAX_SETS];
+    int which;
+} outer_args;
+
+static fg_status outer_run(void *p, int s) {
+    outer_args *a = p;
+    if (a->which == 0) return fg_outer_forward(ctx, &a->x[s], &a->y[s], &a->z[s]);
+    if (a->which == 1) return fg_outer_backward_input(ctx, &a->z[s], &a->y[s], &a->dx[s], 0);
+    return fg_outer_backward_other(ctx, &a->z[s], &a->x[s], &a->dy[s], 0);
+}
+
+static void bench_outer(fg_dtype dt, int64_t n, int64_t m, int sets) {
+    outer_args a;
+    memset(&a, 0, sizeof a);
+    for (int s = 0; s < sets; s++) {
+        a.x[s] = t1(alloc_random(dt, n, 150 + s), dt, n);
+        a.y[s] = t1(alloc_random(dt, m, 160 + s), dt, m);
+        a.z[s] = t2(alloc_random(dt, n * m, 170 + s), dt, n, m);
+        a.dx[s] = t1(alloc_random(dt, n, 180 + s), dt, n);
+        a.dy[s] = t1(alloc_random(dt, m, 190 + s), dt, m);
+    }
+    char shape[64];
+    snprintf(shape, sizeof shape, "%lld x %lld", (long long)n, (long long)m);
+    static const char *names[3] = {"outer_forward", "outer_backward_input", "outer_backward_other"};
+    for (int w = 0; w < 3; w++) {
+        a.which = w;
+        double ms = time_op(outer_run, &a, sets);
+        report(names[w], shape, dt, ms, 0, (double)(n * m + n + m) * (double)fg_dtype_size(dt));
+    }
+    for (int s = 0; s < sets; s++) {
+        void *ps[] = {a.x[s].data, a.y[s].data, a.z[s].data, a.dx[s].data, a.dy[s].data};
+        for (int i = 0; i < 5; i++) release(ps[i]);
+    }
+}
+
+#ifdef FG_BENCH_HAVE_CUDA
+typedef struct copy_args {
+    void *src, *dst;
+    size_t bytes;
+} copy_args;
+
+static fg_status copy_run(void *p, int s) {
+    copy_args *a = p;
+    (void)s;
+    return cudaMemcpyAsync(a->dst, a->src, a->bytes, cudaMemcpyDeviceToDevice, 0) == cudaSuccess ? FG_OK
+                                                                                                : FG_ERR_BACKEND;
+}
+#endif
+
+static void ceilings(void) {
+#ifdef FG_BENCH_HAVE_CUDA
+    copy_args c;
+    c.bytes = (size_t)1 << 30;
+    c.src = alloc_random(FG_BF16, (int64_t)(c.bytes / 2), 1);
+    c.dst = alloc_random(FG_BF16, (int64_t)(c.bytes / 2), 2);
+    double ms = time_op(copy_run, &c, 1);
+    ceil_gbs = 2.0 * (double)c.bytes / ms / 1e6;
+    printf("%-34s %-26s %-5s %10.4f ms %9.1f GB/s  (read + write)\n", "CEILING device copy", "1 GiB", "", ms, ceil_gbs);
+    release(c.src);
+    release(c.dst);
+    ceil_tflops = bench_matmul(FG_BF16, 1, 8192, 8192, 8192, 2, "CEILING bf16 GEMM (primitive)");
+#endif
+}
+
+static void check(const char *what, double got, double target) {
+    printf("CHECK %-52s %6.1f%%  target >= %.0f%%  %s\n", what, 100 * got, 100 * target, got >= target ? "PASS" : "MISS");
+}
+
+int main(int argc, char **argv) {
+    int quick = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--quick")) quick = 1;
+        else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+        else {
+            fprintf(stderr, "usage: fastgrad-bench [--quick] [--reps N]\n");
+            return 2;
+        }
+    }
+    backend = (!quick && fg_backend_available(FG_BACKEND_CUDA)) ? FG_BACKEND_CUDA : FG_BACKEND_CPU;
+    fg_context_desc d;
+    memset(&d, 0, sizeof d);
+    d.backend = backend;
+    fg_status s = fg_context_create(&d, &ctx);
+    if (s != FG_OK) die("context_create", s);
+    printf("fastgrad %u.%u.%u bench, backend %s%s\n", fg_version() >> 16, (fg_version() >> 8) & 255, fg_version() & 255,
+           backend == FG_BACKEND_CUDA ? "cuda" : "cpu", quick ? " (quick: small shapes, CPU timings are noise)" : "");
+#ifdef FG_BENCH_HAVE_CUDA
+    if (backend == FG_BACKEND_CUDA) {
+        struct cudaDeviceProp p;
+        cudaGetDeviceProperties(&p, 0);
+        printf("device: %s, %d SMs, L2 %d MB\n", p.name, p.multiProcessorCount, p.l2CacheSize >> 20);
+    }
+#endif
+    printf("%-34s %-26s %-5s %13s %15s\n", "op", "shape", "dtype", "median", "rate");
+    if (backend == FG_BACKEND_CPU) {
+        reps = quick ? 5 : reps;
+        bench_linear(FG_F32, 256, 256, 256, 1);
+        bench_linear(FG_BF16, 128, 128, 128, 1);
+        bench_gemv(FG_F32, 1024, 1024, 0, 1);
+        bench_gemv(FG_F32, 1024, 1024, 1, 1);
+        bench_matmul(FG_F32, 4, 128, 128, 128, 1, "matmul_forward");
+        bench_outer(FG_F32, 512, 512, 1);
+    } else {
+        ceilings();
+        double lin = bench_linear(FG_BF16, 8192, 4096, 4096, 2);
+        double gemv = bench_gemv(FG_F32, 8192, 8192, 0, 2);
+        bench_gemv(FG_BF16, 8192, 8192, 0, 2);
+        bench_gemv(FG_F32, 8192, 8192, 1, 2);
+        bench_gemv(FG_BF16, 8192, 8192, 1, 2);
+        bench_linear(FG_F32, 4096, 4096, 4096, 2);
+        bench_matmul(FG_BF16, 16, 2048, 2048, 2048, 2, "matmul_forward batched");
+        bench_outer(FG_BF16, 16384, 8192, 2);
+        bench_outer(FG_F32, 8192, 8192, 2);
+        printf("\n");
+        check("linear bf16 8192x4096x4096 fwd+3bwd vs GEMM ceiling", lin, 0.85);
+        check("gemv f32 1x8192 . 8192x8192 vs copy ceiling", gemv, 0.80);
+    }
+    fg_context_destroy(ctx);
+    return 0;
+}

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# deps.sh — installs what building and testing fastgrad needs on a fresh Debian/Ubuntu
+# machine (compiler, CMake, OpenBLAS, Python with numpy and pytest), and nothing when
+# it is already there. nvcc is optional: without it the library builds CPU-only.
+set -euo pipefail
+need=()
+command -v cc >/dev/null 2>&1 || need+=(gcc)
+command -v c++ >/dev/null 2>&1 || need+=(g++)
+command -v cmake >/dev/null 2>&1 || need+=(cmake)
+command -v make >/dev/null 2>&1 || need+=(make)
+command -v python3 >/dev/null 2>&1 || need+=(python3 python3-pip)
+if ! { [ -e /usr/include/cblas.h ] || ls /usr/include/*/cblas.h /usr/include/*/*/cblas.h >/dev/null 2>&1; } ||
+   ! ldconfig -p 2>/dev/null | grep -q libopenblas; then
+  need+=(libopenblas-dev)
+fi
+if [ ${#need[@]} -gt 0 ]; then
+  echo "deps: installing ${need[*]}"
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+# Python test dependencies (numpy, pytest) for the Python layer, into the user's site.
+if ! python3 -c "import numpy, pytest" >/dev/null 2>&1; then
+  echo "deps: installing numpy and pytest"
+  python3 -m pip install -q numpy pytest 2>/dev/null ||
+    python3 -m pip install -q --break-system-packages numpy pytest
+fi

@@ -310,3 +310,29 @@ void th_verify(const char *what, th_operand *o, const double *ref, double tol, c
     TH_CHECK(err <= tol, "%s %s: relerr %.3g > tol %.3g", what, label, err, tol);
     free(got);
 }
+
+void th_fd_check(fg_context *ctx, const char *label, th_forward_fn forward, void *arg, th_operand *out,
+                 const th_operand *r, th_operand **params, th_operand **grads, const char *const *names, int nparams,
+                 int trials) {
+    for (int p = 0; p < nparams; p++) {
+        th_get(&grads[p]->buf, &grads[p]->t, grads[p]->v);
+        int64_t count = trials > 0 ? trials : params[p]->n;
+        for (int64_t trial = 0; trial < count; trial++) {
+            int64_t i = trials > 0 ? (int64_t)(th_rand_u64() % (uint64_t)params[p]->n) : trial;
+            double loss[2], h = 1e-3, keep = params[p]->v[i];
+            for (int s = 0; s < 2; s++) {
+                params[p]->v[i] = keep + (s ? -h : h);
+                th_put(&params[p]->buf, &params[p]->t, params[p]->v);
+                TH_OK(forward(ctx, arg));
+                th_get(&out->buf, &out->t, out->v);
+                loss[s] = 0;
+                for (int64_t e = 0; e < out->n; e++) loss[s] += out->v[e] * r->v[e];
+            }
+            params[p]->v[i] = keep;
+            th_put(&params[p]->buf, &params[p]->t, params[p]->v);
+            double fd = (loss[0] - loss[1]) / (2 * h), an = grads[p]->v[i];
+            TH_CHECK(fabs(fd - an) <= 1e-9 * (1 + fabs(an)), "[%s] finite difference %s[%lld]: %.15g vs %.15g", label,
+                     names[p], (long long)i, fd, an);
+        }
+    }
+}

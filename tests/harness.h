@@ -118,4 +118,12 @@ void th_verify(const char *what, th_operand *o, const double *ref, double tol, c
         free(snap_);                                                                                         \
     } while (0)
 
+
+/* Finite differences in f64: with L = Σ out·r and `forward` recomputing out from the
+ * params, checks grads[p] (computed by the backward kernels with dy = r) at `trials`
+ * random coordinates of each param (every coordinate when trials <= 0). */
+typedef fg_status (*th_forward_fn)(fg_context *ctx, void *arg);
+void th_fd_check(fg_context *ctx, const char *label, th_forward_fn forward, void *arg, th_operand *out,
+                 const th_operand *r, th_operand **params, th_operand **grads, const char *const *names, int nparams,
+                 int trials);
 #endif

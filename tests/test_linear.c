@@ -110,6 +110,13 @@ static void run_case(fg_context *ctx, fg_backend be, fg_dtype dt, const lcase *c
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) th_drop(all[i]);
 }
 
+typedef struct fd_linear { th_operand *x, *w, *b, *y; } fd_linear;
+
+static fg_status fd_linear_forward(fg_context *ctx, void *arg) {
+    fd_linear *a = arg;
+    return fg_linear_forward(ctx, &a->x->t, &a->w->t, &a->b->t, &a->y->t);
+}
+
 /* L = Σ y·r; the backward kernels with dy = r must match central differences. */
 static void finite_differences(fg_context *ctx, fg_backend be) {
     const int64_t xs[3] = {2, 3, 5}, ys[3] = {2, 3, 4}, ms = 4, k = 5;
@@ -124,30 +131,10 @@ static void finite_differences(fg_context *ctx, fg_backend be) {
     TH_OK(fg_linear_backward_input(ctx, &r.t, &w.t, &dx.t, 0));
     TH_OK(fg_linear_backward_weight(ctx, &r.t, &x.t, &dw.t, 0));
     TH_OK(fg_linear_backward_bias(ctx, &r.t, &db.t, 0));
-    th_get(&dx.buf, &dx.t, dx.v);
-    th_get(&dw.buf, &dw.t, dw.v);
-    th_get(&db.buf, &db.t, db.v);
     th_operand *params[3] = {&x, &w, &b}, *grads[3] = {&dx, &dw, &db};
-    const char *names[3] = {"dx", "dw", "db"};
-    for (int p = 0; p < 3; p++) {
-        for (int trial = 0; trial < 4; trial++) {
-            int64_t i = (int64_t)(th_rand_u64() % (uint64_t)params[p]->n);
-            double loss[2], h = 1e-3, keep = params[p]->v[i];
-            for (int s = 0; s < 2; s++) {
-                params[p]->v[i] = keep + (s ? -h : h);
-                th_put(&params[p]->buf, &params[p]->t, params[p]->v);
-                TH_OK(fg_linear_forward(ctx, &x.t, &w.t, &b.t, &y.t));
-                th_get(&y.buf, &y.t, y.v);
-                loss[s] = 0;
-                for (int64_t e = 0; e < y.n; e++) loss[s] += y.v[e] * r.v[e];
-            }
-            params[p]->v[i] = keep;
-            th_put(&params[p]->buf, &params[p]->t, params[p]->v);
-            double fd = (loss[0] - loss[1]) / (2 * h), an = grads[p]->v[i];
-            TH_CHECK(fabs(fd - an) <= 1e-9 * (1 + fabs(an)), "[%s] finite difference %s[%lld]: %.15g vs %.15g",
-                     th_backend_name(be), names[p], (long long)i, fd, an);
-        }
-    }
+    static const char *const names[3] = {"dx", "dw", "db"};
+    fd_linear fa = {&x, &w, &b, &y};
+    th_fd_check(ctx, th_backend_name(be), fd_linear_forward, &fa, &y, &r, params, grads, names, 3, 4);
     th_operand *all[] = {&x, &w, &b, &y, &r, &dx, &dw, &db};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) th_drop(all[i]);
 }

@@ -96,6 +96,11 @@ static void run_case(fg_context *ctx, fg_backend be, fg_dtype dt, const mcase *c
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) th_drop(all[i]);
 }
 
+static fg_status fd_matmul_forward(fg_context *ctx, void *arg) {
+    th_operand **o = arg;
+    return fg_matmul_forward(ctx, &o[0]->t, &o[1]->t, &o[2]->t);
+}
+
 static void finite_differences(fg_context *ctx, fg_backend be) {
     const int64_t as[3] = {3, 4, 5}, bs[2] = {5, 2}, cs[3] = {3, 4, 2}; /* b broadcast */
     th_operand a = th_make(be, FG_F64, 3, as, 0), b = th_make(be, FG_F64, 2, bs, 0);
@@ -106,27 +111,10 @@ static void finite_differences(fg_context *ctx, fg_backend be) {
     th_randomize(&r);
     TH_OK(fg_matmul_backward_input(ctx, &r.t, &b.t, &da.t, 0));
     TH_OK(fg_matmul_backward_other(ctx, &a.t, &r.t, &db.t, 0));
-    th_get(&da.buf, &da.t, da.v);
-    th_get(&db.buf, &db.t, db.v);
     th_operand *params[2] = {&a, &b}, *grads[2] = {&da, &db};
-    for (int p = 0; p < 2; p++)
-        for (int trial = 0; trial < 4; trial++) {
-            int64_t i = (int64_t)(th_rand_u64() % (uint64_t)params[p]->n);
-            double loss[2], h = 1e-3, keep = params[p]->v[i];
-            for (int s = 0; s < 2; s++) {
-                params[p]->v[i] = keep + (s ? -h : h);
-                th_put(&params[p]->buf, &params[p]->t, params[p]->v);
-                TH_OK(fg_matmul_forward(ctx, &a.t, &b.t, &c.t));
-                th_get(&c.buf, &c.t, c.v);
-                loss[s] = 0;
-                for (int64_t e = 0; e < c.n; e++) loss[s] += c.v[e] * r.v[e];
-            }
-            params[p]->v[i] = keep;
-            th_put(&params[p]->buf, &params[p]->t, params[p]->v);
-            double fd = (loss[0] - loss[1]) / (2 * h), an = grads[p]->v[i];
-            TH_CHECK(fabs(fd - an) <= 1e-9 * (1 + fabs(an)), "[%s] finite difference %s[%lld]: %.15g vs %.15g",
-                     th_backend_name(be), p ? "db" : "da", (long long)i, fd, an);
-        }
+    static const char *const names[2] = {"da", "db"};
+    th_operand *fa[3] = {&a, &b, &c};
+    th_fd_check(ctx, th_backend_name(be), fd_matmul_forward, fa, &c, &r, params, grads, names, 2, 4);
     th_operand *all[] = {&a, &b, &c, &r, &da, &db};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) th_drop(all[i]);
 }

@@ -6,51 +6,53 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/fastgrad-gpu-check}
-mkdir -p "$OUT"
+LOG="$OUT/logs"   # packed into $OUT/logs.tar.gz at the end (the device returns few files)
+mkdir -p "$LOG"
 summary=()
 note() { summary+=("$1"); }
 
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader > "$OUT/gpu.txt" 2>&1
-note "gpu: $(head -1 "$OUT/gpu.txt")"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader > "$LOG/gpu.txt" 2>&1
+note "gpu: $(head -1 "$LOG/gpu.txt")"
 
 build=build-gpu
 if ! { cmake -S . -B $build -G Ninja -DCMAKE_BUILD_TYPE=Release -DFASTGRAD_CUDA=ON \
-         -DFASTGRAD_CUDA_ARCHS="${FASTGRAD_CUDA_ARCHS:-90a}" && ninja -C $build; } > "$OUT/build.log" 2>&1; then
-  tail -30 "$OUT/build.log"
-  echo "SUMMARY: build FAILED (log in $OUT/build.log)"
+         -DFASTGRAD_CUDA_ARCHS="${FASTGRAD_CUDA_ARCHS:-90a}" && ninja -C $build; } > "$LOG/build.log" 2>&1; then
+  tail -30 "$LOG/build.log"
+  echo "SUMMARY: build FAILED (log in $LOG/build.log)"
   exit 1
 fi
-note "build: ok ($(grep -c 'Building' "$OUT/build.log") steps)"
+note "build: ok ($(grep -c 'Building' "$LOG/build.log") steps)"
 
 status=0
 for t in core linear matmul outer header_cxx; do
   bin=$build/tests/test_$t
-  if [ "$t" = linear ]; then env FG_TEST_LARGE=1 $bin > "$OUT/test_$t.log" 2>&1; else $bin > "$OUT/test_$t.log" 2>&1; fi
+  if [ "$t" = linear ]; then env FG_TEST_LARGE=1 $bin > "$LOG/test_$t.log" 2>&1; else $bin > "$LOG/test_$t.log" 2>&1; fi
   rc=$?
   [ $rc -eq 0 ] || status=1
-  line=$(grep -E "checks,|header OK" "$OUT/test_$t.log" | tail -1)
+  line=$(grep -E "checks,|header OK" "$LOG/test_$t.log" | tail -1)
   note "test $t: rc=$rc ${line}"
-  [ $rc -eq 0 ] || grep -m 15 FAIL "$OUT/test_$t.log"
+  [ $rc -eq 0 ] || grep -m 15 FAIL "$LOG/test_$t.log"
 done
 
 if command -v compute-sanitizer >/dev/null 2>&1; then
   for t in linear matmul outer; do
     compute-sanitizer --tool memcheck --leak-check full --error-exitcode 9 $build/tests/test_$t \
-      > "$OUT/memcheck_$t.log" 2>&1
+      > "$LOG/memcheck_$t.log" 2>&1
     rc=$?
     [ $rc -eq 0 ] || status=1
-    note "memcheck $t: rc=$rc $(grep -E 'ERROR SUMMARY' "$OUT/memcheck_$t.log" | tail -1) $(grep -E 'checks,' "$OUT/memcheck_$t.log" | tail -1)"
+    note "memcheck $t: rc=$rc $(grep -E 'ERROR SUMMARY' "$LOG/memcheck_$t.log" | tail -1) $(grep -E 'checks,' "$LOG/memcheck_$t.log" | tail -1)"
   done
 else
   note "memcheck: compute-sanitizer not found"
 fi
 
 if [ -d python/tests ]; then
-  PYTHONPATH="$PWD/python" FASTGRAD_LIBRARY="$PWD/$build/libfastgrad.so" python3 -m pytest -q python/tests \
-    > "$OUT/pytest.log" 2>&1
+  PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/python" FASTGRAD_LIBRARY="$PWD/$build/libfastgrad.so" python3 -m pytest -q -rs python/tests \
+    > "$LOG/pytest.log" 2>&1
   rc=$?
   [ $rc -eq 0 ] || status=1
-  note "pytest: rc=$rc $(tail -1 "$OUT/pytest.log")"
+  note "pytest: rc=$rc $(tail -1 "$LOG/pytest.log")"
+  [ $rc -eq 0 ] || grep -E "^(FAILED|ERROR)|^E  " "$LOG/pytest.log" | head -30
 fi
 
 $build/bench/fastgrad-bench ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
@@ -59,10 +61,12 @@ rc=$?
 cat "$OUT/bench.log"
 if [ -f bench/compare.py ] && [ -z "${SKIP_COMPARE:-}" ]; then
   PYTHONPATH="$PWD/python" FASTGRAD_LIBRARY="$PWD/$build/libfastgrad.so" python3 bench/compare.py --out "$OUT" \
-    > "$OUT/compare.log" 2>&1
+    > "$LOG/compare.log" 2>&1
   rc=$?
   [ $rc -eq 0 ] || status=1
   note "compare.py: rc=$rc (table in $OUT/benchmarks.md)"
+  grep -E "ms  " "$LOG/compare.log"
+  [ $rc -eq 0 ] || tail -20 "$LOG/compare.log"
 fi
 
 echo
@@ -70,4 +74,5 @@ echo "==================== SUMMARY ===================="
 for s in "${summary[@]}"; do echo "$s"; done
 grep -E "^CHECK|^CEILING" "$OUT/bench.log"
 echo "overall: $([ $status -eq 0 ] && echo PASS || echo FAIL)"
+tar czf "$OUT/logs.tar.gz" -C "$OUT" logs && rm -rf "$LOG"
 exit $status

@@ -1,0 +1,223 @@
+"""Side-by-side benchmark on the GPU: fastgrad against PyTorch eager and torch.compile
+(and the peer libraries for the families they cover, once those families land), the
+same shapes in one run.
+
+Time: CUDA events around each call after warm-up, the median of many calls, inputs
+rotated between two sets. Memory: torch.cuda.max_memory_allocated() during one call,
+above what was allocated before it (inputs excluded). fastgrad takes its workspace
+from torch's caching allocator, so both sides are counted the same way.
+
+Writes <out>/benchmarks.md (table, GPU, date, versions) and <out>/bench_time.png,
+<out>/bench_memory.png.
+
+    PYTHONPATH=python python3 bench/compare.py --out /tmp/out
+"""
+import argparse
+import datetime
+import os
+import statistics
+
+import torch
+import torch.nn.functional as F
+
+import fastgrad as fg
+from fastgrad import ops
+
+REPS = 30
+
+
+def timed(fn, sets):
+    for i in range(3):
+        fn(*sets[i % len(sets)])
+    torch.cuda.synchronize()
+    times = []
+    for i in range(REPS):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn(*sets[i % len(sets)])
+        end.record()
+        times.append((start, end))
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in times)
+
+
+def peak_extra(fn, args):
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    out = fn(*args)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    del out
+    return peak
+
+
+def rand(shape, dtype, requires_grad=False):
+    return (torch.rand(shape, device="cuda", dtype=torch.float32) * 2 - 1).to(dtype).requires_grad_(requires_grad)
+
+
+# ------------------------------------------------------------------ cases
+# Each case: name, inputs maker, fastgrad fn, torch fn (eager; also compiled), work.
+
+def linear_case(n, k, m, dtype, backward):
+    def make():
+        return (rand((n, k), dtype, backward), rand((m, k), dtype, backward), rand((m,), dtype, backward),
+                rand((n, m), dtype))
+
+    if backward:
+        def ours(x, w, b, dy):
+            y = ops.linear_forward(x.detach(), w.detach(), b.detach())
+            return (y, ops.linear_backward_input(dy, w.detach()), ops.linear_backward_weight(dy, x.detach()),
+                    ops.linear_backward_bias(dy))
+
+        def theirs(x, w, b, dy):
+            y = F.linear(x, w, b)
+            return (y,) + torch.autograd.grad(y, (x, w, b), dy)
+        flops = 6.0 * n * k * m
+    else:
+        def ours(x, w, b, dy):
+            return ops.linear_forward(x, w, b)
+
+        def theirs(x, w, b, dy):
+            return F.linear(x, w, b)
+        flops = 2.0 * n * k * m
+    what = "fwd+bwd" if backward else "fwd"
+    return dict(family="Linear", name=f"linear {what}", shape=f"N={n} K={k} M={m}", dtype=dtype, make=make,
+                ours=ours, theirs=theirs, flops=flops, bytes=0)
+
+
+def gemv_case(k, m, dtype):
+    def make():
+        return rand((1, k), dtype), rand((m, k), dtype)
+
+    return dict(family="Linear", name="linear fwd, one row (GEMV)", shape=f"1x{k} . {m}x{k}^T", dtype=dtype,
+                make=make, ours=lambda x, w: ops.linear_forward(x, w), theirs=lambda x, w: F.linear(x, w), flops=0,
+                bytes=(m * k + k + m) * torch.tensor([], dtype=dtype).element_size())
+
+
+def matmul_case(batch, m, k, n, dtype, broadcast_b):
+    def make():
+        return (rand((batch, m, k), dtype, True), rand((k, n) if broadcast_b else (batch, k, n), dtype, True),
+                rand((batch, m, n), dtype))
+
+    def ours(a, b, dc):
+        c = ops.matmul_forward(a.detach(), b.detach())
+        return (c, ops.matmul_backward_input(dc, b.detach(), batched=True),
+                ops.matmul_backward_other(a.detach(), dc, batched=not broadcast_b))
+
+    def theirs(a, b, dc):
+        c = torch.matmul(a, b)
+        return (c,) + torch.autograd.grad(c, (a, b), dc)
+    shape = f"B={batch} {m}x{k}x{n}" + (" (b 2-D)" if broadcast_b else "")
+    return dict(family="Matmul", name="matmul fwd+bwd", shape=shape, dtype=dtype, make=make, ours=ours,
+                theirs=theirs, flops=6.0 * batch * m * k * n, bytes=0)
+
+
+def outer_case(n, m, dtype):
+    def make():
+        return rand((n,), dtype, True), rand((m,), dtype, True), rand((n, m), dtype)
+
+    def ours(x, y, dz):
+        z = ops.outer_forward(x.detach(), y.detach())
+        return z, ops.outer_backward_input(dz, y.detach()), ops.outer_backward_other(dz, x.detach())
+
+    def theirs(x, y, dz):
+        z = torch.outer(x, y)
+        return (z,) + torch.autograd.grad(z, (x, y), dz)
+    es = torch.tensor([], dtype=dtype).element_size()
+    return dict(family="Outer", name="outer fwd+bwd", shape=f"{n} x {m}", dtype=dtype, make=make, ours=ours,
+                theirs=theirs, flops=0, bytes=3 * n * m * es)
+
+
+CASES = [
+    lambda: linear_case(8192, 4096, 4096, torch.bfloat16, False),
+    lambda: linear_case(8192, 4096, 4096, torch.bfloat16, True),
+    lambda: linear_case(4096, 1024, 1024, torch.bfloat16, True),
+    lambda: gemv_case(8192, 8192, torch.float32),
+    lambda: matmul_case(16, 1024, 1024, 1024, torch.bfloat16, False),
+    lambda: matmul_case(16, 1024, 1024, 1024, torch.bfloat16, True),
+    lambda: outer_case(16384, 8192, torch.bfloat16),
+]
+
+
+def rate(case, ms):
+    if case["flops"]:
+        return f"{case['flops'] / ms / 1e9:.0f} TFLOP/s"
+    return f"{case['bytes'] / ms / 1e6:.0f} GB/s"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="docs")
+    ap.add_argument("--no-compile", action="store_true")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    rows = []
+    for make_case in CASES:
+        case = make_case()
+        sets = [case["make"](), case["make"]()]
+        impls = [("fastgrad", case["ours"]), ("torch eager", case["theirs"])]
+        if not args.no_compile:
+            impls.append(("torch.compile", torch.compile(case["theirs"])))
+        result = {"case": case}
+        for label, fn in impls:
+            ms = timed(fn, sets)
+            mem = peak_extra(fn, sets[0])
+            result[label] = (ms, mem)
+            print(f"{case['name']:<28} {case['shape']:<26} {label:<14} {ms:8.4f} ms  {rate(case, ms):>14}  "
+                  f"peak +{mem / 2**20:8.1f} MiB", flush=True)
+        rows.append(result)
+        del sets
+        torch.cuda.empty_cache()
+    write_report(rows, args.out, [label for label, _ in impls])
+
+
+def write_report(rows, out, labels):
+    dev = torch.cuda.get_device_name()
+    date = datetime.date.today().isoformat()
+    lines = [
+        "# fastgrad benchmarks", "",
+        f"GPU: {dev}; date: {date}; fastgrad {fg.__version__}; torch {torch.__version__}; "
+        f"CUDA {torch.version.cuda}. TF32 off everywhere. Written by `bench/compare.py` "
+        "(median of CUDA-event timings, inputs rotated; peak = max_memory_allocated above the inputs).", "",
+        "| op | shape | dtype | " + " | ".join(f"{l} ms" for l in labels) + " | fastgrad rate | "
+        + " | ".join(f"{l} peak MiB" for l in labels) + " | " + " | ".join(f"speed-up vs {l}" for l in labels[1:]) + " |",
+        "|" + "---|" * (4 + 2 * len(labels) + len(labels) - 1),
+    ]
+    for r in rows:
+        c = r["case"]
+        ours = r["fastgrad"][0]
+        lines.append(f"| {c['name']} | {c['shape']} | {str(c['dtype']).replace('torch.', '')} | "
+                     + " | ".join(f"{r[l][0]:.4f}" for l in labels) + f" | {rate(c, ours)} | "
+                     + " | ".join(f"{r[l][1] / 2**20:.1f}" for l in labels) + " | "
+                     + " | ".join(f"{r[l][0] / ours:.2f}x" for l in labels[1:]) + " |")
+    lines += ["", "![time](bench_time.png)", "", "![memory](bench_memory.png)", ""]
+    with open(os.path.join(out, "benchmarks.md"), "w") as f:
+        f.write("\n".join(lines))
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    names = [f"{r['case']['name']}\n{r['case']['shape']}" for r in rows]
+    for key, idx, ylabel, fname in [("time", 0, "time / torch eager time", "bench_time.png"),
+                                    ("memory", 1, "peak extra memory (MiB)", "bench_memory.png")]:
+        fig, ax = plt.subplots(figsize=(12, 5))
+        width = 0.8 / len(labels)
+        for j, l in enumerate(labels):
+            vals = [(r[l][0] / r["torch eager"][0]) if idx == 0 else r[l][1] / 2**20 for r in rows]
+            ax.bar([i + j * width for i in range(len(rows))], vals, width, label=l)
+        ax.set_xticks([i + width * (len(labels) - 1) / 2 for i in range(len(rows))])
+        ax.set_xticklabels(names, fontsize=7)
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"fastgrad vs PyTorch on {dev} ({date})")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(os.path.join(out, fname), dpi=110)
+        plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()

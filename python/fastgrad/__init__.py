@@ -1,0 +1,22 @@
+"""fastgrad: fused forward and backward training kernels, from Python.
+
+    import fastgrad as fg
+    y = fg.linear_forward(x, w, b)          # numpy arrays (CPU) or torch tensors (CPU/CUDA)
+    layer = fg.Linear(1024, 4096).cuda()    # with torch: autograd modules
+
+Errors raise fastgrad.FastgradError carrying the C status and message.
+"""
+from ._lib import FastgradError, version
+from .ops import (linear_backward_bias, linear_backward_input, linear_backward_weight, linear_forward,
+                  matmul_backward_input, matmul_backward_other, matmul_forward, outer_backward_input,
+                  outer_backward_other, outer_forward, plan_info, set_allow_tf32)
+
+__version__ = version()
+
+try:
+    import torch as _torch  # noqa: F401
+except ImportError:  # pragma: no cover - no torch in CI
+    pass
+else:
+    from .autograd import (Linear, LinearFunction, Matmul, MatmulFunction, Outer, OuterFunction, linear, matmul,
+                           outer)

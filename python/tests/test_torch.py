@@ -1,0 +1,187 @@
+"""The PyTorch layer against torch autograd as the external reference: forward and
+every gradient on float64-upcast inputs, every dtype, CPU and CUDA, awkward shapes,
+non-contiguous inputs, only the requested gradients computed, no_grad, DDP."""
+import os
+
+import numpy as np
+import pytest
+from conftest import TOL, relerr
+
+torch = pytest.importorskip("torch")
+import fastgrad as fg  # noqa: E402
+from fastgrad import ops  # noqa: E402
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
+
+
+def tol(dtype):
+    return TOL[str(dtype).replace("torch.", "")]
+
+
+def err(a, b):
+    return relerr(a.detach().double().cpu().numpy(), b.detach().double().cpu().numpy())
+
+
+def leaf(rng, shape, dtype, device):
+    t = torch.from_numpy(rng.uniform(-1, 1, size=shape)).to(device=device, dtype=dtype)
+    return t.requires_grad_(True)
+
+
+def reference(fn, inputs, dy):
+    """torch autograd on float64 copies of the (already rounded) inputs."""
+    ref_in = [t.detach().double().requires_grad_(True) if t is not None else None for t in inputs]
+    out = fn(*ref_in)
+    out.backward(dy.double())
+    return out, [t.grad if t is not None else None for t in ref_in]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("lead,k,m,bias", [((1,), 1, 1, True), ((3,), 17, 5, True), ((2, 9), 127, 33, False),
+                                           ((1,), 1000, 300, True), ((4, 1, 5), 64, 48, True), ((257,), 33, 1, True)])
+def test_linear(rng, device, dtype, lead, k, m, bias):
+    if device == "cpu" and dtype in (torch.float16, torch.bfloat16) and k * m > 10000:
+        pytest.skip("large low-precision reference on the CPU is slow")
+    x, w = leaf(rng, lead + (k,), dtype, device), leaf(rng, (m, k), dtype, device)
+    b = leaf(rng, (m,), dtype, device) if bias else None
+    y = fg.linear(x, w, b)
+    dy = torch.from_numpy(rng.uniform(-1, 1, size=y.shape)).to(device=device, dtype=dtype)
+    y.backward(dy)
+    ref, grads = reference(torch.nn.functional.linear, [x, w, b], dy)
+    assert y.dtype == dtype and y.device.type == device
+    assert err(y, ref) <= tol(dtype)
+    assert err(x.grad, grads[0]) <= tol(dtype)
+    assert err(w.grad, grads[1]) <= tol(dtype)
+    if bias:
+        assert err(b.grad, grads[2]) <= tol(dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("ash,bsh", [((5, 7), (7, 3)), ((4, 17, 31), (4, 31, 9)), ((3, 20, 7), (7, 13)),
+                                     ((6, 19), (5, 19, 11)), ((1, 1, 129), (129, 1))])
+def test_matmul(rng, device, dtype, ash, bsh):
+    a, b = leaf(rng, ash, dtype, device), leaf(rng, bsh, dtype, device)
+    c = fg.matmul(a, b)
+    dc = torch.from_numpy(rng.uniform(-1, 1, size=c.shape)).to(device=device, dtype=dtype)
+    c.backward(dc)
+    ref, grads = reference(torch.matmul, [a, b], dc)
+    assert err(c, ref) <= tol(dtype)
+    assert a.grad.shape == a.shape and b.grad.shape == b.shape
+    assert err(a.grad, grads[0]) <= tol(dtype)
+    assert err(b.grad, grads[1]) <= tol(dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n,m", [(1, 1), (3, 17), (1000, 7), (129, 1031)])
+def test_outer(rng, device, dtype, n, m):
+    x, y = leaf(rng, (n,), dtype, device), leaf(rng, (m,), dtype, device)
+    z = fg.outer(x, y)
+    dz = torch.from_numpy(rng.uniform(-1, 1, size=z.shape)).to(device=device, dtype=dtype)
+    z.backward(dz)
+    ref, grads = reference(torch.outer, [x, y], dz)
+    assert err(z, ref) <= tol(dtype)
+    assert err(x.grad, grads[0]) <= tol(dtype)
+    assert err(y.grad, grads[1]) <= tol(dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_non_contiguous_and_broadcast_grads(rng, device):
+    base = leaf(rng, (8, 12, 40), torch.float32, device)
+    wt = leaf(rng, (32, 24), torch.float32, device)
+
+    def view(b):  # [12, 4, 32] whose leading dims do not collapse into one stride
+        return b.transpose(0, 1)[:, ::2, 3:35]
+
+    y = fg.linear(view(base), wt.t())               # column-major weight
+    y.sum().backward()                              # dy is a zero-stride broadcast
+    ref, grads = reference(lambda b, w: torch.nn.functional.linear(view(b), w.t()), [base, wt], torch.ones_like(y))
+    assert err(y, ref) <= 1e-5
+    assert err(base.grad, grads[0]) <= 1e-5
+    assert err(wt.grad, grads[1]) <= 1e-5
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_only_requested_gradients(rng, device, monkeypatch):
+    calls = []
+    for name in ("linear_backward_input", "linear_backward_weight", "linear_backward_bias"):
+        real = getattr(ops, name)
+        monkeypatch.setattr(ops, name, lambda *a, _real=real, _n=name, **k: (calls.append(_n), _real(*a, **k))[1])
+    x = torch.from_numpy(rng.uniform(-1, 1, size=(5, 8))).to(device=device, dtype=torch.float32)  # no grad
+    layer = fg.Linear(8, 4, device=device)
+    layer.bias.requires_grad_(False)
+    layer(x).sum().backward()
+    assert calls == ["linear_backward_weight"]
+    assert layer.weight.grad is not None and layer.bias.grad is None
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_module_matches_nn_linear_and_no_grad(rng, device):
+    torch.manual_seed(0)
+    ours = fg.Linear(16, 8, device=device, dtype=torch.float64)
+    ref = torch.nn.Linear(16, 8, device=device, dtype=torch.float64)
+    ref.load_state_dict(ours.state_dict())
+    x = torch.from_numpy(rng.uniform(-1, 1, size=(3, 16))).to(device)
+    with torch.no_grad():
+        y = ours(x)
+    assert not y.requires_grad
+    assert err(y, ref(x)) <= 1e-12
+    assert "in_features=16" in repr(ours)
+
+
+def test_errors_carry_status():
+    x = torch.zeros(4, 8)
+    with pytest.raises(fg.FastgradError) as e:
+        ops.linear_forward(x, torch.zeros(3, 7))
+    assert e.value.name == "FG_ERR_SHAPE" and "w.shape[1]=7" in str(e.value)
+    with pytest.raises(TypeError, match="int64"):
+        ops.linear_forward(x.long(), torch.zeros(3, 8).long())
+    if torch.cuda.is_available():
+        with pytest.raises(fg.FastgradError) as e:
+            ops.linear_forward(x.cuda(), torch.zeros(3, 8))
+        assert e.value.name == "FG_ERR_WRONG_DEVICE" and "w.data" in str(e.value)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_current_stream_and_tf32(rng):
+    s = torch.cuda.Stream()
+    a = torch.from_numpy(rng.uniform(-1, 1, size=(256, 512))).cuda().float()
+    b = torch.from_numpy(rng.uniform(-1, 1, size=(512, 128))).cuda().float()
+    with torch.cuda.stream(s):
+        c = ops.matmul_forward(a, b)
+    s.synchronize()
+    assert err(c, a.double() @ b.double()) <= 1e-5
+    fg.set_allow_tf32(True)
+    try:
+        info = ops.plan_info("matmul_forward", [a, b, c], ["a", "b", "c"])
+        assert info["tf32"] and info["backend"] == "cuda" and info["arch"] >= 80
+        assert err(ops.matmul_forward(a, b), a.double() @ b.double()) <= 1e-3
+    finally:
+        fg.set_allow_tf32(False)
+    assert not ops.plan_info("matmul_forward", [a, b, c], ["a", "b", "c"])["tf32"]
+
+
+def test_ddp_single_process(rng, tmp_path):
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        torch.manual_seed(1)
+        model = torch.nn.Sequential(fg.Linear(12, 16, dtype=torch.float64), torch.nn.Tanh(),
+                                    fg.Linear(16, 3, dtype=torch.float64))
+        ref = torch.nn.Sequential(torch.nn.Linear(12, 16, dtype=torch.float64), torch.nn.Tanh(),
+                                  torch.nn.Linear(16, 3, dtype=torch.float64))
+        ref.load_state_dict(model.state_dict())
+        ddp = DDP(model)
+        x = torch.from_numpy(rng.uniform(-1, 1, size=(10, 12)))
+        ddp(x).square().mean().backward()
+        ref(x).square().mean().backward()
+        for p, q in zip(model.parameters(), ref.parameters()):
+            assert err(p.grad, q.grad) <= 1e-12
+    finally:
+        dist.destroy_process_group()

@@ -27,7 +27,7 @@ uint64_t th_rand_u64(void) {
 double th_rand(void) { return (double)(th_rand_u64() >> 11) * (2.0 / 9007199254740992.0) - 1.0; }
 
 void th_fill(double *v, int64_t n) {
-    for (int64_t i = 0; i < n; i++) v[i] = th_rand();
+    for (int64_t i = 0; i < n; i++) v[i] = 0.25 + 0.75 * th_rand();
 }
 
 void th_init(const char *name) {

@@ -191,8 +191,8 @@ class Context:
 
     def __del__(self):
         try:
-            for plan in self.plans.values():
-                lib.fg_plan_destroy(plan.handle)
+            for entry in self.plans.values():
+                lib.fg_plan_destroy(entry.plan.handle)
             lib.fg_context_destroy(self.handle)
         except Exception:  # interpreter shutdown
             pass
@@ -208,9 +208,9 @@ class Plan:
         self.info = info
         self.workspace_bytes = info.workspace_bytes
 
-    def run(self, operands, workspace_ptr, workspace_bytes):
-        arr = (Tensor * MAX_OPERANDS)(*operands)
-        check(lib.fg_plan_run(self.handle, arr, ctypes.c_void_p(workspace_ptr), workspace_bytes))
+    def run(self, array, workspace_ptr, workspace_bytes):
+        """array: a (Tensor * MAX_OPERANDS) with this call's data pointers."""
+        check(lib.fg_plan_run(self.handle, array, workspace_ptr or None, workspace_bytes))
 
 
 _local = threading.local()

@@ -13,9 +13,17 @@ from . import ops
 from ._lib import ERR_UNSUPPORTED, FastgradError
 
 
+def _dense(a):
+    """A broadcast view (a zero stride, as autograd hands out for sum()) made dense."""
+    if isinstance(a, torch.Tensor) and any(s == 0 and n > 1 for s, n in zip(a.stride(), a.shape)):
+        return a.contiguous()
+    return a
+
+
 def _call(fn, *args, **kwargs):
-    """Runs fn; when the C op refuses a layout (zero strides, no unit stride, leading
-    dims that do not collapse), retries once on contiguous copies."""
+    """Runs fn; when the C op refuses a layout (no unit stride, leading dims that do not
+    collapse), retries once on contiguous copies."""
+    args = [_dense(a) for a in args]
     try:
         return fn(*args, **kwargs)
     except (FastgradError, ValueError) as e:

@@ -79,12 +79,11 @@ def _describe(a, name):
     return t
 
 
-def _placement(arrays):
-    """(backend, device, torch device or None) shared by the arrays."""
-    first = next(a for a in arrays if a is not None)
-    if _is_torch(first) and first.is_cuda:
-        return _lib.BACKEND_CUDA, first.device.index or 0, first.device
+def _placement(first):
+    """(backend, device, torch device or None) of an array."""
     if _is_torch(first):
+        if first.is_cuda:
+            return _lib.BACKEND_CUDA, first.device.index or 0, first.device
         return _lib.BACKEND_CPU, 0, first.device
     return _lib.BACKEND_CPU, 0, None
 
@@ -95,35 +94,56 @@ def _empty_like_family(ref, shape, dtype=None):
     return np.empty(shape, dtype=dtype or ref.dtype)
 
 
-def _key(t):
-    return (t.dtype, t.rank, tuple(t.shape[:t.rank]), tuple(t.stride[:t.rank]))
+def _signature(a):
+    if a is None:
+        return None
+    if _is_torch(a):
+        return (a.dtype, a.shape, a.stride())
+    return (a.dtype, a.shape, a.strides)
+
+
+def _pointer(a):
+    if a is None:
+        return None
+    return a.data_ptr() if _is_torch(a) else a.ctypes.data
+
+
+class _Entry:
+    """A cached plan with its descriptor array; a call only writes the data pointers."""
+
+    def __init__(self, ctx, op, operands, names, accumulate, flags):
+        descs = [_describe(a, n) for a, n in zip(operands, names)]
+        desc = _lib.PlanDesc(op=_lib.OP[op], accumulate=int(bool(accumulate)), flags=flags)
+        for i, t in enumerate(descs):
+            desc.operands[i] = t
+        self.plan = _lib.Plan(ctx, desc)
+        self.array = (_lib.Tensor * _lib.MAX_OPERANDS)(*descs)
 
 
 def run(op, operands, names, accumulate=False):
     """Runs op (a name of _lib.OP) on operands in the C order (None = absent)."""
-    backend, device, tdev = _placement(operands)
+    ref = operands[0]
+    backend, device, tdev = _placement(ref)
     ctx = _lib.context(backend, device)
-    if backend == _lib.BACKEND_CUDA:
+    if tdev is not None and backend == _lib.BACKEND_CUDA:
         ctx.set_stream(torch.cuda.current_stream(tdev).cuda_stream)
-    descs = [_describe(a, n) for a, n in zip(operands, names)]
     flags = _lib.PLAN_ALLOW_TF32 if _allow_tf32 else 0
-    key = (op, bool(accumulate), flags, tuple(_key(t) for t in descs))
-    plan = ctx.plans.get(key)
-    if plan is None:
-        desc = _lib.PlanDesc(op=_lib.OP[op], accumulate=int(bool(accumulate)), flags=flags)
-        for i, t in enumerate(descs):
-            desc.operands[i] = t
-        plan = ctx.plans[key] = _lib.Plan(ctx, desc)
+    key = (op, bool(accumulate), flags, tuple(_signature(a) for a in operands))
+    entry = ctx.plans.get(key)
+    if entry is None:
+        entry = ctx.plans[key] = _Entry(ctx, op, operands, names, accumulate, flags)
+    for i, a in enumerate(operands):
+        entry.array[i].data = _pointer(a)
+    plan = entry.plan
     ws, ws_ptr = None, 0
     if plan.workspace_bytes:
-        ref = next(a for a in operands if a is not None)
         if _is_torch(ref):
             ws = torch.empty(plan.workspace_bytes, dtype=torch.uint8, device=ref.device)
             ws_ptr = ws.data_ptr()
         else:
             ws = np.empty(plan.workspace_bytes + 256, dtype=np.uint8)
             ws_ptr = (ws.ctypes.data + 255) & ~255
-    plan.run(descs, ws_ptr, plan.workspace_bytes)
+    plan.run(entry.array, ws_ptr, plan.workspace_bytes)
     return plan
 
 

@@ -2,7 +2,7 @@
 float32/float16/float64, awkward shapes, strided views, accumulate, bad input."""
 import numpy as np
 import pytest
-from conftest import TOL, relerr
+from conftest import TOL, data, relerr
 
 import fastgrad as fg
 
@@ -10,7 +10,7 @@ DTYPES = [np.float32, np.float16, np.float64]
 
 
 def rand(rng, shape, dtype):
-    return rng.uniform(-1, 1, size=shape).astype(dtype)
+    return data(rng, shape).astype(dtype)
 
 
 def f64(a):

@@ -5,7 +5,7 @@ import os
 
 import numpy as np
 import pytest
-from conftest import TOL, relerr
+from conftest import TOL, data, relerr
 
 torch = pytest.importorskip("torch")
 import fastgrad as fg  # noqa: E402
@@ -24,7 +24,7 @@ def err(a, b):
 
 
 def leaf(rng, shape, dtype, device):
-    t = torch.from_numpy(rng.uniform(-1, 1, size=shape)).to(device=device, dtype=dtype)
+    t = torch.from_numpy(data(rng, shape)).to(device=device, dtype=dtype)
     return t.requires_grad_(True)
 
 
@@ -46,7 +46,7 @@ def test_linear(rng, device, dtype, lead, k, m, bias):
     x, w = leaf(rng, lead + (k,), dtype, device), leaf(rng, (m, k), dtype, device)
     b = leaf(rng, (m,), dtype, device) if bias else None
     y = fg.linear(x, w, b)
-    dy = torch.from_numpy(rng.uniform(-1, 1, size=y.shape)).to(device=device, dtype=dtype)
+    dy = torch.from_numpy(data(rng, y.shape)).to(device=device, dtype=dtype)
     y.backward(dy)
     ref, grads = reference(torch.nn.functional.linear, [x, w, b], dy)
     assert y.dtype == dtype and y.device.type == device
@@ -64,7 +64,7 @@ def test_linear(rng, device, dtype, lead, k, m, bias):
 def test_matmul(rng, device, dtype, ash, bsh):
     a, b = leaf(rng, ash, dtype, device), leaf(rng, bsh, dtype, device)
     c = fg.matmul(a, b)
-    dc = torch.from_numpy(rng.uniform(-1, 1, size=c.shape)).to(device=device, dtype=dtype)
+    dc = torch.from_numpy(data(rng, c.shape)).to(device=device, dtype=dtype)
     c.backward(dc)
     ref, grads = reference(torch.matmul, [a, b], dc)
     assert err(c, ref) <= tol(dtype)
@@ -79,7 +79,7 @@ def test_matmul(rng, device, dtype, ash, bsh):
 def test_outer(rng, device, dtype, n, m):
     x, y = leaf(rng, (n,), dtype, device), leaf(rng, (m,), dtype, device)
     z = fg.outer(x, y)
-    dz = torch.from_numpy(rng.uniform(-1, 1, size=z.shape)).to(device=device, dtype=dtype)
+    dz = torch.from_numpy(data(rng, z.shape)).to(device=device, dtype=dtype)
     z.backward(dz)
     ref, grads = reference(torch.outer, [x, y], dz)
     assert err(z, ref) <= tol(dtype)
@@ -109,7 +109,7 @@ def test_only_requested_gradients(rng, device, monkeypatch):
     for name in ("linear_backward_input", "linear_backward_weight", "linear_backward_bias"):
         real = getattr(ops, name)
         monkeypatch.setattr(ops, name, lambda *a, _real=real, _n=name, **k: (calls.append(_n), _real(*a, **k))[1])
-    x = torch.from_numpy(rng.uniform(-1, 1, size=(5, 8))).to(device=device, dtype=torch.float32)  # no grad
+    x = torch.from_numpy(data(rng, (5, 8))).to(device=device, dtype=torch.float32)  # no grad
     layer = fg.Linear(8, 4, device=device)
     layer.bias.requires_grad_(False)
     layer(x).sum().backward()
@@ -123,7 +123,7 @@ def test_module_matches_nn_linear_and_no_grad(rng, device):
     ours = fg.Linear(16, 8, device=device, dtype=torch.float64)
     ref = torch.nn.Linear(16, 8, device=device, dtype=torch.float64)
     ref.load_state_dict(ours.state_dict())
-    x = torch.from_numpy(rng.uniform(-1, 1, size=(3, 16))).to(device)
+    x = torch.from_numpy(data(rng, (3, 16))).to(device)
     with torch.no_grad():
         y = ours(x)
     assert not y.requires_grad
@@ -147,8 +147,8 @@ def test_errors_carry_status():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_current_stream_and_tf32(rng):
     s = torch.cuda.Stream()
-    a = torch.from_numpy(rng.uniform(-1, 1, size=(256, 512))).cuda().float()
-    b = torch.from_numpy(rng.uniform(-1, 1, size=(512, 128))).cuda().float()
+    a = torch.from_numpy(data(rng, (256, 512))).cuda().float()
+    b = torch.from_numpy(data(rng, (512, 128))).cuda().float()
     with torch.cuda.stream(s):
         c = ops.matmul_forward(a, b)
     s.synchronize()
@@ -178,7 +178,7 @@ def test_ddp_single_process(rng, tmp_path):
                                   torch.nn.Linear(16, 3, dtype=torch.float64))
         ref.load_state_dict(model.state_dict())
         ddp = DDP(model)
-        x = torch.from_numpy(rng.uniform(-1, 1, size=(10, 12)))
+        x = torch.from_numpy(data(rng, (10, 12)))
         ddp(x).square().mean().backward()
         ref(x).square().mean().backward()
         for p, q in zip(model.parameters(), ref.parameters()):

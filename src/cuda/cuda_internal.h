@@ -25,6 +25,8 @@ typedef struct fg_lt_entry {
     bool used;
     fg_lt_key key;
     cublasLtMatmulAlgo_t algo;
+    size_t workspace;   /* what the algorithm needs */
+    size_t limit;       /* the workspace it was chosen under */
     bool found; /* false: the heuristic had no algorithm for this key */
 } fg_lt_entry;
 

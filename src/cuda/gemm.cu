@@ -22,7 +22,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#define LT_WORKSPACE ((size_t)32 << 20)
+#define LT_WORKSPACE ((size_t)32 << 20) /* the most a plan offers cuBLASLt */
 
 /* ------------------------------------------------------------------ element helpers */
 
@@ -361,9 +361,10 @@ typedef struct lt_call {
         }                                                                                                    \
     } while (0)
 
-/* Plans (run = false) or runs; *found says whether cuBLASLt has an algorithm. */
-static fg_status lt_matmul(fg_context *ctx, const lt_call *c, bool run, bool *found, char *name, size_t name_len,
-                           void *ws) {
+/* Plans (run = false) or runs with at most `limit` bytes of workspace at ws; *found says
+ * whether cuBLASLt has an algorithm, *need what it uses. */
+static fg_status lt_matmul(fg_context *ctx, const lt_call *c, bool run, bool *found, size_t *need, char *name,
+                           size_t name_len, void *ws, size_t limit) {
     struct fg_cuda_state *st = ctx->cuda;
     const fg_lt_key *k = &c->key;
     fg_status status = FG_OK;
@@ -400,12 +401,13 @@ static fg_status lt_matmul(fg_context *ctx, const lt_call *c, bool run, bool *fo
         LT_CHECK(cublasLtMatrixLayoutSetAttribute(lb, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &k->bs_b, sizeof k->bs_b));
         LT_CHECK(cublasLtMatrixLayoutSetAttribute(lc, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &k->bs_c, sizeof k->bs_c));
     }
+    if (hit && hit->found && hit->workspace > limit) hit = NULL; /* chosen under a larger workspace */
     if (!hit) {
         hit = &st->cache[st->cache_next];
         st->cache_next = (st->cache_next + 1) % FG_LT_CACHE;
         memset(hit, 0, sizeof *hit);
         LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-        uint64_t wsb = LT_WORKSPACE;
+        uint64_t wsb = limit;
         uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
         LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb));
         LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &scheme, sizeof scheme));
@@ -419,9 +421,14 @@ static fg_status lt_matmul(fg_context *ctx, const lt_call *c, bool run, bool *fo
         hit->used = true;
         hit->key = *k;
         hit->found = hs == CUBLAS_STATUS_SUCCESS && n > 0;
-        if (hit->found) hit->algo = res.algo;
+        hit->limit = limit;
+        if (hit->found) {
+            hit->algo = res.algo;
+            hit->workspace = res.workspaceSize;
+        }
     }
     *found = hit->found;
+    if (need) *need = hit->found ? hit->workspace : 0;
     if (hit->found && name) {
         int id = 0, tile = 0, splitk = 0;
         size_t w;
@@ -435,8 +442,8 @@ static fg_status lt_matmul(fg_context *ctx, const lt_call *c, bool run, bool *fo
         float af = (float)c->alpha, bf = (float)c->beta;
         const void *alpha = f64 ? (const void *)&c->alpha : (const void *)&af;
         const void *beta = f64 ? (const void *)&c->beta : (const void *)&bf;
-        LT_CHECK(cublasLtMatmul(st->lt, op, alpha, c->a, la, c->b, lb, beta, c->c, lc, c->c, lc, &hit->algo, ws,
-                                LT_WORKSPACE, st->stream));
+        LT_CHECK(cublasLtMatmul(st->lt, op, alpha, c->a, la, c->b, lb, beta, c->c, lc, c->c, lc, &hit->algo,
+                                hit->workspace ? ws : NULL, hit->workspace, st->stream));
     }
 done:
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
@@ -512,20 +519,25 @@ template <typename T> struct general_product {
             return FG_OK;
         }
         bool found = false;
+        size_t need = 0;
         if (reduce) {
             if (g->bias) return fg_fail(FG_ERR_INTERNAL, "cuda gemm: a bias on a batch sum");
             /* Σ_b a_b·b_b: one product per batch element, in order, into c (f32/f64) or an
-               f32 buffer that is rounded once at the end (f16/bf16) */
+               f32 buffer at the end of the workspace, rounded once at the end (f16/bf16) */
             fg_gemm one = *g;
             one.batch = 1;
             one.a.bs = one.b.bs = one.c.bs = 0;
-            fg_dtype ct = low ? FG_F32 : t;
-            int64_t ldc = low ? g->n : g->c.rs;
-            void *cbuf = low ? (char *)ws + LT_WORKSPACE : g->c.data;
+            const fg_dtype ct = low ? FG_F32 : t;
+            const int64_t ldc = low ? g->n : g->c.rs;
+            const size_t buf = low ? (((size_t)(g->m * g->n) * sizeof(float) + 255) & ~(size_t)255) : 0;
+            size_t limit = do_run ? ws_bytes - buf : LT_WORKSPACE;
+            void *cbuf = low ? (void *)((char *)ws + limit) : g->c.data;
+            if (do_run && (ws_bytes < buf || ((uintptr_t)cbuf % 256) != 0))
+                return fg_fail(FG_ERR_INTERNAL, "cuda gemm: workspace too small or misaligned for a batch sum");
             lt_call c = lt_describe(&one, ct, cbuf, ldc, 0, do_run);
-            FG_TRY(lt_matmul(ctx, &c, false, &found, info->name, sizeof info->name, ws));
+            FG_TRY(lt_matmul(ctx, &c, false, &found, &need, info->name, sizeof info->name, ws, limit));
             if (!found) return fg_fail(FG_ERR_UNSUPPORTED, "cuBLASLt has no algorithm for this %s batch sum", fg_dtype_name(t));
-            info->workspace_bytes = LT_WORKSPACE + (low ? (size_t)(g->m * g->n) * sizeof(float) : 0);
+            info->workspace_bytes = ((need + 255) & ~(size_t)255) + buf;
             strncat(info->name, low ? " x batch, f32 sum" : " x batch", sizeof info->name - strlen(info->name) - 1);
             if (!do_run) return FG_OK;
             if (low) {
@@ -537,7 +549,7 @@ template <typename T> struct general_product {
                 one.b.data = (char *)g->b.data + b * g->b.bs * (int64_t)es;
                 one.beta = (b == 0 && !low) ? g->beta : 1.0;
                 c = lt_describe(&one, ct, cbuf, ldc, 0, true);
-                FG_TRY(lt_matmul(ctx, &c, true, &found, NULL, 0, ws));
+                FG_TRY(lt_matmul(ctx, &c, true, &found, NULL, NULL, 0, ws, limit));
                 if (!found) return fg_fail(FG_ERR_UNSUPPORTED, "cuBLASLt has no algorithm for this batch sum");
             }
             if (low) {
@@ -546,6 +558,7 @@ template <typename T> struct general_product {
             }
             return FG_OK;
         }
+        const size_t limit = do_run ? ws_bytes : LT_WORKSPACE;
         lt_call c = lt_describe(g, t, g->c.data, g->c.rs, g->c.bs, do_run);
         bool fused_bias = false;
         if (g->bias && g->bias_rs == 0 && g->bias_cs == 1) { /* try the bias epilogue first */
@@ -553,20 +566,20 @@ template <typename T> struct general_product {
             cb.key.epilogue = CUBLASLT_EPILOGUE_BIAS;
             cb.key.align_bias = do_run ? alignment(g->bias, 0, 0, es, true) : 256;
             cb.bias = g->bias;
-            FG_TRY(lt_matmul(ctx, &cb, false, &found, info->name, sizeof info->name, ws));
+            FG_TRY(lt_matmul(ctx, &cb, false, &found, &need, info->name, sizeof info->name, ws, limit));
             if (found) {
                 c = cb;
                 fused_bias = true;
             }
         }
         if (!fused_bias) {
-            FG_TRY(lt_matmul(ctx, &c, false, &found, info->name, sizeof info->name, ws));
+            FG_TRY(lt_matmul(ctx, &c, false, &found, &need, info->name, sizeof info->name, ws, limit));
             if (!found)
                 return fg_fail(FG_ERR_UNSUPPORTED, "cuBLASLt has no algorithm for this %s product (m=%lld n=%lld k=%lld)",
                                fg_dtype_name(t), (long long)g->m, (long long)g->n, (long long)g->k);
             if (g->bias) strncat(info->name, " after axpby_2d bias", sizeof info->name - strlen(info->name) - 1);
         }
-        info->workspace_bytes = LT_WORKSPACE;
+        info->workspace_bytes = need;
         if (!do_run) return FG_OK;
         if (g->bias && !fused_bias) { /* c = beta·c + bias, then the product adds into it */
             for (int64_t b = 0; b < g->batch; b++) {
@@ -576,7 +589,7 @@ template <typename T> struct general_product {
             }
             c.beta = 1.0;
         }
-        return lt_matmul(ctx, &c, true, &found, NULL, 0, ws);
+        return lt_matmul(ctx, &c, true, &found, NULL, NULL, 0, ws, limit);
     }
 };
 

@@ -57,7 +57,34 @@ def rand(shape, dtype, requires_grad=False):
 
 
 # ------------------------------------------------------------------ cases
-# Each case: name, inputs maker, fastgrad fn, torch fn (eager; also compiled), work.
+# Each case: name, inputs maker, fastgrad fn, torch side, work. The torch side is a
+# forward function wrapped by forward_of / backward_of; for torch.compile the forward
+# is compiled and autograd runs the backward AOTAutograd compiled for it, the way a
+# training step uses it.
+
+class forward_of:
+    """Calls fn on the first n inputs."""
+
+    def __init__(self, fn, n):
+        self.fn, self.n = fn, n
+
+    def compiled(self):
+        return forward_of(torch.compile(self.fn), self.n)
+
+    def __call__(self, *args):
+        return self.fn(*args[:self.n])
+
+
+class backward_of(forward_of):
+    """fn on the first n inputs, then the gradients of all n with the last input as dy."""
+
+    def compiled(self):
+        return backward_of(torch.compile(self.fn), self.n)
+
+    def __call__(self, *args):
+        out = self.fn(*args[:self.n])
+        return (out,) + torch.autograd.grad(out, args[:self.n], args[-1])
+
 
 def linear_case(n, k, m, dtype, backward):
     def make():
@@ -70,16 +97,13 @@ def linear_case(n, k, m, dtype, backward):
             return (y, ops.linear_backward_input(dy, w.detach()), ops.linear_backward_weight(dy, x.detach()),
                     ops.linear_backward_bias(dy))
 
-        def theirs(x, w, b, dy):
-            y = F.linear(x, w, b)
-            return (y,) + torch.autograd.grad(y, (x, w, b), dy)
+        theirs = backward_of(F.linear, 3)
         flops = 6.0 * n * k * m
     else:
         def ours(x, w, b, dy):
             return ops.linear_forward(x, w, b)
 
-        def theirs(x, w, b, dy):
-            return F.linear(x, w, b)
+        theirs = forward_of(F.linear, 3)
         flops = 2.0 * n * k * m
     what = "fwd+bwd" if backward else "fwd"
     return dict(family="Linear", name=f"linear {what}", shape=f"N={n} K={k} M={m}", dtype=dtype, make=make,
@@ -91,7 +115,7 @@ def gemv_case(k, m, dtype):
         return rand((1, k), dtype), rand((m, k), dtype)
 
     return dict(family="Linear", name="linear fwd, one row (GEMV)", shape=f"1x{k} . {m}x{k}^T", dtype=dtype,
-                make=make, ours=lambda x, w: ops.linear_forward(x, w), theirs=lambda x, w: F.linear(x, w), flops=0,
+                make=make, ours=lambda x, w: ops.linear_forward(x, w), theirs=forward_of(F.linear, 2), flops=0,
                 bytes=(m * k + k + m) * torch.tensor([], dtype=dtype).element_size())
 
 
@@ -105,9 +129,7 @@ def matmul_case(batch, m, k, n, dtype, broadcast_b):
         return (c, ops.matmul_backward_input(dc, b.detach(), batched=True),
                 ops.matmul_backward_other(a.detach(), dc, batched=not broadcast_b))
 
-    def theirs(a, b, dc):
-        c = torch.matmul(a, b)
-        return (c,) + torch.autograd.grad(c, (a, b), dc)
+    theirs = backward_of(torch.matmul, 2)
     shape = f"B={batch} {m}x{k}x{n}" + (" (b 2-D)" if broadcast_b else "")
     return dict(family="Matmul", name="matmul fwd+bwd", shape=shape, dtype=dtype, make=make, ours=ours,
                 theirs=theirs, flops=6.0 * batch * m * k * n, bytes=0)
@@ -121,9 +143,7 @@ def outer_case(n, m, dtype):
         z = ops.outer_forward(x.detach(), y.detach())
         return z, ops.outer_backward_input(dz, y.detach()), ops.outer_backward_other(dz, x.detach())
 
-    def theirs(x, y, dz):
-        z = torch.outer(x, y)
-        return (z,) + torch.autograd.grad(z, (x, y), dz)
+    theirs = backward_of(torch.outer, 2)
     es = torch.tensor([], dtype=dtype).element_size()
     return dict(family="Outer", name="outer fwd+bwd", shape=f"{n} x {m}", dtype=dtype, make=make, ours=ours,
                 theirs=theirs, flops=0, bytes=3 * n * m * es)
@@ -159,7 +179,7 @@ def main():
         sets = [case["make"](), case["make"]()]
         impls = [("fastgrad", case["ours"]), ("torch eager", case["theirs"])]
         if not args.no_compile:
-            impls.append(("torch.compile", torch.compile(case["theirs"])))
+            impls.append(("torch.compile", case["theirs"].compiled()))
         result = {"case": case}
         for label, fn in impls:
             ms = timed(fn, sets)

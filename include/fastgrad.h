@@ -170,10 +170,43 @@ typedef enum fg_op {
     FG_OP_MATMUL_BACKWARD_OTHER = 7,   /* 0:a 1:dc 2:db   (db = aᵀ·dc, summed if b broadcast) */
     FG_OP_OUTER_FORWARD = 8,           /* 0:x [N] 1:y [M] 2:z [N,M]                          */
     FG_OP_OUTER_BACKWARD_INPUT = 9,    /* 0:dz [N,M] 1:y [M] 2:dx [N]                        */
-    FG_OP_OUTER_BACKWARD_OTHER = 10    /* 0:dz [N,M] 1:x [N] 2:dy [M]                        */
+    FG_OP_OUTER_BACKWARD_OTHER = 10,   /* 0:dz [N,M] 1:x [N] 2:dy [M]                        */
+    /* Parameterized elementwise family (kind = fg_unary / fg_binary, scalars below).
+       Inputs broadcast numpy-style to the output (forward) or to dy (backward); the
+       gradient of a broadcast input is summed over its broadcast dims, deterministically.
+       Gradient outputs are optional: absent (rank 0) = not requested.                  */
+    FG_OP_UNARY_FORWARD = 11,          /* 0:x 1:y                                              */
+    FG_OP_UNARY_BACKWARD = 12,         /* 0:dy 1:x 2:dx                                        */
+    FG_OP_BINARY_FORWARD = 13,         /* 0:a 1:b 2:w (optional, lerp) 3:y                     */
+    FG_OP_BINARY_BACKWARD = 14         /* 0:dy 1:a 2:b 3:w (optional) 4:da 5:db 6:dw           */
 } fg_op;
 
-#define FG_MAX_OPERANDS 6
+/* Unary ops with parameters (scalars[] of the plan descriptor):
+ *   SCALE      y = s·x                      scalars = {s}
+ *   POW        y = x^p                      scalars = {p}        dx = p·x^(p-1)·dy
+ *   LEAKY_RELU y = x ≥ 0 ? x : slope·x      scalars = {slope}    (x = 0 takes the x ≥ 0 side)
+ *   ELU        y = x > 0 ? x : α(eˣ − 1)    scalars = {α}
+ *   CLAMP      y = min(max(x, lo), hi)      scalars = {lo, hi}   dx = dy on lo ≤ x ≤ hi, else 0
+ *   SOFTCAP    y = c·tanh(x/c)              scalars = {c > 0}                                 */
+typedef enum fg_unary {
+    FG_UNARY_SCALE = 0,
+    FG_UNARY_POW = 1,
+    FG_UNARY_LEAKY_RELU = 2,
+    FG_UNARY_ELU = 3,
+    FG_UNARY_CLAMP = 4,
+    FG_UNARY_SOFTCAP = 5
+} fg_unary;
+
+/* Binary ops with parameters:
+ *   LERP   y = a + w·(b − a), w a scalar (scalars = {w}) or a tensor (operand w)
+ *          da = (1 − w)·dy, db = w·dy, dw = (b − a)·dy
+ *   AXPBY  y = α·a + β·b                  scalars = {α, β};  da = α·dy, db = β·dy            */
+typedef enum fg_binary {
+    FG_BINARY_LERP = 0,
+    FG_BINARY_AXPBY = 1
+} fg_binary;
+
+#define FG_MAX_OPERANDS 8
 
 /* Plan flags */
 #define FG_PLAN_ALLOW_TF32 1u   /* f32 inputs may be rounded to tf32 on tensor cores */
@@ -183,6 +216,8 @@ typedef struct fg_plan_desc {
     fg_tensor operands[FG_MAX_OPERANDS]; /* dtypes, shapes, strides; data is ignored */
     int32_t accumulate;                  /* backward ops: add into the output        */
     uint32_t flags;                      /* FG_PLAN_*                                 */
+    int32_t kind;                        /* elementwise ops: fg_unary or fg_binary    */
+    double scalars[4];                   /* elementwise ops: their parameters         */
 } fg_plan_desc;
 
 /* What a plan promises about its numbers. */
@@ -269,6 +304,48 @@ FG_NODISCARD FG_API fg_status fg_outer_backward_input(fg_context *ctx, const fg_
 FG_NODISCARD FG_API fg_status fg_outer_backward_other(fg_context *ctx, const fg_tensor *dz,
                                                       const fg_tensor *x, const fg_tensor *dy,
                                                       int accumulate);
+
+/* ------------------------------------------------------------------ Elementwise */
+/* One-call forms of FG_OP_UNARY_* / FG_OP_BINARY_* (scalars as documented above). In
+ * place is allowed where an output is exactly an input (same data, shape, strides). */
+FG_NODISCARD FG_API fg_status fg_unary_forward(fg_context *ctx, fg_unary kind, const double *scalars,
+                                               const fg_tensor *x, const fg_tensor *y);
+FG_NODISCARD FG_API fg_status fg_unary_backward(fg_context *ctx, fg_unary kind, const double *scalars,
+                                                const fg_tensor *dy, const fg_tensor *x,
+                                                const fg_tensor *dx, int accumulate);
+/* w: a tensor, or NULL to use w_scalar */
+FG_NODISCARD FG_API fg_status fg_lerp_forward(fg_context *ctx, const fg_tensor *a, const fg_tensor *b,
+                                              const fg_tensor *w, double w_scalar, const fg_tensor *y);
+/* Any of da, db, dw may be NULL (not wanted); a and b are needed only for dw. */
+FG_NODISCARD FG_API fg_status fg_lerp_backward(fg_context *ctx, const fg_tensor *dy, const fg_tensor *a,
+                                               const fg_tensor *b, const fg_tensor *w, double w_scalar,
+                                               const fg_tensor *da, const fg_tensor *db,
+                                               const fg_tensor *dw, int accumulate);
+FG_NODISCARD FG_API fg_status fg_axpby_forward(fg_context *ctx, const fg_tensor *a, const fg_tensor *b,
+                                               double alpha, double beta, const fg_tensor *y);
+FG_NODISCARD FG_API fg_status fg_axpby_backward(fg_context *ctx, const fg_tensor *dy, double alpha,
+                                                double beta, const fg_tensor *da, const fg_tensor *db,
+                                                int accumulate);
+
+/* ------------------------------------------------------------------ AdamW */
+/* One fused, multi-tensor AdamW step (decoupled weight decay, bias-corrected moments):
+ *   g = grad·grad_scale;  p ← p·(1 − lr·weight_decay)
+ *   m ← β1·m + (1 − β1)·g;  v ← β2·v + (1 − β2)·g²        (the moments are lerps)
+ *   p ← p − lr/(1 − β1^step) · m / (sqrt(v)/sqrt(1 − β2^step) + eps)
+ * params: f32, f16 or bf16; grads: the params' dtype or f32; exp_avg and exp_avg_sq:
+ * f32. master (optional, NULL or all entries rank 0): f32 master weights that the step
+ * updates and rounds into params. Tensors must be contiguous; each list has `count`
+ * entries of matching sizes. Deterministic (elementwise, no reductions). */
+typedef struct fg_adamw_hparams {
+    double lr, beta1, beta2, eps, weight_decay;
+    int64_t step;        /* 1 on the first step                          */
+    double grad_scale;   /* multiplies the gradients; 0 means 1          */
+} fg_adamw_hparams;
+
+FG_NODISCARD FG_API fg_status fg_adamw_step(fg_context *ctx, const fg_adamw_hparams *hp, int count,
+                                            const fg_tensor *params, const fg_tensor *grads,
+                                            const fg_tensor *exp_avg, const fg_tensor *exp_avg_sq,
+                                            const fg_tensor *master);
 
 #ifdef __cplusplus
 }

@@ -227,6 +227,10 @@ bool th_unchanged(const th_buf *b, const void *snap) {
     return same;
 }
 
+void th_restore(th_buf *b, const void *snap) {
+    to_dev(b, b->ptr, snap, (size_t)b->n * fg_dtype_size(b->dtype));
+}
+
 void th_round(fg_dtype dtype, double *v, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
         if (dtype == FG_F32) v[i] = (float)v[i];
@@ -313,13 +317,14 @@ void th_verify(const char *what, th_operand *o, const double *ref, double tol, c
 
 void th_fd_check(fg_context *ctx, const char *label, th_forward_fn forward, void *arg, th_operand *out,
                  const th_operand *r, th_operand **params, th_operand **grads, const char *const *names, int nparams,
-                 int trials) {
+                 int trials, bool linear) {
+    const double h = linear ? 1e-3 : TH_FD_STEP, tol = linear ? 1e-9 : 1e-8;
     for (int p = 0; p < nparams; p++) {
         th_get(&grads[p]->buf, &grads[p]->t, grads[p]->v);
         int64_t count = trials > 0 ? trials : params[p]->n;
         for (int64_t trial = 0; trial < count; trial++) {
             int64_t i = trials > 0 ? (int64_t)(th_rand_u64() % (uint64_t)params[p]->n) : trial;
-            double loss[2], h = 1e-3, keep = params[p]->v[i];
+            double loss[2], keep = params[p]->v[i];
             for (int s = 0; s < 2; s++) {
                 params[p]->v[i] = keep + (s ? -h : h);
                 th_put(&params[p]->buf, &params[p]->t, params[p]->v);
@@ -331,7 +336,7 @@ void th_fd_check(fg_context *ctx, const char *label, th_forward_fn forward, void
             params[p]->v[i] = keep;
             th_put(&params[p]->buf, &params[p]->t, params[p]->v);
             double fd = (loss[0] - loss[1]) / (2 * h), an = grads[p]->v[i];
-            TH_CHECK(fabs(fd - an) <= 1e-9 * (1 + fabs(an)), "[%s] finite difference %s[%lld]: %.15g vs %.15g", label,
+            TH_CHECK(fabs(fd - an) <= tol * (1 + fabs(an)), "[%s] finite difference %s[%lld]: %.15g vs %.15g", label,
                      names[p], (long long)i, fd, an);
         }
     }

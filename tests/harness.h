@@ -76,6 +76,8 @@ void th_poison(th_buf *b);
 /* Raw bytes of the storage (caller frees), and whether storage still equals them. */
 void *th_snapshot(const th_buf *b);
 bool th_unchanged(const th_buf *b, const void *snap);
+/* Writes a snapshot back. */
+void th_restore(th_buf *b, const void *snap);
 /* Rounds values to what dtype can hold. */
 void th_round(fg_dtype dtype, double *v, int64_t n);
 
@@ -125,9 +127,13 @@ void th_verify(const char *what, th_operand *o, const double *ref, double tol, c
 
 /* Finite differences in f64: with L = Σ out·r and `forward` recomputing out from the
  * params, checks grads[p] (computed by the backward kernels with dy = r) at `trials`
- * random coordinates of each param (every coordinate when trials <= 0). */
+ * random coordinates of each param (every coordinate when trials <= 0). Step
+ * TH_FD_STEP; for ops linear in each param the central difference is exact up to
+ * rounding (tolerance 1e-9), otherwise its truncation error is ~h²·f‴/6 ≈ 1e-11 and
+ * rounding ~1e-16/h ≈ 1e-11: tolerance 1e-8, relative to 1 + |gradient|. */
+#define TH_FD_STEP 1e-5
 typedef fg_status (*th_forward_fn)(fg_context *ctx, void *arg);
 void th_fd_check(fg_context *ctx, const char *label, th_forward_fn forward, void *arg, th_operand *out,
                  const th_operand *r, th_operand **params, th_operand **grads, const char *const *names, int nparams,
-                 int trials);
+                 int trials, bool linear);
 #endif

@@ -134,7 +134,7 @@ static void finite_differences(fg_context *ctx, fg_backend be) {
     th_operand *params[3] = {&x, &w, &b}, *grads[3] = {&dx, &dw, &db};
     static const char *const names[3] = {"dx", "dw", "db"};
     fd_linear fa = {&x, &w, &b, &y};
-    th_fd_check(ctx, th_backend_name(be), fd_linear_forward, &fa, &y, &r, params, grads, names, 3, 4);
+    th_fd_check(ctx, th_backend_name(be), fd_linear_forward, &fa, &y, &r, params, grads, names, 3, 4, true);
     th_operand *all[] = {&x, &w, &b, &y, &r, &dx, &dw, &db};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) th_drop(all[i]);
 }

@@ -114,7 +114,7 @@ static void finite_differences(fg_context *ctx, fg_backend be) {
     th_operand *params[2] = {&a, &b}, *grads[2] = {&da, &db};
     static const char *const names[2] = {"da", "db"};
     th_operand *fa[3] = {&a, &b, &c};
-    th_fd_check(ctx, th_backend_name(be), fd_matmul_forward, fa, &c, &r, params, grads, names, 2, 4);
+    th_fd_check(ctx, th_backend_name(be), fd_matmul_forward, fa, &c, &r, params, grads, names, 2, 4, true);
     th_operand *all[] = {&a, &b, &c, &r, &da, &db};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) th_drop(all[i]);
 }

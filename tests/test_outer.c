@@ -85,7 +85,7 @@ static void finite_differences(fg_context *ctx, fg_backend be) {
     th_operand *params[2] = {&x, &y}, *grads[2] = {&dx, &dy};
     static const char *const names[2] = {"dx", "dy"};
     th_operand *fa[3] = {&x, &y, &z};
-    th_fd_check(ctx, th_backend_name(be), fd_outer_forward, fa, &z, &r, params, grads, names, 2, 0);
+    th_fd_check(ctx, th_backend_name(be), fd_outer_forward, fa, &z, &r, params, grads, names, 2, 0, true);
     th_operand *all[] = {&x, &y, &z, &r, &dx, &dy};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) th_drop(all[i]);
 }

@@ -70,6 +70,8 @@ fg_status fg_check_data(const fg_context *ctx, const char *op, const char *what,
 /* An output must not overlap another operand. */
 fg_status fg_check_no_overlap(const char *op, const char *out_name, const fg_tensor *out,
                               const char *other_name, const fg_tensor *other);
+/* Whether t's strides are row-major contiguous (or left all zero). */
+bool fg_is_contiguous(const fg_tensor *t);
 /* Formats a shape as "[2, 3, 4]" into buf. */
 const char *fg_shape_str(const fg_tensor *t, char *buf, size_t len);
 
@@ -127,14 +129,72 @@ fg_status fg_cuda_gemm(fg_context *ctx, const fg_gemm *g, fg_kernel_info *info, 
                        size_t ws_bytes, bool run);
 #endif
 
+/* ------------------------------------------------------------------ elementwise primitive */
+
+/* An elementwise problem over a full shape (the output's, or dy's for a backward),
+ * dims coalesced. Each operand (by its index in the op) maps onto the full shape by
+ * strides, 0 where it is broadcast. An output with a zero stride in a dim of size > 1
+ * is `reduced`: its elements are sums over those dims (deterministic order). */
+typedef struct fg_ew {
+    fg_dtype dtype;
+    fg_op op;          /* FG_OP_UNARY_* or FG_OP_BINARY_* */
+    int kind;          /* fg_unary / fg_binary */
+    double s[4];
+    bool accumulate;
+    bool broadcast;    /* some operand does not cover the full shape one to one */
+    int rank;
+    int64_t shape[FG_MAX_RANK];
+    int64_t numel;
+    int n_operands;
+    unsigned present;  /* bit i: operand i is given */
+    unsigned outputs;  /* bit i: operand i is written */
+    unsigned reduced;  /* bit i: output i is a sum over broadcast dims */
+    int64_t stride[FG_MAX_OPERANDS][FG_MAX_RANK];
+    void *data[FG_MAX_OPERANDS]; /* resolved at run time */
+} fg_ew;
+
+/* Plans (run = false) or runs an elementwise problem on ctx's backend. */
+fg_status fg_cpu_elementwise(fg_context *ctx, const fg_ew *e, fg_kernel_info *info, void *ws,
+                             size_t ws_bytes, bool run);
+#ifdef FG_HAVE_CUDA
+fg_status fg_cuda_elementwise(fg_context *ctx, const fg_ew *e, fg_kernel_info *info, void *ws,
+                              size_t ws_bytes, bool run);
+#endif
+
+/* ------------------------------------------------------------------ AdamW */
+
+/* One tensor of a multi-tensor AdamW step, validated and flattened. */
+typedef struct fg_adamw_item {
+    void *p;
+    const void *g;
+    float *m, *v, *master; /* master NULL: update p directly */
+    int64_t n;
+} fg_adamw_item;
+
+typedef struct fg_adamw_run {
+    fg_dtype p_dtype, g_dtype;
+    float lr, beta1, beta2, eps, weight_decay, grad_scale;
+    float step_size;       /* lr / (1 − β1^step)   */
+    float bc2_sqrt;        /* sqrt(1 − β2^step)    */
+    int count;
+    const fg_adamw_item *items;
+} fg_adamw_run;
+
+fg_status fg_cpu_adamw(fg_context *ctx, const fg_adamw_run *r);
+#ifdef FG_HAVE_CUDA
+fg_status fg_cuda_adamw(fg_context *ctx, const fg_adamw_run *r);
+#endif
+
 /* ------------------------------------------------------------------ op lowering */
 
 #define FG_MAX_GEMMS 2
 
-/* An op lowered to GEMM primitives that run in order. */
+/* An op lowered to GEMM primitives that run in order, or to one elementwise problem. */
 typedef struct fg_lowered {
     int count;
     fg_gemm gemm[FG_MAX_GEMMS];
+    bool is_elementwise;
+    fg_ew ew;
 } fg_lowered;
 
 /* One entry per fg_op: names its operands, says which are outputs, validates a plan
@@ -147,15 +207,40 @@ typedef struct fg_op_entry {
     unsigned output_mask;    /* bit i: operand i is written */
     unsigned optional_mask;  /* bit i: operand i may be absent (rank 0) */
     fg_status (*lower)(const fg_plan_desc *desc, fg_lowered *out);
+    bool inplace_ok;         /* an output may be exactly an input when nothing broadcasts */
 } fg_op_entry;
 
 const fg_op_entry *fg_linear_op_entry(fg_op op);
 const fg_op_entry *fg_matmul_op_entry(fg_op op);
 const fg_op_entry *fg_outer_op_entry(fg_op op);
+const fg_op_entry *fg_elementwise_op_entry(fg_op op);
 
-/* Fills a plan descriptor for the one-call functions and runs it on ctx's workspace. */
+/* Fills a plan descriptor for the one-call functions and runs it on ctx's workspace.
+ * kind and scalars (may be NULL) are for the elementwise ops. */
 fg_status fg_run_once(fg_context *ctx, fg_op op, const fg_tensor *const *operands, int n,
                       int accumulate);
+fg_status fg_run_once_ew(fg_context *ctx, fg_op op, const fg_tensor *const *operands, int n,
+                         int accumulate, int kind, const double *scalars, int n_scalars);
+
+/* Host element access in any dtype, as f64. */
+static inline double fg_load_f64(const void *p, fg_dtype t, int64_t i) {
+    switch (t) {
+    case FG_F32: return ((const float *)p)[i];
+    case FG_F64: return ((const double *)p)[i];
+    case FG_F16: return fg_f16_to_f32(((const uint16_t *)p)[i]);
+    case FG_BF16: return fg_bf16_to_f32(((const uint16_t *)p)[i]);
+    }
+    return 0.0;
+}
+
+static inline void fg_store_f64(void *p, fg_dtype t, int64_t i, double v) {
+    switch (t) {
+    case FG_F32: ((float *)p)[i] = (float)v; break;
+    case FG_F64: ((double *)p)[i] = v; break;
+    case FG_F16: ((uint16_t *)p)[i] = fg_f32_to_f16((float)v); break;
+    case FG_BF16: ((uint16_t *)p)[i] = fg_f32_to_bf16((float)v); break;
+    }
+}
 
 /* Matrix view of the last two dims of t starting at dim `first` (rows, cols). */
 fg_mat fg_mat_of(int operand, const int64_t *stride, int rows_dim, int cols_dim);

@@ -22,7 +22,20 @@ static const fg_op_entry *find_op(fg_op op) {
     const fg_op_entry *e = fg_linear_op_entry(op);
     if (!e) e = fg_matmul_op_entry(op);
     if (!e) e = fg_outer_op_entry(op);
+    if (!e) e = fg_elementwise_op_entry(op);
     return e;
+}
+
+static fg_status ew_execute(fg_context *ctx, const fg_ew *e, fg_kernel_info *k, void *ws, size_t ws_bytes,
+                            bool run) {
+    memset(k, 0, sizeof *k);
+    k->deterministic = true;
+    k->accumulator = e->dtype == FG_F64 ? FG_F64 : FG_F32;
+    if (ctx->backend == FG_BACKEND_CPU) return fg_cpu_elementwise(ctx, e, k, ws, ws_bytes, run);
+#ifdef FG_HAVE_CUDA
+    if (ctx->backend == FG_BACKEND_CUDA) return fg_cuda_elementwise(ctx, e, k, ws, ws_bytes, run);
+#endif
+    return fg_fail(FG_ERR_NO_DEVICE, "elementwise: backend %d is not built in", (int)ctx->backend);
 }
 
 static fg_dtype accumulator_of(fg_dtype t) { return t == FG_F64 ? FG_F64 : FG_F32; }
@@ -57,6 +70,13 @@ static fg_status plan_init(fg_context *ctx, const fg_plan_desc *desc, struct fg_
     info->precision.deterministic = 1;
     info->precision.bit_stable = 1;
     size_t used = 0;
+    if (p->lowered.is_elementwise) {
+        fg_kernel_info k;
+        FG_TRY(ew_execute(ctx, &p->lowered.ew, &k, NULL, 0, false));
+        info->workspace_bytes = k.workspace_bytes;
+        if (k.accumulator == FG_F64) info->precision.accumulator = FG_F64;
+        snprintf(info->kernel, sizeof info->kernel, "%s", k.name);
+    }
     for (int i = 0; i < p->lowered.count; i++) {
         fg_gemm *g = &p->lowered.gemm[i];
         g->allow_tf32 = (desc->flags & FG_PLAN_ALLOW_TF32) && g->dtype == FG_F32;
@@ -73,6 +93,23 @@ static fg_status plan_init(fg_context *ctx, const fg_plan_desc *desc, struct fg_
     return FG_OK;
 }
 
+static bool same_view(const fg_tensor *a, const fg_tensor *b) {
+    if (a->data != b->data || a->dtype != b->dtype || a->rank != b->rank) return false;
+    int64_t sa[FG_MAX_RANK], sb[FG_MAX_RANK];
+    fg_tensor_strides(a, sa);
+    fg_tensor_strides(b, sb);
+    for (int d = 0; d < a->rank; d++)
+        if (a->shape[d] != b->shape[d] || sa[d] != sb[d]) return false;
+    return true;
+}
+
+/* Whether the plan uses operand i (an optional one is absent when its rank is 0; an
+ * elementwise lowering says exactly which it reads and writes). */
+static bool present(const struct fg_plan *p, int i) {
+    if (p->lowered.is_elementwise) return p->lowered.ew.present >> i & 1u;
+    return !(p->desc.operands[i].rank == 0 && (p->entry->optional_mask >> i & 1u));
+}
+
 static fg_status check_run(const struct fg_plan *p, const fg_tensor *ops) {
     const fg_op_entry *e = p->entry;
     if (!ops) return fg_fail(FG_ERR_NULL_POINTER, "%s: operands is NULL", e->name);
@@ -87,13 +124,16 @@ static fg_status check_run(const struct fg_plan *p, const fg_tensor *ops) {
                            e->operand_names[i], fg_dtype_name(got->dtype), fg_shape_str(got, b, sizeof b),
                            fg_dtype_name(want->dtype), fg_shape_str(want, a, sizeof a));
         }
-        if (got->rank == 0 && (e->optional_mask >> i & 1u)) continue;
+        if (!present(p, i)) continue;
         FG_TRY(fg_check_data(p->ctx, e->name, e->operand_names[i], got));
     }
     for (int i = 0; i < e->n_operands; i++) {
-        if (!(e->output_mask >> i & 1u) || ops[i].rank == 0) continue;
+        if (!(e->output_mask >> i & 1u) || !present(p, i)) continue;
         for (int j = 0; j < e->n_operands; j++) {
-            if (j == i || ops[j].rank == 0) continue;
+            if (j == i || !present(p, j)) continue;
+            if (e->inplace_ok && !(e->output_mask >> j & 1u) && !p->lowered.ew.broadcast &&
+                same_view(&ops[i], &ops[j]))
+                continue; /* exactly in place: each element is read before it is written */
             FG_TRY(fg_check_no_overlap(e->name, e->operand_names[i], &ops[i], e->operand_names[j],
                                        &ops[j]));
         }
@@ -110,6 +150,12 @@ static fg_status plan_run(struct fg_plan *p, const fg_tensor *ops, void *ws, siz
     if (p->info.workspace_bytes > 0 && (!ws || ws_bytes < p->info.workspace_bytes))
         return fg_fail(FG_ERR_WORKSPACE, "%s: workspace of %zu bytes given, %zu needed", p->entry->name,
                        ws ? ws_bytes : 0, p->info.workspace_bytes);
+    if (p->lowered.is_elementwise) {
+        fg_ew e = p->lowered.ew;
+        for (int i = 0; i < e.n_operands; i++) e.data[i] = (e.present >> i & 1u) ? ops[i].data : NULL;
+        fg_kernel_info k;
+        FG_TRY(ew_execute(p->ctx, &e, &k, ws, ws_bytes, true));
+    }
     for (int i = 0; i < p->lowered.count; i++) {
         fg_gemm g = p->lowered.gemm[i];
         const size_t es = fg_dtype_size(g.dtype);
@@ -170,6 +216,11 @@ fg_status fg_plan_run(fg_plan *plan, const fg_tensor *operands, void *workspace,
 
 fg_status fg_run_once(fg_context *ctx, fg_op op, const fg_tensor *const *operands, int n,
                       int accumulate) {
+    return fg_run_once_ew(ctx, op, operands, n, accumulate, 0, NULL, 0);
+}
+
+fg_status fg_run_once_ew(fg_context *ctx, fg_op op, const fg_tensor *const *operands, int n,
+                         int accumulate, int kind, const double *scalars, int n_scalars) {
     const fg_op_entry *e = find_op(op);
     if (!e || n != e->n_operands) return fg_fail(FG_ERR_INTERNAL, "run_once: bad op table");
     if (!ctx) return fg_fail(FG_ERR_NULL_POINTER, "%s: ctx is NULL", e->name);
@@ -178,6 +229,8 @@ fg_status fg_run_once(fg_context *ctx, fg_op op, const fg_tensor *const *operand
     desc.op = op;
     desc.accumulate = accumulate ? 1 : 0;
     desc.flags = ctx->allow_tf32 ? FG_PLAN_ALLOW_TF32 : 0;
+    desc.kind = kind;
+    for (int i = 0; i < n_scalars && i < 4; i++) desc.scalars[i] = scalars[i];
     fg_tensor ops[FG_MAX_OPERANDS];
     memset(ops, 0, sizeof ops);
     for (int i = 0; i < n; i++) {

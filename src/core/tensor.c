@@ -36,6 +36,18 @@ const char *fg_shape_str(const fg_tensor *t, char *buf, size_t len) {
     return buf;
 }
 
+bool fg_is_contiguous(const fg_tensor *t) {
+    int64_t s = 1;
+    bool all_zero = true;
+    for (int i = 0; i < t->rank; i++) all_zero = all_zero && t->stride[i] == 0;
+    if (all_zero) return true;
+    for (int i = t->rank - 1; i >= 0; i--) {
+        if (t->shape[i] != 1 && t->stride[i] != s) return false;
+        s *= t->shape[i];
+    }
+    return true;
+}
+
 int64_t fg_numel(const fg_tensor *t) {
     int64_t n = 1;
     for (int i = 0; i < t->rank; i++) n *= t->shape[i];

@@ -12,24 +12,8 @@
 #include <stdio.h>
 #include <string.h>
 
-static inline double load(const void *p, fg_dtype t, int64_t i) {
-    switch (t) {
-    case FG_F32: return ((const float *)p)[i];
-    case FG_F64: return ((const double *)p)[i];
-    case FG_F16: return fg_f16_to_f32(((const uint16_t *)p)[i]);
-    case FG_BF16: return fg_bf16_to_f32(((const uint16_t *)p)[i]);
-    }
-    return 0.0;
-}
-
-static inline void store(void *p, fg_dtype t, int64_t i, double v) {
-    switch (t) {
-    case FG_F32: ((float *)p)[i] = (float)v; break;
-    case FG_F64: ((double *)p)[i] = v; break;
-    case FG_F16: ((uint16_t *)p)[i] = fg_f32_to_f16((float)v); break;
-    case FG_BF16: ((uint16_t *)p)[i] = fg_f32_to_bf16((float)v); break;
-    }
-}
+#define load fg_load_f64
+#define store fg_store_f64
 
 static int threads(const fg_context *ctx) {
     return ctx->num_threads > 0 ? ctx->num_threads : 0;

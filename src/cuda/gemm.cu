@@ -16,41 +16,14 @@
  *  - Batch sums (c.bs == 0) in f16/bf16 accumulate in an f32 buffer and round once.
  */
 #include "cuda_internal.h"
+#include "elem.cuh"
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <stdio.h>
 #include <string.h>
 
 #define LT_WORKSPACE ((size_t)32 << 20) /* the most a plan offers cuBLASLt */
 
 /* ------------------------------------------------------------------ element helpers */
-
-template <typename T> struct acc_type { typedef float type; };
-template <> struct acc_type<double> { typedef double type; };
-
-__device__ __forceinline__ float to_acc(float x) { return x; }
-__device__ __forceinline__ double to_acc(double x) { return x; }
-__device__ __forceinline__ float to_acc(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_acc(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-template <typename T> __device__ __forceinline__ T from_acc(float x);
-template <> __device__ __forceinline__ float from_acc<float>(float x) { return x; }
-template <> __device__ __forceinline__ __half from_acc<__half>(float x) { return __float2half_rn(x); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16>(float x) {
-    return __float2bfloat16_rn(x);
-}
-template <typename T> __device__ __forceinline__ T from_acc(double x) { return (T)x; }
-
-/* VEC elements of T in one 16-byte load. */
-template <typename T, int VEC> struct alignas(16) vec_t { T v[VEC]; };
-
-template <typename T, int VEC>
-__device__ __forceinline__ vec_t<T, VEC> load_vec(const T *p) {
-    vec_t<T, VEC> r;
-    *reinterpret_cast<uint4 *>(&r) = __ldg(reinterpret_cast<const uint4 *>(p));
-    return r;
-}
 
 template <typename A>
 __device__ __forceinline__ A warp_sum(A v) {

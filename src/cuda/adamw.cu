@@ -1,0 +1,151 @@
+/*
+ * adamw.cu — the fused multi-tensor AdamW step on CUDA. One launch covers up to
+ * MAX_TENSORS tensors: the tensor list travels in the kernel's parameter space, each
+ * block takes one CHUNK of one tensor (found by binary search over the chunk counts),
+ * and each thread updates four elements per iteration with 16-byte loads of the f32
+ * state. Per element: read p (or the f32 master), g, m, v; write p, m, v (and master).
+ * Elementwise only: the same bits every run.
+ */
+#include "cuda_internal.h"
+#include "elem.cuh"
+
+#include <string.h>
+
+constexpr int MAX_TENSORS = 320;  /* ~17 KB of kernel parameters (the limit is 32 KB) */
+constexpr int64_t CHUNK = 65536;
+constexpr int THREADS = 256;
+
+struct adamw_list {
+    void *p[MAX_TENSORS];
+    const void *g[MAX_TENSORS];
+    float *m[MAX_TENSORS], *v[MAX_TENSORS], *master[MAX_TENSORS];
+    int64_t n[MAX_TENSORS];
+    int chunk_start[MAX_TENSORS + 1];
+    int count;
+    float decay, beta1, beta2, eps, step_size, bc2_sqrt, grad_scale;
+};
+
+template <typename PT, typename GT, bool MASTER>
+__device__ __forceinline__ void update(const adamw_list &L, int t, int64_t i, float g) {
+    float p = MASTER ? L.master[t][i] : to_acc(((const PT *)L.p[t])[i]);
+    float m = L.m[t][i], v = L.v[t][i];
+    p *= L.decay;
+    m = fmaf(1.0f - L.beta1, g - m, m); /* lerp(m, g, 1 − β1) */
+    v = fmaf(L.beta2, v, (1.0f - L.beta2) * g * g);
+    p -= L.step_size * m / (sqrtf(v) / L.bc2_sqrt + L.eps);
+    L.m[t][i] = m;
+    L.v[t][i] = v;
+    if (MASTER) L.master[t][i] = p;
+    ((PT *)L.p[t])[i] = from_acc<PT>(p);
+}
+
+template <typename T> struct four { T v[4]; };
+
+template <typename PT, typename GT, bool MASTER>
+__global__ void __launch_bounds__(THREADS) adamw_kernel(const __grid_constant__ adamw_list L) {
+    int lo = 0, hi = L.count - 1;
+    while (lo < hi) { /* the tensor whose chunks include this block */
+        int mid = (lo + hi + 1) / 2;
+        if (L.chunk_start[mid] <= (int)blockIdx.x) lo = mid;
+        else hi = mid - 1;
+    }
+    const int t = lo;
+    const int64_t begin = (int64_t)(blockIdx.x - L.chunk_start[t]) * CHUNK;
+    const int64_t end = begin + CHUNK < L.n[t] ? begin + CHUNK : L.n[t];
+    bool vec = ((uintptr_t)L.m[t] | (uintptr_t)L.v[t] | (MASTER ? (uintptr_t)L.master[t] : 0)) % 16 == 0 &&
+               (uintptr_t)L.p[t] % (4 * sizeof(PT)) == 0 && (uintptr_t)L.g[t] % (4 * sizeof(GT)) == 0;
+    int64_t i = begin + (int64_t)threadIdx.x * 4;
+    if (vec) {
+        for (; i + 4 <= end; i += THREADS * 4) {
+            float4 m = *(const float4 *)(L.m[t] + i), v = *(const float4 *)(L.v[t] + i);
+            four<GT> g = *(const four<GT> *)((const GT *)L.g[t] + i);
+            float pf[4];
+            if (MASTER) {
+                float4 q = *(const float4 *)(L.master[t] + i);
+                pf[0] = q.x, pf[1] = q.y, pf[2] = q.z, pf[3] = q.w;
+            } else {
+                four<PT> q = *(const four<PT> *)((const PT *)L.p[t] + i);
+#pragma unroll
+                for (int k = 0; k < 4; k++) pf[k] = to_acc(q.v[k]);
+            }
+            float mf[4] = {m.x, m.y, m.z, m.w}, vf[4] = {v.x, v.y, v.z, v.w};
+            four<PT> out;
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                float gk = to_acc(g.v[k]) * L.grad_scale;
+                pf[k] *= L.decay;
+                mf[k] = fmaf(1.0f - L.beta1, gk - mf[k], mf[k]);
+                vf[k] = fmaf(L.beta2, vf[k], (1.0f - L.beta2) * gk * gk);
+                pf[k] -= L.step_size * mf[k] / (sqrtf(vf[k]) / L.bc2_sqrt + L.eps);
+                out.v[k] = from_acc<PT>(pf[k]);
+            }
+            *(float4 *)(L.m[t] + i) = make_float4(mf[0], mf[1], mf[2], mf[3]);
+            *(float4 *)(L.v[t] + i) = make_float4(vf[0], vf[1], vf[2], vf[3]);
+            if (MASTER) *(float4 *)(L.master[t] + i) = make_float4(pf[0], pf[1], pf[2], pf[3]);
+            *(four<PT> *)((PT *)L.p[t] + i) = out;
+        }
+        /* the last few elements of a tensor */
+        for (int64_t j = i; j < end && j < i + 4; j++)
+            update<PT, GT, MASTER>(L, t, j, to_acc(((const GT *)L.g[t])[j]) * L.grad_scale);
+    } else {
+        for (int64_t j = begin + threadIdx.x; j < end; j += THREADS)
+            update<PT, GT, MASTER>(L, t, j, to_acc(((const GT *)L.g[t])[j]) * L.grad_scale);
+    }
+}
+
+template <typename PT, typename GT>
+static cudaError_t launch(const adamw_list &L, int blocks, bool master, cudaStream_t s) {
+    if (master) adamw_kernel<PT, GT, true><<<blocks, THREADS, 0, s>>>(L);
+    else adamw_kernel<PT, GT, false><<<blocks, THREADS, 0, s>>>(L);
+    return cudaGetLastError();
+}
+
+extern "C" fg_status fg_cuda_adamw(fg_context *ctx, const fg_adamw_run *r) {
+    fg_device_guard guard(ctx->device);
+    static_assert(sizeof(adamw_list) < 32000, "kernel parameters over the 32 KB limit");
+    adamw_list *L = (adamw_list *)calloc(1, sizeof(adamw_list));
+    if (!L) return fg_fail(FG_ERR_OUT_OF_MEMORY, "adamw_step: out of host memory");
+    L->decay = 1.0f - r->lr * r->weight_decay;
+    L->beta1 = r->beta1;
+    L->beta2 = r->beta2;
+    L->eps = r->eps;
+    L->step_size = r->step_size;
+    L->bc2_sqrt = r->bc2_sqrt;
+    L->grad_scale = r->grad_scale;
+    const bool master = r->count > 0 && r->items[0].master != NULL;
+    fg_status status = FG_OK;
+    int t = 0;
+    while (t < r->count && status == FG_OK) {
+        /* one launch per MAX_TENSORS tensors (and per 2^31 chunks) */
+        int c = 0, chunks = 0;
+        for (; t < r->count && c < MAX_TENSORS; t++) {
+            const fg_adamw_item *it = &r->items[t];
+            int64_t nc = (it->n + CHUNK - 1) / CHUNK;
+            if (nc == 0) continue;
+            if ((int64_t)chunks + nc > INT32_MAX) break;
+            L->p[c] = it->p;
+            L->g[c] = it->g;
+            L->m[c] = it->m;
+            L->v[c] = it->v;
+            L->master[c] = it->master;
+            L->n[c] = it->n;
+            L->chunk_start[c] = chunks;
+            chunks += (int)nc;
+            c++;
+        }
+        if (c == 0) continue;
+        L->chunk_start[c] = chunks;
+        L->count = c;
+        cudaStream_t s = ctx->cuda->stream;
+        cudaError_t e = cudaSuccess;
+        const fg_dtype pt = r->p_dtype, gt = r->g_dtype;
+        if (pt == FG_F32) e = launch<float, float>(*L, chunks, false, s);
+        else if (pt == FG_BF16 && gt == FG_BF16) e = launch<__nv_bfloat16, __nv_bfloat16>(*L, chunks, master, s);
+        else if (pt == FG_BF16) e = launch<__nv_bfloat16, float>(*L, chunks, master, s);
+        else if (gt == FG_F16) e = launch<__half, __half>(*L, chunks, master, s);
+        else e = launch<__half, float>(*L, chunks, master, s);
+        if (e != cudaSuccess) status = fg_cuda_fail(e, "adamw_step");
+    }
+    free(L);
+    return status;
+}

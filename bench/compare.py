@@ -149,6 +149,52 @@ def outer_case(n, m, dtype):
                 theirs=theirs, flops=0, bytes=3 * n * m * es)
 
 
+def lerp_case(n, dtype, backward):
+    def make():
+        return rand((n,), dtype, backward), rand((n,), dtype, backward), rand((n,), dtype)
+
+    es = torch.tensor([], dtype=dtype).element_size()
+    if backward:
+        def ours(a, b, dy):
+            y = ops.lerp_forward(a.detach(), b.detach(), 0.3)
+            return (y,) + ops.lerp_backward(dy, a.detach(), b.detach(), 0.3, need=(True, True, False))[:2]
+        theirs = backward_of(lambda a, b: torch.lerp(a, b, 0.3), 2)
+    else:
+        def ours(a, b, dy):
+            return ops.lerp_forward(a, b, 0.3)
+        theirs = forward_of(lambda a, b: torch.lerp(a, b, 0.3), 2)
+    return dict(family="Elementwise", name="lerp fwd+bwd" if backward else "lerp fwd", shape=f"n=2^{n.bit_length() - 1}",
+                dtype=dtype, make=make, ours=ours, theirs=theirs, flops=0, bytes=(6 if backward else 3) * n * es)
+
+
+def adamw_sizes(total, count):
+    import numpy as np
+    r = np.random.default_rng(0)
+    w = np.exp(r.uniform(np.log(1e3), np.log(5e7), count))
+    sizes = (w / w.sum() * total).astype(np.int64)
+    sizes[-1] += total - sizes.sum()
+    return [int(s) for s in sizes]
+
+
+def adamw_case(total, count):
+    """One optimizer step; each side gets its own parameters, gradients and state."""
+    sizes = adamw_sizes(total, count)
+
+    def build(kind):
+        params = [torch.nn.Parameter(rand((n,), torch.float32)) for n in sizes]
+        for p in params:
+            p.grad = torch.randn_like(p)
+        if kind == "fastgrad":
+            opt = fg.AdamW(params, lr=1e-4, weight_decay=0.01)
+        else:
+            opt = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.01, fused=True)
+        opt.step()  # creates the state, so the timed steps allocate nothing
+        return opt
+
+    return dict(family="AdamW", name="AdamW step", shape=f"{total / 1e9:.0f}B params, {count} tensors",
+                dtype=torch.float32, build=build, flops=0, bytes=28 * total)
+
+
 CASES = [
     lambda: linear_case(8192, 4096, 4096, torch.bfloat16, False),
     lambda: linear_case(8192, 4096, 4096, torch.bfloat16, True),
@@ -157,6 +203,9 @@ CASES = [
     lambda: matmul_case(16, 1024, 1024, 1024, torch.bfloat16, False),
     lambda: matmul_case(16, 1024, 1024, 1024, torch.bfloat16, True),
     lambda: outer_case(16384, 8192, torch.bfloat16),
+    lambda: lerp_case(1 << 28, torch.float32, False),
+    lambda: lerp_case(1 << 28, torch.float32, True),
+    lambda: adamw_case(1_000_000_000, 200),
 ]
 
 
@@ -176,6 +225,22 @@ def main():
     rows = []
     for make_case in CASES:
         case = make_case()
+        if "build" in case:  # optimizers: each side owns its state
+            result = {"case": case}
+            for label in ["fastgrad", "torch eager"] + ([] if args.no_compile else ["torch.compile"]):
+                if label == "torch.compile":
+                    result[label] = (float("nan"), float("nan"))  # not measured: see the notes in the report
+                    continue
+                opt = case["build"]("fastgrad" if label == "fastgrad" else "torch")
+                ms = timed(lambda: opt.step(), [()])
+                mem = peak_extra(lambda: opt.step(), ())
+                result[label] = (ms, mem)
+                print(f"{case['name']:<28} {case['shape']:<26} {label:<14} {ms:8.4f} ms  {rate(case, ms):>14}  "
+                      f"peak +{mem / 2**20:8.1f} MiB", flush=True)
+                del opt
+                torch.cuda.empty_cache()
+            rows.append(result)
+            continue
         sets = [case["make"](), case["make"]()]
         impls = [("fastgrad", case["ours"]), ("torch eager", case["theirs"])]
         if not args.no_compile:
@@ -190,7 +255,7 @@ def main():
         rows.append(result)
         del sets
         torch.cuda.empty_cache()
-    write_report(rows, args.out, [label for label, _ in impls])
+    write_report(rows, args.out, ["fastgrad", "torch eager"] + ([] if args.no_compile else ["torch.compile"]))
 
 
 def write_report(rows, out, labels):
@@ -200,7 +265,9 @@ def write_report(rows, out, labels):
         "# fastgrad benchmarks", "",
         f"GPU: {dev}; date: {date}; fastgrad {fg.__version__}; torch {torch.__version__}; "
         f"CUDA {torch.version.cuda}. TF32 off everywhere. Written by `bench/compare.py` "
-        "(median of CUDA-event timings, inputs rotated; peak = max_memory_allocated above the inputs).", "",
+        "(median of CUDA-event timings, inputs rotated; peak = max_memory_allocated above the inputs). "
+        "For the AdamW row the 'torch eager' column is torch.optim.AdamW(fused=True), and torch.compile is not "
+        "measured (nan).", "",
         "| op | shape | dtype | " + " | ".join(f"{l} ms" for l in labels) + " | fastgrad rate | "
         + " | ".join(f"{l} peak MiB" for l in labels) + " | " + " | ".join(f"speed-up vs {l}" for l in labels[1:]) + " |",
         "|" + "---|" * (4 + 2 * len(labels) + len(labels) - 1),

@@ -309,6 +309,102 @@ static void bench_outer(fg_dtype dt, int64_t n, int64_t m, int sets) {
     }
 }
 
+typedef struct lerp_args {
+    fg_tensor a, b, y, dy, da, db;
+    int backward;
+} lerp_args;
+
+static fg_status lerp_run(void *p, int s) {
+    lerp_args *a = p;
+    (void)s;
+    if (a->backward) return fg_lerp_backward(ctx, &a->dy, NULL, NULL, NULL, 0.3, &a->da, &a->db, NULL, 0);
+    return fg_lerp_forward(ctx, &a->a, &a->b, NULL, 0.3, &a->y);
+}
+
+/* lerp with a scalar weight over n elements: forward reads a, b and writes y; the
+ * backward reads dy and writes da and db in one pass. Returns {fwd, bwd} fractions of
+ * the copy ceiling. */
+static void bench_lerp(fg_dtype dt, int64_t n, double frac[2]) {
+    lerp_args a;
+    a.a = t1(alloc_random(dt, n, 200), dt, n);
+    a.b = t1(alloc_random(dt, n, 201), dt, n);
+    a.y = t1(alloc_random(dt, n, 202), dt, n);
+    a.dy = a.a, a.da = a.b, a.db = a.y; /* the same buffers, roles swapped: no aliasing within a call */
+    char shape[64];
+    snprintf(shape, sizeof shape, "n=2^%d", (int)round(log2((double)n)));
+    const double bytes = 3.0 * (double)n * (double)fg_dtype_size(dt);
+    for (int w = 0; w < 2; w++) {
+        a.backward = w;
+        double ms = time_op(lerp_run, &a, 1);
+        report(w ? "lerp backward (da, db; one pass)" : "lerp forward (scalar w)", shape, dt, ms, 0, bytes);
+        frac[w] = ceil_gbs > 0 ? (bytes / ms / 1e6) / ceil_gbs : 0;
+    }
+    release(a.a.data);
+    release(a.b.data);
+    release(a.y.data);
+}
+
+typedef struct adamw_args {
+    int count;
+    fg_tensor *p, *g, *m, *v;
+    int64_t step;
+} adamw_args;
+
+static fg_status adamw_run(void *p, int s) {
+    adamw_args *a = p;
+    (void)s;
+    fg_adamw_hparams hp = {1e-4, 0.9, 0.999, 1e-8, 0.01, ++a->step, 0};
+    return fg_adamw_step(ctx, &hp, a->count, a->p, a->g, a->m, a->v, NULL);
+}
+
+/* AdamW over `total` f32 parameters split into `count` tensors of log-uniform sizes. */
+static void bench_adamw(int64_t total, int count) {
+    adamw_args a;
+    a.count = count;
+    a.step = 0;
+    a.p = calloc((size_t)count, sizeof(fg_tensor));
+    a.g = calloc((size_t)count, sizeof(fg_tensor));
+    a.m = calloc((size_t)count, sizeof(fg_tensor));
+    a.v = calloc((size_t)count, sizeof(fg_tensor));
+    double *w = malloc(sizeof(double) * (size_t)count), sum = 0;
+    uint64_t s = 12345;
+    for (int i = 0; i < count; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        w[i] = exp(log(1e3) + (double)(s >> 11) / 9007199254740992.0 * (log(5e7) - log(1e3)));
+        sum += w[i];
+    }
+    int64_t used = 0;
+    for (int i = 0; i < count; i++) {
+        int64_t n = i == count - 1 ? total - used : (int64_t)(w[i] / sum * (double)total);
+        used += n;
+        a.p[i] = t1(alloc_random(FG_F32, n, 300 + i), FG_F32, n);
+        a.g[i] = t1(alloc_random(FG_F32, n, 600 + i), FG_F32, n);
+        a.m[i] = t1(alloc_random(FG_F32, n, 900 + i), FG_F32, n);
+        a.v[i] = t1(alloc_random(FG_F32, n, 1200 + i), FG_F32, n);
+    }
+    /* exp_avg_sq must be >= 0: map the random values through ((v + v)/4)^2 with the library's own ops */
+    for (int i = 0; i < count; i++) {
+        fg_status st = fg_axpby_forward(ctx, &a.v[i], &a.v[i], 0.25, 0.25, &a.v[i]);
+        if (st != FG_OK) die("adamw setup", st);
+        st = fg_unary_forward(ctx, FG_UNARY_POW, (const double[]){2.0}, &a.v[i], &a.v[i]);
+        if (st != FG_OK) die("adamw setup", st);
+    }
+    char shape[64];
+    snprintf(shape, sizeof shape, "%.2gB params, %d tensors", (double)total / 1e9, count);
+    int keep = reps;
+    reps = 10;
+    double ms = time_op(adamw_run, &a, 1);
+    reps = keep;
+    report("adamw_step (f32, fused multi-tensor)", shape, FG_F32, ms, 0, 28.0 * (double)total);
+    for (int i = 0; i < count; i++) {
+        release(a.p[i].data);
+        release(a.g[i].data);
+        release(a.m[i].data);
+        release(a.v[i].data);
+    }
+    free(a.p); free(a.g); free(a.m); free(a.v); free(w);
+}
+
 #ifdef FG_BENCH_HAVE_CUDA
 typedef struct copy_args {
     void *src, *dst;
@@ -372,6 +468,9 @@ int main(int argc, char **argv) {
         reps = quick ? 5 : reps;
         bench_linear(FG_F32, 256, 256, 256, 1);
         bench_linear(FG_BF16, 128, 128, 128, 1);
+        double lf[2];
+        bench_lerp(FG_F32, 1 << 20, lf);
+        bench_adamw(1 << 20, 20);
         bench_gemv(FG_F32, 1024, 1024, 0, 1);
         bench_gemv(FG_F32, 1024, 1024, 1, 1);
         bench_matmul(FG_F32, 4, 128, 128, 128, 1, "matmul_forward");
@@ -387,9 +486,15 @@ int main(int argc, char **argv) {
         bench_matmul(FG_BF16, 16, 2048, 2048, 2048, 2, "matmul_forward batched");
         bench_outer(FG_BF16, 16384, 8192, 2);
         bench_outer(FG_F32, 8192, 8192, 2);
+        double lf[2], lb[2];
+        bench_lerp(FG_F32, (int64_t)1 << 28, lf);
+        bench_lerp(FG_BF16, (int64_t)1 << 28, lb);
+        bench_adamw(1000000000, 200);
         printf("\n");
         check("linear bf16 8192x4096x4096 fwd+3bwd vs GEMM ceiling", lin, 0.85);
         check("gemv f32 1x8192 . 8192x8192 vs copy ceiling", gemv, 0.80);
+        check("lerp forward f32 2^28 vs copy ceiling", lf[0], 0.95);
+        check("lerp backward f32 2^28 (da, db) vs copy ceiling", lf[1], 0.90);
     }
     fg_context_destroy(ctx);
     return 0;

@@ -24,7 +24,7 @@ fi
 note "build: ok ($(grep -c 'Building' "$LOG/build.log") steps)"
 
 status=0
-for t in core linear matmul outer header_cxx; do
+for t in core linear matmul outer elementwise adamw header_cxx; do
   bin=$build/tests/test_$t
   if [ "$t" = linear ]; then env FG_TEST_LARGE=1 $bin > "$LOG/test_$t.log" 2>&1; else $bin > "$LOG/test_$t.log" 2>&1; fi
   rc=$?
@@ -35,7 +35,7 @@ for t in core linear matmul outer header_cxx; do
 done
 
 if command -v compute-sanitizer >/dev/null 2>&1; then
-  for t in linear matmul outer; do
+  for t in linear matmul outer elementwise adamw; do
     compute-sanitizer --tool memcheck --leak-check full --error-exitcode 9 $build/tests/test_$t \
       > "$LOG/memcheck_$t.log" 2>&1
     rc=$?

@@ -7,9 +7,10 @@
 Errors raise fastgrad.FastgradError carrying the C status and message.
 """
 from ._lib import FastgradError, version
-from .ops import (linear_backward_bias, linear_backward_input, linear_backward_weight, linear_forward,
-                  matmul_backward_input, matmul_backward_other, matmul_forward, outer_backward_input,
-                  outer_backward_other, outer_forward, plan_info, set_allow_tf32)
+from .ops import (adamw_step, axpby_backward, axpby_forward, lerp_backward, lerp_forward, linear_backward_bias,
+                  linear_backward_input, linear_backward_weight, linear_forward, matmul_backward_input,
+                  matmul_backward_other, matmul_forward, outer_backward_input, outer_backward_other, outer_forward,
+                  plan_info, set_allow_tf32, unary_backward, unary_forward)
 
 __version__ = version()
 
@@ -18,5 +19,5 @@ try:
 except ImportError:  # pragma: no cover - no torch in CI
     pass
 else:
-    from .autograd import (Linear, LinearFunction, Matmul, MatmulFunction, Outer, OuterFunction, linear, matmul,
-                           outer)
+    from .autograd import (AdamW, Linear, LinearFunction, Matmul, MatmulFunction, Outer, OuterFunction, axpby, clamp,
+                           elu, leaky_relu, lerp, linear, matmul, outer, pow, scale, softcap)

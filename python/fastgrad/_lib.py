@@ -10,7 +10,7 @@ import os
 import threading
 
 MAX_RANK = 8
-MAX_OPERANDS = 6
+MAX_OPERANDS = 8
 
 # enums of include/fastgrad.h
 F32, F16, BF16, F64 = 0, 1, 2, 3
@@ -28,7 +28,13 @@ OP = {
     "outer_forward": 8,
     "outer_backward_input": 9,
     "outer_backward_other": 10,
+    "unary_forward": 11,
+    "unary_backward": 12,
+    "binary_forward": 13,
+    "binary_backward": 14,
 }
+UNARY = {"scale": 0, "pow": 1, "leaky_relu": 2, "elu": 3, "clamp": 4, "softcap": 5}
+BINARY = {"lerp": 0, "axpby": 1}
 
 STATUS = {
     0: "FG_OK", 1: "FG_ERR_NULL_POINTER", 2: "FG_ERR_INVALID_VALUE", 3: "FG_ERR_SHAPE", 4: "FG_ERR_DTYPE",
@@ -75,6 +81,20 @@ class PlanDesc(ctypes.Structure):
         ("operands", Tensor * MAX_OPERANDS),
         ("accumulate", ctypes.c_int32),
         ("flags", ctypes.c_uint32),
+        ("kind", ctypes.c_int32),
+        ("scalars", ctypes.c_double * 4),
+    ]
+
+
+class AdamWHparams(ctypes.Structure):
+    _fields_ = [
+        ("lr", ctypes.c_double),
+        ("beta1", ctypes.c_double),
+        ("beta2", ctypes.c_double),
+        ("eps", ctypes.c_double),
+        ("weight_decay", ctypes.c_double),
+        ("step", ctypes.c_int64),
+        ("grad_scale", ctypes.c_double),
     ]
 
 
@@ -157,6 +177,8 @@ lib.fg_plan_info_get.restype = _c
 lib.fg_plan_info_get.argtypes = [ctypes.c_void_p, ctypes.POINTER(PlanInfo)]
 lib.fg_plan_run.restype = _c
 lib.fg_plan_run.argtypes = [ctypes.c_void_p, ctypes.POINTER(Tensor), ctypes.c_void_p, ctypes.c_size_t]
+lib.fg_adamw_step.restype = _c
+lib.fg_adamw_step.argtypes = [ctypes.c_void_p, ctypes.POINTER(AdamWHparams), ctypes.c_int] + [ctypes.POINTER(Tensor)] * 5
 
 
 def check(status):
@@ -181,6 +203,11 @@ class Context:
         self.stream = None
         self.plans = {}
 
+    def clear_plans(self):
+        for entry in self.plans.values():
+            lib.fg_plan_destroy(entry.plan.handle)
+        self.plans = {}
+
     def set_stream(self, stream):
         if stream != self.stream:
             check(lib.fg_context_set_stream(self.handle, ctypes.c_void_p(stream)))
@@ -191,8 +218,7 @@ class Context:
 
     def __del__(self):
         try:
-            for entry in self.plans.values():
-                lib.fg_plan_destroy(entry.plan.handle)
+            self.clear_plans()
             lib.fg_context_destroy(self.handle)
         except Exception:  # interpreter shutdown
             pass

@@ -139,3 +139,137 @@ class Outer(torch.nn.Module):
 
     def forward(self, x, y):
         return outer(x, y)
+
+
+# ------------------------------------------------------------------ elementwise family
+
+class UnaryFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, kind, scalars):
+        ctx.save_for_backward(x)
+        ctx.kind, ctx.scalars = kind, scalars
+        return _call(ops.unary_forward, kind, x, scalars)
+
+    @staticmethod
+    def backward(ctx, dy):
+        (x,) = ctx.saved_tensors
+        dx = _call(ops.unary_backward, ctx.kind, dy, x, ctx.scalars) if ctx.needs_input_grad[0] else None
+        return dx, None, None
+
+
+def scale(x, s):
+    return UnaryFunction.apply(x, "scale", (float(s),))
+
+
+def pow(x, p):  # noqa: A001 - mirrors torch.pow
+    return UnaryFunction.apply(x, "pow", (float(p),))
+
+
+def leaky_relu(x, negative_slope=0.01):
+    return UnaryFunction.apply(x, "leaky_relu", (float(negative_slope),))
+
+
+def elu(x, alpha=1.0):
+    return UnaryFunction.apply(x, "elu", (float(alpha),))
+
+
+def clamp(x, lo, hi):
+    return UnaryFunction.apply(x, "clamp", (float(lo), float(hi)))
+
+
+def softcap(x, cap):
+    """cap·tanh(x / cap)."""
+    return UnaryFunction.apply(x, "softcap", (float(cap),))
+
+
+class LerpFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, b, weight):
+        tensor_w = isinstance(weight, torch.Tensor)
+        ctx.tensor_w = tensor_w
+        ctx.weight = None if tensor_w else float(weight)
+        ctx.save_for_backward(a, b, weight if tensor_w else None)
+        return _call(ops.lerp_forward, a, b, weight)
+
+    @staticmethod
+    def backward(ctx, dy):
+        a, b, w = ctx.saved_tensors
+        need = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.tensor_w and ctx.needs_input_grad[2])
+        if not any(need):
+            return None, None, None
+        da, db, dw = _call(ops.lerp_backward, dy, a, b, w if ctx.tensor_w else ctx.weight, need)
+        return da, db, dw
+
+
+def lerp(a, b, weight):
+    """torch.lerp on fastgrad kernels: weight a float or a tensor (then it gets a gradient)."""
+    return LerpFunction.apply(a, b, weight)
+
+
+class AxpbyFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, b, alpha, beta):
+        ctx.shapes, ctx.alpha, ctx.beta = (a.shape, b.shape), alpha, beta
+        return _call(ops.axpby_forward, a, b, alpha, beta)
+
+    @staticmethod
+    def backward(ctx, dy):
+        need = (ctx.needs_input_grad[0], ctx.needs_input_grad[1])
+        if not any(need):
+            return None, None, None, None
+        da, db = _call(ops.axpby_backward, dy, ctx.shapes[0], ctx.shapes[1], ctx.alpha, ctx.beta, need)
+        return da, db, None, None
+
+
+def axpby(a, b, alpha, beta):
+    """alpha·a + beta·b."""
+    return AxpbyFunction.apply(a, b, float(alpha), float(beta))
+
+
+# ------------------------------------------------------------------ AdamW
+
+class AdamW(torch.optim.Optimizer):
+    """torch.optim.AdamW on one fused fastgrad launch per (device, dtype) group.
+
+    f32 parameters keep f32 moments; bf16/f16 parameters keep f32 moments and, with
+    master_weights=True, an f32 master copy that the step updates and rounds into the
+    parameter. Gradients may be in the parameters' dtype or f32. Deterministic.
+    """
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, master_weights=False):
+        if not 0.0 <= lr:
+            raise ValueError(f"invalid lr {lr}")
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, master_weights=master_weights)
+        super().__init__(params, defaults)
+
+    @torch.no_grad()
+    def step(self, closure=None, grad_scale=1.0):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            buckets = {}
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if p.grad.is_sparse:
+                    raise RuntimeError("fastgrad AdamW does not take sparse gradients")
+                st = self.state[p]
+                if not st:
+                    st["step"] = 0
+                    st["exp_avg"] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.contiguous_format)
+                    st["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.contiguous_format)
+                    if group["master_weights"] and p.dtype != torch.float32:
+                        st["master"] = p.detach().float().contiguous()
+                st["step"] += 1
+                key = (p.device, p.dtype, p.grad.dtype, st["step"], "master" in st)
+                buckets.setdefault(key, []).append(p)
+            beta1, beta2 = group["betas"]
+            for (_, _, _, step, has_master), ps in buckets.items():
+                grads = [p.grad if p.grad.is_contiguous() else p.grad.contiguous() for p in ps]
+                ops.adamw_step(ps, grads, [self.state[p]["exp_avg"] for p in ps],
+                               [self.state[p]["exp_avg_sq"] for p in ps], lr=group["lr"], beta1=beta1, beta2=beta2,
+                               eps=group["eps"], weight_decay=group["weight_decay"], step=step,
+                               grad_scale=grad_scale, master=[self.state[p]["master"] for p in ps] if has_master else None)
+        return loss

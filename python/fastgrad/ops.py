@@ -108,30 +108,38 @@ def _pointer(a):
     return a.data_ptr() if _is_torch(a) else a.ctypes.data
 
 
+_MAX_PLANS = 512  # per context; a cache that outgrows this starts again
+
+
 class _Entry:
     """A cached plan with its descriptor array; a call only writes the data pointers."""
 
-    def __init__(self, ctx, op, operands, names, accumulate, flags):
+    def __init__(self, ctx, op, operands, names, accumulate, flags, kind=0, scalars=()):
         descs = [_describe(a, n) for a, n in zip(operands, names)]
-        desc = _lib.PlanDesc(op=_lib.OP[op], accumulate=int(bool(accumulate)), flags=flags)
+        desc = _lib.PlanDesc(op=_lib.OP[op], accumulate=int(bool(accumulate)), flags=flags, kind=kind)
+        for i, v in enumerate(scalars):
+            desc.scalars[i] = v
         for i, t in enumerate(descs):
             desc.operands[i] = t
         self.plan = _lib.Plan(ctx, desc)
         self.array = (_lib.Tensor * _lib.MAX_OPERANDS)(*descs)
 
 
-def run(op, operands, names, accumulate=False):
-    """Runs op (a name of _lib.OP) on operands in the C order (None = absent)."""
-    ref = operands[0]
+def run(op, operands, names, accumulate=False, kind=0, scalars=()):
+    """Runs op (a name of _lib.OP) on operands in the C order (None = absent); kind and
+    scalars parameterize the elementwise ops."""
+    ref = next(a for a in operands if a is not None)
     backend, device, tdev = _placement(ref)
     ctx = _lib.context(backend, device)
     if tdev is not None and backend == _lib.BACKEND_CUDA:
         ctx.set_stream(torch.cuda.current_stream(tdev).cuda_stream)
     flags = _lib.PLAN_ALLOW_TF32 if _allow_tf32 else 0
-    key = (op, bool(accumulate), flags, tuple(_signature(a) for a in operands))
+    key = (op, bool(accumulate), flags, kind, tuple(scalars), tuple(_signature(a) for a in operands))
     entry = ctx.plans.get(key)
     if entry is None:
-        entry = ctx.plans[key] = _Entry(ctx, op, operands, names, accumulate, flags)
+        if len(ctx.plans) >= _MAX_PLANS:
+            ctx.clear_plans()
+        entry = ctx.plans[key] = _Entry(ctx, op, operands, names, accumulate, flags, kind, scalars)
     for i, a in enumerate(operands):
         entry.array[i].data = _pointer(a)
     plan = entry.plan
@@ -246,6 +254,106 @@ def outer_backward_other(dz, x, out=None, accumulate=False):
     return out
 
 
+# ------------------------------------------------------------------ Elementwise family
+
+_UNARY_NAMES = ["x", "y"]
+_UNARY_BWD_NAMES = ["dy", "x", "dx"]
+_BINARY_NAMES = ["a", "b", "w", "y"]
+_BINARY_BWD_NAMES = ["dy", "a", "b", "w", "da", "db", "dw"]
+
+
+def _broadcast_shape(*arrays):
+    shapes = [tuple(a.shape) for a in arrays if a is not None]
+    try:
+        return tuple(np.broadcast_shapes(*shapes))
+    except ValueError:
+        raise FastgradError(3, "shapes " + ", ".join(map(str, shapes)) + " do not broadcast") from None
+
+
+def unary_forward(kind, x, scalars, out=None):
+    """y = op(x; scalars) for kind in scale, pow, leaky_relu, elu, clamp, softcap."""
+    if out is None:
+        out = _empty_like_family(x, tuple(x.shape))
+    run("unary_forward", [x, out], _UNARY_NAMES, kind=_lib.UNARY[kind], scalars=tuple(scalars))
+    return out
+
+
+def unary_backward(kind, dy, x, scalars, out=None, accumulate=False):
+    """dx = dy · op'(x), summed over dims where x was broadcast."""
+    if out is None:
+        out = _empty_like_family(dy, tuple(x.shape))
+    run("unary_backward", [dy, x, out], _UNARY_BWD_NAMES, accumulate, kind=_lib.UNARY[kind], scalars=tuple(scalars))
+    return out
+
+
+def lerp_forward(a, b, weight, out=None):
+    """a + w·(b − a); weight a float or an array broadcastable with a and b."""
+    tensor_w = not isinstance(weight, (int, float))
+    if out is None:
+        out = _empty_like_family(a, _broadcast_shape(a, b, weight if tensor_w else None))
+    run("binary_forward", [a, b, weight if tensor_w else None, out], _BINARY_NAMES, kind=_lib.BINARY["lerp"],
+        scalars=(0.0 if tensor_w else float(weight),))
+    return out
+
+
+def lerp_backward(dy, a, b, weight, need=(True, True, True), accumulate=False):
+    """(da, db, dw) in one pass over dy; None where not needed (dw only for a tensor w).
+    a and b are read only for dw."""
+    tensor_w = not isinstance(weight, (int, float))
+    want = [need[0], need[1], need[2] and tensor_w]
+    shapes = [a.shape, b.shape, weight.shape if tensor_w else None]
+    outs = [_empty_like_family(dy, tuple(s)) if w else None for w, s in zip(want, shapes)]
+    run("binary_backward", [dy, a if want[2] else None, b if want[2] else None, weight if tensor_w else None] + outs,
+        _BINARY_BWD_NAMES, accumulate, kind=_lib.BINARY["lerp"], scalars=(0.0 if tensor_w else float(weight),))
+    return tuple(outs)
+
+
+def axpby_forward(a, b, alpha, beta, out=None):
+    """α·a + β·b."""
+    if out is None:
+        out = _empty_like_family(a, _broadcast_shape(a, b))
+    run("binary_forward", [a, b, None, out], _BINARY_NAMES, kind=_lib.BINARY["axpby"],
+        scalars=(float(alpha), float(beta)))
+    return out
+
+
+def axpby_backward(dy, a_shape, b_shape, alpha, beta, need=(True, True), accumulate=False):
+    """(α·dy, β·dy), each summed to its input's shape."""
+    outs = [_empty_like_family(dy, tuple(s)) if w else None for w, s in zip(need, (a_shape, b_shape))]
+    run("binary_backward", [dy, None, None, None, outs[0], outs[1], None], _BINARY_BWD_NAMES, accumulate,
+        kind=_lib.BINARY["axpby"], scalars=(float(alpha), float(beta)))
+    return tuple(outs)
+
+
+# ------------------------------------------------------------------ AdamW
+
+def adamw_step(params, grads, exp_avg, exp_avg_sq, *, lr, beta1, beta2, eps, weight_decay, step, grad_scale=1.0,
+               master=None):
+    """One fused AdamW step over lists of tensors (all on one device; see fg_adamw_step)."""
+    n = len(params)
+    if not (len(grads) == len(exp_avg) == len(exp_avg_sq) == n) or (master is not None and len(master) != n):
+        raise ValueError("fastgrad: adamw_step lists must have the same length")
+    if n == 0:
+        return
+    backend, device, tdev = _placement(params[0])
+    ctx = _lib.context(backend, device)
+    if tdev is not None and backend == _lib.BACKEND_CUDA:
+        ctx.set_stream(torch.cuda.current_stream(tdev).cuda_stream)
+    arrays = []
+    for name, lst in (("params", params), ("grads", grads), ("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq),
+                      ("master", master)):
+        if lst is None:
+            arrays.append(None)
+            continue
+        arr = (_lib.Tensor * n)(*[_describe(t, f"{name}[{i}]") for i, t in enumerate(lst)])
+        arrays.append(arr)
+    hp = _lib.AdamWHparams(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay, step=int(step),
+                           grad_scale=grad_scale)
+    _lib.check(_lib.lib.fg_adamw_step(ctx.handle, hp, n, *arrays))
+
+
 __all__ = ["FastgradError", "set_allow_tf32", "plan_info", "linear_forward", "linear_backward_input",
            "linear_backward_weight", "linear_backward_bias", "matmul_forward", "matmul_backward_input",
-           "matmul_backward_other", "outer_forward", "outer_backward_input", "outer_backward_other"]
+           "matmul_backward_other", "outer_forward", "outer_backward_input", "outer_backward_other",
+           "unary_forward", "unary_backward", "lerp_forward", "lerp_backward", "axpby_forward", "axpby_backward",
+           "adamw_step"]

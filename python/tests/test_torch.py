@@ -183,3 +183,83 @@ def test_ddp_single_process(rng, tmp_path):
             assert err(p.grad, q.grad) <= 1e-12
     finally:
         dist.destroy_process_group()
+
+
+# ------------------------------------------------------------------ elementwise family and AdamW
+
+UNARY_TORCH = [
+    ("scale", lambda x: fg.scale(x, -1.5), lambda x: -1.5 * x),
+    ("pow", lambda x: fg.pow(x, 2.5), lambda x: torch.pow(x, 2.5)),
+    ("leaky_relu", lambda x: fg.leaky_relu(x, 0.1), lambda x: torch.nn.functional.leaky_relu(x, 0.1)),
+    ("elu", lambda x: fg.elu(x, 1.3), lambda x: torch.nn.functional.elu(x, 1.3)),
+    ("clamp", lambda x: fg.clamp(x, -0.2, 0.6), lambda x: torch.clamp(x, -0.2, 0.6)),
+    ("softcap", lambda x: fg.softcap(x, 0.7), lambda x: 0.7 * torch.tanh(x / 0.7)),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name,ours,theirs", UNARY_TORCH)
+def test_unary_ops(rng, device, dtype, name, ours, theirs):
+    x = leaf(rng, (33, 130), dtype, device)
+    if name == "pow":
+        x = (x.detach().abs() + 0.1).requires_grad_(True)
+    y = ours(x)
+    dy = torch.from_numpy(data(rng, y.shape)).to(device=device, dtype=dtype)
+    y.backward(dy)
+    ref, grads = reference(theirs, [x], dy)
+    assert err(y, ref) <= tol(dtype)
+    assert err(x.grad, grads[0]) <= tol(dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shapes", [((4099,), (4099,), None), ((5, 1, 7), (1, 4, 7), (7,)), ((64, 33), (64, 33), (64, 33))])
+def test_lerp_vs_torch(rng, device, dtype, shapes):
+    a, b = leaf(rng, shapes[0], dtype, device), leaf(rng, shapes[1], dtype, device)
+    w = leaf(rng, shapes[2], dtype, device) if shapes[2] else 0.3
+    y = fg.lerp(a, b, w)
+    dy = torch.from_numpy(data(rng, y.shape)).to(device=device, dtype=dtype)
+    y.backward(dy)
+    ref, grads = reference(torch.lerp, [a, b] + ([w] if shapes[2] else []), dy) if shapes[2] else \
+        reference(lambda p, q: torch.lerp(p, q, 0.3), [a, b], dy)
+    assert err(y, ref) <= tol(dtype)
+    assert err(a.grad, grads[0]) <= tol(dtype) and err(b.grad, grads[1]) <= tol(dtype)
+    if shapes[2]:
+        assert err(w.grad, grads[2]) <= tol(dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_axpby_vs_torch(rng, device):
+    a, b = leaf(rng, (7, 9), torch.float32, device), leaf(rng, (9,), torch.float32, device)
+    y = fg.axpby(a, b, 0.5, -2.0)
+    y.sum().backward()
+    assert err(y, 0.5 * a.double() - 2.0 * b.double()) <= 1e-5
+    assert err(a.grad, torch.full((7, 9), 0.5)) <= 1e-6 and err(b.grad, torch.full((9,), -14.0)) <= 1e-6
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_adamw_vs_torch(rng, device, dtype):
+    torch.manual_seed(3)
+    shapes = [(1,), (17, 33), (1000,), (300, 257)]
+    ours = [torch.nn.Parameter(torch.from_numpy(data(rng, s)).to(device=device, dtype=dtype)) for s in shapes]
+    ref = [torch.nn.Parameter(p.detach().float().clone()) for p in ours]  # the reference runs in f32
+    opt = fg.AdamW(ours, lr=1e-2, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.05, master_weights=dtype != torch.float32)
+    ropt = torch.optim.AdamW(ref, lr=1e-2, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.05)
+    for _ in range(4):
+        for p, q in zip(ours, ref):
+            g = torch.from_numpy(data(rng, p.shape)).to(device=device, dtype=torch.float32)
+            p.grad = g.to(dtype)
+            q.grad = g.to(dtype).float()
+        opt.step()
+        ropt.step()
+    for p, q in zip(ours, ref):
+        st = opt.state[p]
+        if dtype == torch.float32:
+            assert err(p, q) <= 1e-5
+        else:
+            assert err(st["master"], q) <= 1e-5  # the f32 master follows torch exactly
+            assert err(p, q) <= tol(dtype)
+        assert err(st["exp_avg"], ropt.state[q]["exp_avg"]) <= 1e-5
+        assert err(st["exp_avg_sq"], ropt.state[q]["exp_avg_sq"]) <= 1e-5

@@ -105,8 +105,12 @@ fg_status fg_cpu_elementwise(fg_context *ctx, const fg_ew *e, fg_kernel_info *in
         for (int64_t idx = 0; idx < e->numel; idx++) {
             int64_t coord[FG_MAX_RANK], off[FG_MAX_OPERANDS];
             double v[FG_MAX_OPERANDS];
-            coords_of(e, idx, coord);
-            offsets(e, coord, off);
+            if (e->rank <= 1) { /* coalesced to one dim: no division */
+                for (int i = 0; i < e->n_operands; i++) off[i] = e->rank ? idx * e->stride[i][0] : 0;
+            } else {
+                coords_of(e, idx, coord);
+                offsets(e, coord, off);
+            }
             load_inputs(e, off, v);
             for (int i = 0; i < e->n_operands; i++)
                 if (direct >> i & 1u) put(e, i, off[i], value(e, i, v));

@@ -127,11 +127,14 @@ __global__ void __launch_bounds__(256) ew_fast(ew_dev e, unsigned direct, unsign
     /* the tail: one element per thread */
     for (int64_t idx = nvec * VEC + (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < e.numel; idx += step) {
         A v[FG_MAX_OPERANDS];
-        for (int j = 0; j < e.n; j++)
-            if ((e.present >> j & 1u) && !(e.outputs >> j & 1u))
-                v[j] = (scalar_in >> j & 1u) ? one[j] : to_acc(((const T *)e.data[j])[idx]);
-        for (int i = 0; i < e.n; i++)
-            if (direct >> i & 1u) put<T, A>(e, i, idx, value<OP, A>(e, s, i, v));
+#pragma unroll
+        for (int j = 0; j < FG_MAX_OPERANDS; j++) /* constant indices keep v in registers */
+            v[j] = (j < e.n && (e.present >> j & 1u) && !(e.outputs >> j & 1u))
+                       ? ((scalar_in >> j & 1u) ? one[j] : to_acc(((const T *)e.data[j])[idx]))
+                       : A(0);
+#pragma unroll
+        for (int i = 0; i < FG_MAX_OPERANDS; i++)
+            if (i < e.n && (direct >> i & 1u)) put<T, A>(e, i, idx, value<OP, A>(e, s, i, v));
     }
 }
 
@@ -139,8 +142,10 @@ __global__ void __launch_bounds__(256) ew_fast(ew_dev e, unsigned direct, unsign
 
 template <typename T, typename A>
 __device__ __forceinline__ void load_inputs(const ew_dev &e, const int64_t *coord, A *v) {
-    for (int j = 0; j < e.n; j++) {
-        if (!(e.present >> j & 1u) || (e.outputs >> j & 1u)) continue;
+#pragma unroll
+    for (int j = 0; j < FG_MAX_OPERANDS; j++) {
+        v[j] = A(0);
+        if (j >= e.n || !(e.present >> j & 1u) || (e.outputs >> j & 1u)) continue;
         int64_t off = 0;
         for (int d = 0; d < e.rank; d++) off += coord[d] * e.stride[j][d];
         v[j] = to_acc(((const T *)e.data[j])[off]);

@@ -39,7 +39,7 @@ __device__ __forceinline__ void update(const adamw_list &L, int t, int64_t i, fl
     ((PT *)L.p[t])[i] = from_acc<PT>(p);
 }
 
-template <typename T> struct four { T v[4]; };
+template <typename T> struct alignas(4 * sizeof(T)) four { T v[4]; };
 
 template <typename PT, typename GT, bool MASTER>
 __global__ void __launch_bounds__(THREADS) adamw_kernel(const __grid_constant__ adamw_list L) {
@@ -56,35 +56,51 @@ __global__ void __launch_bounds__(THREADS) adamw_kernel(const __grid_constant__ 
                (uintptr_t)L.p[t] % (4 * sizeof(PT)) == 0 && (uintptr_t)L.g[t] % (4 * sizeof(GT)) == 0;
     int64_t i = begin + (int64_t)threadIdx.x * 4;
     if (vec) {
-        for (; i + 4 <= end; i += THREADS * 4) {
-            float4 m = *(const float4 *)(L.m[t] + i), v = *(const float4 *)(L.v[t] + i);
-            four<GT> g = *(const four<GT> *)((const GT *)L.g[t] + i);
-            float pf[4];
-            if (MASTER) {
-                float4 q = *(const float4 *)(L.master[t] + i);
-                pf[0] = q.x, pf[1] = q.y, pf[2] = q.z, pf[3] = q.w;
-            } else {
-                four<PT> q = *(const four<PT> *)((const PT *)L.p[t] + i);
+        constexpr int U = 2; /* two groups of four in flight: all loads before any store */
+        constexpr int64_t STRIDE = THREADS * 4;
+        for (; i + (U - 1) * STRIDE + 4 <= end; i += U * STRIDE) {
+            float4 m[U], v[U], q[U];
+            four<GT> g[U];
+            four<PT> pp[U];
 #pragma unroll
-                for (int k = 0; k < 4; k++) pf[k] = to_acc(q.v[k]);
+            for (int u = 0; u < U; u++) {
+                const int64_t k = i + u * STRIDE;
+                m[u] = *(const float4 *)(L.m[t] + k);
+                v[u] = *(const float4 *)(L.v[t] + k);
+                g[u] = *(const four<GT> *)((const GT *)L.g[t] + k);
+                if (MASTER) q[u] = *(const float4 *)(L.master[t] + k);
+                else pp[u] = *(const four<PT> *)((const PT *)L.p[t] + k);
             }
-            float mf[4] = {m.x, m.y, m.z, m.w}, vf[4] = {v.x, v.y, v.z, v.w};
-            four<PT> out;
 #pragma unroll
-            for (int k = 0; k < 4; k++) {
-                float gk = to_acc(g.v[k]) * L.grad_scale;
-                pf[k] *= L.decay;
-                mf[k] = fmaf(1.0f - L.beta1, gk - mf[k], mf[k]);
-                vf[k] = fmaf(L.beta2, vf[k], (1.0f - L.beta2) * gk * gk);
-                pf[k] -= L.step_size * mf[k] / (sqrtf(vf[k]) / L.bc2_sqrt + L.eps);
-                out.v[k] = from_acc<PT>(pf[k]);
+            for (int u = 0; u < U; u++) {
+                const int64_t k = i + u * STRIDE;
+                float pf[4], mf[4] = {m[u].x, m[u].y, m[u].z, m[u].w}, vf[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+                if (MASTER) {
+                    pf[0] = q[u].x, pf[1] = q[u].y, pf[2] = q[u].z, pf[3] = q[u].w;
+                } else {
+#pragma unroll
+                    for (int c = 0; c < 4; c++) pf[c] = to_acc(pp[u].v[c]);
+                }
+                four<PT> out;
+#pragma unroll
+                for (int c = 0; c < 4; c++) {
+                    float gc = to_acc(g[u].v[c]) * L.grad_scale;
+                    pf[c] *= L.decay;
+                    mf[c] = fmaf(1.0f - L.beta1, gc - mf[c], mf[c]);
+                    vf[c] = fmaf(L.beta2, vf[c], (1.0f - L.beta2) * gc * gc);
+                    pf[c] -= L.step_size * mf[c] / (sqrtf(vf[c]) / L.bc2_sqrt + L.eps);
+                    out.v[c] = from_acc<PT>(pf[c]);
+                }
+                *(float4 *)(L.m[t] + k) = make_float4(mf[0], mf[1], mf[2], mf[3]);
+                *(float4 *)(L.v[t] + k) = make_float4(vf[0], vf[1], vf[2], vf[3]);
+                if (MASTER) *(float4 *)(L.master[t] + k) = make_float4(pf[0], pf[1], pf[2], pf[3]);
+                *(four<PT> *)((PT *)L.p[t] + k) = out;
             }
-            *(float4 *)(L.m[t] + i) = make_float4(mf[0], mf[1], mf[2], mf[3]);
-            *(float4 *)(L.v[t] + i) = make_float4(vf[0], vf[1], vf[2], vf[3]);
-            if (MASTER) *(float4 *)(L.master[t] + i) = make_float4(pf[0], pf[1], pf[2], pf[3]);
-            *(four<PT> *)((PT *)L.p[t] + i) = out;
         }
-        /* the last few elements of a tensor */
+        /* what is left: groups of four, then single elements */
+        for (; i + 4 <= end; i += STRIDE)
+            for (int64_t j = i; j < i + 4; j++)
+                update<PT, GT, MASTER>(L, t, j, to_acc(((const GT *)L.g[t])[j]) * L.grad_scale);
         for (int64_t j = i; j < end && j < i + 4; j++)
             update<PT, GT, MASTER>(L, t, j, to_acc(((const GT *)L.g[t])[j]) * L.grad_scale);
     } else {

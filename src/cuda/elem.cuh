@@ -26,19 +26,30 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16>(flo
 }
 template <typename T> __device__ __forceinline__ T from_acc(double x) { return (T)x; }
 
-/* VEC elements of T in one 16-byte load. */
-template <typename T, int VEC> struct alignas(16) vec_t { T v[VEC]; };
+/* VEC elements of T: one 16-byte access when VEC·sizeof(T) == 16, else element by
+ * element (VEC = 1 is the path for data that is not 16-byte aligned). */
+template <typename T, int VEC> struct alignas(sizeof(T) * VEC) vec_t { T v[VEC]; };
 
 template <typename T, int VEC>
 __device__ __forceinline__ vec_t<T, VEC> load_vec(const T *p) {
     vec_t<T, VEC> r;
-    *reinterpret_cast<uint4 *>(&r) = __ldg(reinterpret_cast<const uint4 *>(p));
+    if constexpr (sizeof(r) == 16) {
+        *reinterpret_cast<uint4 *>(&r) = __ldg(reinterpret_cast<const uint4 *>(p));
+    } else {
+#pragma unroll
+        for (int k = 0; k < VEC; k++) r.v[k] = p[k];
+    }
     return r;
 }
 
 template <typename T, int VEC>
 __device__ __forceinline__ void store_vec(T *p, const vec_t<T, VEC> &v) {
-    *reinterpret_cast<uint4 *>(p) = *reinterpret_cast<const uint4 *>(&v);
+    if constexpr (sizeof(v) == 16) {
+        *reinterpret_cast<uint4 *>(p) = *reinterpret_cast<const uint4 *>(&v);
+    } else {
+#pragma unroll
+        for (int k = 0; k < VEC; k++) p[k] = v.v[k];
+    }
 }
 
 #endif

@@ -91,21 +91,59 @@ __device__ __forceinline__ void put(const ew_dev &e, int i, int64_t off, A v) {
 
 /* ------------------------------------------------------------------ fast path */
 
-/* Contiguous operands (stride 1; inputs may be one broadcast value, stride 0). */
-template <typename T, int OP, int VEC>
-__global__ void __launch_bounds__(256) ew_fast(ew_dev e, unsigned direct, unsigned scalar_in) {
+/* Contiguous operands (stride 1; inputs may be one broadcast value, stride 0).
+ * IN / OUT: the vector inputs and written outputs as compile-time masks for the common
+ * combinations (two vectors in flight per thread, registers only for real operands), or
+ * RUNTIME for any other (masks read at run time, one vector in flight). */
+constexpr unsigned RUNTIME = 0xFFu;
+
+template <typename T, int OP, int VEC, unsigned IN, unsigned OUT>
+__global__ void __launch_bounds__(256) ew_fast(ew_dev e, unsigned direct_rt, unsigned scalar_in) {
     typedef typename acc_type<T>::type A;
+    const unsigned direct = OUT == RUNTIME ? direct_rt : OUT;
+    const unsigned vin = IN == RUNTIME ? (e.present & ~e.outputs & ~scalar_in) : IN;
     A s[4] = {A(e.s[0]), A(e.s[1]), A(e.s[2]), A(e.s[3])};
     A one[FG_MAX_OPERANDS]; /* broadcast inputs, read once (constant indices: registers) */
 #pragma unroll
     for (int i = 0; i < FG_MAX_OPERANDS; i++) one[i] = (scalar_in >> i & 1u) ? to_acc(*(const T *)e.data[i]) : A(0);
     const int64_t nvec = e.numel / VEC;
     const int64_t step = (int64_t)gridDim.x * blockDim.x;
-    for (int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; q < nvec; q += step) {
+    constexpr int U = IN == RUNTIME ? 1 : 2; /* vectors in flight per thread: loads before stores */
+    int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    for (; q + (U - 1) * step < nvec; q += U * step) {
+        vec_t<T, VEC> in[U][FG_MAX_OPERANDS], acc_in[U][FG_MAX_OPERANDS];
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int i = 0; i < FG_MAX_OPERANDS; i++) {
+                if (i < e.n && (vin >> i & 1u))
+                    in[u][i] = load_vec<T, VEC>((const T *)e.data[i] + (q + u * step) * VEC);
+                if (e.accumulate && i < e.n && (direct >> i & 1u))
+                    acc_in[u][i] = load_vec<T, VEC>((const T *)e.data[i] + (q + u * step) * VEC);
+            }
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int i = 0; i < FG_MAX_OPERANDS; i++) {
+                if (i >= e.n || !(direct >> i & 1u)) continue;
+                vec_t<T, VEC> out;
+#pragma unroll
+                for (int k = 0; k < VEC; k++) {
+                    A v[FG_MAX_OPERANDS];
+#pragma unroll
+                    for (int j = 0; j < FG_MAX_OPERANDS; j++)
+                        v[j] = (scalar_in >> j & 1u) ? one[j] : to_acc(in[u][j].v[k]);
+                    A r = value<OP, A>(e, s, i, v);
+                    out.v[k] = from_acc<T>(e.accumulate ? r + to_acc(acc_in[u][i].v[k]) : r);
+                }
+                store_vec<T, VEC>((T *)e.data[i] + (q + u * step) * VEC, out);
+            }
+    }
+    for (; q < nvec; q += step) { /* what is left of the vectors, one per thread */
         vec_t<T, VEC> in[FG_MAX_OPERANDS];
 #pragma unroll
         for (int i = 0; i < FG_MAX_OPERANDS; i++)
-            if (i < e.n && (e.present >> i & 1u) && !(e.outputs >> i & 1u) && !(scalar_in >> i & 1u))
+            if (i < e.n && (vin >> i & 1u))
                 in[i] = load_vec<T, VEC>((const T *)e.data[i] + q * VEC);
 #pragma unroll
         for (int i = 0; i < FG_MAX_OPERANDS; i++) {
@@ -273,6 +311,34 @@ static red_dims reduction_of(const fg_ew *e, int which) {
 
 static bool aligned16(const void *p) { return (uintptr_t)p % 16 == 0; }
 
+/* The combinations with compile-time operand masks: (vector inputs, outputs) per op. */
+template <typename T, int OP, int VEC, unsigned IN, unsigned OUT>
+static bool try_fast(unsigned vin, unsigned out, const ew_dev &d, unsigned blocks, cudaStream_t st) {
+    if (vin != IN || out != OUT) return false;
+    ew_fast<T, OP, VEC, IN, OUT><<<blocks, 256, 0, st>>>(d, OUT, 0);
+    return true;
+}
+
+template <typename T, int OP, int VEC>
+static bool fast_special(unsigned vin, unsigned out, const ew_dev &d, unsigned blocks, cudaStream_t st) {
+    if constexpr (OP == FG_OP_UNARY_FORWARD) { /* x → y */
+        return try_fast<T, OP, VEC, 0x1u, 0x2u>(vin, out, d, blocks, st);
+    } else if constexpr (OP == FG_OP_UNARY_BACKWARD) { /* dy, x → dx; dy → dx (scale) */
+        return try_fast<T, OP, VEC, 0x3u, 0x4u>(vin, out, d, blocks, st) ||
+               try_fast<T, OP, VEC, 0x1u, 0x4u>(vin, out, d, blocks, st);
+    } else if constexpr (OP == FG_OP_BINARY_FORWARD) { /* a, b (, w) → y */
+        return try_fast<T, OP, VEC, 0x3u, 0x8u>(vin, out, d, blocks, st) ||
+               try_fast<T, OP, VEC, 0x7u, 0x8u>(vin, out, d, blocks, st);
+    } else { /* dy (, w) → da, db; dy, a, b, w → da, db, dw */
+        return try_fast<T, OP, VEC, 0x1u, 0x30u>(vin, out, d, blocks, st) ||
+               try_fast<T, OP, VEC, 0x1u, 0x10u>(vin, out, d, blocks, st) ||
+               try_fast<T, OP, VEC, 0x1u, 0x20u>(vin, out, d, blocks, st) ||
+               try_fast<T, OP, VEC, 0x9u, 0x30u>(vin, out, d, blocks, st) ||
+               try_fast<T, OP, VEC, 0xFu, 0x70u>(vin, out, d, blocks, st);
+    }
+    return false;
+}
+
 template <typename T> struct launcher {
     template <int OP>
     static fg_status go(fg_context *ctx, const fg_ew *e, fg_kernel_info *info, void *ws, size_t ws_bytes, bool run) {
@@ -330,9 +396,15 @@ template <typename T> struct launcher {
             int64_t blocks = (work + 255) / 256;
             if (blocks > blocks_cap) blocks = blocks_cap;
             if (blocks < 1) blocks = 1;
-            if (fast && vec) ew_fast<T, OP, VEC><<<(unsigned)blocks, 256, 0, st>>>(d, direct, scalar_in);
-            else if (fast) ew_fast<T, OP, 1><<<(unsigned)blocks, 256, 0, st>>>(d, direct, scalar_in);
-            else ew_general<T, OP><<<(unsigned)blocks, 256, 0, st>>>(d, direct);
+            const unsigned vin = e->present & ~e->outputs & ~scalar_in;
+            if (fast && vec && !scalar_in && fast_special<T, OP, VEC>(vin, direct, d, (unsigned)blocks, st)) {
+            } else if (fast && vec) {
+                ew_fast<T, OP, VEC, RUNTIME, RUNTIME><<<(unsigned)blocks, 256, 0, st>>>(d, direct, scalar_in);
+            } else if (fast) {
+                ew_fast<T, OP, 1, RUNTIME, RUNTIME><<<(unsigned)blocks, 256, 0, st>>>(d, direct, scalar_in);
+            } else {
+                ew_general<T, OP><<<(unsigned)blocks, 256, 0, st>>>(d, direct);
+            }
             cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return fg_cuda_fail(err, "elementwise");
         }

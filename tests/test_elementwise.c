@@ -196,6 +196,10 @@ static void binary_case(fg_context *ctx, fg_backend be, fg_dtype dt, const bop *
     th_operand dw = o->tensor_w ? th_make(be, dt, c->rw, c->ws, c->layout) : th_make(be, dt, 1, &one, 0);
     th_randomize(&a);
     th_randomize(&b);
+    /* b − a (the lerp weight's gradient) must not cancel in its sums: shift b by 1 */
+    for (int64_t k = 0; k < b.n; k++) b.v[k] += 1.0;
+    th_round(dt, b.v, b.n);
+    th_put(&b.buf, &b.t, b.v);
     th_randomize(&w);
     th_randomize(&dy);
     const fg_tensor *wt = o->tensor_w ? &w.t : NULL;

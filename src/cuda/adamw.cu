@@ -1,9 +1,9 @@
 /*
  * adamw.cu — the fused multi-tensor AdamW step on CUDA. One launch covers up to
  * MAX_TENSORS tensors: the tensor list travels in the kernel's parameter space, each
- * block takes one CHUNK of one tensor (found by binary search over the chunk counts),
- * and each thread updates four elements per iteration with 16-byte loads of the f32
- * state. Per element: read p (or the f32 master), g, m, v; write p, m, v (and master).
+ * block takes one CHUNK (4096 elements) of one tensor, found by binary search over the
+ * chunk counts, and each thread loads all four of its groups of four elements (16-byte
+ * loads of the f32 state) before it stores any. Per element: read p (or the f32 master), g, m, v; write p, m, v (and master).
  * Elementwise only: the same bits every run.
  */
 #include "cuda_internal.h"
@@ -12,7 +12,8 @@
 #include <string.h>
 
 constexpr int MAX_TENSORS = 320;  /* ~17 KB of kernel parameters (the limit is 32 KB) */
-constexpr int64_t CHUNK = 65536;
+constexpr int GROUPS = 4;                       /* float4 groups per thread */
+constexpr int64_t CHUNK = 256 * 4 * GROUPS;      /* elements per block */
 constexpr int THREADS = 256;
 
 struct adamw_list {
@@ -56,7 +57,7 @@ __global__ void __launch_bounds__(THREADS) adamw_kernel(const __grid_constant__ 
                (uintptr_t)L.p[t] % (4 * sizeof(PT)) == 0 && (uintptr_t)L.g[t] % (4 * sizeof(GT)) == 0;
     int64_t i = begin + (int64_t)threadIdx.x * 4;
     if (vec) {
-        constexpr int U = 2; /* two groups of four in flight: all loads before any store */
+        constexpr int U = GROUPS; /* all of a thread's groups loaded before any store */
         constexpr int64_t STRIDE = THREADS * 4;
         for (; i + (U - 1) * STRIDE + 4 <= end; i += U * STRIDE) {
             float4 m[U], v[U], q[U];

@@ -96,6 +96,7 @@ __device__ __forceinline__ void put(const ew_dev &e, int i, int64_t off, A v) {
  * combinations (two vectors in flight per thread, registers only for real operands), or
  * RUNTIME for any other (masks read at run time, one vector in flight). */
 constexpr unsigned RUNTIME = 0xFFu;
+constexpr int FAST_U = 4; /* vectors per thread in the compile-time-mask kernels */
 
 template <typename T, int OP, int VEC, unsigned IN, unsigned OUT>
 __global__ void __launch_bounds__(256) ew_fast(ew_dev e, unsigned direct_rt, unsigned scalar_in) {
@@ -108,21 +109,27 @@ __global__ void __launch_bounds__(256) ew_fast(ew_dev e, unsigned direct_rt, uns
     for (int i = 0; i < FG_MAX_OPERANDS; i++) one[i] = (scalar_in >> i & 1u) ? to_acc(*(const T *)e.data[i]) : A(0);
     const int64_t nvec = e.numel / VEC;
     const int64_t step = (int64_t)gridDim.x * blockDim.x;
-    constexpr int U = IN == RUNTIME ? 1 : 2; /* vectors in flight per thread: loads before stores */
     int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    for (; q + (U - 1) * step < nvec; q += U * step) {
-        vec_t<T, VEC> in[U][FG_MAX_OPERANDS], acc_in[U][FG_MAX_OPERANDS];
+    if constexpr (IN != RUNTIME) {
+        /* each block owns FAST_U·256 consecutive vectors; every thread issues the loads
+           of its FAST_U vectors before its first store */
+        const int64_t base = (int64_t)blockIdx.x * 256 * FAST_U + threadIdx.x;
+        vec_t<T, VEC> in[FAST_U][FG_MAX_OPERANDS], acc_in[FAST_U][FG_MAX_OPERANDS];
 #pragma unroll
-        for (int u = 0; u < U; u++)
+        for (int u = 0; u < FAST_U; u++) {
+            const int64_t qu = base + u * 256;
+            if (qu >= nvec) continue;
 #pragma unroll
             for (int i = 0; i < FG_MAX_OPERANDS; i++) {
-                if (i < e.n && (vin >> i & 1u))
-                    in[u][i] = load_vec<T, VEC>((const T *)e.data[i] + (q + u * step) * VEC);
+                if (i < e.n && (vin >> i & 1u)) in[u][i] = load_vec<T, VEC>((const T *)e.data[i] + qu * VEC);
                 if (e.accumulate && i < e.n && (direct >> i & 1u))
-                    acc_in[u][i] = load_vec<T, VEC>((const T *)e.data[i] + (q + u * step) * VEC);
+                    acc_in[u][i] = load_vec<T, VEC>((const T *)e.data[i] + qu * VEC);
             }
+        }
 #pragma unroll
-        for (int u = 0; u < U; u++)
+        for (int u = 0; u < FAST_U; u++) {
+            const int64_t qu = base + u * 256;
+            if (qu >= nvec) continue;
 #pragma unroll
             for (int i = 0; i < FG_MAX_OPERANDS; i++) {
                 if (i >= e.n || !(direct >> i & 1u)) continue;
@@ -136,8 +143,10 @@ __global__ void __launch_bounds__(256) ew_fast(ew_dev e, unsigned direct_rt, uns
                     A r = value<OP, A>(e, s, i, v);
                     out.v[k] = from_acc<T>(e.accumulate ? r + to_acc(acc_in[u][i].v[k]) : r);
                 }
-                store_vec<T, VEC>((T *)e.data[i] + (q + u * step) * VEC, out);
+                store_vec<T, VEC>((T *)e.data[i] + qu * VEC, out);
             }
+        }
+        q = nvec; /* the vectors are done; the tail below covers numel % VEC */
     }
     for (; q < nvec; q += step) { /* what is left of the vectors, one per thread */
         vec_t<T, VEC> in[FG_MAX_OPERANDS];
@@ -162,8 +171,10 @@ __global__ void __launch_bounds__(256) ew_fast(ew_dev e, unsigned direct_rt, uns
             store_vec<T, VEC>((T *)e.data[i] + q * VEC, out);
         }
     }
-    /* the tail: one element per thread */
-    for (int64_t idx = nvec * VEC + (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < e.numel; idx += step) {
+    /* the tail (numel % VEC elements): one element per thread */
+    int64_t tail0 = (IN != RUNTIME) ? (blockIdx.x == gridDim.x - 1 ? threadIdx.x : e.numel) :
+                                      (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    for (int64_t idx = nvec * VEC + tail0; idx < e.numel; idx += step) {
         A v[FG_MAX_OPERANDS];
 #pragma unroll
         for (int j = 0; j < FG_MAX_OPERANDS; j++) /* constant indices keep v in registers */
@@ -314,8 +325,10 @@ static bool aligned16(const void *p) { return (uintptr_t)p % 16 == 0; }
 /* The combinations with compile-time operand masks: (vector inputs, outputs) per op. */
 template <typename T, int OP, int VEC, unsigned IN, unsigned OUT>
 static bool try_fast(unsigned vin, unsigned out, const ew_dev &d, unsigned blocks, cudaStream_t st) {
+    (void)blocks;
     if (vin != IN || out != OUT) return false;
-    ew_fast<T, OP, VEC, IN, OUT><<<blocks, 256, 0, st>>>(d, OUT, 0);
+    int64_t nvec = d.numel / VEC, grid = (nvec + 256 * FAST_U - 1) / (256 * FAST_U);
+    ew_fast<T, OP, VEC, IN, OUT><<<(unsigned)(grid > 0 ? grid : 1), 256, 0, st>>>(d, OUT, 0);
     return true;
 }
 

@@ -38,6 +38,17 @@ static void make_state(state *s, fg_backend be, const variant *va) {
         th_randomize(&s->p[i]);
         th_randomize(&s->m[i]);
         th_randomize(&s->v[i]);
+        /* p, m (and below g) share a random sign per element, magnitudes >= 0.05: the
+           sums of the step then never cancel, so single-element tensors stay well
+           conditioned against the f64 reference */
+        for (int64_t k = 0; k < s->p[i].n; k++) {
+            double sign = (k * 2654435761u + (uint64_t)i) % 3 == 0 ? -1 : 1;
+            s->p[i].v[k] = sign * (0.05 + fabs(s->p[i].v[k]));
+            s->m[i].v[k] = sign * (0.05 + fabs(s->m[i].v[k]));
+        }
+        th_round(va->p, s->p[i].v, s->p[i].n);
+        th_put(&s->p[i].buf, &s->p[i].t, s->p[i].v);
+        th_put(&s->m[i].buf, &s->m[i].t, s->m[i].v);
         for (int64_t k = 0; k < s->v[i].n; k++) s->v[i].v[k] = fabs(s->v[i].v[k]) * 1e-2;
         th_put(&s->v[i].buf, &s->v[i].t, s->v[i].v);
         for (int64_t k = 0; k < s->w[i].n; k++) s->w[i].v[k] = s->p[i].v[k] + 1e-4 * th_rand(); /* master ≈ p */
@@ -69,6 +80,12 @@ static void steps(fg_context *ctx, fg_backend be, const variant *va) {
         double *rp[NT], *rm[NT], *rv[NT];
         for (int i = 0; i < NT; i++) {
             th_randomize(&s.g[i]);
+            for (int64_t k = 0; k < s.g[i].n; k++) {
+                double sign = (k * 2654435761u + (uint64_t)i) % 3 == 0 ? -1 : 1;
+                s.g[i].v[k] = sign * (0.05 + fabs(s.g[i].v[k]));
+            }
+            th_round(va->g, s.g[i].v, s.g[i].n);
+            th_put(&s.g[i].buf, &s.g[i].t, s.g[i].v);
             /* the state the step starts from, as stored */
             th_get(&s.p[i].buf, &s.p[i].t, s.p[i].v);
             th_get(&s.m[i].buf, &s.m[i].t, s.m[i].v);

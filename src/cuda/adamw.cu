@@ -23,7 +23,7 @@ struct adamw_list {
     int64_t n[MAX_TENSORS];
     int chunk_start[MAX_TENSORS + 1];
     int count;
-    float decay, beta1, beta2, eps, step_size, bc2_sqrt, grad_scale;
+    float decay, beta2, one_minus_beta1, one_minus_beta2, eps, step_size, bc2_sqrt, grad_scale;
 };
 
 template <typename PT, typename GT, bool MASTER>
@@ -31,8 +31,8 @@ __device__ __forceinline__ void update(const adamw_list &L, int t, int64_t i, fl
     float p = MASTER ? L.master[t][i] : to_acc(((const PT *)L.p[t])[i]);
     float m = L.m[t][i], v = L.v[t][i];
     p *= L.decay;
-    m = fmaf(1.0f - L.beta1, g - m, m); /* lerp(m, g, 1 − β1) */
-    v = fmaf(L.beta2, v, (1.0f - L.beta2) * g * g);
+    m = fmaf(L.one_minus_beta1, g - m, m); /* lerp(m, g, 1 − β1) */
+    v = fmaf(L.beta2, v, L.one_minus_beta2 * g * g);
     p -= L.step_size * m / (sqrtf(v) / L.bc2_sqrt + L.eps);
     L.m[t][i] = m;
     L.v[t][i] = v;
@@ -87,8 +87,8 @@ __global__ void __launch_bounds__(THREADS) adamw_kernel(const __grid_constant__ 
                 for (int c = 0; c < 4; c++) {
                     float gc = to_acc(g[u].v[c]) * L.grad_scale;
                     pf[c] *= L.decay;
-                    mf[c] = fmaf(1.0f - L.beta1, gc - mf[c], mf[c]);
-                    vf[c] = fmaf(L.beta2, vf[c], (1.0f - L.beta2) * gc * gc);
+                    mf[c] = fmaf(L.one_minus_beta1, gc - mf[c], mf[c]);
+                    vf[c] = fmaf(L.beta2, vf[c], L.one_minus_beta2 * gc * gc);
                     pf[c] -= L.step_size * mf[c] / (sqrtf(vf[c]) / L.bc2_sqrt + L.eps);
                     out.v[c] = from_acc<PT>(pf[c]);
                 }
@@ -122,9 +122,10 @@ extern "C" fg_status fg_cuda_adamw(fg_context *ctx, const fg_adamw_run *r) {
     static_assert(sizeof(adamw_list) < 32000, "kernel parameters over the 32 KB limit");
     adamw_list *L = (adamw_list *)calloc(1, sizeof(adamw_list));
     if (!L) return fg_fail(FG_ERR_OUT_OF_MEMORY, "adamw_step: out of host memory");
-    L->decay = 1.0f - r->lr * r->weight_decay;
-    L->beta1 = r->beta1;
+    L->decay = r->decay;
     L->beta2 = r->beta2;
+    L->one_minus_beta1 = r->one_minus_beta1;
+    L->one_minus_beta2 = r->one_minus_beta2;
     L->eps = r->eps;
     L->step_size = r->step_size;
     L->bc2_sqrt = r->bc2_sqrt;

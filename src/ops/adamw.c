@@ -102,11 +102,11 @@ fg_status fg_adamw_step(fg_context *ctx, const fg_adamw_hparams *hp, int count, 
         fg_adamw_run r;
         r.p_dtype = pt;
         r.g_dtype = gt;
-        r.lr = (float)hp->lr;
-        r.beta1 = (float)hp->beta1;
         r.beta2 = (float)hp->beta2;
+        r.one_minus_beta1 = (float)(1.0 - hp->beta1);
+        r.one_minus_beta2 = (float)(1.0 - hp->beta2);
         r.eps = (float)hp->eps;
-        r.weight_decay = (float)hp->weight_decay;
+        r.decay = (float)(1.0 - hp->lr * hp->weight_decay);
         r.grad_scale = hp->grad_scale == 0 ? 1.0f : (float)hp->grad_scale;
         r.step_size = (float)(hp->lr / (1.0 - pow(hp->beta1, (double)hp->step)));
         r.bc2_sqrt = (float)sqrt(1.0 - pow(hp->beta2, (double)hp->step));

@@ -98,7 +98,7 @@ __device__ __forceinline__ void put(const ew_dev &e, int i, int64_t off, A v) {
 constexpr unsigned RUNTIME = 0xFFu;
 /* vectors per thread in the compile-time-mask kernels: 64 bytes of each operand in
  * flight; 2-byte types get 2 (each of their vectors widens to 8 floats in registers) */
-template <typename T> constexpr int fast_u() { return sizeof(T) >= 4 ? 4 : 2; }
+template <typename T> struct fast_u { static constexpr int value = sizeof(T) >= 4 ? 4 : 2; };
 
 template <typename T, int OP, int VEC, unsigned IN, unsigned OUT>
 __global__ void __launch_bounds__(256) ew_fast(ew_dev e, unsigned direct_rt, unsigned scalar_in) {
@@ -115,7 +115,7 @@ __global__ void __launch_bounds__(256) ew_fast(ew_dev e, unsigned direct_rt, uns
     if constexpr (IN != RUNTIME) {
         /* each block owns FAST_U·256 consecutive vectors; every thread issues the loads
            of its FAST_U vectors before its first store */
-        constexpr int FAST_U = fast_u<T>();
+        constexpr int FAST_U = fast_u<T>::value;
         const int64_t base = (int64_t)blockIdx.x * 256 * FAST_U + threadIdx.x;
         vec_t<T, VEC> in[FAST_U][FG_MAX_OPERANDS], acc_in[FAST_U][FG_MAX_OPERANDS];
 #pragma unroll
@@ -330,7 +330,7 @@ template <typename T, int OP, int VEC, unsigned IN, unsigned OUT>
 static bool try_fast(unsigned vin, unsigned out, const ew_dev &d, unsigned blocks, cudaStream_t st) {
     (void)blocks;
     if (vin != IN || out != OUT) return false;
-    constexpr int FAST_U = fast_u<T>();
+    constexpr int FAST_U = fast_u<T>::value;
     int64_t nvec = d.numel / VEC, grid = (nvec + 256 * FAST_U - 1) / (256 * FAST_U);
     ew_fast<T, OP, VEC, IN, OUT><<<(unsigned)(grid > 0 ? grid : 1), 256, 0, st>>>(d, OUT, 0);
     return true;

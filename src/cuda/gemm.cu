@@ -208,6 +208,43 @@ static cudaError_t axpby_2d(cudaStream_t st, const void *src, int64_t lds, void 
     return cudaGetLastError();
 }
 
+/* ------------------------------------------------------------------ rank 1 (k == 1) */
+
+/* c[i, j] = alpha·a[i]·b[j] + beta·c[i, j] + bias: a write stream. Each thread keeps VEC
+ * consecutive b values in registers and walks rows (blockIdx.y, grid-stride). */
+template <typename T, int VEC>
+__global__ void __launch_bounds__(256) rank1_kernel(const T *a, int64_t as, const T *b, int64_t bs, T *c, int64_t ldc,
+                                                    int64_t m, int64_t n, typename acc_type<T>::type alpha,
+                                                    typename acc_type<T>::type beta, const T *bias, int64_t bias_rs,
+                                                    int64_t bias_cs) {
+    typedef typename acc_type<T>::type A;
+    const int64_t j = ((int64_t)blockIdx.x * 256 + threadIdx.x) * VEC;
+    if (j >= n) return;
+    const bool full = j + VEC <= n;
+    A bj[VEC];
+#pragma unroll
+    for (int e = 0; e < VEC; e++) bj[e] = (full || j + e < n) ? alpha * to_acc(b[(j + e) * bs]) : A(0);
+    for (int64_t i = blockIdx.y; i < m; i += gridDim.y) {
+        const A ai = to_acc(a[i * as]);
+        T *row = c + i * ldc + j;
+        if (VEC > 1 && full && beta == A(0) && !bias) {
+            vec_t<T, VEC> out;
+#pragma unroll
+            for (int e = 0; e < VEC; e++) out.v[e] = from_acc<T>(ai * bj[e]);
+            store_vec<T, VEC>(row, out);
+            continue;
+        }
+#pragma unroll
+        for (int e = 0; e < VEC; e++) {
+            if (j + e >= n) break;
+            A v = ai * bj[e];
+            if (beta != A(0)) v += beta * to_acc(row[e]);
+            if (bias) v += to_acc(bias[i * bias_rs + (j + e) * bias_cs]);
+            row[e] = from_acc<T>(v);
+        }
+    }
+}
+
 /* ------------------------------------------------------------------ dtype dispatch */
 
 template <template <typename> class F, typename... Args>
@@ -273,8 +310,8 @@ template <typename T> struct vector_product {
         }
         /* columns: slices chosen from the shape alone, so results never depend on the GPU */
         const int64_t col_blocks = cdiv(cdiv(a.len, VEC), COLS_THREADS);
-        int64_t slices = cdiv(1024, col_blocks);
-        int64_t max_slices = cdiv(a.depth, 64);
+        int64_t slices = cdiv(2048, col_blocks);   /* ~8 blocks per SM on a 132-SM part */
+        int64_t max_slices = cdiv(a.depth, 16);
         if (slices > max_slices) slices = max_slices;
         if (slices > 65535) slices = 65535;
         if (slices < 1) slices = 1;
@@ -490,6 +527,25 @@ template <typename T> struct general_product {
                 if (e != cudaSuccess) return fg_cuda_fail(e, "axpby_2d");
             }
             return FG_OK;
+        }
+        if (g->k == 1 && g->batch == 1) { /* an outer product: no reduction, a write stream */
+            typedef typename acc_type<T>::type A;
+            constexpr int VEC = 16 / sizeof(T);
+            bool vec = !do_run || (aligned16(g->c.data, g->c.rs, es) && g->b.cs == 1 && aligned16(g->b.data, 0, es));
+            snprintf(info->name, sizeof info->name, "rank1<%s,v%d>", fg_dtype_name(t), vec ? VEC : 1);
+            if (!do_run) return FG_OK;
+            const int64_t per = vec ? 256 * VEC : 256;
+            dim3 grid((unsigned)((g->n + per - 1) / per), (unsigned)(g->m < 2048 ? g->m : 2048));
+            if (vec)
+                rank1_kernel<T, VEC><<<grid, 256, 0, s>>>((const T *)g->a.data, g->a.rs, (const T *)g->b.data, g->b.cs,
+                                                         (T *)g->c.data, g->c.rs, g->m, g->n, (A)g->alpha, (A)g->beta,
+                                                         (const T *)g->bias, g->bias_rs, g->bias_cs);
+            else
+                rank1_kernel<T, 1><<<grid, 256, 0, s>>>((const T *)g->a.data, g->a.rs, (const T *)g->b.data, g->b.cs,
+                                                       (T *)g->c.data, g->c.rs, g->m, g->n, (A)g->alpha, (A)g->beta,
+                                                       (const T *)g->bias, g->bias_rs, g->bias_cs);
+            e = cudaGetLastError();
+            return e == cudaSuccess ? FG_OK : fg_cuda_fail(e, "rank1");
         }
         bool found = false;
         size_t need = 0;

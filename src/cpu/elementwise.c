@@ -85,6 +85,25 @@ static void load_inputs(const fg_ew *e, const int64_t *off, double *v) {
         if ((e->present >> i & 1u) && !(e->outputs >> i & 1u)) v[i] = fg_load_f64(e->data[i], e->dtype, off[i]);
 }
 
+/* n elements at p[off + k·stride] into dst as f64: one loop per dtype. */
+static void load_block(const void *p, fg_dtype t, int64_t off, int64_t stride, int64_t n, double *dst) {
+    switch (t) {
+    case FG_F32: for (int64_t k = 0; k < n; k++) dst[k] = ((const float *)p)[off + k * stride]; break;
+    case FG_F64: for (int64_t k = 0; k < n; k++) dst[k] = ((const double *)p)[off + k * stride]; break;
+    case FG_F16: for (int64_t k = 0; k < n; k++) dst[k] = fg_f16_to_f32(((const uint16_t *)p)[off + k * stride]); break;
+    case FG_BF16: for (int64_t k = 0; k < n; k++) dst[k] = fg_bf16_to_f32(((const uint16_t *)p)[off + k * stride]); break;
+    }
+}
+
+static void store_block(void *p, fg_dtype t, int64_t off, int64_t stride, int64_t n, const double *src) {
+    switch (t) {
+    case FG_F32: for (int64_t k = 0; k < n; k++) ((float *)p)[off + k * stride] = (float)src[k]; break;
+    case FG_F64: for (int64_t k = 0; k < n; k++) ((double *)p)[off + k * stride] = src[k]; break;
+    case FG_F16: for (int64_t k = 0; k < n; k++) ((uint16_t *)p)[off + k * stride] = fg_f32_to_f16((float)src[k]); break;
+    case FG_BF16: for (int64_t k = 0; k < n; k++) ((uint16_t *)p)[off + k * stride] = fg_f32_to_bf16((float)src[k]); break;
+    }
+}
+
 static void put(const fg_ew *e, int i, int64_t off, double v) {
     if (e->accumulate) v += fg_load_f64(e->data[i], e->dtype, off);
     fg_store_f64(e->data[i], e->dtype, off, v);
@@ -100,17 +119,42 @@ fg_status fg_cpu_elementwise(fg_context *ctx, const fg_ew *e, fg_kernel_info *in
     info->accumulator = FG_F64;
     if (!run || e->numel == 0) return FG_OK;
     const int nt = ctx->num_threads > 0 ? ctx->num_threads : 0;
-    if (direct) {
+    if (direct && e->rank <= 1) {
+        /* one dim: blocks of BLOCK elements, each operand converted to f64 in one tight
+           loop per block (one dtype switch per block, not per element) */
+        enum { BLOCK = 512 };
+        const int64_t nblocks = (e->numel + BLOCK - 1) / BLOCK;
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt != 1 && e->numel > 32768)
+        for (int64_t blk = 0; blk < nblocks; blk++) {
+            double buf[FG_MAX_OPERANDS][BLOCK];
+            const int64_t i0 = blk * BLOCK, len = e->numel - i0 < BLOCK ? e->numel - i0 : BLOCK;
+            for (int i = 0; i < e->n_operands; i++) {
+                const bool input = (e->present >> i & 1u) && !(e->outputs >> i & 1u);
+                if (!input && !(e->accumulate && (direct >> i & 1u))) continue;
+                const int64_t st = e->rank ? e->stride[i][0] : 0;
+                load_block(e->data[i], e->dtype, i0 * st, st, len, buf[i]);
+            }
+            double v[FG_MAX_OPERANDS] = {0};
+            const unsigned inputs = e->present & ~e->outputs;
+            for (int i = 0; i < e->n_operands; i++) {
+                if (!(direct >> i & 1u)) continue;
+                double out[BLOCK];
+                for (int64_t k = 0; k < len; k++) {
+                    for (int j = 0; j < e->n_operands; j++)
+                        if (inputs >> j & 1u) v[j] = buf[j][k];
+                    out[k] = value(e, i, v) + (e->accumulate ? buf[i][k] : 0.0);
+                }
+                const int64_t st = e->rank ? e->stride[i][0] : 0;
+                store_block(e->data[i], e->dtype, i0 * st, st, len, out);
+            }
+        }
+    } else if (direct) {
 #pragma omp parallel for schedule(static) num_threads(nt) if (nt != 1 && e->numel > 32768)
         for (int64_t idx = 0; idx < e->numel; idx++) {
             int64_t coord[FG_MAX_RANK], off[FG_MAX_OPERANDS];
             double v[FG_MAX_OPERANDS];
-            if (e->rank <= 1) { /* coalesced to one dim: no division */
-                for (int i = 0; i < e->n_operands; i++) off[i] = e->rank ? idx * e->stride[i][0] : 0;
-            } else {
-                coords_of(e, idx, coord);
-                offsets(e, coord, off);
-            }
+            coords_of(e, idx, coord);
+            offsets(e, coord, off);
             load_inputs(e, off, v);
             for (int i = 0; i < e->n_operands; i++)
                 if (direct >> i & 1u) put(e, i, off[i], value(e, i, v));

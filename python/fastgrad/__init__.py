@@ -19,5 +19,6 @@ try:
 except ImportError:  # pragma: no cover - no torch in CI
     pass
 else:
-    from .autograd import (AdamW, Linear, LinearFunction, Matmul, MatmulFunction, Outer, OuterFunction, axpby, clamp,
-                           elu, leaky_relu, lerp, linear, matmul, outer, pow, scale, softcap)
+    from .autograd import (ELU, AdamW, Clamp, LeakyReLU, Lerp, Linear, LinearFunction, Matmul, MatmulFunction, Outer,
+                           OuterFunction, Softcap, axpby, clamp, elu, leaky_relu, lerp, linear, matmul, outer, pow,
+                           scale, softcap)

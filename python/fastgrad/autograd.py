@@ -273,3 +273,54 @@ class AdamW(torch.optim.Optimizer):
                                eps=group["eps"], weight_decay=group["weight_decay"], step=step,
                                grad_scale=grad_scale, master=[self.state[p]["master"] for p in ps] if has_master else None)
         return loss
+
+
+# ------------------------------------------------------------------ elementwise modules
+
+class LeakyReLU(torch.nn.Module):
+    def __init__(self, negative_slope=0.01):
+        super().__init__()
+        self.negative_slope = negative_slope
+
+    def forward(self, x):
+        return leaky_relu(x, self.negative_slope)
+
+
+class ELU(torch.nn.Module):
+    def __init__(self, alpha=1.0):
+        super().__init__()
+        self.alpha = alpha
+
+    def forward(self, x):
+        return elu(x, self.alpha)
+
+
+class Clamp(torch.nn.Module):
+    def __init__(self, lo, hi):
+        super().__init__()
+        self.lo, self.hi = lo, hi
+
+    def forward(self, x):
+        return clamp(x, self.lo, self.hi)
+
+
+class Softcap(torch.nn.Module):
+    """cap·tanh(x / cap), as used to cap attention or output logits."""
+
+    def __init__(self, cap):
+        super().__init__()
+        self.cap = cap
+
+    def forward(self, x):
+        return softcap(x, self.cap)
+
+
+class Lerp(torch.nn.Module):
+    """lerp(a, b, weight) with a fixed float weight."""
+
+    def __init__(self, weight):
+        super().__init__()
+        self.weight = float(weight)
+
+    def forward(self, a, b):
+        return lerp(a, b, self.weight)

@@ -264,3 +264,14 @@ def test_adamw_vs_torch(rng, device, dtype):
             assert err(p, q) <= tol(dtype)
         assert err(st["exp_avg"], ropt.state[q]["exp_avg"]) <= 1e-5
         assert err(st["exp_avg_sq"], ropt.state[q]["exp_avg_sq"]) <= 1e-5
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_elementwise_modules(rng, device):
+    x = leaf(rng, (6, 40), torch.float32, device)
+    pairs = [(fg.LeakyReLU(0.2), torch.nn.LeakyReLU(0.2)), (fg.ELU(0.7), torch.nn.ELU(0.7)),
+             (fg.Clamp(-0.1, 0.3), lambda t: torch.clamp(t, -0.1, 0.3)), (fg.Softcap(2.0), lambda t: 2.0 * torch.tanh(t / 2.0))]
+    for ours, theirs in pairs:
+        assert err(ours(x), theirs(x.double())) <= 1e-5
+    b = leaf(rng, (6, 40), torch.float32, device)
+    assert err(fg.Lerp(0.25)(x, b), torch.lerp(x.double(), b.double(), 0.25)) <= 1e-5

@@ -227,6 +227,15 @@ static void bad_input(fg_context *ctx, fg_backend be) {
     if (plan) {
         fg_tensor ops[4] = {x.t, w.t, {0}, y.t};
         TH_OK(fg_plan_can_implement(plan, ops));
+        fg_tensor explicit_x = x.t; /* the same layout with its strides written out */
+        explicit_x.stride[0] = 8;
+        explicit_x.stride[1] = 1;
+        fg_tensor ops2[4] = {explicit_x, w.t, {0}, y.t};
+        TH_OK(fg_plan_can_implement(plan, ops2));
+        ops[0].stride[0] = 9; /* another layout */
+        ops[0].stride[1] = 1;
+        TH_CHECK(fg_plan_can_implement(plan, ops) == FG_ERR_SHAPE, "a plan accepted other strides");
+        ops[0].stride[0] = ops[0].stride[1] = 0;
         ops[0].shape[0] = 5;
         void *snap = th_snapshot(&y.buf);
         s = fg_plan_run(plan, ops, NULL, 0);

@@ -195,6 +195,52 @@ static void bad_input(fg_context *ctx, fg_backend be) {
     drop_state(&s);
 }
 
+#ifdef FG_TEST_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+static float f32_at(const th_buf *b, int64_t i) {
+    float x = 0;
+    cudaMemcpy(&x, (float *)b->ptr + i, 4, cudaMemcpyDeviceToHost);
+    return x;
+}
+
+/* One f32 tensor of 2^31 + 8e4 elements (34 GB of state): the chunk arithmetic must be
+ * 64-bit, and the last chunk must be updated. g is index dependent (an outer product). */
+static void large(fg_context *ctx) {
+    const int64_t n1 = 65537, n2 = 32769, n = n1 * n2, zs[2] = {n1, n2};
+    printf("large: one tensor of n=%lld elements (> 2^31)\n", (long long)n);
+    th_operand u = th_make(FG_BACKEND_CUDA, FG_F32, 1, &n1, 0), v = th_make(FG_BACKEND_CUDA, FG_F32, 1, &n2, 0);
+    for (int64_t i = 0; i < n1; i++) u.v[i] = (i % 3) - 1.0 + 0.5;
+    for (int64_t j = 0; j < n2; j++) v.v[j] = (double)((j % 7) + 1) / 8.0;
+    th_put(&u.buf, &u.t, u.v);
+    th_put(&v.buf, &v.t, v.v);
+    th_buf p = th_alloc(FG_BACKEND_CUDA, FG_F32, n), g = th_alloc(FG_BACKEND_CUDA, FG_F32, n);
+    th_buf m = th_alloc(FG_BACKEND_CUDA, FG_F32, n), w = th_alloc(FG_BACKEND_CUDA, FG_F32, n);
+    cudaMemset(p.ptr, 0, (size_t)n * 4);
+    cudaMemset(m.ptr, 0, (size_t)n * 4);
+    cudaMemset(w.ptr, 0, (size_t)n * 4);
+    fg_tensor g2 = th_tensor(&g, 0, 2, zs, NULL);
+    TH_OK(fg_outer_forward(ctx, &u.t, &v.t, &g2));
+    fg_tensor tp = th_tensor(&p, 0, 1, &n, NULL), tg = th_tensor(&g, 0, 1, &n, NULL);
+    fg_tensor tm = th_tensor(&m, 0, 1, &n, NULL), tv = th_tensor(&w, 0, 1, &n, NULL);
+    fg_adamw_hparams hp = {1e-3, 0.9, 0.999, 1e-8, 0.0, 1, 0};
+    TH_OK(fg_adamw_step(ctx, &hp, 1, &tp, &tg, &tm, &tv, NULL));
+    TH_OK(fg_context_check(ctx));
+    const int64_t probes[5] = {0, ((int64_t)1 << 31) - 1, (int64_t)1 << 31, n - 4097, n - 1};
+    for (int k = 0; k < 5; k++) {
+        int64_t idx = probes[k];
+        double gv = u.v[idx / n2] * v.v[idx % n2];
+        double want_p = -1e-3 * gv / (fabs(gv) + 1e-8), want_m = 0.1 * gv;
+        TH_CHECK(fabs(f32_at(&p, idx) - want_p) <= 1e-6 * fabs(want_p) + 1e-12 &&
+                     fabs(f32_at(&m, idx) - want_m) <= 1e-6 * fabs(want_m) + 1e-12,
+                 "large adamw at %lld: p %g (want %g) m %g (want %g)", (long long)idx, f32_at(&p, idx), want_p,
+                 f32_at(&m, idx), want_m);
+    }
+    th_free(&p); th_free(&g); th_free(&m); th_free(&w);
+    th_drop(&u); th_drop(&v);
+}
+#endif
+
 int main(void) {
     th_init("test_adamw");
     fg_backend bes[2];
@@ -203,6 +249,13 @@ int main(void) {
         fg_context *ctx = th_context(bes[bi], false);
         for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) steps(ctx, bes[bi], &variants[v]);
         bad_input(ctx, bes[bi]);
+#ifdef FG_TEST_HAVE_CUDA
+        if (bes[bi] == FG_BACKEND_CUDA && getenv("FG_TEST_LARGE")) large(ctx);
+        else if (bes[bi] == FG_BACKEND_CUDA) {
+            printf("SKIP: large (> 2^31 elements) case; set FG_TEST_LARGE=1 on a GPU with 40 GB free\n");
+            th_skips++;
+        }
+#endif
         TH_OK(fg_context_check(ctx));
         fg_context_destroy(ctx);
     }

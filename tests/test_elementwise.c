@@ -378,6 +378,51 @@ static void plan_report(fg_context *ctx, fg_backend be) {
     }
 }
 
+#ifdef FG_TEST_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+static double bf16_at(const th_buf *b, int64_t i) {
+    uint16_t h = 0;
+    cudaMemcpy(&h, (uint16_t *)b->ptr + i, 2, cudaMemcpyDeviceToHost);
+    return fg_bf16_to_f32(h);
+}
+
+/* bf16 tensors of 2^31 + 8e4 elements: every index computation must be 64-bit. The
+ * data is index dependent (outer products of exact small values, so every product and
+ * lerp is exact in bf16) and checked around 2^31 and at the very end. */
+static void large(fg_context *ctx) {
+    const int64_t n1 = 65537, n2 = 32769, n = n1 * n2, zs[2] = {n1, n2};
+    printf("large: n=%lld elements (> 2^31)\n", (long long)n);
+    th_operand u = th_make(FG_BACKEND_CUDA, FG_BF16, 1, &n1, 0), v = th_make(FG_BACKEND_CUDA, FG_BF16, 1, &n2, 0);
+    static const double pu[4] = {1.0, -0.5, 2.0, -1.0};
+    for (int64_t i = 0; i < n1; i++) u.v[i] = pu[th_rand_u64() % 4];
+    for (int64_t j = 0; j < n2; j++) v.v[j] = (double)((int)(th_rand_u64() % 9) - 4) / 4.0;
+    th_put(&u.buf, &u.t, u.v);
+    th_put(&v.buf, &v.t, v.v);
+    th_buf a = th_alloc(FG_BACKEND_CUDA, FG_BF16, n), y = th_alloc(FG_BACKEND_CUDA, FG_BF16, n);
+    th_buf da = th_alloc(FG_BACKEND_CUDA, FG_BF16, n), db = th_alloc(FG_BACKEND_CUDA, FG_BF16, n);
+    fg_tensor a2 = th_tensor(&a, 0, 2, zs, NULL), a1 = th_tensor(&a, 0, 1, &n, NULL), y1 = th_tensor(&y, 0, 1, &n, NULL);
+    fg_tensor da1 = th_tensor(&da, 0, 1, &n, NULL), db1 = th_tensor(&db, 0, 1, &n, NULL);
+    TH_OK(fg_outer_forward(ctx, &u.t, &v.t, &a2));               /* a[i·n2 + j] = u_i·v_j */
+    TH_OK(fg_unary_forward(ctx, FG_UNARY_SCALE, (const double[]){-2.0}, &a1, &y1)); /* b := −2a, in y */
+    TH_OK(fg_lerp_forward(ctx, &a1, &y1, NULL, 0.25, &da1));      /* a + 0.25(b − a) = 0.25a */
+    TH_OK(fg_lerp_backward(ctx, &a1, NULL, NULL, NULL, 0.25, &db1, &y1, NULL, 0)); /* 0.75a, 0.25a */
+    TH_OK(fg_context_check(ctx));
+    const int64_t probes[6] = {0, 12345, ((int64_t)1 << 31) - 1, (int64_t)1 << 31, n - 7, n - 1};
+    for (int k = 0; k < 6; k++) {
+        int64_t idx = probes[k], i = idx / n2, j = idx % n2;
+        double av = u.v[i] * v.v[j];
+        TH_CHECK(bf16_at(&a, idx) == av, "large outer a[%lld] = %g, want %g", (long long)idx, bf16_at(&a, idx), av);
+        TH_CHECK(bf16_at(&da, idx) == 0.25 * av, "large lerp y[%lld] = %g, want %g", (long long)idx, bf16_at(&da, idx),
+                 0.25 * av);
+        TH_CHECK(bf16_at(&db, idx) == 0.75 * av && bf16_at(&y, idx) == 0.25 * av, "large lerp grads at %lld: %g %g",
+                 (long long)idx, bf16_at(&db, idx), bf16_at(&y, idx));
+    }
+    th_free(&a); th_free(&y); th_free(&da); th_free(&db);
+    th_drop(&u); th_drop(&v);
+}
+#endif
+
 int main(void) {
     th_init("test_elementwise");
     fg_backend bes[2];
@@ -399,6 +444,13 @@ int main(void) {
         determinism(ctx, bes[bi]);
         bad_input(ctx, bes[bi]);
         plan_report(ctx, bes[bi]);
+#ifdef FG_TEST_HAVE_CUDA
+        if (bes[bi] == FG_BACKEND_CUDA && getenv("FG_TEST_LARGE")) large(ctx);
+        else if (bes[bi] == FG_BACKEND_CUDA) {
+            printf("SKIP: large (> 2^31 elements) cases; set FG_TEST_LARGE=1 on a GPU with 20 GB free\n");
+            th_skips++;
+        }
+#endif
         TH_OK(fg_context_check(ctx));
         fg_context_destroy(ctx);
     }

@@ -8,7 +8,7 @@ command -v cc >/dev/null 2>&1 || need+=(gcc)
 command -v c++ >/dev/null 2>&1 || need+=(g++)
 command -v cmake >/dev/null 2>&1 || need+=(cmake)
 command -v make >/dev/null 2>&1 || need+=(make)
-command -v python3 >/dev/null 2>&1 || need+=(python3 python3-pip)
+command -v python3 >/dev/null 2>&1 || need+=(python3)
 if ! { [ -e /usr/include/cblas.h ] || ls /usr/include/*/cblas.h /usr/include/*/*/cblas.h >/dev/null 2>&1; } ||
    ! ldconfig -p 2>/dev/null | grep -q libopenblas; then
   need+=(libopenblas-dev)
@@ -21,9 +21,16 @@ if [ ${#need[@]} -gt 0 ]; then
   $sudo apt-get update -qq
   $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
-# Python test dependencies (numpy, pytest) for the Python layer, into the user's site.
+# Python test dependencies (numpy, pytest) for the Python layer: pip for the python3 on
+# PATH (pyenv or a venv), else Debian's packages for the system python3.
 if ! python3 -c "import numpy, pytest" >/dev/null 2>&1; then
   echo "deps: installing numpy and pytest"
-  python3 -m pip install -q numpy pytest 2>/dev/null ||
-    python3 -m pip install -q --break-system-packages numpy pytest
+  python3 -m pip install -q numpy pytest >/dev/null 2>&1 ||
+    python3 -m pip install -q --break-system-packages numpy pytest >/dev/null 2>&1 || {
+      sudo=""
+      [ "$(id -u)" -eq 0 ] || sudo="sudo"
+      export DEBIAN_FRONTEND=noninteractive
+      $sudo apt-get update -qq && $sudo apt-get install -y -qq --no-install-recommends python3-numpy python3-pytest >/dev/null
+    }
+  python3 -c "import numpy, pytest" || { echo "deps: numpy and pytest could not be installed" >&2; exit 1; }
 fi

@@ -244,7 +244,8 @@ static inline void fg_store_f64(void *p, fg_dtype t, int64_t i, double v) {
     }
 }
 
-/* Matrix view of the last two dims of t starting at dim `first` (rows, cols). */
+/* Matrix view of operand `operand`: rows along dim rows_dim, columns along cols_dim
+ * (-1: a dim of size 1), strides taken from `stride`; offset and batch stride 0. */
 fg_mat fg_mat_of(int operand, const int64_t *stride, int rows_dim, int cols_dim);
 fg_mat fg_mat_t(fg_mat m); /* transposed view */
 

@@ -12,9 +12,6 @@
 #include <stdio.h>
 #include <string.h>
 
-#define load fg_load_f64
-#define store fg_store_f64
-
 static int threads(const fg_context *ctx) {
     return ctx->num_threads > 0 ? ctx->num_threads : 0;
 }
@@ -24,8 +21,8 @@ static int threads(const fg_context *ctx) {
 static inline double epilogue(const fg_gemm *g, double acc, const void *c, int64_t ci, int64_t j,
                               int64_t bias_inc) {
     double v = g->alpha * acc;
-    if (g->beta != 0.0) v += g->beta * load(c, g->dtype, ci);
-    if (g->bias) v += load(g->bias, g->dtype, j * bias_inc);
+    if (g->beta != 0.0) v += g->beta * fg_load_f64(c, g->dtype, ci);
+    if (g->bias) v += fg_load_f64(g->bias, g->dtype, j * bias_inc);
     return v;
 }
 
@@ -47,8 +44,8 @@ static void vec_product(const fg_context *ctx, const fg_gemm *g, const vecprod *
         for (int64_t j = 0; j < p->len; j++) {
             double acc = 0.0;
             for (int64_t q = 0; q < p->depth; q++)
-                acc += (p->v ? load(p->v, t, q * p->vs) : 1.0) * load(p->m, t, q * p->mp + j * p->mj);
-            store(p->out, t, j * p->os, epilogue(g, acc, p->out, j * p->os, j, p->bias_inc));
+                acc += (p->v ? fg_load_f64(p->v, t, q * p->vs) : 1.0) * fg_load_f64(p->m, t, q * p->mp + j * p->mj);
+            fg_store_f64(p->out, t, j * p->os, epilogue(g, acc, p->out, j * p->os, j, p->bias_inc));
         }
         return;
     }
@@ -61,12 +58,12 @@ static void vec_product(const fg_context *ctx, const fg_gemm *g, const vecprod *
         const int64_t j0 = blk * BLOCK, jn = p->len - j0 < BLOCK ? p->len - j0 : BLOCK;
         for (int64_t j = 0; j < jn; j++) acc[j] = 0.0;
         for (int64_t q = 0; q < p->depth; q++) {
-            const double vq = p->v ? load(p->v, t, q * p->vs) : 1.0;
-            for (int64_t j = 0; j < jn; j++) acc[j] += vq * load(p->m, t, q * p->mp + (j0 + j) * p->mj);
+            const double vq = p->v ? fg_load_f64(p->v, t, q * p->vs) : 1.0;
+            for (int64_t j = 0; j < jn; j++) acc[j] += vq * fg_load_f64(p->m, t, q * p->mp + (j0 + j) * p->mj);
         }
         for (int64_t j = 0; j < jn; j++) {
             int64_t jj = j0 + j;
-            store(p->out, t, jj * p->os, epilogue(g, acc[j], p->out, jj * p->os, jj, p->bias_inc));
+            fg_store_f64(p->out, t, jj * p->os, epilogue(g, acc[j], p->out, jj * p->os, jj, p->bias_inc));
         }
     }
 }
@@ -99,7 +96,7 @@ static bool blas_gemv(const fg_gemm *g) {
     if (ld < (c > 1 ? c : 1) || ld > INT32_MAX || vinc > INT32_MAX || oinc > INT32_MAX) return false;
     double beta = g->beta;
     if (beta == 0.0) { /* BLAS may scale y by 0, which keeps a NaN: clear y instead */
-        for (int64_t i = 0; i < rows; i++) store(g->c.data, g->dtype, i * oinc, 0.0);
+        for (int64_t i = 0; i < rows; i++) fg_store_f64(g->c.data, g->dtype, i * oinc, 0.0);
         beta = 1.0;
     }
     if (g->dtype == FG_F32)
@@ -125,7 +122,7 @@ static void widen(const fg_context *ctx, const fg_mat *x, fg_dtype t, int64_t b,
 #pragma omp parallel for schedule(static) num_threads(nt) if (nt != 1 && rows * cols > 65536)
     for (int64_t i = 0; i < rows; i++)
         for (int64_t j = 0; j < cols; j++)
-            dst[i * cols + j] = (float)load(x->data, t, b * x->bs + i * x->rs + j * x->cs);
+            dst[i * cols + j] = (float)fg_load_f64(x->data, t, b * x->bs + i * x->rs + j * x->cs);
 }
 
 static fg_status general(const fg_context *ctx, const fg_gemm *g, void *ws, size_t ws_bytes) {
@@ -151,10 +148,10 @@ static fg_status general(const fg_context *ctx, const fg_gemm *g, void *ws, size
             for (int64_t i = 0; i < m; i++)
                 for (int64_t j = 0; j < n; j++) {
                     int64_t ci = i * g->c.rs + j;
-                    double v = beta != 0.0 ? beta * load(c, t, ci) : 0.0;
-                    if (g->bias) v += load(g->bias, t, i * g->bias_rs + j * g->bias_cs);
+                    double v = beta != 0.0 ? beta * fg_load_f64(c, t, ci) : 0.0;
+                    if (g->bias) v += fg_load_f64(g->bias, t, i * g->bias_rs + j * g->bias_cs);
                     if (low) cf[i * n + j] = (float)v;
-                    else if (beta != 1.0 || g->bias) store(c, t, ci, v);
+                    else if (beta != 1.0 || g->bias) fg_store_f64(c, t, ci, v);
                 }
         }
         if (k > 0) {
@@ -188,7 +185,7 @@ static fg_status general(const fg_context *ctx, const fg_gemm *g, void *ws, size
         if (low && (!reduce || b == g->batch - 1)) {
 #pragma omp parallel for schedule(static) num_threads(nt) if (nt != 1 && m * n > 65536)
             for (int64_t i = 0; i < m; i++)
-                for (int64_t j = 0; j < n; j++) store(c, t, i * g->c.rs + j, cf[i * n + j]);
+                for (int64_t j = 0; j < n; j++) fg_store_f64(c, t, i * g->c.rs + j, cf[i * n + j]);
         }
     }
     return FG_OK;

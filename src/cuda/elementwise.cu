@@ -3,8 +3,11 @@
  * pow, leaky_relu, elu, clamp, softcap; binary: lerp, axpby; forward and backward).
  *
  *  - Fast path: every operand contiguous over the full shape (or a single broadcast
- *    value) and 16-byte aligned: each thread moves 16-byte vectors, two per iteration,
- *    and a backward writes every requested gradient in the same pass over dy.
+ *    value) and 16-byte aligned; a backward writes every requested gradient in the same
+ *    pass over dy. The common operand combinations have compile-time masks: each block
+ *    owns a contiguous span and each thread loads 64 bytes per operand (4 vectors, 2 for
+ *    2-byte types) before it stores. Other combinations take one kernel with the masks
+ *    read at run time (one vector per thread per grid-stride step).
  *  - General path: any strides, numpy broadcasting; one thread per element.
  *  - A gradient whose input was broadcast is a sum over the broadcast dims: blocks sum
  *    fixed slices with a fixed-order tree, and a second kernel adds the slices in order,

@@ -13,6 +13,8 @@
  *    (dx of a single row, bias gradients as a product with a vector of ones): blocks
  *    sum fixed row slices into a partial buffer, and a second kernel adds the slices
  *    in order, so the result is deterministic.
+ *  - Rank-1 products (k == 1, outer products) of 2-byte types: an own write-stream
+ *    kernel (faster than cuBLASLt there; for f32 cuBLASLt measured faster).
  *  - Batch sums (c.bs == 0) in f16/bf16 accumulate in an f32 buffer and round once.
  */
 #include "cuda_internal.h"

@@ -88,7 +88,9 @@ typedef enum fg_dtype {
     FG_F32 = 0,   /* the default */
     FG_F16 = 1,   /* IEEE binary16 */
     FG_BF16 = 2,  /* bfloat16 */
-    FG_F64 = 3
+    FG_F64 = 3,
+    FG_I32 = 4,   /* integer ids (class targets); not accepted where a float is computed */
+    FG_I64 = 5
 } fg_dtype;
 
 /* Size in bytes of one element; 0 for an unknown dtype. */
@@ -101,7 +103,7 @@ FG_API uint16_t fg_f32_to_f16(float value);
 FG_API float fg_f16_to_f32(uint16_t bits);
 FG_API uint16_t fg_f32_to_bf16(float value);
 FG_API float fg_bf16_to_f32(uint16_t bits);
-/* Converts n contiguous host elements. src and dst must not overlap. */
+/* Converts n contiguous host elements of the float dtypes. src and dst must not overlap. */
 FG_NODISCARD FG_API fg_status fg_convert(const void *src, fg_dtype src_dtype, void *dst,
                                          fg_dtype dst_dtype, int64_t n);
 
@@ -178,7 +180,16 @@ typedef enum fg_op {
     FG_OP_UNARY_FORWARD = 11,          /* 0:x 1:y                                              */
     FG_OP_UNARY_BACKWARD = 12,         /* 0:dy 1:x 2:dx                                        */
     FG_OP_BINARY_FORWARD = 13,         /* 0:a 1:b 2:w (optional, lerp) 3:y                     */
-    FG_OP_BINARY_BACKWARD = 14         /* 0:dy 1:a 2:b 3:w (optional) 4:da 5:db 6:dw           */
+    FG_OP_BINARY_BACKWARD = 14,        /* 0:dy 1:a 2:b 3:w (optional) 4:da 5:db 6:dw           */
+    /* Fused linear log-prob / cross-entropy (options in fg_plan_desc.logp; see below).  */
+    FG_OP_LINEAR_LOGP_FORWARD = 15,    /* 0:h [N,D] 1:w [V,D] 2:b [V] (opt) 3:target [N] (i32/i64)
+                                          4:logp [N] 5:lse [N] 6:entropy [N] (opt)           */
+    FG_OP_LINEAR_LOGP_BACKWARD = 16,   /* 0:dlogp [N] (opt) 1:dentropy [N] (opt) 2:dlse [N] (opt)
+                                          3:h 4:w 5:b (opt) 6:target 7:lse 8:entropy (opt)
+                                          9:dh (opt) 10:dw (opt) 11:db (opt)                   */
+    FG_OP_LINEAR_CROSS_ENTROPY = 17    /* 0:h 1:w 2:b (opt) 3:target 4:row_weight [N] (opt)
+                                          5:loss ([N] for reduction none, else [1])
+                                          6:lse [N] (opt) 7:dh (opt) 8:dw (opt) 9:db (opt)      */
 } fg_op;
 
 /* Unary ops with parameters (scalars[] of the plan descriptor):
@@ -206,7 +217,36 @@ typedef enum fg_binary {
     FG_BINARY_AXPBY = 1
 } fg_binary;
 
-#define FG_MAX_OPERANDS 8
+#define FG_MAX_OPERANDS 16
+
+/* Reductions of the one-pass cross-entropy. */
+typedef enum fg_reduction {
+    FG_REDUCTION_MEAN = 0,  /* Σ rows / number of rows not ignored (the default) */
+    FG_REDUCTION_SUM = 1,
+    FG_REDUCTION_NONE = 2   /* one loss per row                                  */
+} fg_reduction;
+
+/* Options of the linear log-prob family. With z = h·wᵀ + b, the logits are
+ *   L = cap(z) / temperature,   cap(z) = softcap·tanh(z / softcap) (softcap > 0) or z
+ * and p = softmax(L), lse = log Σ exp(L), logp = L[target] − lse,
+ * entropy = −Σ p·log p. Rows whose target is ignore_index give logp = lse =
+ * entropy = loss = 0 and no gradient. Zero-initialized = defaults.              */
+typedef struct fg_logp_options {
+    double temperature;      /* > 0; 0 means 1                                          */
+    double softcap;          /* >= 0; 0: no cap                                         */
+    int32_t use_ignore_index;/* 1: rows with target == ignore_index are ignored         */
+    int64_t ignore_index;
+    /* one-pass cross-entropy only: loss per row
+       ℓ = −(1 − ε)·logp − ε·mean_j log p_j + λ·lse², weighted by row_weight if given  */
+    fg_reduction reduction;
+    double label_smoothing;  /* ε in [0, 1]                                             */
+    double z_loss;           /* λ >= 0                                                  */
+    double grad_scale;       /* the gradients are those of grad_scale·loss; 0 means 1   */
+    /* memory vs time: the most logits one tile holds (0: the library's choice, about
+       N·V/8 clamped to 4M..64M on CUDA; the one-pass variant takes full rows, N·V/4
+       clamped to 64M..256M). The workspace is about this many elements. */
+    int64_t max_tile_elements;
+} fg_logp_options;
 
 /* Plan flags */
 #define FG_PLAN_ALLOW_TF32 1u   /* f32 inputs may be rounded to tf32 on tensor cores */
@@ -218,6 +258,7 @@ typedef struct fg_plan_desc {
     uint32_t flags;                      /* FG_PLAN_*                                 */
     int32_t kind;                        /* elementwise ops: fg_unary or fg_binary    */
     double scalars[4];                   /* elementwise ops: their parameters         */
+    fg_logp_options logp;                /* linear log-prob ops                       */
 } fg_plan_desc;
 
 /* What a plan promises about its numbers. */
@@ -346,6 +387,41 @@ FG_NODISCARD FG_API fg_status fg_adamw_step(fg_context *ctx, const fg_adamw_hpar
                                             const fg_tensor *params, const fg_tensor *grads,
                                             const fg_tensor *exp_avg, const fg_tensor *exp_avg_sq,
                                             const fg_tensor *master);
+
+/* ------------------------------------------------------------------ Linear log-prob */
+/* log_softmax(L)[target] of the logits L of h·wᵀ + b (options above) without ever
+ * holding the [N, V] logits: the logits are formed tile by tile (a bounded tile in the
+ * workspace) and reduced online; the gradients recompute them the same way.
+ * h [N, D], w [V, D]: f32, f16, bf16 (+ f64 on the CPU), same dtype; b [V] the same
+ * dtype or NULL; target [N] int32 or int64. logp, lse, entropy, loss, row_weight,
+ * dlogp, dentropy, dlse: f32. dh / dw / db: the dtype of h / w / b, or f32.
+ * A target outside [0, V) (and not ignore_index) gives NaN in its row and
+ * FG_ERR_DEVICE_VALUE from the next fg_context_check() with the first such row — the
+ * op itself does not look at the target values on the host.
+ * Deterministic: every sum has a fixed order; no floating-point atomics. */
+FG_NODISCARD FG_API fg_status fg_linear_logp_forward(fg_context *ctx, const fg_logp_options *opt,
+                                                     const fg_tensor *h, const fg_tensor *w,
+                                                     const fg_tensor *b, const fg_tensor *target,
+                                                     const fg_tensor *logp, const fg_tensor *lse,
+                                                     const fg_tensor *entropy);
+/* Gradients of Σ_n dlogp[n]·logp[n] + dentropy[n]·entropy[n] + dlse[n]·lse[n] (any of
+ * the three upstream gradients may be NULL, not all; entropy is needed with dentropy).
+ * Each of dh, dw, db may be NULL (not wanted); the weight and bias gradients are summed
+ * over the rows in f32 and rounded once. accumulate adds into all requested outputs. */
+FG_NODISCARD FG_API fg_status fg_linear_logp_backward(
+    fg_context *ctx, const fg_logp_options *opt, const fg_tensor *dlogp, const fg_tensor *dentropy,
+    const fg_tensor *dlse, const fg_tensor *h, const fg_tensor *w, const fg_tensor *b,
+    const fg_tensor *target, const fg_tensor *lse, const fg_tensor *entropy, const fg_tensor *dh,
+    const fg_tensor *dw, const fg_tensor *db, int accumulate);
+/* One pass: the cross-entropy loss (opt->reduction, label smoothing, z-loss, optional
+ * per-row weights, e.g. a policy-gradient advantage) and its gradients together —
+ * three matrix products instead of four. lse, dh, dw, db may be NULL. Between row
+ * tiles dw and db add up in their own dtype (pass f32 outputs for f32 throughout). */
+FG_NODISCARD FG_API fg_status fg_linear_cross_entropy(
+    fg_context *ctx, const fg_logp_options *opt, const fg_tensor *h, const fg_tensor *w,
+    const fg_tensor *b, const fg_tensor *target, const fg_tensor *row_weight, const fg_tensor *loss,
+    const fg_tensor *lse, const fg_tensor *dh, const fg_tensor *dw, const fg_tensor *db,
+    int accumulate);
 
 #ifdef __cplusplus
 }

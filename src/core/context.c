@@ -85,11 +85,33 @@ fg_status fg_context_set_stream(fg_context *ctx, void *stream) {
     return FG_OK;
 }
 
+fg_status fg_flag_error(const unsigned long long flag[2]) {
+    const unsigned long long index = ~flag[1];
+    if (flag[0] == FG_FLAG_BAD_TARGET)
+        return fg_fail(FG_ERR_DEVICE_VALUE,
+                       "context_check: linear_logp: target of row %llu is outside [0, V) and not "
+                       "ignore_index (that row is NaN)", index);
+    return fg_fail(FG_ERR_DEVICE_VALUE, "context_check: a kernel found bad value code %llu, first at index %llu",
+                   flag[0], index);
+}
+
+void fg_host_flag_raise(fg_context *ctx, unsigned long long code, int64_t index) {
+    /* the first code wins; the smallest index is kept (stored inverted, as on the device) */
+    if (ctx->host_flag[0] == 0) ctx->host_flag[0] = code;
+    unsigned long long inv = ~(unsigned long long)index;
+    if (inv > ctx->host_flag[1]) ctx->host_flag[1] = inv;
+}
+
 fg_status fg_context_check(fg_context *ctx) {
     if (!ctx) return fg_fail(FG_ERR_NULL_POINTER, "context_check: ctx is NULL");
 #ifdef FG_HAVE_CUDA
     if (ctx->backend == FG_BACKEND_CUDA) return fg_cuda_check(ctx);
 #endif
+    if (ctx->host_flag[0] != 0) {
+        unsigned long long flag[2] = {ctx->host_flag[0], ctx->host_flag[1]};
+        ctx->host_flag[0] = ctx->host_flag[1] = 0;
+        return fg_flag_error(flag);
+    }
     fg_clear_error();
     return FG_OK;
 }

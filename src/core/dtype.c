@@ -13,6 +13,8 @@ size_t fg_dtype_size(fg_dtype dtype) {
     case FG_F16: return 2;
     case FG_BF16: return 2;
     case FG_F64: return 8;
+    case FG_I32: return 4;
+    case FG_I64: return 8;
     }
     return 0;
 }
@@ -23,6 +25,8 @@ const char *fg_dtype_name(fg_dtype dtype) {
     case FG_F16: return "f16";
     case FG_BF16: return "bf16";
     case FG_F64: return "f64";
+    case FG_I32: return "i32";
+    case FG_I64: return "i64";
     }
     return "?";
 }
@@ -89,6 +93,7 @@ static double load_elem(const void *p, fg_dtype t, int64_t i) {
     case FG_F16: return fg_f16_to_f32(((const uint16_t *)p)[i]);
     case FG_BF16: return fg_bf16_to_f32(((const uint16_t *)p)[i]);
     case FG_F64: return ((const double *)p)[i];
+    default: break;
     }
     return 0.0;
 }
@@ -101,16 +106,17 @@ static void store_elem(void *p, fg_dtype t, int64_t i, double v) {
     case FG_F16: ((uint16_t *)p)[i] = fg_f32_to_f16((float)v); break;
     case FG_BF16: ((uint16_t *)p)[i] = fg_f32_to_bf16((float)v); break;
     case FG_F64: ((double *)p)[i] = v; break;
+    default: break;
     }
 }
 
 fg_status fg_convert(const void *src, fg_dtype src_dtype, void *dst, fg_dtype dst_dtype,
                      int64_t n) {
     if (n < 0) return fg_fail(FG_ERR_INVALID_VALUE, "convert: n=%lld is negative", (long long)n);
-    if (fg_dtype_size(src_dtype) == 0)
-        return fg_fail(FG_ERR_DTYPE, "convert: src_dtype=%d is not a dtype", (int)src_dtype);
-    if (fg_dtype_size(dst_dtype) == 0)
-        return fg_fail(FG_ERR_DTYPE, "convert: dst_dtype=%d is not a dtype", (int)dst_dtype);
+    if (!fg_is_float(src_dtype))
+        return fg_fail(FG_ERR_DTYPE, "convert: src_dtype=%d is not a float dtype", (int)src_dtype);
+    if (!fg_is_float(dst_dtype))
+        return fg_fail(FG_ERR_DTYPE, "convert: dst_dtype=%d is not a float dtype", (int)dst_dtype);
     if (n == 0) return FG_OK;
     if (!src) return fg_fail(FG_ERR_NULL_POINTER, "convert: src is NULL");
     if (!dst) return fg_fail(FG_ERR_NULL_POINTER, "convert: dst is NULL");

@@ -39,14 +39,14 @@ static fg_status dispatch(fg_context *ctx, const fg_gemm *g, fg_kernel_info *inf
 /* Splits dims past int32 into chunks; plans from the first (largest) chunk. */
 static fg_status split(fg_context *ctx, const fg_gemm *g, fg_kernel_info *info, void *ws,
                        size_t ws_bytes, bool run) {
-    const size_t es = fg_dtype_size(g->dtype);
+    const size_t es = fg_dtype_size(g->dtype), ces = g->c_f32 ? sizeof(float) : es;
     if (g->batch > DIM_LIMIT && g->c.bs != 0) {
         for (int64_t b0 = 0; b0 < g->batch; b0 += DIM_LIMIT) {
             fg_gemm s = *g;
             s.batch = g->batch - b0 < DIM_LIMIT ? g->batch - b0 : DIM_LIMIT;
             shift(&s.a, b0 * g->a.bs, es);
             shift(&s.b, b0 * g->b.bs, es);
-            shift(&s.c, b0 * g->c.bs, es);
+            shift(&s.c, b0 * g->c.bs, ces);
             FG_TRY(split(ctx, &s, info, ws, ws_bytes, run));
             if (!run) return FG_OK;
         }
@@ -57,7 +57,7 @@ static fg_status split(fg_context *ctx, const fg_gemm *g, fg_kernel_info *info, 
             fg_gemm s = *g;
             s.m = g->m - i0 < DIM_LIMIT ? g->m - i0 : DIM_LIMIT;
             shift(&s.a, i0 * g->a.rs, es);
-            shift(&s.c, i0 * g->c.rs, es);
+            shift(&s.c, i0 * g->c.rs, ces);
             if (s.bias) s.bias = (char *)s.bias + i0 * g->bias_rs * (int64_t)es;
             FG_TRY(split(ctx, &s, info, ws, ws_bytes, run));
             if (!run) return FG_OK;
@@ -69,7 +69,7 @@ static fg_status split(fg_context *ctx, const fg_gemm *g, fg_kernel_info *info, 
             fg_gemm s = *g;
             s.n = g->n - j0 < DIM_LIMIT ? g->n - j0 : DIM_LIMIT;
             shift(&s.b, j0 * g->b.cs, es);
-            shift(&s.c, j0 * g->c.cs, es);
+            shift(&s.c, j0 * g->c.cs, ces);
             if (s.bias) s.bias = (char *)s.bias + j0 * g->bias_cs * (int64_t)es;
             FG_TRY(split(ctx, &s, info, ws, ws_bytes, run));
             if (!run) return FG_OK;

@@ -45,8 +45,16 @@ struct fg_context {
     size_t workspace_bytes;
     bool workspace_external;
     bool cuda_present; /* CPU context in a CUDA build: a device exists, so check pointers */
+    unsigned long long host_flag[2]; /* CPU kernels' bad-value flag: code, first index */
     struct fg_cuda_state *cuda;
 };
+
+/* Bad values kernels find (fg_context_check reports them). The flag is two words:
+ * [0] the first code raised, [1] the bitwise NOT of the smallest index (so an atomic
+ * max keeps the smallest; 0 = none). */
+#define FG_FLAG_BAD_TARGET 1ull
+fg_status fg_flag_error(const unsigned long long flag[2]);
+void fg_host_flag_raise(fg_context *ctx, unsigned long long code, int64_t index);
 
 /* Makes sure the context's own workspace holds `bytes`; returns it. */
 fg_status fg_context_workspace(fg_context *ctx, size_t bytes, void **ptr);
@@ -59,6 +67,12 @@ void fg_tensor_strides(const fg_tensor *t, int64_t stride[FG_MAX_RANK]);
  * strides >= 0, element count and byte extent fit int64. `what` names it in errors. */
 fg_status fg_check_desc(const char *op, const char *what, const fg_tensor *t, int rank_lo,
                         int rank_hi);
+/* The same for a tensor of any dtype, integer ones included. */
+fg_status fg_check_any_desc(const char *op, const char *what, const fg_tensor *t, int rank_lo,
+                            int rank_hi);
+static inline bool fg_is_float(fg_dtype t) {
+    return t == FG_F32 || t == FG_F16 || t == FG_BF16 || t == FG_F64;
+}
 /* Element count (fg_check_desc has ruled out overflow). */
 int64_t fg_numel(const fg_tensor *t);
 /* Bytes from data to one past the last element (0 when empty). */
@@ -105,6 +119,7 @@ typedef struct fg_gemm {
     int64_t bias_rs, bias_cs; /* a bias along columns has bias_rs == 0 */
     void *bias;        /* resolved at run time */
     bool allow_tf32;
+    bool c_f32;        /* c is f32 whatever the inputs' dtype (f16/bf16 products summed in f32) */
 } fg_gemm;
 
 typedef struct fg_kernel_info {
@@ -131,6 +146,9 @@ fg_status fg_cuda_gemm(fg_context *ctx, const fg_gemm *g, fg_kernel_info *info, 
 
 /* ------------------------------------------------------------------ elementwise primitive */
 
+/* Elementwise ops have at most this many operands (the CUDA kernels unroll over it). */
+#define FG_EW_MAX_OPERANDS 8
+
 /* An elementwise problem over a full shape (the output's, or dy's for a backward),
  * dims coalesced. Each operand (by its index in the op) maps onto the full shape by
  * strides, 0 where it is broadcast. An output with a zero stride in a dim of size > 1
@@ -149,8 +167,8 @@ typedef struct fg_ew {
     unsigned present;  /* bit i: operand i is given */
     unsigned outputs;  /* bit i: operand i is written */
     unsigned reduced;  /* bit i: output i is a sum over broadcast dims */
-    int64_t stride[FG_MAX_OPERANDS][FG_MAX_RANK];
-    void *data[FG_MAX_OPERANDS]; /* resolved at run time */
+    int64_t stride[FG_EW_MAX_OPERANDS][FG_MAX_RANK];
+    void *data[FG_EW_MAX_OPERANDS]; /* resolved at run time */
 } fg_ew;
 
 /* Plans (run = false) or runs an elementwise problem on ctx's backend. */
@@ -187,6 +205,70 @@ fg_status fg_cpu_adamw(fg_context *ctx, const fg_adamw_run *r);
 fg_status fg_cuda_adamw(fg_context *ctx, const fg_adamw_run *r);
 #endif
 
+/* ------------------------------------------------------------------ linear log-prob steps */
+
+/* The steps the linear log-prob driver (src/ops/linear_logp.c) runs between its GEMMs;
+ * each backend implements all of them (src/cpu/linear_logp.c, src/cuda/linear_logp.cu).
+ * A tile holds the logits z of rows [r0, r0 + rows) and columns [v0, v0 + cols) in
+ * dtype, row stride ld. Per-row f32 buffers are indexed by the global row.
+ *   STATS   merges the tile into the running row state (first: starts it):
+ *           state[5·r] = {m, s = Σ e^(L−m), L[target], a = Σ e^(L−m)·L, u = Σ L}
+ *   FORWARD state → logp, lse, entropy (rows [r0, r0+rows))
+ *   CE      state → loss_rows (weighted row loss), lse, and rc (see GRAD), scaled by *scale
+ *   COEF    upstream gradients + lse + entropy → rc
+ *   COUNT   *scale = grad_scale / max(1, rows not ignored) (mean) or grad_scale
+ *   GRAD    the tile becomes dz: with p = e^(L−lse),
+ *           dL = A·[j == target] + B·p + C·p·(L − lse + H) + E,  rc[6·r] = {A, B, C, E, lse, H}
+ *           (all four zero: an ignored row, dz = 0), dz = dL·dL/dz; db_acc (acc type,
+ *           global column index) gets the column sums of dz (first: written, else added)
+ *   REDUCE  *loss_out = Σ loss_rows (fixed order) · (mean ? 1/count : 1)
+ *   CAST    dst[i] = src[i] (+ dst[i] when accumulate), acc type → dst_dtype, n elements
+ * Targets outside [0, V) that are not ignored make the row NaN and raise
+ * FG_FLAG_BAD_TARGET with the row (FORWARD, CE, COEF). */
+typedef enum fg_logp_step {
+    FG_LOGP_STATS, FG_LOGP_FORWARD, FG_LOGP_CE, FG_LOGP_COEF, FG_LOGP_COUNT, FG_LOGP_GRAD,
+    FG_LOGP_REDUCE, FG_LOGP_CAST
+} fg_logp_step;
+
+typedef struct fg_logp_call {
+    fg_logp_step step;
+    /* tile */
+    fg_dtype dtype;
+    void *z;
+    int64_t ld, r0, rows, v0, cols;
+    bool first;
+    /* problem */
+    int64_t N, V;
+    const void *target;
+    fg_dtype target_dtype;
+    double inv_temp, softcap;    /* softcap 0: none */
+    bool use_ignore;
+    int64_t ignore_index;
+    /* Row vectors, the state and rc are of type `acc` (f64 for f64 problems, else f32);
+       NULL: absent. */
+    fg_dtype acc;
+    void *state, *rc, *db_acc;
+    void *scratch;               /* GRAD: column partial sums */
+    size_t scratch_bytes;
+    void *logp, *lse, *entropy, *loss_rows, *loss_out, *scale;
+    const void *lse_in, *entropy_in, *dlogp, *dentropy, *dlse, *row_weight;
+    double label_smoothing, z_loss, grad_scale;
+    int reduction;
+    /* CAST: acc → dst_dtype */
+    const void *src;
+    void *dst;
+    fg_dtype dst_dtype;
+    int64_t n;
+    bool accumulate;
+} fg_logp_call;
+
+fg_status fg_cpu_logp(fg_context *ctx, const fg_logp_call *c);
+#ifdef FG_HAVE_CUDA
+/* Scratch GRAD needs for a tile of `rows` × `cols` (column partial sums). */
+size_t fg_cuda_logp_scratch(int64_t rows, int64_t cols);
+fg_status fg_cuda_logp(fg_context *ctx, const fg_logp_call *c);
+#endif
+
 /* ------------------------------------------------------------------ op lowering */
 
 #define FG_MAX_GEMMS 2
@@ -197,6 +279,9 @@ typedef struct fg_lowered {
     fg_gemm gemm[FG_MAX_GEMMS];
     bool is_elementwise;
     fg_ew ew;
+    /* An op with its own driver (run = false: plan, fill info; ops NULL) */
+    fg_status (*driver)(fg_context *ctx, const fg_plan_desc *desc, const fg_tensor *ops,
+                        fg_kernel_info *info, void *ws, size_t ws_bytes, bool run);
 } fg_lowered;
 
 /* One entry per fg_op: names its operands, says which are outputs, validates a plan
@@ -216,6 +301,7 @@ const fg_op_entry *fg_linear_op_entry(fg_op op);
 const fg_op_entry *fg_matmul_op_entry(fg_op op);
 const fg_op_entry *fg_outer_op_entry(fg_op op);
 const fg_op_entry *fg_elementwise_op_entry(fg_op op);
+const fg_op_entry *fg_linear_logp_op_entry(fg_op op);
 
 /* Fills a plan descriptor for the one-call functions and runs it on ctx's workspace.
  * kind and scalars (may be NULL) are for the elementwise ops. */
@@ -223,6 +309,9 @@ fg_status fg_run_once(fg_context *ctx, fg_op op, const fg_tensor *const *operand
                       int accumulate);
 fg_status fg_run_once_ew(fg_context *ctx, fg_op op, const fg_tensor *const *operands, int n,
                          int accumulate, int kind, const double *scalars, int n_scalars);
+/* The same from a descriptor whose op and options are set (operands are filled in). */
+fg_status fg_run_once_desc(fg_context *ctx, const fg_plan_desc *desc, const fg_tensor *const *operands,
+                           int n);
 
 /* Host element access in any dtype, as f64. */
 static inline double fg_load_f64(const void *p, fg_dtype t, int64_t i) {
@@ -231,6 +320,7 @@ static inline double fg_load_f64(const void *p, fg_dtype t, int64_t i) {
     case FG_F64: return ((const double *)p)[i];
     case FG_F16: return fg_f16_to_f32(((const uint16_t *)p)[i]);
     case FG_BF16: return fg_bf16_to_f32(((const uint16_t *)p)[i]);
+    default: break; /* integer dtypes are not loaded as values */
     }
     return 0.0;
 }
@@ -241,6 +331,7 @@ static inline void fg_store_f64(void *p, fg_dtype t, int64_t i, double v) {
     case FG_F64: ((double *)p)[i] = v; break;
     case FG_F16: ((uint16_t *)p)[i] = fg_f32_to_f16((float)v); break;
     case FG_BF16: ((uint16_t *)p)[i] = fg_f32_to_bf16((float)v); break;
+    default: break;
     }
 }
 

@@ -23,6 +23,7 @@ static const fg_op_entry *find_op(fg_op op) {
     if (!e) e = fg_matmul_op_entry(op);
     if (!e) e = fg_outer_op_entry(op);
     if (!e) e = fg_elementwise_op_entry(op);
+    if (!e) e = fg_linear_logp_op_entry(op);
     return e;
 }
 
@@ -61,7 +62,9 @@ static fg_status plan_init(fg_context *ctx, const fg_plan_desc *desc, struct fg_
     fg_plan_info *info = &p->info;
     info->op = e->op;
     info->op_name = e->name;
-    info->dtype = desc->operands[0].dtype;
+    int first_required = 0; /* the plan's dtype: its first operand that is not optional */
+    while (first_required < e->n_operands - 1 && (e->optional_mask >> first_required & 1u)) first_required++;
+    info->dtype = desc->operands[first_required].dtype;
     info->backend = ctx->backend;
     info->arch = ctx->arch;
     info->precision.storage = info->dtype;
@@ -70,6 +73,16 @@ static fg_status plan_init(fg_context *ctx, const fg_plan_desc *desc, struct fg_
     info->precision.deterministic = 1;
     info->precision.bit_stable = 1;
     size_t used = 0;
+    if (p->lowered.driver) {
+        fg_kernel_info k;
+        memset(&k, 0, sizeof k);
+        k.deterministic = true;
+        k.accumulator = accumulator_of(info->dtype);
+        FG_TRY(p->lowered.driver(ctx, &p->desc, NULL, &k, NULL, 0, false));
+        info->workspace_bytes = k.workspace_bytes;
+        if (!k.deterministic) info->precision.deterministic = info->precision.bit_stable = 0;
+        snprintf(info->kernel, sizeof info->kernel, "%s", k.name);
+    }
     if (p->lowered.is_elementwise) {
         fg_kernel_info k;
         FG_TRY(ew_execute(ctx, &p->lowered.ew, &k, NULL, 0, false));
@@ -155,6 +168,11 @@ static fg_status plan_run(struct fg_plan *p, const fg_tensor *ops, void *ws, siz
     if (p->info.workspace_bytes > 0 && (!ws || ws_bytes < p->info.workspace_bytes))
         return fg_fail(FG_ERR_WORKSPACE, "%s: workspace of %zu bytes given, %zu needed", p->entry->name,
                        ws ? ws_bytes : 0, p->info.workspace_bytes);
+    if (p->lowered.driver) {
+        fg_kernel_info k;
+        memset(&k, 0, sizeof k);
+        FG_TRY(p->lowered.driver(p->ctx, &p->desc, ops, &k, ws, ws_bytes, true));
+    }
     if (p->lowered.is_elementwise) {
         fg_ew e = p->lowered.ew;
         for (int i = 0; i < e.n_operands; i++) e.data[i] = (e.present >> i & 1u) ? ops[i].data : NULL;
@@ -226,16 +244,22 @@ fg_status fg_run_once(fg_context *ctx, fg_op op, const fg_tensor *const *operand
 
 fg_status fg_run_once_ew(fg_context *ctx, fg_op op, const fg_tensor *const *operands, int n,
                          int accumulate, int kind, const double *scalars, int n_scalars) {
-    const fg_op_entry *e = find_op(op);
-    if (!e || n != e->n_operands) return fg_fail(FG_ERR_INTERNAL, "run_once: bad op table");
-    if (!ctx) return fg_fail(FG_ERR_NULL_POINTER, "%s: ctx is NULL", e->name);
     fg_plan_desc desc;
     memset(&desc, 0, sizeof desc);
     desc.op = op;
     desc.accumulate = accumulate ? 1 : 0;
-    desc.flags = ctx->allow_tf32 ? FG_PLAN_ALLOW_TF32 : 0;
     desc.kind = kind;
     for (int i = 0; i < n_scalars && i < 4; i++) desc.scalars[i] = scalars[i];
+    return fg_run_once_desc(ctx, &desc, operands, n);
+}
+
+fg_status fg_run_once_desc(fg_context *ctx, const fg_plan_desc *base, const fg_tensor *const *operands,
+                           int n) {
+    const fg_op_entry *e = find_op(base->op);
+    if (!e || n != e->n_operands) return fg_fail(FG_ERR_INTERNAL, "run_once: bad op table");
+    if (!ctx) return fg_fail(FG_ERR_NULL_POINTER, "%s: ctx is NULL", e->name);
+    fg_plan_desc desc = *base;
+    desc.flags = ctx->allow_tf32 ? FG_PLAN_ALLOW_TF32 : 0;
     fg_tensor ops[FG_MAX_OPERANDS];
     memset(ops, 0, sizeof ops);
     for (int i = 0; i < n; i++) {

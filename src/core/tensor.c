@@ -68,6 +68,15 @@ int64_t fg_extent_bytes(const fg_tensor *t) {
 fg_status fg_check_desc(const char *op, const char *what, const fg_tensor *t, int rank_lo,
                         int rank_hi) {
     if (!t) return fg_fail(FG_ERR_NULL_POINTER, "%s: %s is NULL", op, what);
+    if (fg_dtype_size(t->dtype) != 0 && !fg_is_float(t->dtype))
+        return fg_fail(FG_ERR_DTYPE, "%s: %s.dtype is %s but it must be a float dtype", op, what,
+                       fg_dtype_name(t->dtype));
+    return fg_check_any_desc(op, what, t, rank_lo, rank_hi);
+}
+
+fg_status fg_check_any_desc(const char *op, const char *what, const fg_tensor *t, int rank_lo,
+                            int rank_hi) {
+    if (!t) return fg_fail(FG_ERR_NULL_POINTER, "%s: %s is NULL", op, what);
     if (fg_dtype_size(t->dtype) == 0)
         return fg_fail(FG_ERR_DTYPE, "%s: %s.dtype=%d is not a dtype", op, what, (int)t->dtype);
     if (t->rank < rank_lo || t->rank > rank_hi) {

@@ -92,6 +92,7 @@ static void load_block(const void *p, fg_dtype t, int64_t off, int64_t stride, i
     case FG_F64: for (int64_t k = 0; k < n; k++) dst[k] = ((const double *)p)[off + k * stride]; break;
     case FG_F16: for (int64_t k = 0; k < n; k++) dst[k] = fg_f16_to_f32(((const uint16_t *)p)[off + k * stride]); break;
     case FG_BF16: for (int64_t k = 0; k < n; k++) dst[k] = fg_bf16_to_f32(((const uint16_t *)p)[off + k * stride]); break;
+    default: break; /* float dtypes only reach here */
     }
 }
 
@@ -101,6 +102,7 @@ static void store_block(void *p, fg_dtype t, int64_t off, int64_t stride, int64_
     case FG_F64: for (int64_t k = 0; k < n; k++) ((double *)p)[off + k * stride] = src[k]; break;
     case FG_F16: for (int64_t k = 0; k < n; k++) ((uint16_t *)p)[off + k * stride] = fg_f32_to_f16((float)src[k]); break;
     case FG_BF16: for (int64_t k = 0; k < n; k++) ((uint16_t *)p)[off + k * stride] = fg_f32_to_bf16((float)src[k]); break;
+    default: break;
     }
 }
 
@@ -126,7 +128,7 @@ fg_status fg_cpu_elementwise(fg_context *ctx, const fg_ew *e, fg_kernel_info *in
         const int64_t nblocks = (e->numel + BLOCK - 1) / BLOCK;
 #pragma omp parallel for schedule(static) num_threads(nt) if (nt != 1 && e->numel > 32768)
         for (int64_t blk = 0; blk < nblocks; blk++) {
-            double buf[FG_MAX_OPERANDS][BLOCK];
+            double buf[FG_EW_MAX_OPERANDS][BLOCK];
             const int64_t i0 = blk * BLOCK, len = e->numel - i0 < BLOCK ? e->numel - i0 : BLOCK;
             for (int i = 0; i < e->n_operands; i++) {
                 const bool input = (e->present >> i & 1u) && !(e->outputs >> i & 1u);
@@ -134,7 +136,7 @@ fg_status fg_cpu_elementwise(fg_context *ctx, const fg_ew *e, fg_kernel_info *in
                 const int64_t st = e->rank ? e->stride[i][0] : 0;
                 load_block(e->data[i], e->dtype, i0 * st, st, len, buf[i]);
             }
-            double v[FG_MAX_OPERANDS] = {0};
+            double v[FG_EW_MAX_OPERANDS] = {0};
             const unsigned inputs = e->present & ~e->outputs;
             for (int i = 0; i < e->n_operands; i++) {
                 if (!(direct >> i & 1u)) continue;
@@ -151,8 +153,8 @@ fg_status fg_cpu_elementwise(fg_context *ctx, const fg_ew *e, fg_kernel_info *in
     } else if (direct) {
 #pragma omp parallel for schedule(static) num_threads(nt) if (nt != 1 && e->numel > 32768)
         for (int64_t idx = 0; idx < e->numel; idx++) {
-            int64_t coord[FG_MAX_RANK], off[FG_MAX_OPERANDS];
-            double v[FG_MAX_OPERANDS];
+            int64_t coord[FG_MAX_RANK], off[FG_EW_MAX_OPERANDS];
+            double v[FG_EW_MAX_OPERANDS];
             coords_of(e, idx, coord);
             offsets(e, coord, off);
             load_inputs(e, off, v);
@@ -176,8 +178,8 @@ fg_status fg_cpu_elementwise(fg_context *ctx, const fg_ew *e, fg_kernel_info *in
         }
 #pragma omp parallel for schedule(static) num_threads(nt) if (nt != 1 && n_out * n_red > 32768)
         for (int64_t o = 0; o < n_out; o++) {
-            int64_t coord[FG_MAX_RANK], off[FG_MAX_OPERANDS];
-            double v[FG_MAX_OPERANDS], sum = 0;
+            int64_t coord[FG_MAX_RANK], off[FG_EW_MAX_OPERANDS];
+            double v[FG_EW_MAX_OPERANDS], sum = 0;
             int64_t q = o;
             for (int k = nk - 1; k >= 0; k--) {
                 coord[kept[k]] = q % e->shape[kept[k]];

@@ -21,7 +21,7 @@ static int threads(const fg_context *ctx) {
 static inline double epilogue(const fg_gemm *g, double acc, const void *c, int64_t ci, int64_t j,
                               int64_t bias_inc) {
     double v = g->alpha * acc;
-    if (g->beta != 0.0) v += g->beta * fg_load_f64(c, g->dtype, ci);
+    if (g->beta != 0.0) v += g->beta * fg_load_f64(c, g->c_f32 ? FG_F32 : g->dtype, ci);
     if (g->bias) v += fg_load_f64(g->bias, g->dtype, j * bias_inc);
     return v;
 }
@@ -36,7 +36,7 @@ typedef struct vecprod {
 } vecprod;
 
 static void vec_product(const fg_context *ctx, const fg_gemm *g, const vecprod *p) {
-    const fg_dtype t = g->dtype;
+    const fg_dtype t = g->dtype, ct = g->c_f32 ? FG_F32 : t;
     const int nt = threads(ctx);
     if (p->mp == 1 || p->len == 1) {
         /* each output reads a contiguous run of M: a dot product per output */
@@ -45,7 +45,7 @@ static void vec_product(const fg_context *ctx, const fg_gemm *g, const vecprod *
             double acc = 0.0;
             for (int64_t q = 0; q < p->depth; q++)
                 acc += (p->v ? fg_load_f64(p->v, t, q * p->vs) : 1.0) * fg_load_f64(p->m, t, q * p->mp + j * p->mj);
-            fg_store_f64(p->out, t, j * p->os, epilogue(g, acc, p->out, j * p->os, j, p->bias_inc));
+            fg_store_f64(p->out, ct, j * p->os, epilogue(g, acc, p->out, j * p->os, j, p->bias_inc));
         }
         return;
     }
@@ -63,7 +63,7 @@ static void vec_product(const fg_context *ctx, const fg_gemm *g, const vecprod *
         }
         for (int64_t j = 0; j < jn; j++) {
             int64_t jj = j0 + j;
-            fg_store_f64(p->out, t, jj * p->os, epilogue(g, acc[j], p->out, jj * p->os, jj, p->bias_inc));
+            fg_store_f64(p->out, ct, jj * p->os, epilogue(g, acc[j], p->out, jj * p->os, jj, p->bias_inc));
         }
     }
 }
@@ -126,7 +126,7 @@ static void widen(const fg_context *ctx, const fg_mat *x, fg_dtype t, int64_t b,
 }
 
 static fg_status general(const fg_context *ctx, const fg_gemm *g, void *ws, size_t ws_bytes) {
-    const fg_dtype t = g->dtype;
+    const fg_dtype t = g->dtype, ct = g->c_f32 ? FG_F32 : t;
     const int64_t m = g->m, n = g->n, k = g->k;
     const bool reduce = g->batch > 1 && g->c.bs == 0;
     const bool low = t == FG_F16 || t == FG_BF16;
@@ -140,7 +140,7 @@ static fg_status general(const fg_context *ctx, const fg_gemm *g, void *ws, size
         cf = bf + k * n;
     }
     for (int64_t b = 0; b < g->batch; b++) {
-        char *c = (char *)g->c.data + b * g->c.bs * (int64_t)fg_dtype_size(t);
+        char *c = (char *)g->c.data + b * g->c.bs * (int64_t)fg_dtype_size(ct);
         double beta = g->beta;
         /* c (or its f32 copy) = beta·c + bias before the first product that lands there */
         if (!reduce || b == 0) {
@@ -148,10 +148,10 @@ static fg_status general(const fg_context *ctx, const fg_gemm *g, void *ws, size
             for (int64_t i = 0; i < m; i++)
                 for (int64_t j = 0; j < n; j++) {
                     int64_t ci = i * g->c.rs + j;
-                    double v = beta != 0.0 ? beta * fg_load_f64(c, t, ci) : 0.0;
+                    double v = beta != 0.0 ? beta * fg_load_f64(c, ct, ci) : 0.0;
                     if (g->bias) v += fg_load_f64(g->bias, t, i * g->bias_rs + j * g->bias_cs);
                     if (low) cf[i * n + j] = (float)v;
-                    else if (beta != 1.0 || g->bias) fg_store_f64(c, t, ci, v);
+                    else if (beta != 1.0 || g->bias) fg_store_f64(c, ct, ci, v);
                 }
         }
         if (k > 0) {
@@ -185,7 +185,7 @@ static fg_status general(const fg_context *ctx, const fg_gemm *g, void *ws, size
         if (low && (!reduce || b == g->batch - 1)) {
 #pragma omp parallel for schedule(static) num_threads(nt) if (nt != 1 && m * n > 65536)
             for (int64_t i = 0; i < m; i++)
-                for (int64_t j = 0; j < n; j++) fg_store_f64(c, t, i * g->c.rs + j, cf[i * n + j]);
+                for (int64_t j = 0; j < n; j++) fg_store_f64(c, ct, i * g->c.rs + j, cf[i * n + j]);
         }
     }
     return FG_OK;

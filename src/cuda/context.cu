@@ -93,8 +93,7 @@ extern "C" fg_status fg_cuda_check(fg_context *ctx) {
     if (flag[0] != 0) {
         e = cudaMemsetAsync(ctx->cuda->flag, 0, sizeof flag, ctx->cuda->stream);
         if (e != cudaSuccess) return fg_cuda_fail(e, "context_check: clearing the flag");
-        return fg_fail(FG_ERR_DEVICE_VALUE, "context_check: a kernel found bad value code %llu, first at index %llu",
-                       flag[0], flag[1]);
+        return fg_flag_error(flag);
     }
     fg_clear_error();
     return FG_OK;

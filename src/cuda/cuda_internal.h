@@ -33,7 +33,7 @@ typedef struct fg_lt_entry {
 struct fg_cuda_state {
     cudaStream_t stream;
     cublasLtHandle_t lt;
-    unsigned long long *flag; /* device: [0] error code, [1] first offending index */
+    unsigned long long *flag; /* device: [0] error code, [1] ~smallest offending index (internal.h) */
     fg_lt_entry cache[FG_LT_CACHE];
     int cache_next;
 };

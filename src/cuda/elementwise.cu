@@ -32,8 +32,8 @@ struct ew_dev {
     double s[4];
     int64_t numel;
     int64_t shape[FG_MAX_RANK];
-    int64_t stride[FG_MAX_OPERANDS][FG_MAX_RANK];
-    void *data[FG_MAX_OPERANDS];
+    int64_t stride[FG_EW_MAX_OPERANDS][FG_MAX_RANK];
+    void *data[FG_EW_MAX_OPERANDS];
 };
 
 /* ------------------------------------------------------------------ the math */
@@ -109,9 +109,9 @@ __global__ void __launch_bounds__(256) ew_fast(ew_dev e, unsigned direct_rt, uns
     const unsigned direct = OUT == RUNTIME ? direct_rt : OUT;
     const unsigned vin = IN == RUNTIME ? (e.present & ~e.outputs & ~scalar_in) : IN;
     A s[4] = {A(e.s[0]), A(e.s[1]), A(e.s[2]), A(e.s[3])};
-    A one[FG_MAX_OPERANDS]; /* broadcast inputs, read once (constant indices: registers) */
+    A one[FG_EW_MAX_OPERANDS]; /* broadcast inputs, read once (constant indices: registers) */
 #pragma unroll
-    for (int i = 0; i < FG_MAX_OPERANDS; i++) one[i] = (scalar_in >> i & 1u) ? to_acc(*(const T *)e.data[i]) : A(0);
+    for (int i = 0; i < FG_EW_MAX_OPERANDS; i++) one[i] = (scalar_in >> i & 1u) ? to_acc(*(const T *)e.data[i]) : A(0);
     const int64_t nvec = e.numel / VEC;
     const int64_t step = (int64_t)gridDim.x * blockDim.x;
     int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -120,13 +120,13 @@ __global__ void __launch_bounds__(256) ew_fast(ew_dev e, unsigned direct_rt, uns
            of its FAST_U vectors before its first store */
         constexpr int FAST_U = fast_u<T>::value;
         const int64_t base = (int64_t)blockIdx.x * 256 * FAST_U + threadIdx.x;
-        vec_t<T, VEC> in[FAST_U][FG_MAX_OPERANDS], acc_in[FAST_U][FG_MAX_OPERANDS];
+        vec_t<T, VEC> in[FAST_U][FG_EW_MAX_OPERANDS], acc_in[FAST_U][FG_EW_MAX_OPERANDS];
 #pragma unroll
         for (int u = 0; u < FAST_U; u++) {
             const int64_t qu = base + u * 256;
             if (qu >= nvec) continue;
 #pragma unroll
-            for (int i = 0; i < FG_MAX_OPERANDS; i++) {
+            for (int i = 0; i < FG_EW_MAX_OPERANDS; i++) {
                 if (i < e.n && (vin >> i & 1u)) in[u][i] = load_vec<T, VEC>((const T *)e.data[i] + qu * VEC);
                 if (e.accumulate && i < e.n && (direct >> i & 1u))
                     acc_in[u][i] = load_vec<T, VEC>((const T *)e.data[i] + qu * VEC);
@@ -137,14 +137,14 @@ __global__ void __launch_bounds__(256) ew_fast(ew_dev e, unsigned direct_rt, uns
             const int64_t qu = base + u * 256;
             if (qu >= nvec) continue;
 #pragma unroll
-            for (int i = 0; i < FG_MAX_OPERANDS; i++) {
+            for (int i = 0; i < FG_EW_MAX_OPERANDS; i++) {
                 if (i >= e.n || !(direct >> i & 1u)) continue;
                 vec_t<T, VEC> out;
 #pragma unroll
                 for (int k = 0; k < VEC; k++) {
-                    A v[FG_MAX_OPERANDS];
+                    A v[FG_EW_MAX_OPERANDS];
 #pragma unroll
-                    for (int j = 0; j < FG_MAX_OPERANDS; j++)
+                    for (int j = 0; j < FG_EW_MAX_OPERANDS; j++)
                         v[j] = (scalar_in >> j & 1u) ? one[j] : to_acc(in[u][j].v[k]);
                     A r = value<OP, A>(e, s, i, v);
                     out.v[k] = from_acc<T>(e.accumulate ? r + to_acc(acc_in[u][i].v[k]) : r);
@@ -155,21 +155,21 @@ __global__ void __launch_bounds__(256) ew_fast(ew_dev e, unsigned direct_rt, uns
         q = nvec; /* the vectors are done; the tail below covers numel % VEC */
     }
     for (; q < nvec; q += step) { /* what is left of the vectors, one per thread */
-        vec_t<T, VEC> in[FG_MAX_OPERANDS];
+        vec_t<T, VEC> in[FG_EW_MAX_OPERANDS];
 #pragma unroll
-        for (int i = 0; i < FG_MAX_OPERANDS; i++)
+        for (int i = 0; i < FG_EW_MAX_OPERANDS; i++)
             if (i < e.n && (vin >> i & 1u))
                 in[i] = load_vec<T, VEC>((const T *)e.data[i] + q * VEC);
 #pragma unroll
-        for (int i = 0; i < FG_MAX_OPERANDS; i++) {
+        for (int i = 0; i < FG_EW_MAX_OPERANDS; i++) {
             if (i >= e.n || !(direct >> i & 1u)) continue;
             vec_t<T, VEC> out;
             if (e.accumulate) out = load_vec<T, VEC>((const T *)e.data[i] + q * VEC);
 #pragma unroll
             for (int k = 0; k < VEC; k++) {
-                A v[FG_MAX_OPERANDS];
+                A v[FG_EW_MAX_OPERANDS];
 #pragma unroll
-                for (int j = 0; j < FG_MAX_OPERANDS; j++)
+                for (int j = 0; j < FG_EW_MAX_OPERANDS; j++)
                     v[j] = (scalar_in >> j & 1u) ? one[j] : to_acc(in[j].v[k]);
                 A r = value<OP, A>(e, s, i, v);
                 out.v[k] = from_acc<T>(e.accumulate ? r + to_acc(out.v[k]) : r);
@@ -181,14 +181,14 @@ __global__ void __launch_bounds__(256) ew_fast(ew_dev e, unsigned direct_rt, uns
     int64_t tail0 = (IN != RUNTIME) ? (blockIdx.x == gridDim.x - 1 ? threadIdx.x : e.numel) :
                                       (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     for (int64_t idx = nvec * VEC + tail0; idx < e.numel; idx += step) {
-        A v[FG_MAX_OPERANDS];
+        A v[FG_EW_MAX_OPERANDS];
 #pragma unroll
-        for (int j = 0; j < FG_MAX_OPERANDS; j++) /* constant indices keep v in registers */
+        for (int j = 0; j < FG_EW_MAX_OPERANDS; j++) /* constant indices keep v in registers */
             v[j] = (j < e.n && (e.present >> j & 1u) && !(e.outputs >> j & 1u))
                        ? ((scalar_in >> j & 1u) ? one[j] : to_acc(((const T *)e.data[j])[idx]))
                        : A(0);
 #pragma unroll
-        for (int i = 0; i < FG_MAX_OPERANDS; i++)
+        for (int i = 0; i < FG_EW_MAX_OPERANDS; i++)
             if (i < e.n && (direct >> i & 1u)) put<T, A>(e, i, idx, value<OP, A>(e, s, i, v));
     }
 }
@@ -198,7 +198,7 @@ __global__ void __launch_bounds__(256) ew_fast(ew_dev e, unsigned direct_rt, uns
 template <typename T, typename A>
 __device__ __forceinline__ void load_inputs(const ew_dev &e, const int64_t *coord, A *v) {
 #pragma unroll
-    for (int j = 0; j < FG_MAX_OPERANDS; j++) {
+    for (int j = 0; j < FG_EW_MAX_OPERANDS; j++) {
         v[j] = A(0);
         if (j >= e.n || !(e.present >> j & 1u) || (e.outputs >> j & 1u)) continue;
         int64_t off = 0;
@@ -218,7 +218,7 @@ __global__ void __launch_bounds__(256) ew_general(ew_dev e, unsigned direct) {
             coord[d] = q % e.shape[d];
             q /= e.shape[d];
         }
-        A v[FG_MAX_OPERANDS];
+        A v[FG_EW_MAX_OPERANDS];
         load_inputs<T, A>(e, coord, v);
         for (int i = 0; i < e.n; i++) {
             if (!(direct >> i & 1u)) continue;
@@ -262,7 +262,7 @@ __global__ void __launch_bounds__(RED_THREADS) ew_reduce(ew_dev e, int which, re
             coord[r.red[k]] = u % e.shape[r.red[k]];
             u /= e.shape[r.red[k]];
         }
-        A v[FG_MAX_OPERANDS];
+        A v[FG_EW_MAX_OPERANDS];
         load_inputs<T, A>(e, coord, v);
         acc += value<OP, A>(e, s, which, v);
     }

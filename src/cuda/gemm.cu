@@ -530,7 +530,7 @@ template <typename T> struct general_product {
             }
             return FG_OK;
         }
-        if (g->k == 1 && g->batch == 1 && es == 2) {
+        if (g->k == 1 && g->batch == 1 && es == 2 && !g->c_f32) {
             /* an outer product of 2-byte values: no reduction, a write stream. Measured on
                an H100 (run 9): bf16 16384×8192 58% of copy bandwidth here vs 42% through
                cuBLASLt; for f32 cuBLASLt was faster (86% vs 72%), so f32/f64 stay there */
@@ -593,7 +593,9 @@ template <typename T> struct general_product {
             return FG_OK;
         }
         const size_t limit = do_run ? ws_bytes : LT_WORKSPACE;
-        lt_call c = lt_describe(g, t, g->c.data, g->c.rs, g->c.bs, do_run);
+        if (g->c_f32 && (g->bias || reduce))
+            return fg_fail(FG_ERR_INTERNAL, "cuda gemm: an f32 result with a bias or a batch sum");
+        lt_call c = lt_describe(g, g->c_f32 ? FG_F32 : t, g->c.data, g->c.rs, g->c.bs, do_run);
         bool fused_bias = false;
         if (g->bias && g->bias_rs == 0 && g->bias_cs == 1) { /* try the bias epilogue first */
             lt_call cb = c;
@@ -632,7 +634,7 @@ extern "C" fg_status fg_cuda_gemm(fg_context *ctx, const fg_gemm *g, fg_kernel_i
     fg_device_guard guard(ctx->device);
     const bool ones = g->a.operand == FG_OPERAND_ONES || g->b.operand == FG_OPERAND_ONES;
     const bool vector = g->batch == 1 && (g->m == 1 || g->n == 1) && g->k > 0;
-    if (vector || (ones && g->k > 0)) {
+    if ((vector && !g->c_f32) || (ones && g->k > 0)) {
         if (!vector) return fg_fail(FG_ERR_INTERNAL, "cuda gemm: a ones operand outside a vector product");
         return by_dtype<vector_product>(g->dtype, g, ctx, info, ws, ws_bytes, run);
     }

@@ -77,7 +77,7 @@ static fg_status map_operand(const char *op, const char *what, const fg_tensor *
 /* Merges dims that every operand walks contiguously, drops size-1 dims. */
 static void coalesce(fg_ew *e) {
     int r = 0;
-    int64_t shape[FG_MAX_RANK], stride[FG_MAX_OPERANDS][FG_MAX_RANK];
+    int64_t shape[FG_MAX_RANK], stride[FG_EW_MAX_OPERANDS][FG_MAX_RANK];
     for (int d = 0; d < e->rank; d++) {
         if (e->shape[d] == 1) continue;
         bool merge = r > 0;

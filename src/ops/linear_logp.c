@@ -1,0 +1,660 @@
+/*
+ * linear_logp.c — front door and driver of the fused linear log-prob family:
+ * log_softmax(cap(h·wᵀ + b)/T)[target] (forward), its split backward, and a one-pass
+ * cross-entropy that returns the loss and the gradients together.
+ *
+ * The [N, V] logits never exist. The driver walks them in tiles of at most
+ * `max_tile_elements` (the caller's option, else ~N·V/8 clamped to a few tens of MB):
+ * each tile is one GEMM through the shared primitive (cuBLASLt / OpenBLAS at their
+ * ceiling) into a workspace buffer, then a backend row step that reduces it online
+ * (forward) or turns it into dz in place (backward), which two more GEMMs consume.
+ * Why not one fused GEMM+softmax kernel: a tile written and read once costs 4 bytes per
+ * logit, a few percent of the GEMM time at D >= 2048, while the GEMMs stay at the
+ * library's measured ceiling (see docs/perf-notes.md).
+ *
+ *  forward   row blocks × V tiles: z = h·wᵀ + b → STATS (running max / sum / target
+ *            logit / entropy terms per row) → FORWARD (logp, lse, entropy)
+ *  backward  COEF (per-row coefficients from the upstream gradients) → V tiles × row
+ *            blocks: z → GRAD (dz in place, db column sums) → dw[tile] = dzᵀ·h (complete
+ *            over the rows in one product when one row block covers N) and dh += dz·w[tile]
+ *            (f32 accumulator unless dh is f32)
+ *  one pass  row tiles of full width: z → STATS → CE (loss, coefficients) → GRAD →
+ *            dh = dz·w, dw += dzᵀ·h — three products instead of four
+ * Every sum has a fixed order, so the results are the same bits on every run.
+ */
+#include "../core/internal.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+enum { LF_H, LF_W, LF_B, LF_T, LF_LOGP, LF_LSE, LF_ENT, LF_N };
+enum { LB_DLOGP, LB_DENT, LB_DLSE, LB_H, LB_W, LB_B, LB_T, LB_LSE, LB_ENT, LB_DH, LB_DW, LB_DB, LB_N };
+enum { CE_H, CE_W, CE_B, CE_T, CE_RW, CE_LOSS, CE_LSE, CE_DH, CE_DW, CE_DB, CE_N };
+
+#define ALIGN_UP(x) (((x) + 255) & ~(size_t)255)
+
+static bool has(const fg_tensor *t) { return t->rank != 0; }
+
+static fg_dtype acc_of(fg_dtype t) { return t == FG_F64 ? FG_F64 : FG_F32; }
+
+/* ------------------------------------------------------------------ validation */
+
+static fg_status check_options(const char *op, const fg_logp_options *o, bool ce) {
+    if (!(o->temperature >= 0.0) || !isfinite(o->temperature))
+        return fg_fail(FG_ERR_INVALID_VALUE, "%s: logp.temperature=%g must be finite and > 0 (0 means 1)", op,
+                       o->temperature);
+    if (!(o->softcap >= 0.0) || !isfinite(o->softcap))
+        return fg_fail(FG_ERR_INVALID_VALUE, "%s: logp.softcap=%g must be finite and >= 0", op, o->softcap);
+    if (o->use_ignore_index != 0 && o->use_ignore_index != 1)
+        return fg_fail(FG_ERR_INVALID_VALUE, "%s: logp.use_ignore_index=%d must be 0 or 1", op, o->use_ignore_index);
+    if (o->max_tile_elements < 0)
+        return fg_fail(FG_ERR_INVALID_VALUE, "%s: logp.max_tile_elements=%lld is negative", op,
+                       (long long)o->max_tile_elements);
+    if (!ce) return FG_OK;
+    if ((int)o->reduction < 0 || (int)o->reduction > FG_REDUCTION_NONE)
+        return fg_fail(FG_ERR_INVALID_VALUE, "%s: logp.reduction=%d is not an fg_reduction", op, (int)o->reduction);
+    if (!(o->label_smoothing >= 0.0 && o->label_smoothing <= 1.0))
+        return fg_fail(FG_ERR_INVALID_VALUE, "%s: logp.label_smoothing=%g must be in [0, 1]", op, o->label_smoothing);
+    if (!(o->z_loss >= 0.0) || !isfinite(o->z_loss))
+        return fg_fail(FG_ERR_INVALID_VALUE, "%s: logp.z_loss=%g must be finite and >= 0", op, o->z_loss);
+    if (!isfinite(o->grad_scale))
+        return fg_fail(FG_ERR_INVALID_VALUE, "%s: logp.grad_scale=%g must be finite", op, o->grad_scale);
+    return FG_OK;
+}
+
+static fg_status check_contig(const char *op, const char *what, const fg_tensor *t) {
+    if (!fg_is_contiguous(t))
+        return fg_fail(FG_ERR_UNSUPPORTED, "%s: %s must be contiguous", op, what);
+    return FG_OK;
+}
+
+/* A row vector [N] of the accumulator type. */
+static fg_status check_row(const char *op, const char *what, const fg_tensor *t, int64_t n, fg_dtype acc) {
+    FG_TRY(fg_check_desc(op, what, t, 1, 1));
+    if (t->dtype != acc)
+        return fg_fail(FG_ERR_DTYPE, "%s: %s is %s but it must be %s", op, what, fg_dtype_name(t->dtype),
+                       fg_dtype_name(acc));
+    if (t->shape[0] != n)
+        return fg_fail(FG_ERR_SHAPE, "%s: %s.shape[0]=%lld but N=%lld", op, what, (long long)t->shape[0],
+                       (long long)n);
+    return check_contig(op, what, t);
+}
+
+/* A gradient output: the dtype of its input or the accumulator type, same shape. */
+static fg_status check_grad(const char *op, const char *what, const fg_tensor *g, const fg_tensor *like) {
+    FG_TRY(fg_check_desc(op, what, g, like->rank, like->rank));
+    if (g->dtype != like->dtype && g->dtype != acc_of(like->dtype))
+        return fg_fail(FG_ERR_DTYPE, "%s: %s is %s but it must be %s or %s", op, what, fg_dtype_name(g->dtype),
+                       fg_dtype_name(like->dtype), fg_dtype_name(acc_of(like->dtype)));
+    for (int d = 0; d < like->rank; d++)
+        if (g->shape[d] != like->shape[d])
+            return fg_fail(FG_ERR_SHAPE, "%s: %s.shape[%d]=%lld but it must be %lld", op, what, d,
+                           (long long)g->shape[d], (long long)like->shape[d]);
+    return check_contig(op, what, g);
+}
+
+/* h [N, D], w [V, D], b [V] (optional), target [N]. */
+static fg_status check_inputs(const char *op, const fg_tensor *h, const fg_tensor *w, const fg_tensor *b,
+                              const fg_tensor *t) {
+    FG_TRY(fg_check_desc(op, "h", h, 2, 2));
+    FG_TRY(fg_check_desc(op, "w", w, 2, 2));
+    if (w->dtype != h->dtype)
+        return fg_fail(FG_ERR_DTYPE, "%s: w is %s but h is %s", op, fg_dtype_name(w->dtype), fg_dtype_name(h->dtype));
+    if (w->shape[1] != h->shape[1])
+        return fg_fail(FG_ERR_SHAPE, "%s: w.shape[1]=%lld but h.shape[1]=%lld", op, (long long)w->shape[1],
+                       (long long)h->shape[1]);
+    FG_TRY(check_contig(op, "h", h));
+    FG_TRY(check_contig(op, "w", w));
+    if (has(b)) {
+        FG_TRY(fg_check_desc(op, "b", b, 1, 1));
+        if (b->dtype != h->dtype)
+            return fg_fail(FG_ERR_DTYPE, "%s: b is %s but h is %s", op, fg_dtype_name(b->dtype), fg_dtype_name(h->dtype));
+        if (b->shape[0] != w->shape[0])
+            return fg_fail(FG_ERR_SHAPE, "%s: b.shape[0]=%lld but w.shape[0]=V=%lld", op, (long long)b->shape[0],
+                           (long long)w->shape[0]);
+        FG_TRY(check_contig(op, "b", b));
+    }
+    FG_TRY(fg_check_any_desc(op, "target", t, 1, 1));
+    if (t->dtype != FG_I32 && t->dtype != FG_I64)
+        return fg_fail(FG_ERR_DTYPE, "%s: target is %s but it must be i32 or i64", op, fg_dtype_name(t->dtype));
+    if (t->shape[0] != h->shape[0])
+        return fg_fail(FG_ERR_SHAPE, "%s: target.shape[0]=%lld but h.shape[0]=N=%lld", op, (long long)t->shape[0],
+                       (long long)h->shape[0]);
+    return check_contig(op, "target", t);
+}
+
+/* ------------------------------------------------------------------ tiles and workspace */
+
+typedef struct geom {
+    int64_t N, D, V;
+    int64_t R, Vc, ld;   /* rows per block, columns per tile, tile row stride */
+} geom;
+
+static int64_t clamp64(int64_t x, int64_t lo, int64_t hi) { return x < lo ? lo : x > hi ? hi : x; }
+
+/* Tiles of at most `budget` logits: full rows when they fit (one row block), else as
+ * many rows of at least min(V, 4096) columns as fit. */
+static geom make_geom(const fg_context *ctx, int64_t N, int64_t D, int64_t V, int64_t max_tile, bool full_rows) {
+    geom g = {N, D, V, 1, 1, 1};
+    if (N == 0 || V == 0) return g;
+    const bool cuda = ctx->backend == FG_BACKEND_CUDA;
+    int64_t budget = max_tile;
+    if (budget <= 0) {
+        int64_t nv = N > INT64_MAX / V ? INT64_MAX : N * V;
+        budget = full_rows ? clamp64(nv / 4, cuda ? (64ll << 20) : (4ll << 20), cuda ? (256ll << 20) : (16ll << 20))
+                           : clamp64(nv / 8, cuda ? (4ll << 20) : (1ll << 20), cuda ? (64ll << 20) : (4ll << 20));
+    }
+    if (full_rows) {
+        g.Vc = V;
+        g.R = clamp64(budget / V, 1, N);
+    } else {
+        int64_t min_cols = V < 4096 ? V : 4096;
+        if (min_cols > budget) min_cols = budget;
+        g.R = clamp64(budget / min_cols, 1, N);
+        g.Vc = clamp64(budget / g.R, 1, V);
+        if (g.Vc < V && g.Vc > 64) g.Vc -= g.Vc % 64;
+    }
+    g.ld = (g.Vc + 7) & ~(int64_t)7; /* 16-byte rows for the vector paths */
+    return g;
+}
+
+/* Workspace regions, each 256-byte aligned. */
+typedef struct layout {
+    size_t gemm, tile, state, rc, loss_rows, scale, dh_acc, dw_acc, db_acc, scratch, total;
+    size_t gemm_bytes, scratch_bytes;
+} layout;
+
+static size_t place(size_t *total, size_t bytes) {
+    size_t at = *total;
+    *total += ALIGN_UP(bytes);
+    return at;
+}
+
+static void *at(void *ws, size_t off) { return (char *)ws + off; }
+
+/* ------------------------------------------------------------------ steps */
+
+typedef struct run_ctx {
+    fg_context *ctx;
+    const fg_plan_desc *d;
+    const fg_tensor *ops;
+    geom g;
+    layout L;
+    void *ws;
+    bool run;
+    bool size_only; /* planning the layout alone: GEMMs are not asked */
+    fg_dtype dtype, acc;
+    size_t es, aes;
+    fg_kernel_info *info;
+} run_ctx;
+
+static fg_status step(run_ctx *r, const fg_logp_call *c) {
+    if (!r->run) return FG_OK;
+    if (r->ctx->backend == FG_BACKEND_CPU) return fg_cpu_logp(r->ctx, c);
+#ifdef FG_HAVE_CUDA
+    if (r->ctx->backend == FG_BACKEND_CUDA) return fg_cuda_logp(r->ctx, c);
+#endif
+    return fg_fail(FG_ERR_NO_DEVICE, "linear_logp: backend %d is not built in", (int)r->ctx->backend);
+}
+
+static size_t scratch_bytes(const fg_context *ctx, int64_t rows, int64_t cols) {
+#ifdef FG_HAVE_CUDA
+    if (ctx->backend == FG_BACKEND_CUDA) return fg_cuda_logp_scratch(rows, cols);
+#endif
+    (void)ctx, (void)rows, (void)cols;
+    return 0;
+}
+
+/* Runs (or, planning, sizes) one GEMM: c = a·b (+ bias), beta 0 or 1. */
+static fg_status gemm(run_ctx *r, int64_t m, int64_t n, int64_t k, fg_mat a, fg_mat b, fg_mat c, double beta,
+                      const void *bias, bool c_f32) {
+    fg_gemm g;
+    memset(&g, 0, sizeof g);
+    g.dtype = r->dtype;
+    g.batch = 1;
+    g.m = m;
+    g.n = n;
+    g.k = k;
+    g.a = a;
+    g.b = b;
+    g.c = c;
+    g.alpha = 1.0;
+    g.beta = beta;
+    g.bias_operand = bias ? 0 : -1;
+    g.bias = (void *)bias;
+    g.bias_cs = 1;
+    g.allow_tf32 = (r->d->flags & FG_PLAN_ALLOW_TF32) && r->dtype == FG_F32;
+    g.c_f32 = c_f32 && r->dtype != FG_F64;
+    fg_kernel_info k_info;
+    if (!r->run && r->size_only) return FG_OK;
+    if (!r->run) {
+        FG_TRY(fg_gemm_execute(r->ctx, &g, &k_info, NULL, 0, false));
+        if (k_info.workspace_bytes > r->L.gemm_bytes) r->L.gemm_bytes = k_info.workspace_bytes;
+        if (!r->info->name[0]) snprintf(r->info->name, sizeof r->info->name, "%s", k_info.name);
+        return FG_OK;
+    }
+    return fg_gemm_execute(r->ctx, &g, &k_info, at(r->ws, r->L.gemm), r->L.gemm_bytes, true);
+}
+
+static fg_mat mat(void *data, int64_t rs, int64_t cs) {
+    fg_mat m;
+    memset(&m, 0, sizeof m);
+    m.data = data;
+    m.rs = rs;
+    m.cs = cs;
+    return m;
+}
+
+static const void *data_of(const run_ctx *r, int i) { return r->ops && has(&r->d->operands[i]) ? r->ops[i].data : NULL; }
+
+/* z[rows × vc] = h[r0.., :]·w[v0.., :]ᵀ + b[v0..] into the tile. */
+static fg_status tile_logits(run_ctx *r, int hi, int wi, int bi, int64_t r0, int64_t rows, int64_t v0, int64_t vc) {
+    const int64_t D = r->g.D;
+    const char *h = data_of(r, hi), *w = data_of(r, wi), *b = data_of(r, bi);
+    bool bias = has(&r->d->operands[bi]);
+    return gemm(r, rows, vc, D, mat((void *)(h + r0 * D * (int64_t)r->es), D, 1),
+                mat((void *)(w + v0 * D * (int64_t)r->es), 1, D), mat(at(r->ws, r->L.tile), r->g.ld, 1), 0.0,
+                bias ? (r->run ? (const void *)(b + v0 * (int64_t)r->es) : (const void *)(uintptr_t)256) : NULL, false);
+}
+
+static fg_logp_call base_call(const run_ctx *r, fg_logp_step s, int ti) {
+    fg_logp_call c;
+    memset(&c, 0, sizeof c);
+    c.step = s;
+    c.dtype = r->dtype;
+    c.acc = r->acc;
+    c.z = r->ws ? at(r->ws, r->L.tile) : NULL;
+    c.ld = r->g.ld;
+    c.N = r->g.N;
+    c.V = r->g.V;
+    c.target = data_of(r, ti);
+    c.target_dtype = r->d->operands[ti].dtype;
+    const fg_logp_options *o = &r->d->logp;
+    c.inv_temp = o->temperature > 0.0 ? 1.0 / o->temperature : 1.0;
+    c.softcap = o->softcap;
+    c.use_ignore = o->use_ignore_index != 0;
+    c.ignore_index = o->ignore_index;
+    c.label_smoothing = o->label_smoothing;
+    c.z_loss = o->z_loss;
+    c.grad_scale = o->grad_scale != 0.0 ? o->grad_scale : 1.0;
+    c.reduction = (int)o->reduction;
+    return c;
+}
+
+static fg_status cast(run_ctx *r, size_t src_off, void *dst, fg_dtype dst_dtype, int64_t n, bool accumulate) {
+    fg_logp_call c = base_call(r, FG_LOGP_CAST, LF_T);
+    c.src = at(r->ws, src_off);
+    c.dst = dst;
+    c.dst_dtype = dst_dtype;
+    c.n = n;
+    c.accumulate = accumulate;
+    return step(r, &c);
+}
+
+/* ------------------------------------------------------------------ forward */
+
+static fg_status forward(run_ctx *r) {
+    const geom *g = &r->g;
+    layout *L = &r->L;
+    L->tile = place(&L->total, (size_t)(g->R * g->ld) * r->es);
+    L->state = place(&L->total, (size_t)g->N * 5 * r->aes);
+    for (int64_t r0 = 0; r0 < g->N; r0 += g->R) {
+        const int64_t rows = g->N - r0 < g->R ? g->N - r0 : g->R;
+        for (int64_t v0 = 0; v0 < g->V; v0 += g->Vc) {
+            const int64_t vc = g->V - v0 < g->Vc ? g->V - v0 : g->Vc;
+            FG_TRY(tile_logits(r, LF_H, LF_W, LF_B, r0, rows, v0, vc));
+            fg_logp_call c = base_call(r, FG_LOGP_STATS, LF_T);
+            c.state = r->ws ? at(r->ws, L->state) : NULL;
+            c.r0 = r0, c.rows = rows, c.v0 = v0, c.cols = vc, c.first = v0 == 0;
+            FG_TRY(step(r, &c));
+            if (!r->run) break;
+        }
+        if (!r->run) break;
+    }
+    fg_logp_call c = base_call(r, FG_LOGP_FORWARD, LF_T);
+    c.state = r->ws ? at(r->ws, L->state) : NULL;
+    c.r0 = 0, c.rows = g->N;
+    c.logp = (void *)data_of(r, LF_LOGP);
+    c.lse = (void *)data_of(r, LF_LSE);
+    c.entropy = (void *)data_of(r, LF_ENT);
+    return step(r, &c);
+}
+
+/* ------------------------------------------------------------------ backward */
+
+static fg_status backward(run_ctx *r) {
+    const fg_plan_desc *d = r->d;
+    const geom *g = &r->g;
+    layout *L = &r->L;
+    const int64_t D = g->D;
+    const bool want_dh = has(&d->operands[LB_DH]), want_dw = has(&d->operands[LB_DW]),
+               want_db = has(&d->operands[LB_DB]);
+    const bool dh_direct = want_dh && d->operands[LB_DH].dtype == r->acc;
+    const bool dw_direct = want_dw && (d->operands[LB_DW].dtype == r->acc || g->R >= g->N);
+    const bool dw_f32 = want_dw && d->operands[LB_DW].dtype == r->acc;
+    L->tile = place(&L->total, (size_t)(g->R * g->ld) * r->es);
+    L->rc = place(&L->total, (size_t)g->N * 6 * r->aes);
+    L->dh_acc = place(&L->total, want_dh && !dh_direct ? (size_t)(g->N * D) * r->aes : 0);
+    L->dw_acc = place(&L->total, want_dw && !dw_direct ? (size_t)(g->Vc * D) * r->aes : 0);
+    L->db_acc = place(&L->total, want_db ? (size_t)g->V * r->aes : 0);
+    L->scratch_bytes = want_db ? scratch_bytes(r->ctx, g->R, g->Vc) : 0;
+    L->scratch = place(&L->total, L->scratch_bytes);
+
+    fg_logp_call c = base_call(r, FG_LOGP_COEF, LB_T);
+    c.rc = r->ws ? at(r->ws, L->rc) : NULL;
+    c.r0 = 0, c.rows = g->N;
+    c.dlogp = data_of(r, LB_DLOGP);
+    c.dentropy = data_of(r, LB_DENT);
+    c.dlse = data_of(r, LB_DLSE);
+    c.lse_in = data_of(r, LB_LSE);
+    c.entropy_in = data_of(r, LB_ENT);
+    FG_TRY(step(r, &c));
+    if (!want_dh && !want_dw && !want_db) return FG_OK;
+
+    char *h = (char *)data_of(r, LB_H), *w = (char *)data_of(r, LB_W);
+    char *dh = (char *)data_of(r, LB_DH), *dw = (char *)data_of(r, LB_DW);
+    const size_t dh_es = want_dh ? fg_dtype_size(d->operands[LB_DH].dtype) : 0;
+    const size_t dw_es = want_dw ? fg_dtype_size(d->operands[LB_DW].dtype) : 0;
+    for (int64_t v0 = 0; v0 < g->V; v0 += g->Vc) {
+        const int64_t vc = g->V - v0 < g->Vc ? g->V - v0 : g->Vc;
+        for (int64_t r0 = 0; r0 < g->N; r0 += g->R) {
+            const int64_t rows = g->N - r0 < g->R ? g->N - r0 : g->R;
+            FG_TRY(tile_logits(r, LB_H, LB_W, LB_B, r0, rows, v0, vc));
+            fg_logp_call s = base_call(r, FG_LOGP_GRAD, LB_T);
+            s.rc = r->ws ? at(r->ws, L->rc) : NULL;
+            s.r0 = r0, s.rows = rows, s.v0 = v0, s.cols = vc, s.first = r0 == 0;
+            s.db_acc = want_db && r->ws ? at(r->ws, L->db_acc) : NULL;
+            s.scratch = r->ws ? at(r->ws, L->scratch) : NULL;
+            s.scratch_bytes = L->scratch_bytes;
+            FG_TRY(step(r, &s));
+            void *tile = r->ws ? at(r->ws, L->tile) : NULL;
+            if (want_dw) { /* dw[v0.., :] (+)= dzᵀ·h[r0.., :] */
+                void *c_ptr = dw_direct ? (void *)(dw ? dw + v0 * D * (int64_t)dw_es : NULL)
+                                        : (r->ws ? at(r->ws, L->dw_acc) : NULL);
+                bool add = dw_direct ? (d->accumulate || r0 > 0) : r0 > 0;
+                FG_TRY(gemm(r, vc, D, rows, mat(tile, 1, g->ld), mat(h ? h + r0 * D * (int64_t)r->es : NULL, D, 1),
+                            mat(c_ptr, D, 1), add ? 1.0 : 0.0, NULL, dw_direct ? dw_f32 : true));
+            }
+            if (want_dh) { /* dh[r0.., :] (+)= dz·w[v0.., :] */
+                void *c_ptr = dh_direct ? (void *)(dh ? dh + r0 * D * (int64_t)dh_es : NULL)
+                                        : (r->ws ? (char *)at(r->ws, L->dh_acc) + r0 * D * (int64_t)r->aes : NULL);
+                bool add = v0 > 0 || (dh_direct && d->accumulate);
+                FG_TRY(gemm(r, rows, D, vc, mat(tile, g->ld, 1), mat(w ? w + v0 * D * (int64_t)r->es : NULL, D, 1),
+                            mat(c_ptr, D, 1), add ? 1.0 : 0.0, NULL, true));
+            }
+            if (!r->run) break;
+        }
+        if (want_dw && !dw_direct)
+            FG_TRY(cast(r, L->dw_acc, dw ? dw + v0 * D * (int64_t)dw_es : NULL, d->operands[LB_DW].dtype, vc * D,
+                        d->accumulate));
+        if (!r->run) break;
+    }
+    if (want_dh && !dh_direct) FG_TRY(cast(r, L->dh_acc, dh, d->operands[LB_DH].dtype, g->N * D, d->accumulate));
+    if (want_db) FG_TRY(cast(r, L->db_acc, (void *)data_of(r, LB_DB), d->operands[LB_DB].dtype, g->V, d->accumulate));
+    return FG_OK;
+}
+
+/* ------------------------------------------------------------------ one pass */
+
+static fg_status cross_entropy(run_ctx *r) {
+    const fg_plan_desc *d = r->d;
+    const geom *g = &r->g;
+    layout *L = &r->L;
+    const int64_t D = g->D;
+    const bool want_dh = has(&d->operands[CE_DH]), want_dw = has(&d->operands[CE_DW]),
+               want_db = has(&d->operands[CE_DB]);
+    const bool none = d->logp.reduction == FG_REDUCTION_NONE;
+    L->tile = place(&L->total, (size_t)(g->R * g->ld) * r->es);
+    L->state = place(&L->total, (size_t)g->N * 5 * r->aes);
+    L->rc = place(&L->total, (size_t)g->N * 6 * r->aes);
+    L->loss_rows = place(&L->total, none ? 0 : (size_t)g->N * r->aes);
+    L->scale = place(&L->total, 2 * r->aes);
+    L->db_acc = place(&L->total, want_db ? (size_t)g->V * r->aes : 0);
+    L->scratch_bytes = want_db ? scratch_bytes(r->ctx, g->R, g->Vc) : 0;
+    L->scratch = place(&L->total, L->scratch_bytes);
+    void *ws = r->ws;
+
+    fg_logp_call c = base_call(r, FG_LOGP_COUNT, CE_T);
+    c.scale = ws ? at(ws, L->scale) : NULL;
+    c.r0 = 0, c.rows = g->N;
+    FG_TRY(step(r, &c));
+
+    char *h = (char *)data_of(r, CE_H), *w = (char *)data_of(r, CE_W);
+    char *dh = (char *)data_of(r, CE_DH), *dw = (char *)data_of(r, CE_DW);
+    const size_t dh_es = want_dh ? fg_dtype_size(d->operands[CE_DH].dtype) : 0;
+    void *tile = ws ? at(ws, L->tile) : NULL;
+    for (int64_t r0 = 0; r0 < g->N; r0 += g->R) {
+        const int64_t rows = g->N - r0 < g->R ? g->N - r0 : g->R;
+        FG_TRY(tile_logits(r, CE_H, CE_W, CE_B, r0, rows, 0, g->V));
+        fg_logp_call s = base_call(r, FG_LOGP_STATS, CE_T);
+        s.state = ws ? at(ws, L->state) : NULL;
+        s.r0 = r0, s.rows = rows, s.v0 = 0, s.cols = g->V, s.first = true;
+        FG_TRY(step(r, &s));
+        fg_logp_call f = base_call(r, FG_LOGP_CE, CE_T);
+        f.state = s.state;
+        f.rc = ws ? at(ws, L->rc) : NULL;
+        f.scale = c.scale;
+        f.r0 = r0, f.rows = rows;
+        f.row_weight = data_of(r, CE_RW);
+        f.loss_rows = none ? (void *)data_of(r, CE_LOSS) : (ws ? at(ws, L->loss_rows) : NULL);
+        f.lse = (void *)data_of(r, CE_LSE);
+        FG_TRY(step(r, &f));
+        if (want_dh || want_dw || want_db) {
+            fg_logp_call gr = base_call(r, FG_LOGP_GRAD, CE_T);
+            gr.rc = f.rc;
+            gr.r0 = r0, gr.rows = rows, gr.v0 = 0, gr.cols = g->V, gr.first = r0 == 0;
+            gr.db_acc = want_db && ws ? at(ws, L->db_acc) : NULL;
+            gr.scratch = ws ? at(ws, L->scratch) : NULL;
+            gr.scratch_bytes = L->scratch_bytes;
+            FG_TRY(step(r, &gr));
+        }
+        if (want_dh)
+            FG_TRY(gemm(r, rows, D, g->V, mat(tile, g->ld, 1), mat(w, D, 1),
+                        mat(dh ? dh + r0 * D * (int64_t)dh_es : NULL, D, 1), d->accumulate ? 1.0 : 0.0, NULL,
+                        d->operands[CE_DH].dtype == r->acc));
+        if (want_dw)
+            FG_TRY(gemm(r, g->V, D, rows, mat(tile, 1, g->ld), mat(h ? h + r0 * D * (int64_t)r->es : NULL, D, 1),
+                        mat(dw, D, 1), (d->accumulate || r0 > 0) ? 1.0 : 0.0, NULL,
+                        d->operands[CE_DW].dtype == r->acc));
+        if (!r->run) break;
+    }
+    if (!none) {
+        fg_logp_call red = base_call(r, FG_LOGP_REDUCE, CE_T);
+        red.loss_rows = ws ? at(ws, L->loss_rows) : NULL;
+        red.loss_out = (void *)data_of(r, CE_LOSS);
+        red.scale = c.scale;
+        red.r0 = 0, red.rows = g->N;
+        FG_TRY(step(r, &red));
+    }
+    if (want_db) FG_TRY(cast(r, L->db_acc, (void *)data_of(r, CE_DB), d->operands[CE_DB].dtype, g->V, d->accumulate));
+    return FG_OK;
+}
+
+/* ------------------------------------------------------------------ driver */
+
+static fg_status driver(fg_context *ctx, const fg_plan_desc *d, const fg_tensor *ops, fg_kernel_info *info,
+                        void *ws, size_t ws_bytes, bool run) {
+    const int hi = d->op == FG_OP_LINEAR_LOGP_BACKWARD ? LB_H : LF_H; /* h, w at 0, 1 or 3, 4 */
+    const fg_tensor *h = &d->operands[hi], *w = &d->operands[hi + 1];
+    run_ctx r;
+    memset(&r, 0, sizeof r);
+    r.ctx = ctx;
+    r.d = d;
+    r.ops = ops;
+    r.dtype = h->dtype;
+    r.acc = acc_of(h->dtype);
+    r.es = fg_dtype_size(r.dtype);
+    r.aes = fg_dtype_size(r.acc);
+    r.info = info;
+    r.g = make_geom(ctx, h->shape[0], h->shape[1], w->shape[0], d->logp.max_tile_elements,
+                    d->op == FG_OP_LINEAR_CROSS_ENTROPY);
+    const char *name = d->op == FG_OP_LINEAR_LOGP_FORWARD    ? "linear_logp_forward"
+                       : d->op == FG_OP_LINEAR_LOGP_BACKWARD ? "linear_logp_backward"
+                                                             : "linear_cross_entropy";
+#ifdef FG_HAVE_CUDA
+    if (ctx->backend == FG_BACKEND_CUDA && r.dtype == FG_F64)
+        return fg_fail(FG_ERR_UNSUPPORTED, "%s: f64 runs on the CPU backend only", name);
+#endif
+    if (!run) {
+        /* plan: size every region and every GEMM (the first of each loop is enough) */
+        info->name[0] = 0;
+        fg_status s = d->op == FG_OP_LINEAR_LOGP_FORWARD    ? forward(&r)
+                      : d->op == FG_OP_LINEAR_LOGP_BACKWARD ? backward(&r)
+                                                            : cross_entropy(&r);
+        if (s != FG_OK) return s;
+        char gemm_name[96];
+        snprintf(gemm_name, sizeof gemm_name, "%.95s", info->name);
+        snprintf(info->name, sizeof info->name, "tiles %lldx%lld: %s + %s rows", (long long)r.g.R,
+                 (long long)r.g.Vc, gemm_name, ctx->backend == FG_BACKEND_CUDA ? "cuda" : "cpu");
+        info->workspace_bytes = r.L.total + ALIGN_UP(r.L.gemm_bytes);
+        info->deterministic = true;
+        info->accumulator = r.acc;
+        return FG_OK;
+    }
+    /* run: size the regions (the same walk without asking the GEMMs), then walk again
+       with the GEMMs' workspace after the last region */
+    r.size_only = true;
+    fg_status s = d->op == FG_OP_LINEAR_LOGP_FORWARD    ? forward(&r)
+                  : d->op == FG_OP_LINEAR_LOGP_BACKWARD ? backward(&r)
+                                                        : cross_entropy(&r);
+    if (s != FG_OK) return s;
+    const size_t gemm_at = r.L.total;
+    if (ws_bytes < gemm_at)
+        return fg_fail(FG_ERR_WORKSPACE, "%s: workspace of %zu bytes given, more than %zu needed", name, ws_bytes,
+                       gemm_at);
+    memset(&r.L, 0, sizeof r.L);
+    r.L.gemm = gemm_at;
+    r.L.gemm_bytes = ws_bytes - gemm_at;
+    r.size_only = false;
+    r.ws = ws;
+    r.ops = ops;
+    r.run = true;
+    return d->op == FG_OP_LINEAR_LOGP_FORWARD    ? forward(&r)
+           : d->op == FG_OP_LINEAR_LOGP_BACKWARD ? backward(&r)
+                                                 : cross_entropy(&r);
+}
+
+/* ------------------------------------------------------------------ lowering (validation) */
+
+static fg_status lower_forward(const fg_plan_desc *d, fg_lowered *out) {
+    const char *op = "linear_logp_forward";
+    const fg_tensor *o = d->operands;
+    FG_TRY(check_options(op, &d->logp, false));
+    FG_TRY(check_inputs(op, &o[LF_H], &o[LF_W], &o[LF_B], &o[LF_T]));
+    const int64_t N = o[LF_H].shape[0];
+    const fg_dtype acc = acc_of(o[LF_H].dtype);
+    FG_TRY(check_row(op, "logp", &o[LF_LOGP], N, acc));
+    FG_TRY(check_row(op, "lse", &o[LF_LSE], N, acc));
+    if (has(&o[LF_ENT])) FG_TRY(check_row(op, "entropy", &o[LF_ENT], N, acc));
+    out->driver = driver;
+    return FG_OK;
+}
+
+static fg_status lower_backward(const fg_plan_desc *d, fg_lowered *out) {
+    const char *op = "linear_logp_backward";
+    const fg_tensor *o = d->operands;
+    FG_TRY(check_options(op, &d->logp, false));
+    FG_TRY(check_inputs(op, &o[LB_H], &o[LB_W], &o[LB_B], &o[LB_T]));
+    const int64_t N = o[LB_H].shape[0];
+    const fg_dtype acc = acc_of(o[LB_H].dtype);
+    if (!has(&o[LB_DLOGP]) && !has(&o[LB_DENT]) && !has(&o[LB_DLSE]))
+        return fg_fail(FG_ERR_NULL_POINTER, "%s: dlogp, dentropy and dlse are all absent; give at least one", op);
+    if (has(&o[LB_DLOGP])) FG_TRY(check_row(op, "dlogp", &o[LB_DLOGP], N, acc));
+    if (has(&o[LB_DENT])) {
+        FG_TRY(check_row(op, "dentropy", &o[LB_DENT], N, acc));
+        if (!has(&o[LB_ENT])) return fg_fail(FG_ERR_NULL_POINTER, "%s: dentropy is given but entropy is absent", op);
+    }
+    if (has(&o[LB_DLSE])) FG_TRY(check_row(op, "dlse", &o[LB_DLSE], N, acc));
+    FG_TRY(check_row(op, "lse", &o[LB_LSE], N, acc));
+    if (has(&o[LB_ENT])) FG_TRY(check_row(op, "entropy", &o[LB_ENT], N, acc));
+    if (has(&o[LB_DH])) FG_TRY(check_grad(op, "dh", &o[LB_DH], &o[LB_H]));
+    if (has(&o[LB_DW])) FG_TRY(check_grad(op, "dw", &o[LB_DW], &o[LB_W]));
+    if (has(&o[LB_DB])) {
+        if (!has(&o[LB_B])) return fg_fail(FG_ERR_NULL_POINTER, "%s: db is requested but b is absent", op);
+        FG_TRY(check_grad(op, "db", &o[LB_DB], &o[LB_B]));
+    }
+    out->driver = driver;
+    return FG_OK;
+}
+
+static fg_status lower_cross_entropy(const fg_plan_desc *d, fg_lowered *out) {
+    const char *op = "linear_cross_entropy";
+    const fg_tensor *o = d->operands;
+    FG_TRY(check_options(op, &d->logp, true));
+    FG_TRY(check_inputs(op, &o[CE_H], &o[CE_W], &o[CE_B], &o[CE_T]));
+    const int64_t N = o[CE_H].shape[0];
+    const fg_dtype acc = acc_of(o[CE_H].dtype);
+    if (has(&o[CE_RW])) FG_TRY(check_row(op, "row_weight", &o[CE_RW], N, acc));
+    FG_TRY(check_row(op, "loss", &o[CE_LOSS], d->logp.reduction == FG_REDUCTION_NONE ? N : 1, acc));
+    if (has(&o[CE_LSE])) FG_TRY(check_row(op, "lse", &o[CE_LSE], N, acc));
+    if (has(&o[CE_DH])) FG_TRY(check_grad(op, "dh", &o[CE_DH], &o[CE_H]));
+    if (has(&o[CE_DW])) FG_TRY(check_grad(op, "dw", &o[CE_DW], &o[CE_W]));
+    if (has(&o[CE_DB])) {
+        if (!has(&o[CE_B])) return fg_fail(FG_ERR_NULL_POINTER, "%s: db is requested but b is absent", op);
+        FG_TRY(check_grad(op, "db", &o[CE_DB], &o[CE_B]));
+    }
+    out->driver = driver;
+    return FG_OK;
+}
+
+static const fg_op_entry entries[] = {
+    {FG_OP_LINEAR_LOGP_FORWARD, "linear_logp_forward", LF_N,
+     {"h", "w", "b", "target", "logp", "lse", "entropy"},
+     (1u << LF_LOGP) | (1u << LF_LSE) | (1u << LF_ENT), (1u << LF_B) | (1u << LF_ENT), lower_forward, false},
+    {FG_OP_LINEAR_LOGP_BACKWARD, "linear_logp_backward", LB_N,
+     {"dlogp", "dentropy", "dlse", "h", "w", "b", "target", "lse", "entropy", "dh", "dw", "db"},
+     (1u << LB_DH) | (1u << LB_DW) | (1u << LB_DB),
+     (1u << LB_DLOGP) | (1u << LB_DENT) | (1u << LB_DLSE) | (1u << LB_B) | (1u << LB_ENT) | (1u << LB_DH) |
+         (1u << LB_DW) | (1u << LB_DB),
+     lower_backward, false},
+    {FG_OP_LINEAR_CROSS_ENTROPY, "linear_cross_entropy", CE_N,
+     {"h", "w", "b", "target", "row_weight", "loss", "lse", "dh", "dw", "db"},
+     (1u << CE_LOSS) | (1u << CE_LSE) | (1u << CE_DH) | (1u << CE_DW) | (1u << CE_DB),
+     (1u << CE_B) | (1u << CE_RW) | (1u << CE_LSE) | (1u << CE_DH) | (1u << CE_DW) | (1u << CE_DB),
+     lower_cross_entropy, false},
+};
+
+const fg_op_entry *fg_linear_logp_op_entry(fg_op op) {
+    for (size_t i = 0; i < sizeof entries / sizeof entries[0]; i++)
+        if (entries[i].op == op) return &entries[i];
+    return NULL;
+}
+
+/* ------------------------------------------------------------------ one-call functions */
+
+static fg_plan_desc desc_of(fg_op op, const fg_logp_options *opt, int accumulate) {
+    fg_plan_desc d;
+    memset(&d, 0, sizeof d);
+    d.op = op;
+    d.accumulate = accumulate ? 1 : 0;
+    if (opt) d.logp = *opt;
+    return d;
+}
+
+fg_status fg_linear_logp_forward(fg_context *ctx, const fg_logp_options *opt, const fg_tensor *h,
+                                 const fg_tensor *w, const fg_tensor *b, const fg_tensor *target,
+                                 const fg_tensor *logp, const fg_tensor *lse, const fg_tensor *entropy) {
+    const fg_tensor *ops[LF_N] = {h, w, b, target, logp, lse, entropy};
+    fg_plan_desc d = desc_of(FG_OP_LINEAR_LOGP_FORWARD, opt, 0);
+    return fg_run_once_desc(ctx, &d, ops, LF_N);
+}
+
+fg_status fg_linear_logp_backward(fg_context *ctx, const fg_logp_options *opt, const fg_tensor *dlogp,
+                                  const fg_tensor *dentropy, const fg_tensor *dlse, const fg_tensor *h,
+                                  const fg_tensor *w, const fg_tensor *b, const fg_tensor *target,
+                                  const fg_tensor *lse, const fg_tensor *entropy, const fg_tensor *dh,
+                                  const fg_tensor *dw, const fg_tensor *db, int accumulate) {
+    const fg_tensor *ops[LB_N] = {dlogp, dentropy, dlse, h, w, b, target, lse, entropy, dh, dw, db};
+    fg_plan_desc d = desc_of(FG_OP_LINEAR_LOGP_BACKWARD, opt, accumulate);
+    return fg_run_once_desc(ctx, &d, ops, LB_N);
+}
+
+fg_status fg_linear_cross_entropy(fg_context *ctx, const fg_logp_options *opt, const fg_tensor *h,
+                                  const fg_tensor *w, const fg_tensor *b, const fg_tensor *target,
+                                  const fg_tensor *row_weight, const fg_tensor *loss, const fg_tensor *lse,
+                                  const fg_tensor *dh, const fg_tensor *dw, const fg_tensor *db, int accumulate) {
+    const fg_tensor *ops[CE_N] = {h, w, b, target, row_weight, loss, lse, dh, dw, db};
+    fg_plan_desc d = desc_of(FG_OP_LINEAR_CROSS_ENTROPY, opt, accumulate);
+    return fg_run_once_desc(ctx, &d, ops, CE_N);
+}

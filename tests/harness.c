@@ -186,6 +186,9 @@ static int64_t numel(const fg_tensor *t) {
     return n;
 }
 
+void th_put_raw(const th_buf *b, const void *host, size_t bytes) { to_dev(b, b->ptr, host, bytes); }
+void th_get_raw(const th_buf *b, void *host, size_t bytes) { to_host(b, host, b->ptr, bytes); }
+
 void th_put(const th_buf *b, const fg_tensor *t, const double *vals) {
     size_t es = fg_dtype_size(b->dtype), bytes = (size_t)b->n * es;
     char *host = malloc(bytes ? bytes : 1);

@@ -69,6 +69,9 @@ int64_t th_storage(int rank, const int64_t *shape, const int64_t *stride);
 fg_tensor th_tensor(const th_buf *b, int64_t off, int rank, const int64_t *shape, const int64_t *stride);
 /* Writes the logical values (row-major, fg_numel of t) through t's view. */
 void th_put(const th_buf *b, const fg_tensor *t, const double *vals);
+/* Raw bytes to / from the start of the storage (integer tensors, bit comparisons). */
+void th_put_raw(const th_buf *b, const void *host, size_t bytes);
+void th_get_raw(const th_buf *b, void *host, size_t bytes);
 /* Reads t's logical values back as float64. */
 void th_get(const th_buf *b, const fg_tensor *t, double *vals);
 /* Fills all storage with NaN. */

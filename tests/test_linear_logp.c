@@ -1,0 +1,471 @@
+/*
+ * test_linear_logp.c — the fused linear log-prob family on every backend present and
+ * every dtype, against a float64 reference that does form the [N, V] logits: forward
+ * (logp, lse, entropy), split backward (dh, dw, db from dlogp / dentropy / dlse, alone
+ * and together, with accumulate), one-pass cross-entropy (mean / sum / none, label
+ * smoothing, z-loss, row weights, grad scale). Options: temperature, softcap,
+ * ignore_index, i32 / i64 targets, bias or none, tiles forced small so every multi-tile
+ * path runs. Also: finite differences of the reference-free f64 CPU path, bit-identical
+ * reruns, bad targets reported by fg_context_check, bad input, and (CPU) a peak-RSS
+ * test that the logits are never held whole.
+ */
+#include "harness.h"
+
+#include <math.h>
+#include <sys/resource.h>
+
+typedef struct problem {
+    int64_t N, D, V;
+    bool bias;
+    fg_logp_options opt;
+    fg_dtype tdtype;
+    int ignore_every; /* every k-th row gets ignore_index (0: none) */
+} problem;
+
+/* ------------------------------------------------------------------ float64 reference */
+
+typedef struct reference {
+    double *logp, *lse, *ent, *loss_rows, loss;
+    double *dh, *dw, *db; /* backward (split) or CE gradients */
+} reference;
+
+static double cap_logit(const fg_logp_options *o, double z, double *slope) {
+    double T = o->temperature > 0 ? o->temperature : 1.0;
+    if (o->softcap > 0) {
+        double t = tanh(z / o->softcap);
+        *slope = (1 - t * t) / T;
+        return o->softcap * t / T;
+    }
+    *slope = 1.0 / T;
+    return z / T;
+}
+
+static bool ignored(const problem *p, int64_t t) { return p->opt.use_ignore_index && t == p->opt.ignore_index; }
+
+/* mode 0: split backward with upstream (dlogp, dent, dlse); mode 1: cross-entropy. */
+static reference compute_ref(const problem *p, const double *h, const double *w, const double *b, const int64_t *t,
+                             const double *dlogp, const double *dent, const double *dlse, const double *rw,
+                             int mode) {
+    const int64_t N = p->N, D = p->D, V = p->V;
+    reference r;
+    r.logp = calloc((size_t)N + 1, sizeof(double));
+    r.lse = calloc((size_t)N + 1, sizeof(double));
+    r.ent = calloc((size_t)N + 1, sizeof(double));
+    r.loss_rows = calloc((size_t)N + 1, sizeof(double));
+    r.dh = calloc((size_t)(N * D) + 1, sizeof(double));
+    r.dw = calloc((size_t)(V * D) + 1, sizeof(double));
+    r.db = calloc((size_t)V + 1, sizeof(double));
+    double *L = malloc(sizeof(double) * (size_t)(V + 1)), *S = malloc(sizeof(double) * (size_t)(V + 1));
+    double *dz = malloc(sizeof(double) * (size_t)(V + 1));
+    const double eps = p->opt.label_smoothing, lam = p->opt.z_loss;
+    int64_t count = 0;
+    for (int64_t n = 0; n < N; n++) count += !ignored(p, t[n]);
+    const double gs = p->opt.grad_scale != 0 ? p->opt.grad_scale : 1.0;
+    const double scale = gs * (p->opt.reduction == FG_REDUCTION_MEAN ? 1.0 / (double)(count ? count : 1) : 1.0);
+    double total = 0;
+    for (int64_t n = 0; n < N; n++) {
+        if (ignored(p, t[n])) continue;
+        double m = -INFINITY;
+        for (int64_t j = 0; j < V; j++) {
+            double z = b ? b[j] : 0;
+            for (int64_t k = 0; k < D; k++) z += h[n * D + k] * w[j * D + k];
+            L[j] = cap_logit(&p->opt, z, &S[j]);
+            if (L[j] > m) m = L[j];
+        }
+        double s = 0, el = 0, sumL = 0;
+        for (int64_t j = 0; j < V; j++) s += exp(L[j] - m);
+        double lse = m + log(s);
+        for (int64_t j = 0; j < V; j++) {
+            el += exp(L[j] - lse) * L[j];
+            sumL += L[j];
+        }
+        double H = lse - el, logp = L[t[n]] - lse;
+        r.lse[n] = lse, r.logp[n] = logp, r.ent[n] = H;
+        double wn = rw ? rw[n] : 1.0;
+        r.loss_rows[n] = wn * (-(1 - eps) * logp - eps * (sumL / (double)V - lse) + lam * lse * lse);
+        total += r.loss_rows[n];
+        for (int64_t j = 0; j < V; j++) {
+            double pj = exp(L[j] - lse), g;
+            if (mode == 0)
+                g = (dlogp ? dlogp[n] : 0) * ((j == t[n]) - pj) - (dent ? dent[n] : 0) * pj * (L[j] - lse + H) +
+                    (dlse ? dlse[n] : 0) * pj;
+            else
+                g = wn * scale * (pj * (1 + 2 * lam * lse) - (1 - eps) * (j == t[n]) - eps / (double)V);
+            dz[j] = g * S[j];
+        }
+        for (int64_t j = 0; j < V; j++) {
+            r.db[j] += dz[j];
+            for (int64_t k = 0; k < D; k++) {
+                r.dh[n * D + k] += dz[j] * w[j * D + k];
+                r.dw[j * D + k] += dz[j] * h[n * D + k];
+            }
+        }
+    }
+    r.loss = total * (p->opt.reduction == FG_REDUCTION_MEAN ? 1.0 / (double)(count ? count : 1) : 1.0);
+    free(L), free(S), free(dz);
+    return r;
+}
+
+static void free_ref(reference *r) {
+    free(r->logp), free(r->lse), free(r->ent), free(r->loss_rows), free(r->dh), free(r->dw), free(r->db);
+}
+
+/* ------------------------------------------------------------------ operands */
+
+typedef struct inputs {
+    th_operand h, w, b;
+    th_buf tbuf;
+    fg_tensor target;
+    int64_t *t;
+} inputs;
+
+static fg_dtype acc_of(fg_dtype t) { return t == FG_F64 ? FG_F64 : FG_F32; }
+
+static inputs make_inputs(fg_backend be, fg_dtype dt, const problem *p) {
+    inputs in;
+    int64_t hs[2] = {p->N, p->D}, ws[2] = {p->V, p->D}, bs[1] = {p->V};
+    in.h = th_make(be, dt, 2, hs, 0);
+    in.w = th_make(be, dt, 2, ws, 0);
+    th_randomize(&in.h);
+    th_randomize(&in.w);
+    /* logits of a few units: scale h so z ~ N(0.3, 1)-ish whatever D */
+    for (int64_t i = 0; i < in.h.n; i++) in.h.v[i] *= 3.0 / sqrt((double)p->D);
+    th_round(dt, in.h.v, in.h.n);
+    th_put(&in.h.buf, &in.h.t, in.h.v);
+    memset(&in.b, 0, sizeof in.b);
+    if (p->bias) {
+        in.b = th_make(be, dt, 1, bs, 0);
+        th_randomize(&in.b);
+    }
+    in.t = malloc(sizeof(int64_t) * (size_t)(p->N + 1));
+    for (int64_t n = 0; n < p->N; n++) {
+        in.t[n] = (int64_t)(th_rand_u64() % (uint64_t)p->V);
+        if (p->ignore_every && n % p->ignore_every == 1) in.t[n] = p->opt.ignore_index;
+    }
+    in.tbuf = th_alloc(be, p->tdtype, p->N);
+    size_t es = fg_dtype_size(p->tdtype);
+    char *raw = malloc(es * (size_t)(p->N + 1));
+    for (int64_t n = 0; n < p->N; n++) {
+        if (p->tdtype == FG_I32) ((int32_t *)raw)[n] = (int32_t)in.t[n];
+        else ((int64_t *)raw)[n] = in.t[n];
+    }
+    th_put_raw(&in.tbuf, raw, es * (size_t)p->N);
+    free(raw);
+    int64_t ts[1] = {p->N};
+    in.target = th_tensor(&in.tbuf, 0, 1, ts, NULL);
+    return in;
+}
+
+static void drop_inputs(inputs *in) {
+    th_drop(&in->h);
+    th_drop(&in->w);
+    if (in->b.v) th_drop(&in->b);
+    th_free(&in->tbuf);
+    free(in->t);
+}
+
+static th_operand row_vec(fg_backend be, fg_dtype dt, int64_t n) {
+    int64_t s[1] = {n};
+    return th_make(be, acc_of(dt), 1, s, 0);
+}
+
+static double tol_of(fg_dtype dt) { return th_tol(dt, false); }
+
+/* ------------------------------------------------------------------ cases */
+
+static void run_case(fg_context *ctx, fg_backend be, fg_dtype dt, const problem *p, const char *label) {
+    inputs in = make_inputs(be, dt, p);
+    const fg_tensor *bt = p->bias ? &in.b.t : NULL;
+    const double *bv = p->bias ? in.b.v : NULL;
+    const double tol = tol_of(dt);
+    char lab[256];
+    snprintf(lab, sizeof lab, "%s %s %s N=%lld D=%lld V=%lld", label, th_backend_name(be), fg_dtype_name(dt),
+             (long long)p->N, (long long)p->D, (long long)p->V);
+
+    /* forward */
+    th_operand logp = row_vec(be, dt, p->N), lse = row_vec(be, dt, p->N), ent = row_vec(be, dt, p->N);
+    th_poison(&logp.buf), th_poison(&lse.buf), th_poison(&ent.buf);
+    TH_OK(fg_linear_logp_forward(ctx, &p->opt, &in.h.t, &in.w.t, bt, &in.target, &logp.t, &lse.t, &ent.t));
+    reference fr = compute_ref(p, in.h.v, in.w.v, bv, in.t, NULL, NULL, NULL, NULL, 0);
+    th_verify("logp", &logp, fr.logp, tol, lab);
+    th_verify("lse", &lse, fr.lse, tol, lab);
+    th_verify("entropy", &ent, fr.ent, tol, lab);
+
+    /* split backward: all three upstream gradients, every output, accumulate 0 and 1 */
+    th_operand dl = row_vec(be, dt, p->N), de = row_vec(be, dt, p->N), ds = row_vec(be, dt, p->N);
+    th_randomize(&dl), th_randomize(&de), th_randomize(&ds);
+    /* the backward takes the forward's lse / entropy as they came out */
+    th_get(&lse.buf, &lse.t, lse.v);
+    th_get(&ent.buf, &ent.t, ent.v);
+    int64_t hs[2] = {p->N, p->D}, wsh[2] = {p->V, p->D}, bsh[1] = {p->V};
+    for (int acc = 0; acc < 2; acc++) {
+        th_operand dh = th_make(be, dt, 2, hs, 0), dw = th_make(be, acc ? acc_of(dt) : dt, 2, wsh, 0);
+        th_operand db = p->bias ? th_make(be, dt, 1, bsh, 0) : (th_operand){0};
+        reference br = compute_ref(p, in.h.v, in.w.v, bv, in.t, dl.v, de.v, ds.v, NULL, 0);
+        th_prepare_out(&dh, br.dh, acc);
+        th_prepare_out(&dw, br.dw, acc);
+        if (p->bias) th_prepare_out(&db, br.db, acc);
+        TH_OK(fg_linear_logp_backward(ctx, &p->opt, &dl.t, &de.t, &ds.t, &in.h.t, &in.w.t, bt, &in.target, &lse.t,
+                                      &ent.t, &dh.t, &dw.t, p->bias ? &db.t : NULL, acc));
+        char l2[300];
+        snprintf(l2, sizeof l2, "%s acc=%d", lab, acc);
+        th_verify("dh", &dh, br.dh, tol, l2);
+        th_verify("dw", &dw, br.dw, tol, l2);
+        if (p->bias) th_verify("db", &db, br.db, tol, l2);
+        free_ref(&br);
+        /* dh alone from dlogp alone */
+        if (acc == 0) {
+            reference r1 = compute_ref(p, in.h.v, in.w.v, bv, in.t, dl.v, NULL, NULL, NULL, 0);
+            th_poison(&dh.buf);
+            TH_OK(fg_linear_logp_backward(ctx, &p->opt, &dl.t, NULL, NULL, &in.h.t, &in.w.t, bt, &in.target, &lse.t,
+                                          NULL, &dh.t, NULL, NULL, 0));
+            th_verify("dh (dlogp only)", &dh, r1.dh, tol, l2);
+            free_ref(&r1);
+        }
+        th_drop(&dh), th_drop(&dw);
+        if (p->bias) th_drop(&db);
+    }
+
+    /* one-pass cross-entropy */
+    const fg_reduction reds[3] = {FG_REDUCTION_MEAN, FG_REDUCTION_SUM, FG_REDUCTION_NONE};
+    th_operand rw = row_vec(be, dt, p->N);
+    th_randomize(&rw);
+    for (int k = 0; k < 3; k++) {
+        problem q = *p;
+        q.opt.reduction = reds[k];
+        bool weighted = k == 1;
+        reference cr = compute_ref(&q, in.h.v, in.w.v, bv, in.t, NULL, NULL, NULL, weighted ? rw.v : NULL, 1);
+        th_operand loss = row_vec(be, dt, reds[k] == FG_REDUCTION_NONE ? p->N : 1), clse = row_vec(be, dt, p->N);
+        th_operand dh = th_make(be, dt, 2, hs, 0), dw = th_make(be, k == 2 ? acc_of(dt) : dt, 2, wsh, 0);
+        th_operand db = p->bias ? th_make(be, dt, 1, bsh, 0) : (th_operand){0};
+        int acc = k == 2;
+        th_poison(&loss.buf), th_poison(&clse.buf);
+        th_prepare_out(&dh, cr.dh, acc);
+        th_prepare_out(&dw, cr.dw, acc);
+        if (p->bias) th_prepare_out(&db, cr.db, acc);
+        TH_OK(fg_linear_cross_entropy(ctx, &q.opt, &in.h.t, &in.w.t, bt, &in.target, weighted ? &rw.t : NULL, &loss.t,
+                                      &clse.t, &dh.t, &dw.t, p->bias ? &db.t : NULL, acc));
+        char l2[300];
+        snprintf(l2, sizeof l2, "%s ce reduction=%d", lab, (int)reds[k]);
+        th_verify("ce loss", &loss, reds[k] == FG_REDUCTION_NONE ? cr.loss_rows : &cr.loss, tol, l2);
+        th_verify("ce lse", &clse, cr.lse, tol, l2);
+        /* bf16/f16 dw adds up in its own dtype between row tiles: one more rounding per tile */
+        th_verify("ce dh", &dh, cr.dh, tol, l2);
+        th_verify("ce dw", &dw, cr.dw, tol, l2);
+        if (p->bias) th_verify("ce db", &db, cr.db, tol, l2);
+        free_ref(&cr);
+        th_drop(&loss), th_drop(&clse), th_drop(&dh), th_drop(&dw);
+        if (p->bias) th_drop(&db);
+    }
+    th_drop(&rw);
+    free_ref(&fr);
+    th_drop(&dl), th_drop(&de), th_drop(&ds), th_drop(&logp), th_drop(&lse), th_drop(&ent);
+    drop_inputs(&in);
+}
+
+/* Two runs of the backward and the one-pass give the same bits. */
+static void determinism(fg_context *ctx, fg_backend be, fg_dtype dt) {
+    problem p = {300, 64, 5000, true, {0}, FG_I64, 0};
+    p.opt.max_tile_elements = 100 * 1024; /* several tiles both ways */
+    inputs in = make_inputs(be, dt, &p);
+    th_operand lse = row_vec(be, dt, p.N), logp = row_vec(be, dt, p.N), dl = row_vec(be, dt, p.N);
+    th_randomize(&dl);
+    TH_OK(fg_linear_logp_forward(ctx, &p.opt, &in.h.t, &in.w.t, &in.b.t, &in.target, &logp.t, &lse.t, NULL));
+    int64_t hs[2] = {p.N, p.D}, wsh[2] = {p.V, p.D}, bsh[1] = {p.V};
+    th_operand dh = th_make(be, dt, 2, hs, 0), dw = th_make(be, dt, 2, wsh, 0), db = th_make(be, dt, 1, bsh, 0);
+    void *snap[3] = {0};
+    for (int run = 0; run < 2; run++) {
+        TH_OK(fg_linear_logp_backward(ctx, &p.opt, &dl.t, NULL, NULL, &in.h.t, &in.w.t, &in.b.t, &in.target, &lse.t,
+                                      NULL, &dh.t, &dw.t, &db.t, 0));
+        th_operand *o[3] = {&dh, &dw, &db};
+        for (int k = 0; k < 3; k++) {
+            if (run == 0) snap[k] = th_snapshot(&o[k]->buf);
+            else TH_CHECK(th_unchanged(&o[k]->buf, snap[k]), "determinism %s %s: output %d differs between runs",
+                          th_backend_name(be), fg_dtype_name(dt), k);
+        }
+    }
+    for (int k = 0; k < 3; k++) free(snap[k]);
+    th_drop(&dh), th_drop(&dw), th_drop(&db), th_drop(&lse), th_drop(&logp), th_drop(&dl);
+    drop_inputs(&in);
+}
+
+/* A target outside [0, V): NaN in its row, the others right, and fg_context_check names the row. */
+static void bad_targets(fg_context *ctx, fg_backend be) {
+    problem p = {20, 8, 50, false, {0}, FG_I32, 0};
+    inputs in = make_inputs(be, FG_F32, &p);
+    in.t[7] = 50;   /* == V */
+    in.t[12] = -3;
+    int32_t raw[20];
+    for (int n = 0; n < 20; n++) raw[n] = (int32_t)in.t[n];
+    th_put_raw(&in.tbuf, raw, sizeof raw);
+    th_operand logp = row_vec(be, FG_F32, p.N), lse = row_vec(be, FG_F32, p.N);
+    TH_OK(fg_context_check(ctx));
+    TH_OK(fg_linear_logp_forward(ctx, NULL, &in.h.t, &in.w.t, NULL, &in.target, &logp.t, &lse.t, NULL));
+    fg_status s = fg_context_check(ctx);
+    TH_CHECK(s == FG_ERR_DEVICE_VALUE, "bad target %s: context_check gave %s", th_backend_name(be), fg_status_string(s));
+    TH_CHECK(strstr(fg_last_error(), "row 7") != NULL, "bad target: message '%s' does not name row 7", fg_last_error());
+    TH_OK(fg_context_check(ctx)); /* cleared */
+    double got[20];
+    th_get(&logp.buf, &logp.t, got);
+    TH_CHECK(isnan(got[7]) && isnan(got[12]), "bad target rows are not NaN");
+    for (int n = 0; n < 20; n++)
+        if (n != 7 && n != 12) TH_CHECK(isfinite(got[n]) && got[n] <= 0, "row %d: logp %g", n, got[n]);
+    th_drop(&logp), th_drop(&lse);
+    drop_inputs(&in);
+}
+
+static void bad_input(fg_context *ctx, fg_backend be) {
+    problem p = {6, 4, 10, true, {0}, FG_I64, 0};
+    inputs in = make_inputs(be, FG_F32, &p);
+    th_operand logp = row_vec(be, FG_F32, 6), lse = row_vec(be, FG_F32, 6), five = row_vec(be, FG_F32, 5);
+    th_operand f16h = th_make(be, FG_F16, 2, (int64_t[]){6, 4}, 0), dh = th_make(be, FG_F32, 2, (int64_t[]){6, 4}, 0);
+    th_operand ftarget = row_vec(be, FG_F32, 6), loss = row_vec(be, FG_F32, 1), db = th_make(be, FG_F32, 1, (int64_t[]){10}, 0);
+    fg_logp_options o = {0};
+    const fg_tensor *h = &in.h.t, *w = &in.w.t, *b = &in.b.t, *t = &in.target;
+    TH_EXPECT_BAD(FG_ERR_NULL_POINTER, "h", &logp, fg_linear_logp_forward(ctx, NULL, NULL, w, b, t, &logp.t, &lse.t, NULL));
+    TH_EXPECT_BAD(FG_ERR_SHAPE, "logp", &lse, fg_linear_logp_forward(ctx, NULL, h, w, b, t, &five.t, &lse.t, NULL));
+    TH_EXPECT_BAD(FG_ERR_DTYPE, "w", &logp, fg_linear_logp_forward(ctx, NULL, &f16h.t, w, b, t, &logp.t, &lse.t, NULL));
+    TH_EXPECT_BAD(FG_ERR_DTYPE, "target", &logp, fg_linear_logp_forward(ctx, NULL, h, w, b, &ftarget.t, &logp.t, &lse.t, NULL));
+    TH_EXPECT_BAD(FG_ERR_SHAPE, "b.shape", &logp, fg_linear_logp_forward(ctx, NULL, h, w, &five.t, t, &logp.t, &lse.t, NULL));
+    o.temperature = -1;
+    TH_EXPECT_BAD(FG_ERR_INVALID_VALUE, "temperature", &logp, fg_linear_logp_forward(ctx, &o, h, w, b, t, &logp.t, &lse.t, NULL));
+    o.temperature = 0, o.softcap = NAN;
+    TH_EXPECT_BAD(FG_ERR_INVALID_VALUE, "softcap", &logp, fg_linear_logp_forward(ctx, &o, h, w, b, t, &logp.t, &lse.t, NULL));
+    o.softcap = 0, o.label_smoothing = 1.5;
+    TH_EXPECT_BAD(FG_ERR_INVALID_VALUE, "label_smoothing", &loss,
+                  fg_linear_cross_entropy(ctx, &o, h, w, b, t, NULL, &loss.t, NULL, NULL, NULL, NULL, 0));
+    o.label_smoothing = 0, o.reduction = (fg_reduction)7;
+    TH_EXPECT_BAD(FG_ERR_INVALID_VALUE, "reduction", &loss,
+                  fg_linear_cross_entropy(ctx, &o, h, w, b, t, NULL, &loss.t, NULL, NULL, NULL, NULL, 0));
+    o.reduction = FG_REDUCTION_NONE;
+    TH_EXPECT_BAD(FG_ERR_SHAPE, "loss", &loss,
+                  fg_linear_cross_entropy(ctx, &o, h, w, b, t, NULL, &loss.t, NULL, NULL, NULL, NULL, 0));
+    TH_EXPECT_BAD(FG_ERR_NULL_POINTER, "dlogp, dentropy and dlse", &dh,
+                  fg_linear_logp_backward(ctx, NULL, NULL, NULL, NULL, h, w, b, t, &lse.t, NULL, &dh.t, NULL, NULL, 0));
+    TH_EXPECT_BAD(FG_ERR_NULL_POINTER, "entropy", &dh,
+                  fg_linear_logp_backward(ctx, NULL, NULL, &logp.t, NULL, h, w, b, t, &lse.t, NULL, &dh.t, NULL, NULL, 0));
+    TH_EXPECT_BAD(FG_ERR_NULL_POINTER, "b is absent", &db,
+                  fg_linear_logp_backward(ctx, NULL, &logp.t, NULL, NULL, h, w, NULL, t, &lse.t, NULL, NULL, NULL, &db.t, 0));
+    TH_EXPECT_BAD(FG_ERR_DTYPE, "dh", &f16h,
+                  fg_linear_logp_backward(ctx, NULL, &logp.t, NULL, NULL, h, w, b, t, &lse.t, NULL, &f16h.t, NULL, NULL, 0));
+    TH_EXPECT_BAD(FG_ERR_ALIAS, "dh", &in.h,
+                  fg_linear_logp_backward(ctx, NULL, &logp.t, NULL, NULL, h, w, b, t, &lse.t, NULL, h, NULL, NULL, 0));
+    th_drop(&logp), th_drop(&lse), th_drop(&five), th_drop(&f16h), th_drop(&dh), th_drop(&ftarget), th_drop(&loss), th_drop(&db);
+    drop_inputs(&in);
+}
+
+/* f64 CPU: the kernels' gradients against central differences of their own forward. */
+typedef struct fd_arg {
+    const problem *p;
+    inputs *in;
+    th_operand *out;
+    int which; /* 0 logp, 1 entropy, 2 lse */
+} fd_arg;
+
+static fg_status fd_forward(fg_context *ctx, void *v) {
+    fd_arg *a = v;
+    int64_t N = a->p->N;
+    th_operand x = row_vec(FG_BACKEND_CPU, FG_F64, N), y = row_vec(FG_BACKEND_CPU, FG_F64, N), z = row_vec(FG_BACKEND_CPU, FG_F64, N);
+    fg_status s = fg_linear_logp_forward(ctx, &a->p->opt, &a->in->h.t, &a->in->w.t, &a->in->b.t, &a->in->target, &x.t, &z.t, &y.t);
+    th_operand *src = a->which == 0 ? &x : a->which == 1 ? &y : &z;
+    memcpy(a->out->buf.ptr, src->buf.ptr, sizeof(double) * (size_t)N);
+    th_drop(&x), th_drop(&y), th_drop(&z);
+    return s;
+}
+
+static void finite_differences(fg_context *ctx) {
+    problem p = {5, 3, 11, true, {0}, FG_I64, 0};
+    p.opt.temperature = 0.8, p.opt.softcap = 2.5, p.opt.max_tile_elements = 8;
+    inputs in = make_inputs(FG_BACKEND_CPU, FG_F64, &p);
+    const char *names[3] = {"h", "w", "b"};
+    for (int which = 0; which < 3; which++) {
+        th_operand out = row_vec(FG_BACKEND_CPU, FG_F64, p.N), r = row_vec(FG_BACKEND_CPU, FG_F64, p.N);
+        th_operand lse = row_vec(FG_BACKEND_CPU, FG_F64, p.N), ent = row_vec(FG_BACKEND_CPU, FG_F64, p.N);
+        th_randomize(&r);
+        TH_OK(fg_linear_logp_forward(ctx, &p.opt, &in.h.t, &in.w.t, &in.b.t, &in.target, &out.t, &lse.t, &ent.t));
+        th_operand dh = th_make(FG_BACKEND_CPU, FG_F64, 2, (int64_t[]){p.N, p.D}, 0);
+        th_operand dw = th_make(FG_BACKEND_CPU, FG_F64, 2, (int64_t[]){p.V, p.D}, 0);
+        th_operand db = th_make(FG_BACKEND_CPU, FG_F64, 1, (int64_t[]){p.V}, 0);
+        TH_OK(fg_linear_logp_backward(ctx, &p.opt, which == 0 ? &r.t : NULL, which == 1 ? &r.t : NULL,
+                                      which == 2 ? &r.t : NULL, &in.h.t, &in.w.t, &in.b.t, &in.target, &lse.t, &ent.t,
+                                      &dh.t, &dw.t, &db.t, 0));
+        th_get(&dh.buf, &dh.t, dh.v), th_get(&dw.buf, &dw.t, dw.v), th_get(&db.buf, &db.t, db.v);
+        fd_arg a = {&p, &in, &out, which};
+        th_operand *params[3] = {&in.h, &in.w, &in.b}, *grads[3] = {&dh, &dw, &db};
+        const char *what[3] = {"fd logp", "fd entropy", "fd lse"};
+        th_fd_check(ctx, what[which], fd_forward, &a, &out, &r, params, grads, names, 3, 0, false);
+        th_drop(&out), th_drop(&r), th_drop(&lse), th_drop(&ent), th_drop(&dh), th_drop(&dw), th_drop(&db);
+    }
+    drop_inputs(&in);
+}
+
+/* CPU: N·V·4 bytes of logits = 2 GiB; the peak RSS must stay far below. */
+static void memory_bound(fg_context *ctx) {
+#if defined(__SANITIZE_ADDRESS__)
+    printf("SKIP memory bound under AddressSanitizer (RSS is not the program's)\n");
+    th_skips++;
+    (void)ctx;
+#else
+    problem p = {2048, 8, 262144, false, {0}, FG_I32, 0};
+    inputs in = make_inputs(FG_BACKEND_CPU, FG_F32, &p);
+    th_operand logp = row_vec(FG_BACKEND_CPU, FG_F32, p.N), lse = row_vec(FG_BACKEND_CPU, FG_F32, p.N);
+    th_operand dh = th_make(FG_BACKEND_CPU, FG_F32, 2, (int64_t[]){p.N, p.D}, 0);
+    TH_OK(fg_context_set_workspace(ctx, NULL, 0));
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    long before = ru.ru_maxrss; /* KiB */
+    TH_OK(fg_linear_logp_forward(ctx, NULL, &in.h.t, &in.w.t, NULL, &in.target, &logp.t, &lse.t, NULL));
+    TH_OK(fg_linear_logp_backward(ctx, NULL, &logp.t, NULL, NULL, &in.h.t, &in.w.t, NULL, &in.target, &lse.t, NULL,
+                                  &dh.t, NULL, NULL, 0));
+    getrusage(RUSAGE_SELF, &ru);
+    double grew = (double)(ru.ru_maxrss - before) * 1024.0, logits = (double)p.N * (double)p.V * 4.0;
+    printf("memory bound: peak RSS grew %.1f MiB for %.0f MiB of f32 logits\n", grew / 1048576.0, logits / 1048576.0);
+    TH_CHECK(grew < logits / 16, "peak RSS grew %.0f MiB, not far under the %.0f MiB of logits", grew / 1048576.0,
+             logits / 1048576.0);
+    double *v = malloc(sizeof(double) * (size_t)p.N);
+    th_get(&lse.buf, &lse.t, v);
+    TH_CHECK(isfinite(v[0]) && isfinite(v[p.N - 1]), "memory bound: lse not finite");
+    free(v);
+    th_drop(&logp), th_drop(&lse), th_drop(&dh);
+    drop_inputs(&in);
+#endif
+}
+
+int main(void) {
+    th_init("linear_logp");
+    fg_backend bes[2];
+    int nb = th_backends(bes);
+    {
+        fg_context *cpu = th_context(FG_BACKEND_CPU, false);
+        memory_bound(cpu);
+        finite_differences(cpu);
+        fg_context_destroy(cpu);
+    }
+    for (int bi = 0; bi < nb; bi++) {
+        fg_backend be = bes[bi];
+        fg_context *ctx = th_context(be, false);
+        for (int di = 0; di < 4; di++) {
+            fg_dtype dt = th_dtypes[di];
+            if (dt == FG_F64 && be != FG_BACKEND_CPU) continue;
+            problem base = {17, 33, 127, true, {0}, FG_I64, 0};
+            run_case(ctx, be, dt, &base, "plain");
+            problem one = {1, 1, 1, false, {0}, FG_I32, 0};
+            run_case(ctx, be, dt, &one, "1x1x1");
+            problem tiles = {37, 24, 1000, true, {0}, FG_I32, 5};
+            tiles.opt.use_ignore_index = 1, tiles.opt.ignore_index = -100, tiles.opt.max_tile_elements = 3000;
+            tiles.opt.label_smoothing = 0.1, tiles.opt.z_loss = 1e-3, tiles.opt.grad_scale = 2.0;
+            run_case(ctx, be, dt, &tiles, "tiles+ignore+smoothing");
+            problem cap = {64, 16, 515, false, {0}, FG_I64, 0};
+            cap.opt.temperature = 0.7, cap.opt.softcap = 4.0, cap.opt.max_tile_elements = 64 * 130;
+            run_case(ctx, be, dt, &cap, "temperature+softcap");
+            problem odd = {3, 5, 17, true, {0}, FG_I64, 2};
+            odd.opt.use_ignore_index = 1, odd.opt.ignore_index = 3, odd.opt.max_tile_elements = 7;
+            run_case(ctx, be, dt, &odd, "odd tiles");
+            if (dt != FG_F64) determinism(ctx, be, dt);
+        }
+        bad_targets(ctx, be);
+        bad_input(ctx, be);
+        fg_context_destroy(ctx);
+    }
+    return th_finish("linear_logp");
+}

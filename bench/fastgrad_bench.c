@@ -409,6 +409,82 @@ typedef struct copy_args {
     size_t bytes;
 } copy_args;
 
+/* ------------------------------------------------------------------ linear log-prob */
+
+typedef struct logp_args {
+    fg_tensor h, w, t, logp, lse, dlogp, dh, dw, loss;
+    int which; /* 0 forward, 1 backward (dh, dw), 2 one-pass cross-entropy (loss, dh, dw) */
+} logp_args;
+
+static fg_status logp_run(void *p, int s) {
+    logp_args *a = p;
+    (void)s;
+    if (a->which == 0) return fg_linear_logp_forward(ctx, NULL, &a->h, &a->w, NULL, &a->t, &a->logp, &a->lse, NULL);
+    if (a->which == 1)
+        return fg_linear_logp_backward(ctx, NULL, &a->dlogp, NULL, NULL, &a->h, &a->w, NULL, &a->t, &a->lse, NULL,
+                                       &a->dh, &a->dw, NULL, 0);
+    return fg_linear_cross_entropy(ctx, NULL, &a->h, &a->w, NULL, &a->t, NULL, &a->loss, NULL, &a->dh, &a->dw, NULL, 0);
+}
+
+/* Forward, split backward and one pass at (N, D, V): time, share of the GEMM ceiling
+ * (2·N·D·V flops per product: 1 forward, 3 backward incl. the recompute, 3 one pass)
+ * and the workspace the plan asks for. */
+static void bench_linear_logp(fg_dtype dt, int64_t n, int64_t d, int64_t v, double out_ms[3]) {
+    logp_args a;
+    memset(&a, 0, sizeof a);
+    a.h = t2(alloc_random(dt, n * d, 71), dt, n, d);
+    a.w = t2(alloc_random(dt, v * d, 72), dt, v, d);
+    int32_t *tg = malloc(sizeof(int32_t) * (size_t)n);
+    for (int64_t i = 0; i < n; i++) tg[i] = (int32_t)((i * 2654435761u) % (uint64_t)v);
+    void *tdev = tg;
+#ifdef FG_BENCH_HAVE_CUDA
+    if (backend == FG_BACKEND_CUDA) {
+        cudaMalloc(&tdev, sizeof(int32_t) * (size_t)n);
+        cudaMemcpy(tdev, tg, sizeof(int32_t) * (size_t)n, cudaMemcpyHostToDevice);
+        free(tg);
+    }
+#endif
+    a.t = t1(tdev, FG_I32, n);
+    a.logp = t1(alloc_random(FG_F32, n, 73), FG_F32, n);
+    a.lse = t1(alloc_random(FG_F32, n, 74), FG_F32, n);
+    a.dlogp = t1(alloc_random(FG_F32, n, 75), FG_F32, n);
+    a.loss = t1(alloc_random(FG_F32, 1, 76), FG_F32, 1);
+    a.dh = t2(alloc_random(dt, n * d, 77), dt, n, d);
+    a.dw = t2(alloc_random(dt, v * d, 78), dt, v, d);
+    char shape[64];
+    snprintf(shape, sizeof shape, "%lldx%lldx%lld", (long long)n, (long long)d, (long long)v);
+    const char *names[3] = {"linear_logp_forward", "linear_logp_backward (dh,dw)", "linear_cross_entropy 1-pass"};
+    const double products[3] = {1, 3, 3};
+    for (int k = 0; k < 3; k++) {
+        a.which = k;
+        if (k == 1) { /* a real lse for the backward */
+            a.which = 0;
+            logp_run(&a, 0);
+            a.which = 1;
+        }
+        double ms = time_op(logp_run, &a, 1);
+        report(names[k], shape, dt, ms, products[k] * 2.0 * (double)n * (double)d * (double)v, 0);
+        out_ms[k] = ms;
+    }
+    fg_plan_desc pd;
+    memset(&pd, 0, sizeof pd);
+    fg_plan *plan;
+    size_t ws[3] = {0, 0, 0};
+    pd.op = FG_OP_LINEAR_LOGP_BACKWARD;
+    pd.operands[0] = a.dlogp, pd.operands[3] = a.h, pd.operands[4] = a.w, pd.operands[6] = a.t, pd.operands[7] = a.lse;
+    pd.operands[9] = a.dh, pd.operands[10] = a.dw;
+    if (fg_plan_create(ctx, &pd, &plan) == FG_OK) {
+        if (fg_plan_workspace_size(plan, &ws[1]) != FG_OK) ws[1] = 0;
+        fg_plan_info info;
+        if (fg_plan_info_get(plan, &info) == FG_OK) printf("  backward plan: %s\n", info.kernel);
+        fg_plan_destroy(plan);
+    }
+    printf("  backward workspace %.1f MiB (the logits would be %.1f MiB in f32)\n", ws[1] / 1048576.0,
+           (double)n * (double)v * 4 / 1048576.0);
+    release(a.h.data), release(a.w.data), release(a.logp.data), release(a.lse.data), release(a.dlogp.data);
+    release(a.loss.data), release(a.dh.data), release(a.dw.data), release(tdev);
+}
+
 static fg_status copy_run(void *p, int s) {
     copy_args *a = p;
     (void)s;
@@ -437,12 +513,13 @@ static void check(const char *what, double got, double target) {
 }
 
 int main(int argc, char **argv) {
-    int quick = 0;
+    int quick = 0, only_logp = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = 1;
+        else if (!strcmp(argv[i], "--only-logp")) only_logp = 1;
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: fastgrad-bench [--quick] [--reps N]\n");
+            fprintf(stderr, "usage: fastgrad-bench [--quick] [--only-logp] [--reps N]\n");
             return 2;
         }
     }
@@ -473,6 +550,14 @@ int main(int argc, char **argv) {
         bench_gemv(FG_F32, 1024, 1024, 1, 1);
         bench_matmul(FG_F32, 4, 128, 128, 128, 1, "matmul_forward");
         bench_outer(FG_F32, 512, 512, 1);
+        double lp[3];
+        bench_linear_logp(FG_F32, 256, 64, 4096, lp);
+    } else if (only_logp) {
+        ceilings();
+        double lp[3];
+        bench_linear_logp(FG_BF16, 4096, 2048, 151936, lp);
+        bench_linear_logp(FG_BF16, 8192, 4096, 128256, lp);
+        bench_linear_logp(FG_BF16, 4096, 2048, 32768, lp);
     } else {
         ceilings();
         double lin = bench_linear(FG_BF16, 8192, 4096, 4096, 2);
@@ -488,6 +573,10 @@ int main(int argc, char **argv) {
         bench_lerp(FG_F32, (int64_t)1 << 28, lf);
         bench_lerp(FG_BF16, (int64_t)1 << 28, lb);
         bench_adamw(1000000000, 200);
+        double lp[3];
+        bench_linear_logp(FG_BF16, 4096, 2048, 151936, lp);
+        bench_linear_logp(FG_BF16, 8192, 4096, 128256, lp);
+        bench_linear_logp(FG_BF16, 4096, 2048, 32768, lp);
         printf("\n");
         check("linear bf16 8192x4096x4096 fwd+3bwd vs GEMM ceiling", lin, 0.85);
         check("gemv f32 1x8192 . 8192x8192 vs copy ceiling", gemv, 0.80);

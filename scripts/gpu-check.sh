@@ -3,6 +3,8 @@
 # run every test driver on the GPU (and the > 2^31-element cases), run the CUDA tests
 # under compute-sanitizer memcheck, run the Python suite against torch when present,
 # run the benchmark, and print a short summary last. Full logs go to $OUT.
+# Knobs for partial runs: TESTS / MEMCHECK (driver lists), SKIP_PYTEST=1, SKIP_COMPARE=1,
+# BENCH_ARGS (e.g. --only-logp), COMPARE_ARGS (passed to bench/compare.py).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/fastgrad-gpu-check}
@@ -24,7 +26,7 @@ fi
 note "build: ok ($(grep -c 'Building' "$LOG/build.log") steps)"
 
 status=0
-for t in core linear matmul outer elementwise adamw header_cxx; do
+for t in ${TESTS:-core linear matmul outer elementwise adamw linear_logp header_cxx}; do
   bin=$build/tests/test_$t
   if [ "$t" = linear ] || [ "$t" = elementwise ] || [ "$t" = adamw ]; then env FG_TEST_LARGE=1 $bin > "$LOG/test_$t.log" 2>&1; else $bin > "$LOG/test_$t.log" 2>&1; fi
   rc=$?
@@ -35,7 +37,7 @@ for t in core linear matmul outer elementwise adamw header_cxx; do
 done
 
 if command -v compute-sanitizer >/dev/null 2>&1; then
-  for t in linear matmul outer elementwise adamw; do
+  for t in ${MEMCHECK:-linear matmul outer elementwise adamw linear_logp}; do
     compute-sanitizer --tool memcheck --leak-check full --error-exitcode 9 $build/tests/test_$t \
       > "$LOG/memcheck_$t.log" 2>&1
     rc=$?
@@ -46,7 +48,7 @@ else
   note "memcheck: compute-sanitizer not found"
 fi
 
-if [ -d python/tests ]; then
+if [ -d python/tests ] && [ -z "${SKIP_PYTEST:-}" ]; then
   PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/python" FASTGRAD_LIBRARY="$PWD/$build/libfastgrad.so" python3 -m pytest -q -rs python/tests \
     > "$LOG/pytest.log" 2>&1
   rc=$?
@@ -60,7 +62,7 @@ rc=$?
 [ $rc -eq 0 ] || status=1
 cat "$OUT/bench.log"
 if [ -f bench/compare.py ] && [ -z "${SKIP_COMPARE:-}" ]; then
-  PYTHONPATH="$PWD/python" FASTGRAD_LIBRARY="$PWD/$build/libfastgrad.so" python3 bench/compare.py --out "$OUT" \
+  PYTHONPATH="$PWD/python" FASTGRAD_LIBRARY="$PWD/$build/libfastgrad.so" python3 bench/compare.py --out "$OUT" ${COMPARE_ARGS:-} \
     > "$LOG/compare.log" 2>&1
   rc=$?
   [ $rc -eq 0 ] || status=1

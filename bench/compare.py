@@ -219,11 +219,17 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="docs")
     ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--only-logp", action="store_true", help="only the linear log-prob rows")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     torch.backends.cuda.matmul.allow_tf32 = False
     rows = []
-    for make_case in CASES:
+    import compare_logp
+    logp_md, logp_summary = compare_logp.run()
+    for line in logp_summary:
+        print("SUMMARY " + line, flush=True)
+    torch.cuda.empty_cache()
+    for make_case in ([] if args.only_logp else CASES):
         case = make_case()
         if "build" in case:  # optimizers: each side owns its state
             result = {"case": case}
@@ -255,10 +261,10 @@ def main():
         rows.append(result)
         del sets
         torch.cuda.empty_cache()
-    write_report(rows, args.out, ["fastgrad", "torch eager"] + ([] if args.no_compile else ["torch.compile"]))
+    write_report(rows, args.out, ["fastgrad", "torch eager"] + ([] if args.no_compile else ["torch.compile"]), logp_md)
 
 
-def write_report(rows, out, labels):
+def write_report(rows, out, labels, extra=()):
     dev = torch.cuda.get_device_name()
     date = datetime.date.today().isoformat()
     lines = [
@@ -280,8 +286,11 @@ def write_report(rows, out, labels):
                      + " | ".join(f"{r[l][1] / 2**20:.1f}" for l in labels) + " | "
                      + " | ".join(f"{r[l][0] / ours:.2f}x" for l in labels[1:]) + " |")
     lines += ["", "![time](bench_time.png)", "", "![memory](bench_memory.png)", ""]
+    lines += list(extra)
     with open(os.path.join(out, "benchmarks.md"), "w") as f:
         f.write("\n".join(lines))
+    if not rows:
+        return
     try:
         import matplotlib
         matplotlib.use("Agg")

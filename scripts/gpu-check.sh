@@ -68,6 +68,7 @@ if [ -f bench/compare.py ] && [ -z "${SKIP_COMPARE:-}" ]; then
   [ $rc -eq 0 ] || status=1
   note "compare.py: rc=$rc (table in $OUT/benchmarks.md)"
   grep -E "ms  " "$LOG/compare.log"
+  while read -r l; do note "$l"; done < <(grep -E "^SUMMARY " "$LOG/compare.log" | sed 's/^SUMMARY //')
   [ $rc -eq 0 ] || tail -20 "$LOG/compare.log"
 fi
 

@@ -10,10 +10,10 @@ import os
 import threading
 
 MAX_RANK = 8
-MAX_OPERANDS = 8
+MAX_OPERANDS = 16
 
 # enums of include/fastgrad.h
-F32, F16, BF16, F64 = 0, 1, 2, 3
+F32, F16, BF16, F64, I32, I64 = 0, 1, 2, 3, 4, 5
 BACKEND_CPU, BACKEND_CUDA = 0, 1
 PLAN_ALLOW_TF32 = 1
 
@@ -32,7 +32,11 @@ OP = {
     "unary_backward": 12,
     "binary_forward": 13,
     "binary_backward": 14,
+    "linear_logp_forward": 15,
+    "linear_logp_backward": 16,
+    "linear_cross_entropy": 17,
 }
+REDUCTION = {"mean": 0, "sum": 1, "none": 2}
 UNARY = {"scale": 0, "pow": 1, "leaky_relu": 2, "elu": 3, "clamp": 4, "softcap": 5}
 BINARY = {"lerp": 0, "axpby": 1}
 
@@ -75,6 +79,23 @@ class ContextDesc(ctypes.Structure):
     ]
 
 
+class LogpOptions(ctypes.Structure):
+    _fields_ = [
+        ("temperature", ctypes.c_double),
+        ("softcap", ctypes.c_double),
+        ("use_ignore_index", ctypes.c_int32),
+        ("ignore_index", ctypes.c_int64),
+        ("reduction", ctypes.c_int),
+        ("label_smoothing", ctypes.c_double),
+        ("z_loss", ctypes.c_double),
+        ("grad_scale", ctypes.c_double),
+        ("max_tile_elements", ctypes.c_int64),
+    ]
+
+    def key(self):
+        return tuple(getattr(self, f) for f, _ in self._fields_)
+
+
 class PlanDesc(ctypes.Structure):
     _fields_ = [
         ("op", ctypes.c_int),
@@ -83,6 +104,7 @@ class PlanDesc(ctypes.Structure):
         ("flags", ctypes.c_uint32),
         ("kind", ctypes.c_int32),
         ("scalars", ctypes.c_double * 4),
+        ("logp", LogpOptions),
     ]
 
 

@@ -324,3 +324,115 @@ class Lerp(torch.nn.Module):
 
     def forward(self, a, b):
         return lerp(a, b, self.weight)
+
+
+# ------------------------------------------------------------------ Linear log-prob / cross-entropy
+
+def _flat(h, target):
+    """[..., D] hidden states and [...] targets as [N, D] and [N] (contiguous)."""
+    return h.reshape(-1, h.shape[-1]).contiguous(), target.reshape(-1).contiguous()
+
+
+class LinearLogpFunction(torch.autograd.Function):
+    """(logp, entropy) of log_softmax(cap(h·wᵀ + b)/T) at target; the backward recomputes the
+    logits tile by tile (the [N, V] logits never exist)."""
+
+    @staticmethod
+    def forward(ctx, h, weight, bias, target, options, want_entropy):
+        shape = h.shape[:-1]
+        h2, t2 = _flat(h, target)
+        logp, lse, ent = ops.linear_logp_forward(h2, weight.contiguous(), t2, bias, entropy=want_entropy,
+                                                 options=options)
+        ctx.save_for_backward(h2, weight, bias, t2, lse, ent)
+        ctx.options, ctx.shape = options, shape
+        ctx.mark_non_differentiable(t2)
+        if ent is None:
+            return logp.reshape(shape), None
+        return logp.reshape(shape), ent.reshape(shape)
+
+    @staticmethod
+    def backward(ctx, dlogp, dent):
+        h2, weight, bias, t2, lse, ent = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        if not (need[0] or need[1] or (bias is not None and need[2])):
+            return None, None, None, None, None, None
+        rd = lse.dtype
+        dl = dlogp.reshape(-1).to(rd).contiguous() if dlogp is not None else None
+        de = dent.reshape(-1).to(rd).contiguous() if (dent is not None and ent is not None) else None
+        if dl is None and de is None:
+            dl = torch.zeros_like(lse)
+        dh, dw, db = ops.linear_logp_backward(h2, weight.contiguous(), t2, lse, bias, dlogp=dl, dentropy=de,
+                                              entropy=ent if de is not None else None,
+                                              need=(need[0], need[1], need[2]), options=ctx.options)
+        if dh is not None:
+            dh = dh.reshape(ctx.shape + (h2.shape[-1],))
+        return dh, dw, db, None, None, None
+
+
+def linear_logp(h, weight, target, bias=None, temperature=1.0, softcap=0.0, ignore_index=None,
+                return_entropy=False, max_tile_elements=0):
+    """log_softmax(cap(h·wᵀ + b)/T)[target] per row (and the softmax entropy per row when
+    return_entropy), differentiable in h, weight and bias; rows whose target is
+    ignore_index give 0 and no gradient."""
+    opt = ops.logp_options(temperature=temperature, softcap=softcap, ignore_index=ignore_index,
+                           max_tile_elements=max_tile_elements)
+    logp, ent = LinearLogpFunction.apply(h, weight, bias, target, opt, bool(return_entropy))
+    return (logp, ent) if return_entropy else logp
+
+
+class LinearCrossEntropyFunction(torch.autograd.Function):
+    """One pass: the loss and its gradients are computed together in the forward; the
+    backward scales them by the incoming gradient (a scalar)."""
+
+    @staticmethod
+    def forward(ctx, h, weight, bias, target, row_weight, options):
+        h2, t2 = _flat(h, target)
+        need = (h.requires_grad, weight.requires_grad, bias is not None and bias.requires_grad)
+        loss, _, dh, dw, db = ops.linear_cross_entropy_onepass(h2, weight.contiguous(), t2, bias, row_weight, need=need,
+                                                       options=options)
+        ctx.shape = h.shape
+        ctx.save_for_backward(dh, dw, db)
+        return loss.reshape(())
+
+    @staticmethod
+    def backward(ctx, g):
+        dh, dw, db = ctx.saved_tensors
+        # no host sync on g: the gradients are scaled on the device (one pass each)
+        scale = lambda t: None if t is None else t.mul_(g.to(t.dtype))  # noqa: E731
+        dh = scale(dh)
+        return (dh.reshape(ctx.shape) if dh is not None else None), scale(dw), scale(db), None, None, None
+
+
+def linear_cross_entropy(h, weight, target, bias=None, reduction="mean", label_smoothing=0.0, z_loss=0.0,
+                         ignore_index=-100, row_weight=None, temperature=1.0, softcap=0.0, max_tile_elements=0):
+    """Cross-entropy of the logits h·wᵀ + b against target without forming them.
+    reduction mean / sum: one pass (three products); none: the split log-prob path
+    (no label smoothing or z-loss there)."""
+    if reduction == "none":
+        if label_smoothing or z_loss:
+            raise ValueError("fastgrad: reduction='none' takes no label_smoothing or z_loss")
+        logp = linear_logp(h, weight, target, bias, temperature, softcap, ignore_index,
+                           max_tile_elements=max_tile_elements)
+        loss = -logp
+        return loss if row_weight is None else loss * row_weight.reshape(loss.shape)
+    opt = ops.logp_options(temperature=temperature, softcap=softcap, ignore_index=ignore_index, reduction=reduction,
+                           label_smoothing=label_smoothing, z_loss=z_loss, max_tile_elements=max_tile_elements)
+    rw = None
+    if row_weight is not None:
+        rw = row_weight.reshape(-1).to(torch.float64 if h.dtype == torch.float64 else torch.float32).contiguous()
+    return LinearCrossEntropyFunction.apply(h, weight, bias, target, rw, opt)
+
+
+class LinearCrossEntropy(torch.nn.Module):
+    """Drop-in for `F.cross_entropy(F.linear(h, weight, bias), target)` (e.g. a language
+    model head plus its loss) that never holds the logits."""
+
+    def __init__(self, reduction="mean", label_smoothing=0.0, z_loss=0.0, ignore_index=-100, temperature=1.0,
+                 softcap=0.0):
+        super().__init__()
+        self.reduction, self.label_smoothing, self.z_loss = reduction, label_smoothing, z_loss
+        self.ignore_index, self.temperature, self.softcap = ignore_index, temperature, softcap
+
+    def forward(self, h, weight, target, bias=None, row_weight=None):
+        return linear_cross_entropy(h, weight, target, bias, self.reduction, self.label_smoothing, self.z_loss,
+                                    self.ignore_index, row_weight, self.temperature, self.softcap)

@@ -26,10 +26,11 @@ def set_allow_tf32(allow):
     _allow_tf32 = bool(allow)
 
 
-_NP_DTYPES = {np.dtype(np.float32): _lib.F32, np.dtype(np.float16): _lib.F16, np.dtype(np.float64): _lib.F64}
+_NP_DTYPES = {np.dtype(np.float32): _lib.F32, np.dtype(np.float16): _lib.F16, np.dtype(np.float64): _lib.F64,
+              np.dtype(np.int32): _lib.I32, np.dtype(np.int64): _lib.I64}
 if torch is not None:
     _TORCH_DTYPES = {torch.float32: _lib.F32, torch.float16: _lib.F16, torch.bfloat16: _lib.BF16,
-                     torch.float64: _lib.F64}
+                     torch.float64: _lib.F64, torch.int32: _lib.I32, torch.int64: _lib.I64}
 
 
 def _is_torch(a):
@@ -46,7 +47,8 @@ def _dtype_code(a, name):
     else:
         raise TypeError(f"fastgrad: {name} must be a numpy array or a torch tensor, not {type(a).__name__}")
     if code is None:
-        raise TypeError(f"fastgrad: {name} has dtype {a.dtype}; fastgrad takes float32, float16, bfloat16, float64")
+        raise TypeError(f"fastgrad: {name} has dtype {a.dtype}; fastgrad takes float32, float16, bfloat16, float64 "
+                        "(and int32 / int64 class targets)")
     return code
 
 
@@ -114,9 +116,11 @@ _MAX_PLANS = 512  # per context; a cache that outgrows this starts again
 class _Entry:
     """A cached plan with its descriptor array; a call only writes the data pointers."""
 
-    def __init__(self, ctx, op, operands, names, accumulate, flags, kind=0, scalars=()):
+    def __init__(self, ctx, op, operands, names, accumulate, flags, kind=0, scalars=(), logp=None):
         descs = [_describe(a, n) for a, n in zip(operands, names)]
         desc = _lib.PlanDesc(op=_lib.OP[op], accumulate=int(bool(accumulate)), flags=flags, kind=kind)
+        if logp is not None:
+            desc.logp = logp
         for i, v in enumerate(scalars):
             desc.scalars[i] = v
         for i, t in enumerate(descs):
@@ -125,21 +129,22 @@ class _Entry:
         self.array = (_lib.Tensor * _lib.MAX_OPERANDS)(*descs)
 
 
-def run(op, operands, names, accumulate=False, kind=0, scalars=()):
+def run(op, operands, names, accumulate=False, kind=0, scalars=(), logp=None):
     """Runs op (a name of _lib.OP) on operands in the C order (None = absent); kind and
-    scalars parameterize the elementwise ops."""
+    scalars parameterize the elementwise ops, logp (a _lib.LogpOptions) the log-prob ops."""
     ref = next(a for a in operands if a is not None)
     backend, device, tdev = _placement(ref)
     ctx = _lib.context(backend, device)
     if tdev is not None and backend == _lib.BACKEND_CUDA:
         ctx.set_stream(torch.cuda.current_stream(tdev).cuda_stream)
     flags = _lib.PLAN_ALLOW_TF32 if _allow_tf32 else 0
-    key = (op, bool(accumulate), flags, kind, tuple(scalars), tuple(_signature(a) for a in operands))
+    key = (op, bool(accumulate), flags, kind, tuple(scalars), logp.key() if logp is not None else None,
+           tuple(_signature(a) for a in operands))
     entry = ctx.plans.get(key)
     if entry is None:
         if len(ctx.plans) >= _MAX_PLANS:
             ctx.clear_plans()
-        entry = ctx.plans[key] = _Entry(ctx, op, operands, names, accumulate, flags, kind, scalars)
+        entry = ctx.plans[key] = _Entry(ctx, op, operands, names, accumulate, flags, kind, scalars, logp)
     for i, a in enumerate(operands):
         entry.array[i].data = _pointer(a)
     plan = entry.plan
@@ -325,6 +330,88 @@ def axpby_backward(dy, a_shape, b_shape, alpha, beta, need=(True, True), accumul
     return tuple(outs)
 
 
+# ------------------------------------------------------------------ Linear log-prob / cross-entropy
+
+def logp_options(temperature=1.0, softcap=0.0, ignore_index=None, reduction="mean", label_smoothing=0.0,
+                 z_loss=0.0, grad_scale=1.0, max_tile_elements=0):
+    """The fg_logp_options of the log-prob family (see include/fastgrad.h)."""
+    if reduction not in _lib.REDUCTION:
+        raise ValueError(f"fastgrad: reduction must be one of {sorted(_lib.REDUCTION)}, not {reduction!r}")
+    return _lib.LogpOptions(temperature=float(temperature), softcap=float(softcap),
+                            use_ignore_index=int(ignore_index is not None),
+                            ignore_index=int(ignore_index) if ignore_index is not None else 0,
+                            reduction=_lib.REDUCTION[reduction], label_smoothing=float(label_smoothing),
+                            z_loss=float(z_loss), grad_scale=float(grad_scale),
+                            max_tile_elements=int(max_tile_elements))
+
+
+def _row_dtype(h):
+    if _is_torch(h):
+        return torch.float64 if h.dtype == torch.float64 else torch.float32
+    return np.float64 if h.dtype == np.float64 else np.float32
+
+
+_LF_NAMES = ["h", "w", "b", "target", "logp", "lse", "entropy"]
+_LB_NAMES = ["dlogp", "dentropy", "dlse", "h", "w", "b", "target", "lse", "entropy", "dh", "dw", "db"]
+_CE_NAMES = ["h", "w", "b", "target", "row_weight", "loss", "lse", "dh", "dw", "db"]
+
+
+def linear_logp_forward(h, w, target, b=None, entropy=False, options=None):
+    """(logp, lse, entropy or None) of log_softmax(cap(h·wᵀ + b)/T)[target], never forming
+    the [N, V] logits. h [N, D], w [V, D], target [N] int32/int64."""
+    rd = _row_dtype(h)
+    n = h.shape[0]
+    logp, lse = _empty_like_family(h, (n,), rd), _empty_like_family(h, (n,), rd)
+    ent = _empty_like_family(h, (n,), rd) if entropy else None
+    run("linear_logp_forward", [h, w, b, target, logp, lse, ent], _LF_NAMES, logp=options or logp_options())
+    return logp, lse, ent
+
+
+def linear_logp_backward(h, w, target, lse, b=None, dlogp=None, dentropy=None, entropy=None, dlse=None,
+                         need=(True, True, True), options=None, out=(None, None, None), accumulate=False):
+    """(dh, dw, db) of Σ dlogp·logp + dentropy·entropy + dlse·lse; None where not needed
+    (db only with a bias). `out` may supply the gradient buffers (f32 allowed)."""
+    want = [need[0], need[1], need[2] and b is not None]
+    shapes = [h.shape, w.shape, b.shape if b is not None else None]
+    outs = [o if o is not None else (_empty_like_family(h, tuple(s)) if k else None)
+            for o, k, s in zip(out, want, shapes)]
+    outs = [o if k else None for o, k in zip(outs, want)]
+    run("linear_logp_backward", [dlogp, dentropy, dlse, h, w, b, target, lse, entropy] + outs, _LB_NAMES,
+        accumulate, logp=options or logp_options())
+    return tuple(outs)
+
+
+def linear_cross_entropy_onepass(h, w, target, b=None, row_weight=None, need=(True, True, True), options=None,
+                         out=(None, None, None), want_lse=False, accumulate=False):
+    """One pass: (loss, lse or None, dh, dw, db) — the cross-entropy of the options'
+    reduction (label smoothing, z-loss, row weights) and its gradients together."""
+    options = options or logp_options()
+    rd = _row_dtype(h)
+    n = h.shape[0]
+    loss = _empty_like_family(h, (n,) if options.reduction == _lib.REDUCTION["none"] else (1,), rd)
+    lse = _empty_like_family(h, (n,), rd) if want_lse else None
+    want = [need[0], need[1], need[2] and b is not None]
+    shapes = [h.shape, w.shape, b.shape if b is not None else None]
+    outs = [o if o is not None else (_empty_like_family(h, tuple(s)) if k else None)
+            for o, k, s in zip(out, want, shapes)]
+    outs = [o if k else None for o, k in zip(outs, want)]
+    run("linear_cross_entropy", [h, w, b, target, row_weight, loss, lse] + outs, _CE_NAMES, accumulate,
+        logp=options)
+    return (loss, lse) + tuple(outs)
+
+
+def context_check(device=None):
+    """Waits for the context's stream and raises FastgradError(FG_ERR_DEVICE_VALUE) when a
+    kernel found a bad value since the last check (e.g. a target outside [0, V))."""
+    if device is None or (torch is not None and isinstance(device, torch.device) and device.type == "cpu"):
+        _lib.context(_lib.BACKEND_CPU, 0).check()
+        return
+    index = device.index if isinstance(device, torch.device) else int(device)
+    ctx = _lib.context(_lib.BACKEND_CUDA, index or 0)
+    ctx.set_stream(torch.cuda.current_stream(torch.device("cuda", index or 0)).cuda_stream)
+    ctx.check()
+
+
 # ------------------------------------------------------------------ AdamW
 
 def adamw_step(params, grads, exp_avg, exp_avg_sq, *, lr, beta1, beta2, eps, weight_decay, step, grad_scale=1.0,
@@ -356,4 +443,5 @@ __all__ = ["FastgradError", "set_allow_tf32", "plan_info", "linear_forward", "li
            "linear_backward_weight", "linear_backward_bias", "matmul_forward", "matmul_backward_input",
            "matmul_backward_other", "outer_forward", "outer_backward_input", "outer_backward_other",
            "unary_forward", "unary_backward", "lerp_forward", "lerp_backward", "axpby_forward", "axpby_backward",
-           "adamw_step"]
+           "adamw_step", "logp_options", "linear_logp_forward", "linear_logp_backward", "linear_cross_entropy_onepass",
+           "context_check"]

@@ -96,7 +96,9 @@ def test_errors(rng):
     with pytest.raises(fg.FastgradError) as e:
         fg.linear_forward(x[:, ::-1], rand(rng, (4, 8), np.float32))
     assert e.value.name == "FG_ERR_UNSUPPORTED" and "negative" in str(e.value)
-    with pytest.raises(TypeError, match="int32"):
+    with pytest.raises(TypeError, match="uint8"):
+        fg.linear_forward(x.astype(np.uint8), w)
+    with pytest.raises(fg.FastgradError, match="x.dtype is i32 but it must be a float dtype"):
         fg.linear_forward(x.astype(np.int32), w)
     with pytest.raises(ValueError, match="zero stride"):
         fg.linear_forward(np.broadcast_to(x[:1], (6, 8)), rand(rng, (4, 8), np.float32))

@@ -171,7 +171,7 @@ static size_t place(size_t *total, size_t bytes) {
     return at;
 }
 
-static void *at(void *ws, size_t off) { return (char *)ws + off; }
+static void *at(void *ws, size_t off) { return ws ? (char *)ws + off : NULL; }
 
 /* ------------------------------------------------------------------ steps */
 
@@ -246,6 +246,14 @@ static fg_mat mat(void *data, int64_t rs, int64_t cs) {
     return m;
 }
 
+/* Next start of a loop over [0, total) in steps: every step when running; when planning,
+ * the first and the last (partial) step only — they bound every GEMM's needs. */
+static int64_t next_start(const run_ctx *r, int64_t at, int64_t step, int64_t total) {
+    if (r->run) return at + step;
+    int64_t last = total > 0 ? (total - 1) / step * step : 0;
+    return at < last ? last : total;
+}
+
 static const void *data_of(const run_ctx *r, int i) { return r->ops && has(&r->d->operands[i]) ? r->ops[i].data : NULL; }
 
 /* z[rows × vc] = h[r0.., :]·w[v0.., :]ᵀ + b[v0..] into the tile. */
@@ -253,9 +261,10 @@ static fg_status tile_logits(run_ctx *r, int hi, int wi, int bi, int64_t r0, int
     const int64_t D = r->g.D;
     const char *h = data_of(r, hi), *w = data_of(r, wi), *b = data_of(r, bi);
     bool bias = has(&r->d->operands[bi]);
-    return gemm(r, rows, vc, D, mat((void *)(h + r0 * D * (int64_t)r->es), D, 1),
-                mat((void *)(w + v0 * D * (int64_t)r->es), 1, D), mat(at(r->ws, r->L.tile), r->g.ld, 1), 0.0,
-                bias ? (r->run ? (const void *)(b + v0 * (int64_t)r->es) : (const void *)(uintptr_t)256) : NULL, false);
+    return gemm(r, rows, vc, D, mat(h ? (void *)(h + r0 * D * (int64_t)r->es) : NULL, D, 1),
+                mat(w ? (void *)(w + v0 * D * (int64_t)r->es) : NULL, 1, D),
+                mat(r->ws ? at(r->ws, r->L.tile) : NULL, r->g.ld, 1), 0.0,
+                bias ? (b ? (const void *)(b + v0 * (int64_t)r->es) : (const void *)(uintptr_t)256) : NULL, false);
 }
 
 static fg_logp_call base_call(const run_ctx *r, fg_logp_step s, int ti) {
@@ -299,18 +308,16 @@ static fg_status forward(run_ctx *r) {
     layout *L = &r->L;
     L->tile = place(&L->total, (size_t)(g->R * g->ld) * r->es);
     L->state = place(&L->total, (size_t)g->N * 5 * r->aes);
-    for (int64_t r0 = 0; r0 < g->N; r0 += g->R) {
+    for (int64_t r0 = 0; r0 < g->N; r0 = next_start(r, r0, g->R, g->N)) {
         const int64_t rows = g->N - r0 < g->R ? g->N - r0 : g->R;
-        for (int64_t v0 = 0; v0 < g->V; v0 += g->Vc) {
+        for (int64_t v0 = 0; v0 < g->V; v0 = next_start(r, v0, g->Vc, g->V)) {
             const int64_t vc = g->V - v0 < g->Vc ? g->V - v0 : g->Vc;
             FG_TRY(tile_logits(r, LF_H, LF_W, LF_B, r0, rows, v0, vc));
             fg_logp_call c = base_call(r, FG_LOGP_STATS, LF_T);
             c.state = r->ws ? at(r->ws, L->state) : NULL;
             c.r0 = r0, c.rows = rows, c.v0 = v0, c.cols = vc, c.first = v0 == 0;
             FG_TRY(step(r, &c));
-            if (!r->run) break;
         }
-        if (!r->run) break;
     }
     fg_logp_call c = base_call(r, FG_LOGP_FORWARD, LF_T);
     c.state = r->ws ? at(r->ws, L->state) : NULL;
@@ -356,9 +363,9 @@ static fg_status backward(run_ctx *r) {
     char *dh = (char *)data_of(r, LB_DH), *dw = (char *)data_of(r, LB_DW);
     const size_t dh_es = want_dh ? fg_dtype_size(d->operands[LB_DH].dtype) : 0;
     const size_t dw_es = want_dw ? fg_dtype_size(d->operands[LB_DW].dtype) : 0;
-    for (int64_t v0 = 0; v0 < g->V; v0 += g->Vc) {
+    for (int64_t v0 = 0; v0 < g->V; v0 = next_start(r, v0, g->Vc, g->V)) {
         const int64_t vc = g->V - v0 < g->Vc ? g->V - v0 : g->Vc;
-        for (int64_t r0 = 0; r0 < g->N; r0 += g->R) {
+        for (int64_t r0 = 0; r0 < g->N; r0 = next_start(r, r0, g->R, g->N)) {
             const int64_t rows = g->N - r0 < g->R ? g->N - r0 : g->R;
             FG_TRY(tile_logits(r, LB_H, LB_W, LB_B, r0, rows, v0, vc));
             fg_logp_call s = base_call(r, FG_LOGP_GRAD, LB_T);
@@ -383,12 +390,10 @@ static fg_status backward(run_ctx *r) {
                 FG_TRY(gemm(r, rows, D, vc, mat(tile, g->ld, 1), mat(w ? w + v0 * D * (int64_t)r->es : NULL, D, 1),
                             mat(c_ptr, D, 1), add ? 1.0 : 0.0, NULL, true));
             }
-            if (!r->run) break;
         }
         if (want_dw && !dw_direct)
             FG_TRY(cast(r, L->dw_acc, dw ? dw + v0 * D * (int64_t)dw_es : NULL, d->operands[LB_DW].dtype, vc * D,
                         d->accumulate));
-        if (!r->run) break;
     }
     if (want_dh && !dh_direct) FG_TRY(cast(r, L->dh_acc, dh, d->operands[LB_DH].dtype, g->N * D, d->accumulate));
     if (want_db) FG_TRY(cast(r, L->db_acc, (void *)data_of(r, LB_DB), d->operands[LB_DB].dtype, g->V, d->accumulate));
@@ -424,7 +429,7 @@ static fg_status cross_entropy(run_ctx *r) {
     char *dh = (char *)data_of(r, CE_DH), *dw = (char *)data_of(r, CE_DW);
     const size_t dh_es = want_dh ? fg_dtype_size(d->operands[CE_DH].dtype) : 0;
     void *tile = ws ? at(ws, L->tile) : NULL;
-    for (int64_t r0 = 0; r0 < g->N; r0 += g->R) {
+    for (int64_t r0 = 0; r0 < g->N; r0 = next_start(r, r0, g->R, g->N)) {
         const int64_t rows = g->N - r0 < g->R ? g->N - r0 : g->R;
         FG_TRY(tile_logits(r, CE_H, CE_W, CE_B, r0, rows, 0, g->V));
         fg_logp_call s = base_call(r, FG_LOGP_STATS, CE_T);
@@ -457,7 +462,6 @@ static fg_status cross_entropy(run_ctx *r) {
             FG_TRY(gemm(r, g->V, D, rows, mat(tile, 1, g->ld), mat(h ? h + r0 * D * (int64_t)r->es : NULL, D, 1),
                         mat(dw, D, 1), (d->accumulate || r0 > 0) ? 1.0 : 0.0, NULL,
                         d->operands[CE_DW].dtype == r->acc));
-        if (!r->run) break;
     }
     if (!none) {
         fg_logp_call red = base_call(r, FG_LOGP_REDUCE, CE_T);

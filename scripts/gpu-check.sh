@@ -49,7 +49,7 @@ else
 fi
 
 if [ -d python/tests ] && [ -z "${SKIP_PYTEST:-}" ]; then
-  PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/python" FASTGRAD_LIBRARY="$PWD/$build/libfastgrad.so" python3 -m pytest -q -rs python/tests \
+  PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/python:${PYTHONPATH:-}" FASTGRAD_LIBRARY="$PWD/$build/libfastgrad.so" python3 -m pytest -q -rs python/tests \
     > "$LOG/pytest.log" 2>&1
   rc=$?
   [ $rc -eq 0 ] || status=1
@@ -62,7 +62,7 @@ rc=$?
 [ $rc -eq 0 ] || status=1
 cat "$OUT/bench.log"
 if [ -f bench/compare.py ] && [ -z "${SKIP_COMPARE:-}" ]; then
-  PYTHONPATH="$PWD/python" FASTGRAD_LIBRARY="$PWD/$build/libfastgrad.so" python3 bench/compare.py --out "$OUT" ${COMPARE_ARGS:-} \
+  PYTHONPATH="$PWD/python:${PYTHONPATH:-}" FASTGRAD_LIBRARY="$PWD/$build/libfastgrad.so" python3 bench/compare.py --out "$OUT" ${COMPARE_ARGS:-} \
     > "$LOG/compare.log" 2>&1
   rc=$?
   [ $rc -eq 0 ] || status=1

@@ -134,7 +134,9 @@ def test_errors_carry_status():
     with pytest.raises(fg.FastgradError) as e:
         ops.linear_forward(x, torch.zeros(3, 7))
     assert e.value.name == "FG_ERR_SHAPE" and "w.shape[1]=7" in str(e.value)
-    with pytest.raises(TypeError, match="int64"):
+    with pytest.raises(TypeError, match="uint8"):
+        ops.linear_forward(x.to(torch.uint8), torch.zeros(3, 8).to(torch.uint8))
+    with pytest.raises(fg.FastgradError, match="x.dtype is i64 but it must be a float dtype"):
         ops.linear_forward(x.long(), torch.zeros(3, 8).long())
     if torch.cuda.is_available():
         with pytest.raises(fg.FastgradError) as e:

@@ -133,17 +133,30 @@ typedef struct geom {
 
 static int64_t clamp64(int64_t x, int64_t lo, int64_t hi) { return x < lo ? lo : x > hi ? hi : x; }
 
-/* Tiles of at most `budget` logits: full rows when they fit (one row block), else as
- * many rows of at least min(V, 4096) columns as fit. */
-static geom make_geom(const fg_context *ctx, int64_t N, int64_t D, int64_t V, int64_t max_tile, bool full_rows) {
+/* Tiles of at most `budget` logits (the caller's max_tile_elements, else the library's
+ * choice below): full rows when they fit (one row block), else as many rows of at least
+ * min(V, 4096) columns as fit.
+ *  forward   N·V/8, 4M..64M logits on CUDA: the GEMMs stay large, the tile small
+ *  backward  aims the extra memory (tile + the f32 dh accumulator) at 0.4 bytes per logit,
+ *            a tenth of the f32 logits, within 4M..256M: fewer V tiles mean fewer passes
+ *            over the dh accumulator (8 bytes per element of dh each), the op's main cost
+ *            beyond its GEMMs
+ *  one pass  full rows, N·V/4 within 64M..256M: each row tile re-reads and re-writes dw */
+enum { GEOM_FORWARD, GEOM_BACKWARD, GEOM_ONE_PASS };
+
+static geom make_geom(const fg_context *ctx, int64_t N, int64_t D, int64_t V, int64_t max_tile, int kind,
+                      size_t es, int64_t acc_bytes) {
     geom g = {N, D, V, 1, 1, 1};
     if (N == 0 || V == 0) return g;
     const bool cuda = ctx->backend == FG_BACKEND_CUDA;
+    const bool full_rows = kind == GEOM_ONE_PASS;
     int64_t budget = max_tile;
     if (budget <= 0) {
-        int64_t nv = N > INT64_MAX / V ? INT64_MAX : N * V;
-        budget = full_rows ? clamp64(nv / 4, cuda ? (64ll << 20) : (4ll << 20), cuda ? (256ll << 20) : (16ll << 20))
-                           : clamp64(nv / 8, cuda ? (4ll << 20) : (1ll << 20), cuda ? (64ll << 20) : (4ll << 20));
+        const int64_t nv = N > INT64_MAX / V ? INT64_MAX / 8 : N * V;
+        const int64_t lo = cuda ? (4ll << 20) : (1ll << 20), hi = cuda ? (64ll << 20) : (4ll << 20);
+        if (kind == GEOM_FORWARD) budget = clamp64(nv / 8, lo, hi);
+        else if (kind == GEOM_BACKWARD) budget = clamp64((nv / 10 * 4 - acc_bytes) / (int64_t)es, lo, 4 * hi);
+        else budget = clamp64(nv / 4, 16 * lo, 4 * hi);
     }
     if (full_rows) {
         g.Vc = V;
@@ -491,8 +504,13 @@ static fg_status driver(fg_context *ctx, const fg_plan_desc *d, const fg_tensor 
     r.es = fg_dtype_size(r.dtype);
     r.aes = fg_dtype_size(r.acc);
     r.info = info;
-    r.g = make_geom(ctx, h->shape[0], h->shape[1], w->shape[0], d->logp.max_tile_elements,
-                    d->op == FG_OP_LINEAR_CROSS_ENTROPY);
+    const int kind = d->op == FG_OP_LINEAR_LOGP_FORWARD    ? GEOM_FORWARD
+                     : d->op == FG_OP_LINEAR_LOGP_BACKWARD ? GEOM_BACKWARD
+                                                           : GEOM_ONE_PASS;
+    int64_t acc_bytes = 0; /* the backward's f32 dh accumulator */
+    if (kind == GEOM_BACKWARD && has(&d->operands[LB_DH]) && d->operands[LB_DH].dtype != r.acc)
+        acc_bytes = h->shape[0] * h->shape[1] * (int64_t)r.aes;
+    r.g = make_geom(ctx, h->shape[0], h->shape[1], w->shape[0], d->logp.max_tile_elements, kind, r.es, acc_bytes);
     const char *name = d->op == FG_OP_LINEAR_LOGP_FORWARD    ? "linear_logp_forward"
                        : d->op == FG_OP_LINEAR_LOGP_BACKWARD ? "linear_logp_backward"
                                                              : "linear_cross_entropy";

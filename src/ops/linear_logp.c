@@ -162,7 +162,10 @@ static geom make_geom(const fg_context *ctx, int64_t N, int64_t D, int64_t V, in
         g.Vc = V;
         g.R = clamp64(budget / V, 1, N);
     } else {
-        int64_t min_cols = V < 4096 ? V : 4096;
+        /* rows split only below this many columns (the backward then needs an f32 dw
+           accumulator and runs its products at lower efficiency) */
+        const int64_t floor_cols = kind == GEOM_BACKWARD ? 1024 : 4096;
+        int64_t min_cols = V < floor_cols ? V : floor_cols;
         if (min_cols > budget) min_cols = budget;
         g.R = clamp64(budget / min_cols, 1, N);
         g.Vc = clamp64(budget / g.R, 1, V);

@@ -242,9 +242,9 @@ typedef struct fg_logp_options {
     double label_smoothing;  /* ε in [0, 1]                                             */
     double z_loss;           /* λ >= 0                                                  */
     double grad_scale;       /* the gradients are those of grad_scale·loss; 0 means 1   */
-    /* memory vs time: the most logits one tile holds (0: the library's choice, about
-       N·V/8 clamped to 4M..64M on CUDA; the one-pass variant takes full rows, N·V/4
-       clamped to 64M..256M). The workspace is about this many elements. */
+    /* memory vs time: the most logits one tile holds (0: the library's choice — forward
+       N·V/8 within 4M..64M on CUDA; backward about 0.45 bytes of workspace per logit
+       with its f32 dh accumulator; one pass full rows, N·V/4 within 64M..256M). */
     int64_t max_tile_elements;
 } fg_logp_options;
 

@@ -413,25 +413,28 @@ typedef struct copy_args {
 
 typedef struct logp_args {
     fg_tensor h, w, t, logp, lse, dlogp, dh, dw, loss;
+    fg_logp_options opt;
     int which; /* 0 forward, 1 backward (dh, dw), 2 one-pass cross-entropy (loss, dh, dw) */
 } logp_args;
 
 static fg_status logp_run(void *p, int s) {
     logp_args *a = p;
     (void)s;
-    if (a->which == 0) return fg_linear_logp_forward(ctx, NULL, &a->h, &a->w, NULL, &a->t, &a->logp, &a->lse, NULL);
+    if (a->which == 0) return fg_linear_logp_forward(ctx, &a->opt, &a->h, &a->w, NULL, &a->t, &a->logp, &a->lse, NULL);
     if (a->which == 1)
-        return fg_linear_logp_backward(ctx, NULL, &a->dlogp, NULL, NULL, &a->h, &a->w, NULL, &a->t, &a->lse, NULL,
+        return fg_linear_logp_backward(ctx, &a->opt, &a->dlogp, NULL, NULL, &a->h, &a->w, NULL, &a->t, &a->lse, NULL,
                                        &a->dh, &a->dw, NULL, 0);
-    return fg_linear_cross_entropy(ctx, NULL, &a->h, &a->w, NULL, &a->t, NULL, &a->loss, NULL, &a->dh, &a->dw, NULL, 0);
+    return fg_linear_cross_entropy(ctx, &a->opt, &a->h, &a->w, NULL, &a->t, NULL, &a->loss, NULL, &a->dh, &a->dw, NULL,
+                                   0);
 }
 
 /* Forward, split backward and one pass at (N, D, V): time, share of the GEMM ceiling
  * (2·N·D·V flops per product: 1 forward, 3 backward incl. the recompute, 3 one pass)
  * and the workspace the plan asks for. */
-static void bench_linear_logp(fg_dtype dt, int64_t n, int64_t d, int64_t v, double out_ms[3]) {
+static void bench_linear_logp(fg_dtype dt, int64_t n, int64_t d, int64_t v, double out_ms[3], int64_t tile) {
     logp_args a;
     memset(&a, 0, sizeof a);
+    a.opt.max_tile_elements = tile;
     a.h = t2(alloc_random(dt, n * d, 71), dt, n, d);
     a.w = t2(alloc_random(dt, v * d, 72), dt, v, d);
     int32_t *tg = malloc(sizeof(int32_t) * (size_t)n);
@@ -452,7 +455,8 @@ static void bench_linear_logp(fg_dtype dt, int64_t n, int64_t d, int64_t v, doub
     a.dh = t2(alloc_random(dt, n * d, 77), dt, n, d);
     a.dw = t2(alloc_random(dt, v * d, 78), dt, v, d);
     char shape[64];
-    snprintf(shape, sizeof shape, "%lldx%lldx%lld", (long long)n, (long long)d, (long long)v);
+    snprintf(shape, sizeof shape, tile ? "%lldx%lldx%lld t=%lldM" : "%lldx%lldx%lld", (long long)n, (long long)d,
+             (long long)v, (long long)(tile >> 20));
     const char *names[3] = {"linear_logp_forward", "linear_logp_backward (dh,dw)", "linear_cross_entropy 1-pass"};
     const double products[3] = {1, 3, 3};
     for (int k = 0; k < 3; k++) {
@@ -471,6 +475,7 @@ static void bench_linear_logp(fg_dtype dt, int64_t n, int64_t d, int64_t v, doub
     fg_plan *plan;
     size_t ws[3] = {0, 0, 0};
     pd.op = FG_OP_LINEAR_LOGP_BACKWARD;
+    pd.logp = a.opt;
     pd.operands[0] = a.dlogp, pd.operands[3] = a.h, pd.operands[4] = a.w, pd.operands[6] = a.t, pd.operands[7] = a.lse;
     pd.operands[9] = a.dh, pd.operands[10] = a.dw;
     if (fg_plan_create(ctx, &pd, &plan) == FG_OK) {
@@ -517,9 +522,10 @@ int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = 1;
         else if (!strcmp(argv[i], "--only-logp")) only_logp = 1;
+        else if (!strcmp(argv[i], "--logp-sweep")) only_logp = 2;
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: fastgrad-bench [--quick] [--only-logp] [--reps N]\n");
+            fprintf(stderr, "usage: fastgrad-bench [--quick] [--only-logp] [--logp-sweep] [--reps N]\n");
             return 2;
         }
     }
@@ -551,13 +557,19 @@ int main(int argc, char **argv) {
         bench_matmul(FG_F32, 4, 128, 128, 128, 1, "matmul_forward");
         bench_outer(FG_F32, 512, 512, 1);
         double lp[3];
-        bench_linear_logp(FG_F32, 256, 64, 4096, lp);
+        bench_linear_logp(FG_F32, 256, 64, 4096, lp, 0);
+    } else if (only_logp == 2) { /* tile size against time: what the defaults are chosen from */
+        ceilings();
+        double lp[3];
+        const int64_t tiles[] = {32ll << 20, 64ll << 20, 128ll << 20, 256ll << 20, 0};
+        for (int k = 0; k < 5; k++) bench_linear_logp(FG_BF16, 8192, 4096, 128256, lp, tiles[k]);
+        for (int k = 0; k < 5; k++) bench_linear_logp(FG_BF16, 4096, 2048, 151936, lp, tiles[k]);
     } else if (only_logp) {
         ceilings();
         double lp[3];
-        bench_linear_logp(FG_BF16, 4096, 2048, 151936, lp);
-        bench_linear_logp(FG_BF16, 8192, 4096, 128256, lp);
-        bench_linear_logp(FG_BF16, 4096, 2048, 32768, lp);
+        bench_linear_logp(FG_BF16, 4096, 2048, 151936, lp, 0);
+        bench_linear_logp(FG_BF16, 8192, 4096, 128256, lp, 0);
+        bench_linear_logp(FG_BF16, 4096, 2048, 32768, lp, 0);
     } else {
         ceilings();
         double lin = bench_linear(FG_BF16, 8192, 4096, 4096, 2);
@@ -574,9 +586,9 @@ int main(int argc, char **argv) {
         bench_lerp(FG_BF16, (int64_t)1 << 28, lb);
         bench_adamw(1000000000, 200);
         double lp[3];
-        bench_linear_logp(FG_BF16, 4096, 2048, 151936, lp);
-        bench_linear_logp(FG_BF16, 8192, 4096, 128256, lp);
-        bench_linear_logp(FG_BF16, 4096, 2048, 32768, lp);
+        bench_linear_logp(FG_BF16, 4096, 2048, 151936, lp, 0);
+        bench_linear_logp(FG_BF16, 8192, 4096, 128256, lp, 0);
+        bench_linear_logp(FG_BF16, 4096, 2048, 32768, lp, 0);
         printf("\n");
         check("linear bf16 8192x4096x4096 fwd+3bwd vs GEMM ceiling", lin, 0.85);
         check("gemv f32 1x8192 . 8192x8192 vs copy ceiling", gemv, 0.80);

@@ -243,8 +243,9 @@ typedef struct fg_logp_options {
     double z_loss;           /* λ >= 0                                                  */
     double grad_scale;       /* the gradients are those of grad_scale·loss; 0 means 1   */
     /* memory vs time: the most logits one tile holds (0: the library's choice — forward
-       N·V/8 within 4M..64M on CUDA; backward about 0.45 bytes of workspace per logit
-       with its f32 dh accumulator; one pass full rows, N·V/4 within 64M..256M). */
+       and backward about 0.45 bytes of workspace per logit, the backward's f32 dh
+       accumulator included, 4M..256M logits; one pass full rows, N·V/4 within
+       64M..256M). */
     int64_t max_tile_elements;
 } fg_logp_options;
 

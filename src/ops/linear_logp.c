@@ -136,7 +136,8 @@ static int64_t clamp64(int64_t x, int64_t lo, int64_t hi) { return x < lo ? lo :
 /* Tiles of at most `budget` logits (the caller's max_tile_elements, else the library's
  * choice below): full rows when they fit (one row block), else as many rows of at least
  * min(V, 4096) columns as fit.
- *  forward   N·V/8, 4M..64M logits on CUDA: the GEMMs stay large, the tile small
+ *  forward   the backward's memory (0.45 bytes per logit), 4M..256M logits on CUDA: a
+ *            fwd+bwd peaks no higher, and larger GEMMs ran faster (bench --logp-sweep)
  *  backward  aims the extra memory (tile + the f32 dh accumulator) at 0.45 bytes per logit
  *            (about a ninth of the f32 logits), within 4M..256M: fewer V tiles mean fewer passes
  *            over the dh accumulator (8 bytes per element of dh each), the op's main cost
@@ -154,7 +155,7 @@ static geom make_geom(const fg_context *ctx, int64_t N, int64_t D, int64_t V, in
     if (budget <= 0) {
         const int64_t nv = N > INT64_MAX / V ? INT64_MAX / 8 : N * V;
         const int64_t lo = cuda ? (4ll << 20) : (1ll << 20), hi = cuda ? (64ll << 20) : (4ll << 20);
-        if (kind == GEOM_FORWARD) budget = clamp64(nv / 8, lo, hi);
+        if (kind == GEOM_FORWARD) budget = clamp64(nv / 20 * 9 / (int64_t)es, lo, 4 * hi);
         else if (kind == GEOM_BACKWARD) budget = clamp64((nv / 20 * 9 - acc_bytes) / (int64_t)es, lo, 4 * hi);
         else budget = clamp64(nv / 4, 16 * lo, 4 * hi);
     }
@@ -169,10 +170,17 @@ static geom make_geom(const fg_context *ctx, int64_t N, int64_t D, int64_t V, in
         if (min_cols > budget) min_cols = budget;
         g.R = clamp64(budget / min_cols, 1, N);
         g.Vc = clamp64(budget / g.R, 1, V);
-        /* whole 512-column steps keep the GEMMs' tile waves even (measured: 4096 rows ×
-           2432 columns ran the backward 18% slower than × 4096) */
-        if (g.Vc < V && g.Vc > 512) g.Vc -= g.Vc % 512;
-        else if (g.Vc < V && g.Vc > 64) g.Vc -= g.Vc % 64;
+        /* tiles of about equal width (a last narrow tile runs its GEMMs at low
+           efficiency), in whole 128-column steps */
+        if (g.Vc < V) {
+            const int64_t tiles = (V + g.Vc - 1) / g.Vc, step = g.Vc >= 128 ? 128 : 8;
+            g.Vc = ((V + tiles - 1) / tiles + step - 1) / step * step;
+            if (g.Vc > V) g.Vc = V;
+        }
+    }
+    if (g.R < N) { /* row blocks of equal height */
+        const int64_t blocks = (N + g.R - 1) / g.R;
+        g.R = (N + blocks - 1) / blocks;
     }
     g.ld = (g.Vc + 7) & ~(int64_t)7; /* 16-byte rows for the vector paths */
     return g;

@@ -79,6 +79,8 @@ def run(shapes=SHAPES):
     """Returns (markdown lines, summary lines)."""
     impls, compiled = peers()
     md = ["", "## Linear log-prob / cross-entropy (bf16, no bias, mean over rows)", "",
+          "Peers: liger-kernel 0.8.5 (`LigerFusedLinearCrossEntropyLoss`), cut-cross-entropy 25.1.1 "
+          "(`linear_cross_entropy`, default options), installed from wheels on the GPU machine. "
           "Forward: log-prob per row (fastgrad: `linear_logp_forward`; eager and compile: bf16 matmul, f32 "
           "log_softmax, gather; Liger and Cut CE: their fused loss under no_grad). Forward + backward: the mean "
           "cross-entropy and the gradients of h and w. Peak extra = max_memory_allocated above the inputs, minus "

@@ -56,6 +56,11 @@ static void dtypes(void) {
     TH_CHECK(fg_convert(src, (fg_dtype)7, half, FG_F32, 5) == FG_ERR_DTYPE && strstr(fg_last_error(), "src_dtype"),
              "fg_convert dtype");
     TH_CHECK(fg_convert(NULL, FG_F32, half, FG_F32, 1) == FG_ERR_NULL_POINTER, "fg_convert NULL");
+    /* integer dtypes: sized and named, carried by class targets, refused where floats are computed */
+    TH_CHECK(fg_dtype_size(FG_I32) == 4 && fg_dtype_size(FG_I64) == 8, "integer dtype sizes");
+    TH_CHECK(!strcmp(fg_dtype_name(FG_I32), "i32") && !strcmp(fg_dtype_name(FG_I64), "i64"), "integer dtype names");
+    TH_CHECK(fg_convert(src, FG_I64, half, FG_F32, 5) == FG_ERR_DTYPE && strstr(fg_last_error(), "float"),
+             "fg_convert of an integer dtype: %s", fg_last_error());
 }
 
 static void contexts(void) {

@@ -3,24 +3,14 @@ every gradient on float64-upcast inputs, every dtype, CPU and CUDA, awkward shap
 non-contiguous inputs, only the requested gradients computed, no_grad, DDP."""
 import os
 
-import numpy as np
 import pytest
-from conftest import TOL, data, relerr
+from conftest import data
 
 torch = pytest.importorskip("torch")
 import fastgrad as fg  # noqa: E402
 from fastgrad import ops  # noqa: E402
 
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
-
-
-def tol(dtype):
-    return TOL[str(dtype).replace("torch.", "")]
-
-
-def err(a, b):
-    return relerr(a.detach().double().cpu().numpy(), b.detach().double().cpu().numpy())
+from torch_helpers import DEVICES, DTYPES, err, tol  # noqa: E402
 
 
 def leaf(rng, shape, dtype, device):

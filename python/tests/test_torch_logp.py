@@ -4,23 +4,14 @@ ignore_index; the one-pass cross-entropy against F.cross_entropy (label smoothin
 ignore_index, z-loss); the module; bad targets; and, on CUDA, the memory bound."""
 import numpy as np
 import pytest
-from conftest import TOL, data, relerr
+from conftest import data
 
 torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 
 import fastgrad as fg  # noqa: E402
 
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
-
-
-def tol(dtype):
-    return TOL[str(dtype).replace("torch.", "")]
-
-
-def err(a, b):
-    return relerr(a.detach().double().cpu().numpy(), b.detach().double().cpu().numpy())
+from torch_helpers import DEVICES, DTYPES, err, tol  # noqa: E402
 
 
 def inputs(rng, n, d, v, dtype, device, bias):

@@ -28,7 +28,7 @@ note "build: ok ($(grep -c 'Building' "$LOG/build.log") steps)"
 status=0
 for t in ${TESTS:-core linear matmul outer elementwise adamw linear_logp header_cxx}; do
   bin=$build/tests/test_$t
-  if [ "$t" = linear ] || [ "$t" = elementwise ] || [ "$t" = adamw ]; then env FG_TEST_LARGE=1 $bin > "$LOG/test_$t.log" 2>&1; else $bin > "$LOG/test_$t.log" 2>&1; fi
+  if [ "$t" = linear ] || [ "$t" = elementwise ] || [ "$t" = adamw ] || [ "$t" = linear_logp ]; then env FG_TEST_LARGE=1 $bin > "$LOG/test_$t.log" 2>&1; else $bin > "$LOG/test_$t.log" 2>&1; fi
   rc=$?
   [ $rc -eq 0 ] || status=1
   line=$(grep -E "checks,|header OK" "$LOG/test_$t.log" | tail -1)

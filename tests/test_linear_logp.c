@@ -437,6 +437,51 @@ static void memory_bound(fg_context *ctx) {
 #endif
 }
 
+/* FG_TEST_LARGE (the GPU): N·V past 2^31 logits. The CUDA bf16 forward and backward
+ * against the CPU backend in f32 on the same (bf16-valued) inputs. */
+static void large_logits(fg_context *cuda) {
+    if (!getenv("FG_TEST_LARGE")) {
+        printf("SKIP large (N·V > 2^31): set FG_TEST_LARGE=1\n");
+        th_skips++;
+        return;
+    }
+    problem p = {16384, 32, 140000, false, {0}, FG_I64, 0};
+    fg_context *cpu = th_context(FG_BACKEND_CPU, false);
+    inputs g = make_inputs(FG_BACKEND_CUDA, FG_BF16, &p);
+    int64_t hs[2] = {p.N, p.D}, wsh[2] = {p.V, p.D}, ts[1] = {p.N};
+    th_operand hc = th_make(FG_BACKEND_CPU, FG_F32, 2, hs, 0), wc = th_make(FG_BACKEND_CPU, FG_F32, 2, wsh, 0);
+    memcpy(hc.v, g.h.v, sizeof(double) * (size_t)hc.n);
+    memcpy(wc.v, g.w.v, sizeof(double) * (size_t)wc.n);
+    th_put(&hc.buf, &hc.t, hc.v);
+    th_put(&wc.buf, &wc.t, wc.v);
+    fg_tensor tc = fg_tensor_make(g.t, FG_I64, 1, ts); /* make_inputs kept the targets as int64 on the host */
+    th_operand lg = row_vec(FG_BACKEND_CUDA, FG_F32, p.N), sg = row_vec(FG_BACKEND_CUDA, FG_F32, p.N);
+    th_operand lc = row_vec(FG_BACKEND_CPU, FG_F32, p.N), sc = row_vec(FG_BACKEND_CPU, FG_F32, p.N);
+    th_operand dl = row_vec(FG_BACKEND_CUDA, FG_F32, p.N), dlc = row_vec(FG_BACKEND_CPU, FG_F32, p.N);
+    th_randomize(&dl);
+    memcpy(dlc.v, dl.v, sizeof(double) * (size_t)p.N);
+    th_put(&dlc.buf, &dlc.t, dlc.v);
+    TH_OK(fg_linear_logp_forward(cuda, NULL, &g.h.t, &g.w.t, NULL, &g.target, &lg.t, &sg.t, NULL));
+    TH_OK(fg_linear_logp_forward(cpu, NULL, &hc.t, &wc.t, NULL, &tc, &lc.t, &sc.t, NULL));
+    th_get(&lc.buf, &lc.t, lc.v), th_get(&sc.buf, &sc.t, sc.v);
+    th_verify("large logp", &lg, lc.v, 1e-2, "N*V > 2^31");
+    th_verify("large lse", &sg, sc.v, 1e-2, "N*V > 2^31");
+    th_operand dhg = th_make(FG_BACKEND_CUDA, FG_BF16, 2, hs, 0), dwg = th_make(FG_BACKEND_CUDA, FG_BF16, 2, wsh, 0);
+    th_operand dhc = th_make(FG_BACKEND_CPU, FG_F32, 2, hs, 0), dwc = th_make(FG_BACKEND_CPU, FG_F32, 2, wsh, 0);
+    TH_OK(fg_linear_logp_backward(cuda, NULL, &dl.t, NULL, NULL, &g.h.t, &g.w.t, NULL, &g.target, &sg.t, NULL, &dhg.t,
+                                  &dwg.t, NULL, 0));
+    TH_OK(fg_linear_logp_backward(cpu, NULL, &dlc.t, NULL, NULL, &hc.t, &wc.t, NULL, &tc, &sc.t, NULL, &dhc.t, &dwc.t,
+                                  NULL, 0));
+    th_get(&dhc.buf, &dhc.t, dhc.v), th_get(&dwc.buf, &dwc.t, dwc.v);
+    th_verify("large dh", &dhg, dhc.v, 1e-2, "N*V > 2^31");
+    th_verify("large dw", &dwg, dwc.v, 1e-2, "N*V > 2^31");
+    TH_OK(fg_context_check(cuda));
+    th_drop(&hc), th_drop(&wc), th_drop(&lg), th_drop(&sg), th_drop(&lc), th_drop(&sc), th_drop(&dl), th_drop(&dlc);
+    th_drop(&dhg), th_drop(&dwg), th_drop(&dhc), th_drop(&dwc);
+    drop_inputs(&g);
+    fg_context_destroy(cpu);
+}
+
 int main(void) {
     th_init("linear_logp");
     fg_backend bes[2];
@@ -471,6 +516,7 @@ int main(void) {
         }
         bad_targets(ctx, be);
         bad_input(ctx, be);
+        if (be == FG_BACKEND_CUDA) large_logits(ctx);
         fg_context_destroy(ctx);
     }
     return th_finish("linear_logp");

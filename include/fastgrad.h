@@ -187,10 +187,36 @@ typedef enum fg_op {
     FG_OP_LINEAR_LOGP_BACKWARD = 16,   /* 0:dlogp [N] (opt) 1:dentropy [N] (opt) 2:dlse [N] (opt)
                                           3:h 4:w 5:b (opt) 6:target 7:lse 8:entropy (opt)
                                           9:dh (opt) 10:dw (opt) 11:db (opt)                   */
-    FG_OP_LINEAR_CROSS_ENTROPY = 17    /* 0:h 1:w 2:b (opt) 3:target 4:row_weight [N] (opt)
+    FG_OP_LINEAR_CROSS_ENTROPY = 17,   /* 0:h 1:w 2:b (opt) 3:target 4:row_weight [N] (opt)
                                           5:loss ([N] for reduction none, else [1])
                                           6:lse [N] (opt) 7:dh (opt) 8:dw (opt) 9:db (opt)      */
+    /* Linear + bias + activation (kind = fg_activation).                                 */
+    FG_OP_LINEAR_ACT_FORWARD = 18,     /* 0:x [...,K] 1:w [M,K] 2:b [M] (opt) 3:y [...,M]
+                                          4:pre [...,M] (opt: the saved pre-activation)       */
+    FG_OP_LINEAR_ACT_BACKWARD = 19     /* 0:dy [...,M] 1:pre (opt; absent: recomputed from x, w, b)
+                                          2:x 3:w 4:b (opt) 5:dx (opt) 6:dw (opt) 7:db (opt)  */
 } fg_op;
+
+/* Activations of the linear + activation family (y = act(pre), pre = x·wᵀ + b):
+ *   NONE       y = pre
+ *   RELU       y = max(pre, 0)                  act′(0) = 0
+ *   GELU       y = pre·Φ(pre) (erf form)        act′ = Φ + pre·φ
+ *   GELU_TANH  y = ½pre(1 + tanh(√(2/π)(pre + 0.044715 pre³)))
+ *   SILU       y = pre·σ(pre)                   act′ = σ(1 + pre(1 − σ))
+ *   SIGMOID    y = σ(pre)                       act′ = σ(1 − σ)
+ *   TANH       y = tanh(pre)                    act′ = 1 − y²
+ * Derivatives are exact at 0 and finite for any finite input (GELU_TANH's takes its limits
+ * 0 / 1 past |pre| = 10, where they hold to far below any dtype's resolution, instead of
+ * 0·∞); NaN in gives NaN out. */
+typedef enum fg_activation {
+    FG_ACT_NONE = 0,
+    FG_ACT_RELU = 1,
+    FG_ACT_GELU = 2,
+    FG_ACT_GELU_TANH = 3,
+    FG_ACT_SILU = 4,
+    FG_ACT_SIGMOID = 5,
+    FG_ACT_TANH = 6
+} fg_activation;
 
 /* Unary ops with parameters (scalars[] of the plan descriptor):
  *   SCALE      y = s·x                      scalars = {s}
@@ -257,7 +283,8 @@ typedef struct fg_plan_desc {
     fg_tensor operands[FG_MAX_OPERANDS]; /* dtypes, shapes, strides; data is ignored */
     int32_t accumulate;                  /* backward ops: add into the output        */
     uint32_t flags;                      /* FG_PLAN_*                                 */
-    int32_t kind;                        /* elementwise ops: fg_unary or fg_binary    */
+    int32_t kind;                        /* elementwise ops: fg_unary or fg_binary;
+                                            linear + activation: fg_activation        */
     double scalars[4];                   /* elementwise ops: their parameters         */
     fg_logp_options logp;                /* linear log-prob ops                       */
 } fg_plan_desc;
@@ -388,6 +415,37 @@ FG_NODISCARD FG_API fg_status fg_adamw_step(fg_context *ctx, const fg_adamw_hpar
                                             const fg_tensor *params, const fg_tensor *grads,
                                             const fg_tensor *exp_avg, const fg_tensor *exp_avg_sq,
                                             const fg_tensor *master);
+
+/* ------------------------------------------------------------------ Linear + activation */
+/* y = act(x·wᵀ + b). x [..., K] (leading dims that collapse into one stride), w [M, K],
+ * b [M] or NULL, y [..., M]; f32, f16, bf16 (+ f64 on the CPU), one dtype. pre (same shape
+ * and dtype as y, or NULL) receives the pre-activation for the backward: memory for time
+ * (without it the backward recomputes x·wᵀ + b, one more product). */
+FG_NODISCARD FG_API fg_status fg_linear_act_forward(fg_context *ctx, fg_activation act, const fg_tensor *x,
+                                                    const fg_tensor *w, const fg_tensor *b, const fg_tensor *y,
+                                                    const fg_tensor *pre);
+/* The gradients through the activation: g = dy ⊙ act′(pre) is formed once (in one pass over
+ * dy and pre, with db's column sums), then dx = g·w and dw = gᵀ·x (summed over all leading
+ * dims) and db = Σ g. Any of dx, dw, db may be NULL (not wanted); pre NULL: recomputed from
+ * x, w, b (b is needed then only if the forward had one). accumulate adds into every
+ * requested output. Sums are f32 (f64 for f64) in a fixed order: deterministic. */
+FG_NODISCARD FG_API fg_status fg_linear_act_backward(fg_context *ctx, fg_activation act, const fg_tensor *dy,
+                                                     const fg_tensor *pre, const fg_tensor *x, const fg_tensor *w,
+                                                     const fg_tensor *b, const fg_tensor *dx, const fg_tensor *dw,
+                                                     const fg_tensor *db, int accumulate);
+/* One gradient each (the split form of Linear); each forms g itself. */
+FG_NODISCARD FG_API fg_status fg_linear_act_backward_input(fg_context *ctx, fg_activation act, const fg_tensor *dy,
+                                                           const fg_tensor *pre, const fg_tensor *x,
+                                                           const fg_tensor *w, const fg_tensor *b,
+                                                           const fg_tensor *dx, int accumulate);
+FG_NODISCARD FG_API fg_status fg_linear_act_backward_weight(fg_context *ctx, fg_activation act, const fg_tensor *dy,
+                                                            const fg_tensor *pre, const fg_tensor *x,
+                                                            const fg_tensor *w, const fg_tensor *b,
+                                                            const fg_tensor *dw, int accumulate);
+FG_NODISCARD FG_API fg_status fg_linear_act_backward_bias(fg_context *ctx, fg_activation act, const fg_tensor *dy,
+                                                          const fg_tensor *pre, const fg_tensor *x,
+                                                          const fg_tensor *w, const fg_tensor *b,
+                                                          const fg_tensor *db, int accumulate);
 
 /* ------------------------------------------------------------------ Linear log-prob */
 /* log_softmax(L)[target] of the logits L of h·wᵀ + b (options above) without ever

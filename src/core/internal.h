@@ -269,6 +269,43 @@ size_t fg_cuda_logp_scratch(int64_t rows, int64_t cols);
 fg_status fg_cuda_logp(fg_context *ctx, const fg_logp_call *c);
 #endif
 
+/* ------------------------------------------------------------------ linear + activation steps */
+
+/* The two elementwise steps of the linear + activation driver (src/ops/linear_act.c),
+ * over an [rows, cols] row-major block (row strides in elements):
+ *   FORWARD  y = act(pre)                      (y may be pre: in place)
+ *   GRAD     g = dy ⊙ act′(pre); db_acc (acc type, [cols]) gets the column sums of g
+ *            (first: written, else added) when db_acc is not NULL
+ *   CAST     dst = src (+ dst when accumulate), acc type → dtype, n = cols elements */
+typedef enum fg_act_step { FG_ACT_STEP_FORWARD, FG_ACT_STEP_GRAD, FG_ACT_STEP_CAST } fg_act_step;
+
+typedef struct fg_act_call {
+    fg_act_step step;
+    int act;                 /* fg_activation */
+    fg_dtype dtype, acc;
+    int64_t rows, cols;
+    const void *pre, *dy;
+    void *y, *g;
+    int64_t ld_pre, ld_dy, ld_y, ld_g;
+    void *db_acc;
+    bool first;
+    void *scratch;           /* GRAD: column partial sums */
+    size_t scratch_bytes;
+    const void *src;
+    void *dst;
+    bool accumulate;
+} fg_act_call;
+
+/* The activations in f64 (the CPU reference and the tests' oracle agree on these). */
+double fg_act_value(int act, double x);
+double fg_act_slope(int act, double x);
+
+fg_status fg_cpu_act(fg_context *ctx, const fg_act_call *c);
+#ifdef FG_HAVE_CUDA
+size_t fg_cuda_act_scratch(int64_t rows, int64_t cols);
+fg_status fg_cuda_act(fg_context *ctx, const fg_act_call *c);
+#endif
+
 /* ------------------------------------------------------------------ op lowering */
 
 #define FG_MAX_GEMMS 2
@@ -302,6 +339,7 @@ const fg_op_entry *fg_matmul_op_entry(fg_op op);
 const fg_op_entry *fg_outer_op_entry(fg_op op);
 const fg_op_entry *fg_elementwise_op_entry(fg_op op);
 const fg_op_entry *fg_linear_logp_op_entry(fg_op op);
+const fg_op_entry *fg_linear_act_op_entry(fg_op op);
 
 /* Fills a plan descriptor for the one-call functions and runs it on ctx's workspace.
  * kind and scalars (may be NULL) are for the elementwise ops. */

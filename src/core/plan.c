@@ -24,6 +24,7 @@ static const fg_op_entry *find_op(fg_op op) {
     if (!e) e = fg_outer_op_entry(op);
     if (!e) e = fg_elementwise_op_entry(op);
     if (!e) e = fg_linear_logp_op_entry(op);
+    if (!e) e = fg_linear_act_op_entry(op);
     return e;
 }
 

@@ -1,0 +1,100 @@
+/*
+ * linear_act.c — the CPU backend's elementwise steps of linear + activation (the step
+ * list is in core/internal.h; the driver and its GEMMs are in ops/linear_act.c), and the
+ * activation math in f64 that they use. Rows run in parallel; db's column sums run over
+ * the rows in order, so the results do not depend on the thread count's timing.
+ */
+#include "../core/internal.h"
+
+#include <math.h>
+
+#define SQRT_2_OVER_PI 0.7978845608028654
+#define INV_SQRT_2 0.7071067811865476
+#define INV_SQRT_2PI 0.3989422804014327
+
+static double sigmoid(double x) {
+    if (x >= 0) return 1.0 / (1.0 + exp(-x));
+    double e = exp(x);
+    return e / (1.0 + e);
+}
+
+double fg_act_value(int act, double x) {
+    switch (act) {
+    case FG_ACT_RELU: return x > 0 ? x : (x == x ? 0.0 : x);
+    case FG_ACT_GELU: return 0.5 * x * (1.0 + erf(x * INV_SQRT_2));
+    case FG_ACT_GELU_TANH: return 0.5 * x * (1.0 + tanh(SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)));
+    case FG_ACT_SILU: return x * sigmoid(x);
+    case FG_ACT_SIGMOID: return sigmoid(x);
+    case FG_ACT_TANH: return tanh(x);
+    default: return x;
+    }
+}
+
+double fg_act_slope(int act, double x) {
+    switch (act) {
+    case FG_ACT_RELU: return x > 0 ? 1.0 : (x == x ? 0.0 : x);
+    case FG_ACT_GELU: return 0.5 * (1.0 + erf(x * INV_SQRT_2)) + x * INV_SQRT_2PI * exp(-0.5 * x * x);
+    case FG_ACT_GELU_TANH: {
+        if (fabs(x) > 10.0) return x > 0 ? 1.0 : 0.0; /* the limits, instead of 0·∞ far out */
+        double t = tanh(SQRT_2_OVER_PI * (x + 0.044715 * x * x * x));
+        return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * SQRT_2_OVER_PI * (1.0 + 3.0 * 0.044715 * x * x);
+    }
+    case FG_ACT_SILU: {
+        double s = sigmoid(x);
+        return s * (1.0 + x * (1.0 - s));
+    }
+    case FG_ACT_SIGMOID: {
+        double s = sigmoid(x);
+        return s * (1.0 - s);
+    }
+    case FG_ACT_TANH: {
+        double t = tanh(x);
+        return 1.0 - t * t;
+    }
+    default: return x == x ? 1.0 : x;
+    }
+}
+
+static int threads(const fg_context *ctx) { return ctx->num_threads > 0 ? ctx->num_threads : 0; }
+
+fg_status fg_cpu_act(fg_context *ctx, const fg_act_call *c) {
+    const int nt = threads(ctx);
+    const fg_dtype t = c->dtype;
+    switch (c->step) {
+    case FG_ACT_STEP_FORWARD:
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt != 1 && c->rows * c->cols > 65536)
+        for (int64_t i = 0; i < c->rows; i++)
+            for (int64_t j = 0; j < c->cols; j++)
+                fg_store_f64(c->y, t, i * c->ld_y + j, fg_act_value(c->act, fg_load_f64(c->pre, t, i * c->ld_pre + j)));
+        return FG_OK;
+    case FG_ACT_STEP_GRAD:
+        if (c->g) {
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt != 1 && c->rows * c->cols > 65536)
+            for (int64_t i = 0; i < c->rows; i++)
+                for (int64_t j = 0; j < c->cols; j++) {
+                    double dy = fg_load_f64(c->dy, t, i * c->ld_dy + j);
+                    fg_store_f64(c->g, t, i * c->ld_g + j,
+                                 dy * fg_act_slope(c->act, fg_load_f64(c->pre, t, i * c->ld_pre + j)));
+                }
+        }
+        if (c->db_acc) { /* sums of the unrounded g, column by column, rows in order */
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt != 1 && c->rows * c->cols > 65536)
+            for (int64_t j = 0; j < c->cols; j++) {
+                double sum = c->first ? 0.0 : fg_load_f64(c->db_acc, c->acc, j);
+                for (int64_t i = 0; i < c->rows; i++)
+                    sum += fg_load_f64(c->dy, t, i * c->ld_dy + j) *
+                           fg_act_slope(c->act, fg_load_f64(c->pre, t, i * c->ld_pre + j));
+                fg_store_f64(c->db_acc, c->acc, j, sum);
+            }
+        }
+        return FG_OK;
+    case FG_ACT_STEP_CAST:
+        for (int64_t j = 0; j < c->cols; j++) {
+            double v = fg_load_f64(c->src, c->acc, j);
+            if (c->accumulate) v += fg_load_f64(c->dst, t, j);
+            fg_store_f64(c->dst, t, j, v);
+        }
+        return FG_OK;
+    }
+    return fg_fail(FG_ERR_INTERNAL, "cpu linear_act: unknown step %d", (int)c->step);
+}

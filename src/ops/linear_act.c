@@ -1,0 +1,370 @@
+/*
+ * linear_act.c — front door and driver of linear + bias + activation:
+ * y = act(x·wᵀ + b) and its backward, for act in none, relu, gelu (erf), gelu (tanh),
+ * silu, sigmoid, tanh.
+ *
+ *  forward   one GEMM through the shared primitive (bias in cuBLASLt's epilogue) into pre
+ *            (when the caller keeps it) or straight into y, then one elementwise pass
+ *            y = act(pre) (in place when pre is not kept; none: no pass at all)
+ *  backward  pre (kept, or recomputed by one more GEMM into the workspace) and dy →
+ *            g = dy ⊙ act′(pre) in one pass that also sums db's columns, then dx = g·w and
+ *            dw = gᵀ·x as GEMMs; act none uses dy as g directly
+ * The activation math is the backends' (src/cpu/linear_act.c, src/cuda/linear_act.cu).
+ * Sums are f32 (f64 for f64) in a fixed order: the same bits on every run.
+ */
+#include "../core/internal.h"
+
+#include <stdio.h>
+#include <string.h>
+
+enum { AF_X, AF_W, AF_B, AF_Y, AF_PRE, AF_N };
+enum { AB_DY, AB_PRE, AB_X, AB_W, AB_B, AB_DX, AB_DW, AB_DB, AB_N };
+
+#define ALIGN_UP(x) (((x) + 255) & ~(size_t)255)
+
+static bool has(const fg_tensor *t) { return t->rank != 0; }
+
+static const char *act_name(int act) {
+    static const char *names[] = {"none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh"};
+    return act >= 0 && act <= FG_ACT_TANH ? names[act] : "?";
+}
+
+/* ------------------------------------------------------------------ validation */
+
+static fg_status check_contig(const char *op, const char *what, const fg_tensor *t) {
+    if (!fg_is_contiguous(t)) return fg_fail(FG_ERR_UNSUPPORTED, "%s: %s must be contiguous", op, what);
+    return FG_OK;
+}
+
+/* t must have exactly the shape `like` has with its last dim replaced by `last`. */
+static fg_status check_like(const char *op, const char *what, const fg_tensor *t, const fg_tensor *like, int64_t last,
+                            fg_dtype dtype) {
+    FG_TRY(fg_check_desc(op, what, t, like->rank, like->rank));
+    if (t->dtype != dtype)
+        return fg_fail(FG_ERR_DTYPE, "%s: %s is %s but it must be %s", op, what, fg_dtype_name(t->dtype),
+                       fg_dtype_name(dtype));
+    for (int d = 0; d < like->rank; d++) {
+        int64_t want = d == like->rank - 1 ? last : like->shape[d];
+        if (t->shape[d] != want)
+            return fg_fail(FG_ERR_SHAPE, "%s: %s.shape[%d]=%lld but it must be %lld", op, what, d,
+                           (long long)t->shape[d], (long long)want);
+    }
+    return check_contig(op, what, t);
+}
+
+/* x [..., K], w [M, K], b [M] (optional): the shared checks; gives N, K, M. */
+static fg_status check_xwb(const char *op, int act, const fg_tensor *x, const fg_tensor *w, const fg_tensor *b,
+                           int64_t *N, int64_t *K, int64_t *M) {
+    if (act < FG_ACT_NONE || act > FG_ACT_TANH)
+        return fg_fail(FG_ERR_INVALID_VALUE, "%s: act=%d is not an fg_activation", op, act);
+    FG_TRY(fg_check_desc(op, "x", x, 1, FG_MAX_RANK));
+    FG_TRY(fg_check_desc(op, "w", w, 2, 2));
+    if (w->dtype != x->dtype)
+        return fg_fail(FG_ERR_DTYPE, "%s: w is %s but x is %s", op, fg_dtype_name(w->dtype), fg_dtype_name(x->dtype));
+    *K = x->shape[x->rank - 1];
+    *M = w->shape[0];
+    if (w->shape[1] != *K)
+        return fg_fail(FG_ERR_SHAPE, "%s: w.shape[1]=%lld but x.shape[-1]=%lld", op, (long long)w->shape[1],
+                       (long long)*K);
+    *N = 1;
+    for (int d = 0; d < x->rank - 1; d++) *N *= x->shape[d];
+    FG_TRY(check_contig(op, "x", x));
+    FG_TRY(check_contig(op, "w", w));
+    if (has(b)) {
+        FG_TRY(fg_check_desc(op, "b", b, 1, 1));
+        if (b->dtype != x->dtype)
+            return fg_fail(FG_ERR_DTYPE, "%s: b is %s but x is %s", op, fg_dtype_name(b->dtype), fg_dtype_name(x->dtype));
+        if (b->shape[0] != *M)
+            return fg_fail(FG_ERR_SHAPE, "%s: b.shape[0]=%lld but w.shape[0]=%lld", op, (long long)b->shape[0],
+                           (long long)*M);
+        FG_TRY(check_contig(op, "b", b));
+    }
+    return FG_OK;
+}
+
+/* ------------------------------------------------------------------ the walk */
+
+typedef struct act_run {
+    fg_context *ctx;
+    const fg_plan_desc *d;
+    const fg_tensor *ops;  /* NULL when planning */
+    void *ws;              /* NULL when planning */
+    size_t gemm_at, gemm_bytes, total;
+    bool run, size_only;
+    fg_dtype dtype, acc;
+    size_t es, aes;
+    int64_t N, K, M;
+    fg_kernel_info *info;
+} act_run;
+
+static size_t place(act_run *r, size_t bytes) {
+    size_t at = r->total;
+    r->total += ALIGN_UP(bytes);
+    return at;
+}
+
+static void *at(const act_run *r, size_t off) { return r->ws ? (char *)r->ws + off : NULL; }
+
+static void *data_of(const act_run *r, int i) {
+    return r->ops && r->d->operands[i].rank != 0 ? r->ops[i].data : NULL;
+}
+
+static fg_mat mat(void *data, int64_t rs, int64_t cs) {
+    fg_mat m;
+    memset(&m, 0, sizeof m);
+    m.data = data;
+    m.rs = rs;
+    m.cs = cs;
+    return m;
+}
+
+static fg_status gemm(act_run *r, int64_t m, int64_t n, int64_t k, fg_mat a, fg_mat b, fg_mat c, double beta,
+                      const void *bias) {
+    fg_gemm g;
+    memset(&g, 0, sizeof g);
+    g.dtype = r->dtype;
+    g.batch = 1;
+    g.m = m, g.n = n, g.k = k;
+    g.a = a, g.b = b, g.c = c;
+    g.alpha = 1.0;
+    g.beta = beta;
+    g.bias_operand = bias ? 0 : -1;
+    g.bias = (void *)bias;
+    g.bias_cs = 1;
+    g.allow_tf32 = (r->d->flags & FG_PLAN_ALLOW_TF32) && r->dtype == FG_F32;
+    fg_kernel_info k_info;
+    if (!r->run) {
+        if (r->size_only) return FG_OK;
+        FG_TRY(fg_gemm_execute(r->ctx, &g, &k_info, NULL, 0, false));
+        if (k_info.workspace_bytes > r->gemm_bytes) r->gemm_bytes = k_info.workspace_bytes;
+        size_t used = strlen(r->info->name);
+        snprintf(r->info->name + used, sizeof r->info->name - used, "%s%.60s", used ? " ; " : "", k_info.name);
+        return FG_OK;
+    }
+    return fg_gemm_execute(r->ctx, &g, &k_info, (char *)r->ws + r->gemm_at, r->gemm_bytes, true);
+}
+
+static fg_status step(act_run *r, fg_act_call *c) {
+    c->act = r->d->kind;
+    c->dtype = r->dtype;
+    c->acc = r->acc;
+    if (!r->run) {
+        if (!r->size_only && c->step != FG_ACT_STEP_CAST) {
+            size_t used = strlen(r->info->name);
+            snprintf(r->info->name + used, sizeof r->info->name - used, " ; %s_%s<%s>",
+                     c->step == FG_ACT_STEP_FORWARD ? "act" : "act_grad", act_name(c->act), fg_dtype_name(r->dtype));
+        }
+        return FG_OK;
+    }
+    if (r->ctx->backend == FG_BACKEND_CPU) return fg_cpu_act(r->ctx, c);
+#ifdef FG_HAVE_CUDA
+    if (r->ctx->backend == FG_BACKEND_CUDA) return fg_cuda_act(r->ctx, c);
+#endif
+    return fg_fail(FG_ERR_NO_DEVICE, "linear_act: backend %d is not built in", (int)r->ctx->backend);
+}
+
+/* pre[N × M] = x·wᵀ + b into `dst` */
+static fg_status pre_gemm(act_run *r, int xi, int wi, int bi, void *dst) {
+    const void *bias = NULL;
+    if (r->d->operands[bi].rank != 0) bias = r->run ? data_of(r, bi) : (const void *)(uintptr_t)256;
+    return gemm(r, r->N, r->M, r->K, mat(data_of(r, xi), r->K, 1), mat(data_of(r, wi), 1, r->K), mat(dst, r->M, 1),
+                0.0, bias);
+}
+
+static fg_status forward(act_run *r) {
+    const bool keep = r->d->operands[AF_PRE].rank != 0;
+    void *y = data_of(r, AF_Y), *pre = keep ? data_of(r, AF_PRE) : y;
+    FG_TRY(pre_gemm(r, AF_X, AF_W, AF_B, pre));
+    if (r->d->kind == FG_ACT_NONE && !keep) return FG_OK;
+    fg_act_call c;
+    memset(&c, 0, sizeof c);
+    c.step = FG_ACT_STEP_FORWARD;
+    c.rows = r->N, c.cols = r->M;
+    c.pre = pre, c.y = y;
+    c.ld_pre = c.ld_y = r->M;
+    return step(r, &c);
+}
+
+static fg_status backward(act_run *r) {
+    const fg_plan_desc *d = r->d;
+    const bool keep = has(&d->operands[AB_PRE]), none = d->kind == FG_ACT_NONE;
+    const bool want_dx = has(&d->operands[AB_DX]), want_dw = has(&d->operands[AB_DW]), want_db = has(&d->operands[AB_DB]);
+    const size_t nm = (size_t)(r->N * r->M);
+    const size_t pre_off = place(r, keep || none ? 0 : nm * r->es);
+    const size_t g_off = place(r, none || !(want_dx || want_dw) ? 0 : nm * r->es);
+    const size_t db_off = place(r, want_db ? (size_t)r->M * r->aes : 0);
+    size_t scratch_bytes = 0;
+#ifdef FG_HAVE_CUDA
+    if (want_db && r->ctx->backend == FG_BACKEND_CUDA) scratch_bytes = fg_cuda_act_scratch(r->N, r->M);
+#endif
+    const size_t scratch_off = place(r, scratch_bytes);
+    if (!want_dx && !want_dw && !want_db) return FG_OK;
+
+    void *pre = keep ? data_of(r, AB_PRE) : at(r, pre_off);
+    if (!keep && !none) FG_TRY(pre_gemm(r, AB_X, AB_W, AB_B, pre));
+    void *g = none ? data_of(r, AB_DY) : (want_dx || want_dw ? at(r, g_off) : NULL);
+    if (!none || want_db) {
+        fg_act_call c;
+        memset(&c, 0, sizeof c);
+        c.step = FG_ACT_STEP_GRAD;
+        c.rows = r->N, c.cols = r->M;
+        c.dy = data_of(r, AB_DY), c.pre = none ? c.dy : pre;
+        c.g = none ? NULL : g; /* none: g is dy itself, only db's sums are wanted */
+        c.ld_dy = c.ld_pre = c.ld_g = r->M;
+        c.db_acc = want_db ? at(r, db_off) : NULL;
+        c.first = true;
+        c.scratch = at(r, scratch_off), c.scratch_bytes = scratch_bytes;
+        FG_TRY(step(r, &c));
+    }
+    const double beta = d->accumulate ? 1.0 : 0.0;
+    if (want_dx) /* dx[N × K] = g[N × M] · w[M × K] */
+        FG_TRY(gemm(r, r->N, r->K, r->M, mat(g, r->M, 1), mat(data_of(r, AB_W), r->K, 1), mat(data_of(r, AB_DX), r->K, 1),
+                    beta, NULL));
+    if (want_dw) /* dw[M × K] = gᵀ[M × N] · x[N × K] */
+        FG_TRY(gemm(r, r->M, r->K, r->N, mat(g, 1, r->M), mat(data_of(r, AB_X), r->K, 1), mat(data_of(r, AB_DW), r->K, 1),
+                    beta, NULL));
+    if (want_db) {
+        fg_act_call c;
+        memset(&c, 0, sizeof c);
+        c.step = FG_ACT_STEP_CAST;
+        c.cols = r->M;
+        c.src = at(r, db_off);
+        c.dst = data_of(r, AB_DB);
+        c.accumulate = d->accumulate != 0;
+        FG_TRY(step(r, &c));
+    }
+    return FG_OK;
+}
+
+static fg_status driver(fg_context *ctx, const fg_plan_desc *d, const fg_tensor *ops, fg_kernel_info *info, void *ws,
+                        size_t ws_bytes, bool run) {
+    const bool fwd = d->op == FG_OP_LINEAR_ACT_FORWARD;
+    const fg_tensor *x = &d->operands[fwd ? AF_X : AB_X], *w = &d->operands[fwd ? AF_W : AB_W];
+    act_run r;
+    memset(&r, 0, sizeof r);
+    r.ctx = ctx;
+    r.d = d;
+    r.dtype = x->dtype;
+    r.acc = x->dtype == FG_F64 ? FG_F64 : FG_F32;
+    r.es = fg_dtype_size(r.dtype);
+    r.aes = fg_dtype_size(r.acc);
+    r.K = x->shape[x->rank - 1];
+    r.M = w->shape[0];
+    r.N = 1;
+    for (int i = 0; i < x->rank - 1; i++) r.N *= x->shape[i];
+    r.info = info;
+    if (!run) {
+        info->name[0] = 0;
+        FG_TRY(fwd ? forward(&r) : backward(&r));
+        info->workspace_bytes = r.total + ALIGN_UP(r.gemm_bytes);
+        info->deterministic = true;
+        info->accumulator = r.acc;
+        return FG_OK;
+    }
+    r.size_only = true;
+    FG_TRY(fwd ? forward(&r) : backward(&r));
+    if (ws_bytes < r.total)
+        return fg_fail(FG_ERR_WORKSPACE, "linear_act: workspace of %zu bytes given, more than %zu needed", ws_bytes,
+                       r.total);
+    r.gemm_at = r.total;
+    r.gemm_bytes = ws_bytes - r.total;
+    r.total = 0;
+    r.size_only = false;
+    r.run = true;
+    r.ops = ops;
+    r.ws = ws;
+    return fwd ? forward(&r) : backward(&r);
+}
+
+/* ------------------------------------------------------------------ lowering (validation) */
+
+static fg_status lower_forward(const fg_plan_desc *d, fg_lowered *out) {
+    const char *op = "linear_act_forward";
+    const fg_tensor *o = d->operands;
+    int64_t N = 0, K = 0, M = 0;
+    FG_TRY(check_xwb(op, d->kind, &o[AF_X], &o[AF_W], &o[AF_B], &N, &K, &M));
+    FG_TRY(check_like(op, "y", &o[AF_Y], &o[AF_X], M, o[AF_X].dtype));
+    if (has(&o[AF_PRE])) FG_TRY(check_like(op, "pre", &o[AF_PRE], &o[AF_X], M, o[AF_X].dtype));
+    out->driver = driver;
+    return FG_OK;
+}
+
+static fg_status lower_backward(const fg_plan_desc *d, fg_lowered *out) {
+    const char *op = "linear_act_backward";
+    const fg_tensor *o = d->operands;
+    int64_t N = 0, K = 0, M = 0;
+    FG_TRY(check_xwb(op, d->kind, &o[AB_X], &o[AB_W], &o[AB_B], &N, &K, &M));
+    const fg_dtype t = o[AB_X].dtype;
+    FG_TRY(check_like(op, "dy", &o[AB_DY], &o[AB_X], M, t));
+    if (has(&o[AB_PRE])) FG_TRY(check_like(op, "pre", &o[AB_PRE], &o[AB_X], M, t));
+    if (has(&o[AB_DX])) FG_TRY(check_like(op, "dx", &o[AB_DX], &o[AB_X], K, t));
+    if (has(&o[AB_DW])) FG_TRY(check_like(op, "dw", &o[AB_DW], &o[AB_W], K, t));
+    if (has(&o[AB_DB])) {
+        fg_tensor like;
+        memset(&like, 0, sizeof like);
+        like.rank = 1;
+        like.shape[0] = M;
+        FG_TRY(check_like(op, "db", &o[AB_DB], &like, M, t));
+    }
+    out->driver = driver;
+    return FG_OK;
+}
+
+static const fg_op_entry entries[] = {
+    {FG_OP_LINEAR_ACT_FORWARD, "linear_act_forward", AF_N, {"x", "w", "b", "y", "pre"},
+     (1u << AF_Y) | (1u << AF_PRE), (1u << AF_B) | (1u << AF_PRE), lower_forward, false},
+    {FG_OP_LINEAR_ACT_BACKWARD, "linear_act_backward", AB_N, {"dy", "pre", "x", "w", "b", "dx", "dw", "db"},
+     (1u << AB_DX) | (1u << AB_DW) | (1u << AB_DB),
+     (1u << AB_PRE) | (1u << AB_B) | (1u << AB_DX) | (1u << AB_DW) | (1u << AB_DB), lower_backward, false},
+};
+
+const fg_op_entry *fg_linear_act_op_entry(fg_op op) {
+    for (size_t i = 0; i < sizeof entries / sizeof entries[0]; i++)
+        if (entries[i].op == op) return &entries[i];
+    return NULL;
+}
+
+/* ------------------------------------------------------------------ one-call functions */
+
+static fg_status run_once(fg_context *ctx, fg_op op, int act, const fg_tensor *const *ops, int n, int accumulate) {
+    fg_plan_desc d;
+    memset(&d, 0, sizeof d);
+    d.op = op;
+    d.kind = act;
+    d.accumulate = accumulate ? 1 : 0;
+    return fg_run_once_desc(ctx, &d, ops, n);
+}
+
+fg_status fg_linear_act_forward(fg_context *ctx, fg_activation act, const fg_tensor *x, const fg_tensor *w,
+                                const fg_tensor *b, const fg_tensor *y, const fg_tensor *pre) {
+    const fg_tensor *ops[AF_N] = {x, w, b, y, pre};
+    return run_once(ctx, FG_OP_LINEAR_ACT_FORWARD, act, ops, AF_N, 0);
+}
+
+fg_status fg_linear_act_backward(fg_context *ctx, fg_activation act, const fg_tensor *dy, const fg_tensor *pre,
+                                 const fg_tensor *x, const fg_tensor *w, const fg_tensor *b, const fg_tensor *dx,
+                                 const fg_tensor *dw, const fg_tensor *db, int accumulate) {
+    const fg_tensor *ops[AB_N] = {dy, pre, x, w, b, dx, dw, db};
+    return run_once(ctx, FG_OP_LINEAR_ACT_BACKWARD, act, ops, AB_N, accumulate);
+}
+
+fg_status fg_linear_act_backward_input(fg_context *ctx, fg_activation act, const fg_tensor *dy, const fg_tensor *pre,
+                                       const fg_tensor *x, const fg_tensor *w, const fg_tensor *b, const fg_tensor *dx,
+                                       int accumulate) {
+    if (!dx) return fg_fail(FG_ERR_NULL_POINTER, "linear_act_backward: dx is NULL");
+    return fg_linear_act_backward(ctx, act, dy, pre, x, w, b, dx, NULL, NULL, accumulate);
+}
+
+fg_status fg_linear_act_backward_weight(fg_context *ctx, fg_activation act, const fg_tensor *dy, const fg_tensor *pre,
+                                        const fg_tensor *x, const fg_tensor *w, const fg_tensor *b, const fg_tensor *dw,
+                                        int accumulate) {
+    if (!dw) return fg_fail(FG_ERR_NULL_POINTER, "linear_act_backward: dw is NULL");
+    return fg_linear_act_backward(ctx, act, dy, pre, x, w, b, NULL, dw, NULL, accumulate);
+}
+
+fg_status fg_linear_act_backward_bias(fg_context *ctx, fg_activation act, const fg_tensor *dy, const fg_tensor *pre,
+                                      const fg_tensor *x, const fg_tensor *w, const fg_tensor *b, const fg_tensor *db,
+                                      int accumulate) {
+    if (!db) return fg_fail(FG_ERR_NULL_POINTER, "linear_act_backward: db is NULL");
+    return fg_linear_act_backward(ctx, act, dy, pre, x, w, b, NULL, NULL, db, accumulate);
+}

@@ -12,17 +12,27 @@
 #define INV_SQRT_2 0.7071067811865476
 #define INV_SQRT_2PI 0.3989422804014327
 
+/* σ(x) and σ(x)(1 − σ(x)), without the cancellation of 1 − σ where σ → 1 */
 static double sigmoid(double x) {
     if (x >= 0) return 1.0 / (1.0 + exp(-x));
     double e = exp(x);
     return e / (1.0 + e);
 }
 
+static double sigmoid_slope(double x) {
+    double e = exp(-fabs(x));
+    return e / ((1.0 + e) * (1.0 + e));
+}
+
+
+/* GELU (tanh) is x·σ(2u), u = √(2/π)(x + 0.044715x³): 1 + tanh u = 2σ(2u) without cancellation */
+static double gelu_u(double x) { return SQRT_2_OVER_PI * (x + 0.044715 * x * x * x); }
+
 double fg_act_value(int act, double x) {
     switch (act) {
     case FG_ACT_RELU: return x > 0 ? x : (x == x ? 0.0 : x);
-    case FG_ACT_GELU: return 0.5 * x * (1.0 + erf(x * INV_SQRT_2));
-    case FG_ACT_GELU_TANH: return 0.5 * x * (1.0 + tanh(SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)));
+    case FG_ACT_GELU: return 0.5 * x * erfc(-x * INV_SQRT_2); /* Φ via erfc: accurate for x ≪ 0 */
+    case FG_ACT_GELU_TANH: return x * sigmoid(2.0 * gelu_u(x));
     case FG_ACT_SILU: return x * sigmoid(x);
     case FG_ACT_SIGMOID: return sigmoid(x);
     case FG_ACT_TANH: return tanh(x);
@@ -33,23 +43,17 @@ double fg_act_value(int act, double x) {
 double fg_act_slope(int act, double x) {
     switch (act) {
     case FG_ACT_RELU: return x > 0 ? 1.0 : (x == x ? 0.0 : x);
-    case FG_ACT_GELU: return 0.5 * (1.0 + erf(x * INV_SQRT_2)) + x * INV_SQRT_2PI * exp(-0.5 * x * x);
+    case FG_ACT_GELU: return 0.5 * erfc(-x * INV_SQRT_2) + x * INV_SQRT_2PI * exp(-0.5 * x * x);
     case FG_ACT_GELU_TANH: {
         if (fabs(x) > 10.0) return x > 0 ? 1.0 : 0.0; /* the limits, instead of 0·∞ far out */
-        double t = tanh(SQRT_2_OVER_PI * (x + 0.044715 * x * x * x));
-        return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * SQRT_2_OVER_PI * (1.0 + 3.0 * 0.044715 * x * x);
+        double u = gelu_u(x);
+        return sigmoid(2.0 * u) + x * sigmoid_slope(2.0 * u) * 2.0 * SQRT_2_OVER_PI * (1.0 + 3.0 * 0.044715 * x * x);
     }
-    case FG_ACT_SILU: {
-        double s = sigmoid(x);
-        return s * (1.0 + x * (1.0 - s));
-    }
-    case FG_ACT_SIGMOID: {
-        double s = sigmoid(x);
-        return s * (1.0 - s);
-    }
-    case FG_ACT_TANH: {
-        double t = tanh(x);
-        return 1.0 - t * t;
+    case FG_ACT_SILU: return sigmoid(x) + x * sigmoid_slope(x);
+    case FG_ACT_SIGMOID: return sigmoid_slope(x);
+    case FG_ACT_TANH: { /* 1 − tanh² = 4e/(1 + e)², e = exp(−2|x|) */
+        double e = exp(-2.0 * fabs(x));
+        return 4.0 * e / ((1.0 + e) * (1.0 + e));
     }
     default: return x == x ? 1.0 : x;
     }

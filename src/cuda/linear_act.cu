@@ -23,11 +23,19 @@ __device__ __forceinline__ float sigmoidf_(float x) {
     return e / (1.f + e);
 }
 
+/* σ(1 − σ) without the cancellation of 1 − σ */
+__device__ __forceinline__ float sigmoid_slope(float x) {
+    float e = expf(-fabsf(x));
+    return e / ((1.f + e) * (1.f + e));
+}
+
+__device__ __forceinline__ float gelu_u(float x) { return 0.7978845608f * (x + 0.044715f * x * x * x); }
+
 __device__ __forceinline__ float act_value(int act, float x) {
     switch (act) {
     case FG_ACT_RELU: return x > 0.f ? x : (x == x ? 0.f : x);
-    case FG_ACT_GELU: return 0.5f * x * (1.f + erff(x * 0.70710678f));
-    case FG_ACT_GELU_TANH: return 0.5f * x * (1.f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x)));
+    case FG_ACT_GELU: return 0.5f * x * erfcf(-x * 0.70710678f);
+    case FG_ACT_GELU_TANH: return x * sigmoidf_(2.f * gelu_u(x));
     case FG_ACT_SILU: return x * sigmoidf_(x);
     case FG_ACT_SIGMOID: return sigmoidf_(x);
     case FG_ACT_TANH: return tanhf(x);
@@ -38,23 +46,17 @@ __device__ __forceinline__ float act_value(int act, float x) {
 __device__ __forceinline__ float act_slope(int act, float x) {
     switch (act) {
     case FG_ACT_RELU: return x > 0.f ? 1.f : (x == x ? 0.f : x);
-    case FG_ACT_GELU: return 0.5f * (1.f + erff(x * 0.70710678f)) + x * 0.39894228f * expf(-0.5f * x * x);
+    case FG_ACT_GELU: return 0.5f * erfcf(-x * 0.70710678f) + x * 0.39894228f * expf(-0.5f * x * x);
     case FG_ACT_GELU_TANH: {
         if (fabsf(x) > 10.f) return x > 0.f ? 1.f : 0.f;
-        float t = tanhf(0.7978845608f * (x + 0.044715f * x * x * x));
-        return 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * 0.7978845608f * (1.f + 0.134145f * x * x);
+        float u = gelu_u(x);
+        return sigmoidf_(2.f * u) + x * sigmoid_slope(2.f * u) * 1.5957691216f * (1.f + 0.134145f * x * x);
     }
-    case FG_ACT_SILU: {
-        float s = sigmoidf_(x);
-        return s * (1.f + x * (1.f - s));
-    }
-    case FG_ACT_SIGMOID: {
-        float s = sigmoidf_(x);
-        return s * (1.f - s);
-    }
+    case FG_ACT_SILU: return sigmoidf_(x) + x * sigmoid_slope(x);
+    case FG_ACT_SIGMOID: return sigmoid_slope(x);
     case FG_ACT_TANH: {
-        float t = tanhf(x);
-        return 1.f - t * t;
+        float e = expf(-2.f * fabsf(x));
+        return 4.f * e / ((1.f + e) * (1.f + e));
     }
     default: return x == x ? 1.f : x;
     }

@@ -1,0 +1,331 @@
+/*
+ * test_linear_act.c — linear + bias + activation on every backend present and every
+ * dtype, each activation: the forward (with and without the saved pre-activation), the
+ * combined backward with the pre-activation kept or recomputed, the three split
+ * backward functions, accumulate, 1-D to 4-D inputs and awkward sizes; finite
+ * differences of the f64 CPU path; special values (0, large |x|, NaN) through both
+ * directions; bit-identical reruns; bad input. The reference is long double, written
+ * here independently of the library's math.
+ */
+#include "harness.h"
+
+#include <math.h>
+
+static const char *act_names[] = {"none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh"};
+
+/* ------------------------------------------------------------------ long double oracle */
+
+static long double ref_act(int act, long double x) {
+    const long double c = sqrtl(2.0L / acosl(-1.0L));
+    switch (act) {
+    case FG_ACT_RELU: return x > 0 ? x : (x == x ? 0.0L : x);
+    case FG_ACT_GELU: return 0.5L * x * erfcl(-x / sqrtl(2.0L));
+    case FG_ACT_GELU_TANH: /* ½(1 + tanh u) = 1 / (1 + e^(−2u)): no 1 + (−1) far out */
+        return x / (1.0L + expl(-2.0L * c * (x + 0.044715L * x * x * x)));
+    case FG_ACT_SILU: return x / (1.0L + expl(-x));
+    case FG_ACT_SIGMOID: return 1.0L / (1.0L + expl(-x));
+    case FG_ACT_TANH: return tanhl(x);
+    default: return x;
+    }
+}
+
+static long double ref_slope(int act, long double x) {
+    const long double c = sqrtl(2.0L / acosl(-1.0L));
+    switch (act) {
+    case FG_ACT_RELU: return x > 0 ? 1.0L : (x == x ? 0.0L : x);
+    case FG_ACT_GELU: return 0.5L * erfcl(-x / sqrtl(2.0L)) + x * expl(-0.5L * x * x) / sqrtl(2.0L * acosl(-1.0L));
+    case FG_ACT_GELU_TANH: {
+        if (fabsl(x) > 10) return x > 0 ? 1.0L : 0.0L;
+        long double u = c * (x + 0.044715L * x * x * x);
+        long double s = 1.0L / (1.0L + expl(-2 * u)), sc = 1.0L / (1.0L + expl(2 * u)); /* σ(2u), 1 − σ(2u) */
+        return s + 2 * x * s * sc * c * (1 + 3 * 0.044715L * x * x);
+    }
+    case FG_ACT_SILU: {
+        long double s = 1.0L / (1.0L + expl(-x)), sc = 1.0L / (1.0L + expl(x));
+        return s * (1 + x * sc);
+    }
+    case FG_ACT_SIGMOID: {
+        long double s = 1.0L / (1.0L + expl(-x)), sc = 1.0L / (1.0L + expl(x));
+        return s * sc;
+    }
+    case FG_ACT_TANH: {
+        long double t = 1.0L / coshl(x);
+        return t * t;
+    }
+    default: return 1.0L;
+    }
+}
+
+/* pre = x·wᵀ + b, y = act(pre); grads of Σ dy·y. pre is rounded to the dtype before the
+ * activation, as the op stores it (in pre, or in y before the in-place activation): the
+ * activation's own conditioning would otherwise multiply that rounding (tanh′ at 2.5 by 5). */
+typedef struct ref {
+    double *pre, *y, *dx, *dw, *db;
+} ref;
+
+static ref reference(fg_dtype dt, int act, const double *x, const double *w, const double *b, const double *dy,
+                     int64_t N, int64_t K, int64_t M) {
+    ref r;
+    r.pre = malloc(sizeof(double) * (size_t)(N * M + 1));
+    r.y = malloc(sizeof(double) * (size_t)(N * M + 1));
+    r.dx = calloc((size_t)(N * K + 1), sizeof(double));
+    r.dw = calloc((size_t)(M * K + 1), sizeof(double));
+    r.db = calloc((size_t)(M + 1), sizeof(double));
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t m = 0; m < M; m++) {
+            long double p = b ? b[m] : 0;
+            for (int64_t k = 0; k < K; k++) p += (long double)x[n * K + k] * w[m * K + k];
+            double stored = (double)p;
+            th_round(dt, &stored, 1);
+            r.pre[n * M + m] = (double)p;
+            p = stored;
+            r.y[n * M + m] = (double)ref_act(act, p);
+            if (!dy) continue;
+            long double g = dy[n * M + m] * ref_slope(act, p);
+            r.db[m] += (double)g;
+            for (int64_t k = 0; k < K; k++) {
+                r.dx[n * K + k] += (double)(g * w[m * K + k]);
+                r.dw[m * K + k] += (double)(g * x[n * K + k]);
+            }
+        }
+    return r;
+}
+
+static void free_ref(ref *r) { free(r->pre), free(r->y), free(r->dx), free(r->dw), free(r->db); }
+
+/* ------------------------------------------------------------------ cases */
+
+typedef struct shape_case {
+    int rank;
+    int64_t lead[3];
+    int64_t K, M;
+    bool bias;
+} shape_case;
+
+static const shape_case shapes[] = {
+    {1, {0}, 1, 1, true},          {2, {3}, 17, 5, true},      {3, {2, 9}, 127, 33, false},
+    {4, {4, 1, 5}, 64, 48, true},  {2, {257}, 33, 130, true},
+};
+
+static void run_case(fg_context *ctx, fg_backend be, fg_dtype dt, int act, const shape_case *sc) {
+    int64_t xs[FG_MAX_RANK], ys[FG_MAX_RANK], N = 1;
+    for (int d = 0; d < sc->rank - 1; d++) xs[d] = ys[d] = sc->lead[d], N *= sc->lead[d];
+    xs[sc->rank - 1] = sc->K, ys[sc->rank - 1] = sc->M;
+    int64_t wsh[2] = {sc->M, sc->K}, bsh[1] = {sc->M};
+    th_operand x = th_make(be, dt, sc->rank, xs, 0), w = th_make(be, dt, 2, wsh, 0);
+    th_operand b = sc->bias ? th_make(be, dt, 1, bsh, 0) : (th_operand){0};
+    th_randomize(&x), th_randomize(&w);
+    /* pre-activations of a few units whatever K: centred so every activation's bend is hit */
+    for (int64_t i = 0; i < x.n; i++) x.v[i] = (x.v[i] - 0.25) * 4.0 / sqrt((double)sc->K);
+    th_round(dt, x.v, x.n);
+    th_put(&x.buf, &x.t, x.v);
+    if (sc->bias) th_randomize(&b);
+    th_operand y = th_make(be, dt, sc->rank, ys, 0), pre = th_make(be, dt, sc->rank, ys, 0);
+    th_operand dy = th_make(be, dt, sc->rank, ys, 0);
+    th_randomize(&dy);
+    const double tol = th_tol(dt, false);
+    char lab[200];
+    snprintf(lab, sizeof lab, "%s %s %s N=%lld K=%lld M=%lld%s", act_names[act], th_backend_name(be),
+             fg_dtype_name(dt), (long long)N, (long long)sc->K, (long long)sc->M, sc->bias ? " +b" : "");
+    ref r = reference(dt, act, x.v, w.v, sc->bias ? b.v : NULL, dy.v, N, sc->K, sc->M);
+    const fg_tensor *bt = sc->bias ? &b.t : NULL;
+
+    /* forward, keeping pre; then without */
+    th_poison(&y.buf), th_poison(&pre.buf);
+    TH_OK(fg_linear_act_forward(ctx, (fg_activation)act, &x.t, &w.t, bt, &y.t, &pre.t));
+    th_verify("y", &y, r.y, tol, lab);
+    th_verify("pre", &pre, r.pre, tol, lab);
+    th_operand y2 = th_make(be, dt, sc->rank, ys, 0);
+    th_poison(&y2.buf);
+    TH_OK(fg_linear_act_forward(ctx, (fg_activation)act, &x.t, &w.t, bt, &y2.t, NULL));
+    th_verify("y (no pre)", &y2, r.y, tol, lab);
+
+    /* combined backward: pre kept / recomputed, accumulate 0 / 1 */
+    int64_t xshape[FG_MAX_RANK];
+    memcpy(xshape, xs, sizeof xs);
+    for (int keep = 0; keep < 2; keep++)
+        for (int acc = 0; acc < (N * sc->K >= 8 ? 2 : 1); acc++) {
+            th_operand dx = th_make(be, dt, sc->rank, xshape, 0), dw = th_make(be, dt, 2, wsh, 0);
+            th_operand db = th_make(be, dt, 1, bsh, 0);
+            double *rdx = malloc(sizeof(double) * (size_t)(dx.n + 1)), *rdw = malloc(sizeof(double) * (size_t)(dw.n + 1)),
+                   *rdb = malloc(sizeof(double) * (size_t)(db.n + 1));
+            memcpy(rdx, r.dx, sizeof(double) * (size_t)dx.n);
+            memcpy(rdw, r.dw, sizeof(double) * (size_t)dw.n);
+            memcpy(rdb, r.db, sizeof(double) * (size_t)db.n);
+            th_prepare_out(&dx, rdx, acc), th_prepare_out(&dw, rdw, acc), th_prepare_out(&db, rdb, acc);
+            TH_OK(fg_linear_act_backward(ctx, (fg_activation)act, &dy.t, keep ? &pre.t : NULL, &x.t, &w.t, bt, &dx.t,
+                                         &dw.t, &db.t, acc));
+            char l2[260];
+            snprintf(l2, sizeof l2, "%s keep=%d acc=%d", lab, keep, acc);
+            th_verify("dx", &dx, rdx, tol, l2);
+            th_verify("dw", &dw, rdw, tol, l2);
+            th_verify("db", &db, rdb, tol, l2);
+            /* the split functions, one gradient each */
+            if (keep && !acc) {
+                th_poison(&dx.buf), th_poison(&dw.buf), th_poison(&db.buf);
+                TH_OK(fg_linear_act_backward_input(ctx, (fg_activation)act, &dy.t, &pre.t, &x.t, &w.t, bt, &dx.t, 0));
+                TH_OK(fg_linear_act_backward_weight(ctx, (fg_activation)act, &dy.t, &pre.t, &x.t, &w.t, bt, &dw.t, 0));
+                TH_OK(fg_linear_act_backward_bias(ctx, (fg_activation)act, &dy.t, &pre.t, &x.t, &w.t, bt, &db.t, 0));
+                th_verify("dx (split)", &dx, r.dx, tol, l2);
+                th_verify("dw (split)", &dw, r.dw, tol, l2);
+                th_verify("db (split)", &db, r.db, tol, l2);
+            }
+            free(rdx), free(rdw), free(rdb);
+            th_drop(&dx), th_drop(&dw), th_drop(&db);
+        }
+    free_ref(&r);
+    th_drop(&x), th_drop(&w), th_drop(&y), th_drop(&y2), th_drop(&pre), th_drop(&dy);
+    if (sc->bias) th_drop(&b);
+}
+
+/* x = special values through K = 1, w = 1, b = 0: pre = x exactly. */
+static void special_values(fg_context *ctx, fg_backend be, fg_dtype dt) {
+    const double vals[] = {0.0, -0.0, 1e-30, -1e-30, 0.5, -0.5, 5.0, -5.0, 15.0, -15.0, 1e4, -1e4, 3e38, -3e38, NAN};
+    const int64_t n = (int64_t)(sizeof vals / sizeof vals[0]);
+    int64_t xs[2] = {n, 1}, ws[2] = {1, 1};
+    th_operand x = th_make(be, dt, 2, xs, 0), w = th_make(be, dt, 2, ws, 0), y = th_make(be, dt, 2, xs, 0);
+    th_operand dy = th_make(be, dt, 2, xs, 0), dx = th_make(be, dt, 2, xs, 0);
+    const double big = dt == FG_F16 ? 6e4 : 3e38; /* what the dtype holds */
+    for (int64_t i = 0; i < n; i++) {
+        x.v[i] = fabs(vals[i]) > big ? copysign(big, vals[i]) : vals[i];
+        dy.v[i] = 1.0;
+    }
+    th_round(dt, x.v, n);
+    w.v[0] = 1.0;
+    th_put(&x.buf, &x.t, x.v), th_put(&w.buf, &w.t, w.v), th_put(&dy.buf, &dy.t, dy.v);
+    for (int act = 0; act <= FG_ACT_TANH; act++) {
+        TH_OK(fg_linear_act_forward(ctx, (fg_activation)act, &x.t, &w.t, NULL, &y.t, NULL));
+        TH_OK(fg_linear_act_backward(ctx, (fg_activation)act, &dy.t, NULL, &x.t, &w.t, NULL, &dx.t, NULL, NULL, 0));
+        double *gy = malloc(sizeof(double) * (size_t)n), *gd = malloc(sizeof(double) * (size_t)n);
+        th_get(&y.buf, &y.t, gy), th_get(&dx.buf, &dx.t, gd);
+        for (int64_t i = 0; i < n; i++) {
+            double xv = x.v[i];
+            double wy = (double)ref_act(act, xv), wd = (double)ref_slope(act, xv);
+            th_round(dt, &wy, 1), th_round(dt, &wd, 1);
+            if (isnan(xv)) { /* (none's gradient does not depend on x) */
+                TH_CHECK(isnan(gy[i]) && (isnan(gd[i]) || act == FG_ACT_NONE), "%s %s %s: NaN in gave y=%g dx=%g",
+                         act_names[act],
+                         th_backend_name(be), fg_dtype_name(dt), gy[i], gd[i]);
+                continue;
+            }
+            bool finite = isfinite(gd[i]) && (isfinite(gy[i]) || isinf(wy));
+            TH_CHECK(finite, "%s %s %s x=%g: y=%g slope=%g not finite", act_names[act], th_backend_name(be),
+                     fg_dtype_name(dt), xv, gy[i], gd[i]);
+            /* relative to the value, or to the dtype's smallest normal (subnormals hold fewer bits) */
+            const double tiny = dt == FG_F64 ? 2.3e-308 : dt == FG_F16 ? 6.2e-5 : 1.2e-38;
+            double ty = th_tol(dt, false) * (fabs(wy) + tiny), td = th_tol(dt, false) * (fabs(wd) + tiny);
+            TH_CHECK(gy[i] == wy || fabs(gy[i] - wy) <= ty, "%s %s %s x=%g: y=%.9g want %.9g", act_names[act],
+                     th_backend_name(be), fg_dtype_name(dt), xv, gy[i], wy);
+            TH_CHECK(gd[i] == wd || fabs(gd[i] - wd) <= td, "%s %s %s x=%g: slope=%.9g want %.9g", act_names[act],
+                     th_backend_name(be), fg_dtype_name(dt), xv, gd[i], wd);
+        }
+        free(gy), free(gd);
+    }
+    th_drop(&x), th_drop(&w), th_drop(&y), th_drop(&dy), th_drop(&dx);
+}
+
+/* f64 CPU: the backward against central differences of the forward. */
+typedef struct fd_arg {
+    int act;
+    th_operand *x, *w, *b, *out;
+} fd_arg;
+
+static fg_status fd_forward(fg_context *ctx, void *p) {
+    fd_arg *a = p;
+    return fg_linear_act_forward(ctx, (fg_activation)a->act, &a->x->t, &a->w->t, &a->b->t, &a->out->t, NULL);
+}
+
+static void finite_differences(fg_context *ctx) {
+    for (int act = 0; act <= FG_ACT_TANH; act++) {
+        int64_t xs[2] = {4, 3}, ws[2] = {5, 3}, bs[1] = {5}, ys[2] = {4, 5};
+        th_operand x = th_make(FG_BACKEND_CPU, FG_F64, 2, xs, 0), w = th_make(FG_BACKEND_CPU, FG_F64, 2, ws, 0);
+        th_operand b = th_make(FG_BACKEND_CPU, FG_F64, 1, bs, 0), y = th_make(FG_BACKEND_CPU, FG_F64, 2, ys, 0);
+        th_operand r = th_make(FG_BACKEND_CPU, FG_F64, 2, ys, 0);
+        th_operand dx = th_make(FG_BACKEND_CPU, FG_F64, 2, xs, 0), dw = th_make(FG_BACKEND_CPU, FG_F64, 2, ws, 0);
+        th_operand db = th_make(FG_BACKEND_CPU, FG_F64, 1, bs, 0);
+        th_randomize(&x), th_randomize(&w), th_randomize(&b), th_randomize(&r);
+        for (int64_t i = 0; i < x.n; i++) x.v[i] = (x.v[i] - 0.25) * 2.0;
+        th_put(&x.buf, &x.t, x.v);
+        TH_OK(fg_linear_act_backward(ctx, (fg_activation)act, &r.t, NULL, &x.t, &w.t, &b.t, &dx.t, &dw.t, &db.t, 0));
+        th_get(&dx.buf, &dx.t, dx.v), th_get(&dw.buf, &dw.t, dw.v), th_get(&db.buf, &db.t, db.v);
+        fd_arg a = {act, &x, &w, &b, &y};
+        th_operand *params[3] = {&x, &w, &b}, *grads[3] = {&dx, &dw, &db};
+        const char *names[3] = {"x", "w", "b"};
+        char label[64];
+        snprintf(label, sizeof label, "fd %s", act_names[act]);
+        /* relu has a kink at 0: its pre-activations stay away from it with this data (checked by the forward) */
+        th_fd_check(ctx, label, fd_forward, &a, &y, &r, params, grads, names, 3, 0, act == FG_ACT_NONE);
+        th_drop(&x), th_drop(&w), th_drop(&b), th_drop(&y), th_drop(&r), th_drop(&dx), th_drop(&dw), th_drop(&db);
+    }
+}
+
+static void determinism(fg_context *ctx, fg_backend be, fg_dtype dt) {
+    int64_t xs[2] = {1000, 96}, ws[2] = {200, 96}, bs[1] = {200}, ys[2] = {1000, 200};
+    th_operand x = th_make(be, dt, 2, xs, 0), w = th_make(be, dt, 2, ws, 0), dy = th_make(be, dt, 2, ys, 0);
+    th_operand dw = th_make(be, dt, 2, ws, 0), db = th_make(be, dt, 1, bs, 0);
+    th_randomize(&x), th_randomize(&w), th_randomize(&dy);
+    void *snap[2] = {0};
+    for (int run = 0; run < 2; run++) {
+        TH_OK(fg_linear_act_backward(ctx, FG_ACT_GELU_TANH, &dy.t, NULL, &x.t, &w.t, NULL, NULL, &dw.t, &db.t, 0));
+        th_operand *o[2] = {&dw, &db};
+        for (int k = 0; k < 2; k++) {
+            if (run == 0) snap[k] = th_snapshot(&o[k]->buf);
+            else TH_CHECK(th_unchanged(&o[k]->buf, snap[k]), "determinism %s %s: output %d differs",
+                          th_backend_name(be), fg_dtype_name(dt), k);
+        }
+    }
+    free(snap[0]), free(snap[1]);
+    th_drop(&x), th_drop(&w), th_drop(&dy), th_drop(&dw), th_drop(&db);
+}
+
+static void bad_input(fg_context *ctx, fg_backend be) {
+    int64_t xs[2] = {6, 4}, ws[2] = {5, 4}, ys[2] = {6, 5}, y3[2] = {6, 3}, bs[1] = {5};
+    th_operand x = th_make(be, FG_F32, 2, xs, 0), w = th_make(be, FG_F32, 2, ws, 0), y = th_make(be, FG_F32, 2, ys, 0);
+    th_operand yb = th_make(be, FG_F32, 2, y3, 0), b = th_make(be, FG_F32, 1, bs, 0), wh = th_make(be, FG_F16, 2, ws, 0);
+    th_operand dx = th_make(be, FG_F32, 2, xs, 0), ys1 = th_make(be, FG_F32, 2, ys, 1), xi = th_make(be, FG_F32, 2, xs, 0);
+    th_operand dxw = th_make(be, FG_F32, 2, ys, 0), b4 = th_make(be, FG_F32, 1, (int64_t[]){4}, 0);
+    xi.t.dtype = FG_I32;
+    TH_EXPECT_BAD(FG_ERR_INVALID_VALUE, "act=9", &y, fg_linear_act_forward(ctx, (fg_activation)9, &x.t, &w.t, NULL, &y.t, NULL));
+    TH_EXPECT_BAD(FG_ERR_SHAPE, "y.shape[1]=3", &yb, fg_linear_act_forward(ctx, FG_ACT_RELU, &x.t, &w.t, NULL, &yb.t, NULL));
+    TH_EXPECT_BAD(FG_ERR_DTYPE, "w is f16", &y, fg_linear_act_forward(ctx, FG_ACT_RELU, &x.t, &wh.t, NULL, &y.t, NULL));
+    TH_EXPECT_BAD(FG_ERR_DTYPE, "x.dtype is i32", &y, fg_linear_act_forward(ctx, FG_ACT_RELU, &xi.t, &w.t, NULL, &y.t, NULL));
+    TH_EXPECT_BAD(FG_ERR_SHAPE, "b.shape[0]=4", &y, fg_linear_act_forward(ctx, FG_ACT_RELU, &x.t, &w.t, &b4.t, &y.t, NULL));
+    TH_EXPECT_BAD(FG_ERR_UNSUPPORTED, "contiguous", &ys1, fg_linear_act_forward(ctx, FG_ACT_SILU, &x.t, &w.t, &b.t, &ys1.t, NULL));
+    TH_EXPECT_BAD(FG_ERR_NULL_POINTER, "w", &y, fg_linear_act_forward(ctx, FG_ACT_SILU, &x.t, NULL, &b.t, &y.t, NULL));
+    TH_EXPECT_BAD(FG_ERR_ALIAS, "pre", &y, fg_linear_act_forward(ctx, FG_ACT_SILU, &x.t, &w.t, &b.t, &y.t, &y.t));
+    TH_EXPECT_BAD(FG_ERR_SHAPE, "dx.shape[1]=5", &dxw,
+                  fg_linear_act_backward(ctx, FG_ACT_TANH, &y.t, NULL, &x.t, &w.t, NULL, &dxw.t, NULL, NULL, 0));
+    TH_EXPECT_BAD(FG_ERR_NULL_POINTER, "dx is NULL", &y,
+                  fg_linear_act_backward_input(ctx, FG_ACT_TANH, &y.t, NULL, &x.t, &w.t, NULL, NULL, 0));
+    TH_EXPECT_BAD(FG_ERR_ALIAS, "dx", &x,
+                  fg_linear_act_backward(ctx, FG_ACT_TANH, &y.t, NULL, &x.t, &w.t, NULL, &x.t, NULL, NULL, 0));
+    th_drop(&x), th_drop(&w), th_drop(&y), th_drop(&yb), th_drop(&b), th_drop(&wh), th_drop(&dx), th_drop(&ys1);
+    xi.t.dtype = FG_F32;
+    th_drop(&xi), th_drop(&dxw), th_drop(&b4);
+}
+
+int main(void) {
+    th_init("linear_act");
+    fg_backend bes[2];
+    int nb = th_backends(bes);
+    {
+        fg_context *cpu = th_context(FG_BACKEND_CPU, false);
+        finite_differences(cpu);
+        fg_context_destroy(cpu);
+    }
+    for (int bi = 0; bi < nb; bi++) {
+        fg_backend be = bes[bi];
+        fg_context *ctx = th_context(be, false);
+        for (int di = 0; di < 4; di++) {
+            fg_dtype dt = th_dtypes[di];
+            if (dt == FG_F64 && be != FG_BACKEND_CPU) continue;
+            for (int act = 0; act <= FG_ACT_TANH; act++)
+                for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) run_case(ctx, be, dt, act, &shapes[s]);
+            special_values(ctx, be, dt);
+            determinism(ctx, be, dt);
+        }
+        bad_input(ctx, be);
+        fg_context_destroy(ctx);
+    }
+    return th_finish("linear_act");
+}

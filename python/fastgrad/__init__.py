@@ -8,7 +8,8 @@ Errors raise fastgrad.FastgradError carrying the C status and message.
 """
 from ._lib import FastgradError, version
 from .ops import (adamw_step, axpby_backward, axpby_forward, context_check, lerp_backward, lerp_forward,
-                  linear_backward_bias, linear_backward_input, linear_backward_weight, linear_cross_entropy_onepass,
+                  linear_act_backward, linear_act_forward, linear_backward_bias, linear_backward_input,
+                  linear_backward_weight, linear_cross_entropy_onepass,
                   linear_forward, linear_logp_backward, linear_logp_forward, logp_options, matmul_backward_input,
                   matmul_backward_other, matmul_forward, outer_backward_input, outer_backward_other, outer_forward,
                   plan_info, set_allow_tf32, unary_backward, unary_forward)
@@ -20,6 +21,6 @@ try:
 except ImportError:  # pragma: no cover - no torch in CI
     pass
 else:
-    from .autograd import (ELU, AdamW, Clamp, LeakyReLU, Lerp, Linear, LinearCrossEntropy, LinearFunction, Matmul,
-                           MatmulFunction, Outer, OuterFunction, Softcap, axpby, clamp, elu, leaky_relu, lerp, linear,
-                           linear_cross_entropy, linear_logp, matmul, outer, pow, scale, softcap)
+    from .autograd import (ELU, AdamW, Clamp, LeakyReLU, Lerp, Linear, LinearAct, LinearCrossEntropy, LinearFunction,
+                           Matmul, MatmulFunction, Outer, OuterFunction, Softcap, axpby, clamp, elu, leaky_relu, lerp,
+                           linear, linear_act, linear_cross_entropy, linear_logp, matmul, outer, pow, scale, softcap)

@@ -35,7 +35,10 @@ OP = {
     "linear_logp_forward": 15,
     "linear_logp_backward": 16,
     "linear_cross_entropy": 17,
+    "linear_act_forward": 18,
+    "linear_act_backward": 19,
 }
+ACT = {"none": 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4, "sigmoid": 5, "tanh": 6}
 REDUCTION = {"mean": 0, "sum": 1, "none": 2}
 UNARY = {"scale": 0, "pow": 1, "leaky_relu": 2, "elu": 3, "clamp": 4, "softcap": 5}
 BINARY = {"lerp": 0, "axpby": 1}

@@ -436,3 +436,46 @@ class LinearCrossEntropy(torch.nn.Module):
     def forward(self, h, weight, target, bias=None, row_weight=None):
         return linear_cross_entropy(h, weight, target, bias, self.reduction, self.label_smoothing, self.z_loss,
                                     self.ignore_index, row_weight, self.temperature, self.softcap)
+
+
+# ------------------------------------------------------------------ Linear + activation
+
+class LinearActFunction(torch.autograd.Function):
+    """y = act(x·wᵀ + b); the backward forms g = dy ⊙ act′(pre) once and computes only the
+    gradients autograd asks for. save_pre keeps the pre-activation (memory) instead of
+    recomputing it in the backward (one more product)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, act, save_pre):
+        y, pre = _call(ops.linear_act_forward, x, weight, bias, act, save_pre)
+        ctx.act, ctx.has_bias = act, bias is not None
+        ctx.save_for_backward(x, weight, bias, pre)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, bias, pre = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        dx, dw, db = _call(ops.linear_act_backward, dy.contiguous(), x.contiguous(), weight.contiguous(), bias,
+                           pre, ctx.act, need=(need[0], need[1], ctx.has_bias and need[2]))
+        return dx, dw, db, None, None
+
+
+def linear_act(x, weight, bias=None, act="gelu_tanh", save_pre=True):
+    """act(x·wᵀ + b) with its fused backward; act in none, relu, gelu, gelu_tanh, silu,
+    sigmoid, tanh."""
+    return LinearActFunction.apply(x, weight, bias, act, bool(save_pre))
+
+
+class LinearAct(Linear):
+    """nn.Linear followed by an activation, as one op in each direction."""
+
+    def __init__(self, in_features, out_features, act="gelu_tanh", bias=True, save_pre=True, device=None, dtype=None):
+        super().__init__(in_features, out_features, bias, device, dtype)
+        self.act, self.save_pre = act, save_pre
+
+    def forward(self, x):
+        return linear_act(x, self.weight, self.bias, self.act, self.save_pre)
+
+    def extra_repr(self):
+        return super().extra_repr() + f", act={self.act}, save_pre={self.save_pre}"

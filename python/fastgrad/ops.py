@@ -330,6 +330,36 @@ def axpby_backward(dy, a_shape, b_shape, alpha, beta, need=(True, True), accumul
     return tuple(outs)
 
 
+# ------------------------------------------------------------------ Linear + activation
+
+def _act_code(act):
+    if act not in _lib.ACT:
+        raise ValueError(f"fastgrad: act must be one of {sorted(_lib.ACT)}, not {act!r}")
+    return _lib.ACT[act]
+
+
+def linear_act_forward(x, w, b=None, act="gelu_tanh", keep_pre=True, out=None):
+    """(y, pre or None): y = act(x·wᵀ + b); x [..., K], w [M, K]; pre is the saved
+    pre-activation (keep_pre=False: the backward recomputes it)."""
+    shape = tuple(x.shape[:-1]) + (w.shape[0],)
+    y = out if out is not None else _empty_like_family(x, shape)
+    pre = _empty_like_family(x, shape) if keep_pre else None
+    run("linear_act_forward", [x, w, b, y, pre], ["x", "w", "b", "y", "pre"], kind=_act_code(act))
+    return y, pre
+
+
+def linear_act_backward(dy, x, w, b=None, pre=None, act="gelu_tanh", need=(True, True, True), accumulate=False,
+                        out=(None, None, None)):
+    """(dx, dw, db) through the activation, g = dy ⊙ act′(pre) formed once; None where not
+    needed (db only with a bias unless out supplies one). pre None: recomputed."""
+    shapes = [tuple(x.shape), tuple(w.shape), (w.shape[0],)]
+    want = [need[0], need[1], need[2] and (b is not None or out[2] is not None)]
+    outs = [(o if o is not None else _empty_like_family(dy, s)) if k else None for o, k, s in zip(out, want, shapes)]
+    run("linear_act_backward", [dy, pre, x, w, b] + outs, ["dy", "pre", "x", "w", "b", "dx", "dw", "db"], accumulate,
+        kind=_act_code(act))
+    return tuple(outs)
+
+
 # ------------------------------------------------------------------ Linear log-prob / cross-entropy
 
 def logp_options(temperature=1.0, softcap=0.0, ignore_index=None, reduction="mean", label_smoothing=0.0,
@@ -444,4 +474,4 @@ __all__ = ["FastgradError", "set_allow_tf32", "plan_info", "linear_forward", "li
            "matmul_backward_other", "outer_forward", "outer_backward_input", "outer_backward_other",
            "unary_forward", "unary_backward", "lerp_forward", "lerp_backward", "axpby_forward", "axpby_backward",
            "adamw_step", "logp_options", "linear_logp_forward", "linear_logp_backward", "linear_cross_entropy_onepass",
-           "context_check"]
+           "context_check", "linear_act_forward", "linear_act_backward"]

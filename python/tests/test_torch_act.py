@@ -1,0 +1,54 @@
+"""Linear + activation through torch against torch autograd on float64 copies of the
+same inputs (the pre-activation rounded to the dtype, as the op stores it): every
+activation and dtype, CPU and CUDA, kept or recomputed pre-activation, 3-D inputs,
+only the requested gradients, and the module."""
+import numpy as np
+import pytest
+from conftest import data
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+
+import fastgrad as fg  # noqa: E402
+from torch_helpers import DEVICES, DTYPES, err, tol  # noqa: E402
+
+ACTS = {"none": lambda p: p, "relu": F.relu, "gelu": F.gelu, "gelu_tanh": lambda p: F.gelu(p, approximate="tanh"),
+        "silu": F.silu, "sigmoid": torch.sigmoid, "tanh": torch.tanh}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("act", list(ACTS))
+@pytest.mark.parametrize("lead,k,m,bias,save", [((5, 7), 64, 96, True, True), ((129,), 33, 200, False, False)])
+def test_linear_act(rng, device, dtype, act, lead, k, m, bias, save):
+    if device == "cuda" and dtype == torch.float64:
+        pytest.skip("f64 runs on the CPU backend only")
+    mk = lambda shape, s=1.0: torch.from_numpy((data(rng, shape) - 0.25) * s).to(device=device, dtype=dtype)  # noqa: E731
+    x = mk(lead + (k,), 4 / np.sqrt(k)).requires_grad_(True)
+    w = mk((m, k)).requires_grad_(True)
+    b = mk((m,)).requires_grad_(True) if bias else None
+    y = fg.linear_act(x, w, b, act, save_pre=save)
+    dy = mk(y.shape)
+    y.backward(dy)
+    xr, wr = x.detach().double().requires_grad_(True), w.detach().double().requires_grad_(True)
+    br = b.detach().double().requires_grad_(True) if bias else None
+    ref = ACTS[act](F.linear(xr, wr, br).to(dtype).double())
+    ref.backward(dy.double())
+    assert y.dtype == dtype and y.shape == ref.shape
+    assert err(y, ref) <= tol(dtype)
+    assert err(x.grad, xr.grad) <= tol(dtype) and err(w.grad, wr.grad) <= tol(dtype)
+    if bias:
+        assert err(b.grad, br.grad) <= tol(dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_module_and_needs(rng, device):
+    layer = fg.LinearAct(32, 48, act="silu", device=device)
+    ref = torch.nn.Linear(32, 48, device=device)
+    ref.load_state_dict(layer.state_dict())
+    x = torch.randn(6, 32, device=device)
+    y = layer(x)  # x needs no gradient: only dw and db are formed
+    y.sum().backward()
+    F.silu(ref(x)).sum().backward()
+    assert err(y, F.silu(ref(x))) <= 1e-5
+    assert err(layer.weight.grad, ref.weight.grad) <= 1e-5 and err(layer.bias.grad, ref.bias.grad) <= 1e-5

@@ -195,6 +195,34 @@ def adamw_case(total, count):
                 dtype=torch.float32, build=build, flops=0, bytes=28 * total)
 
 
+_ACTS = {"relu": F.relu, "gelu_tanh": lambda p: F.gelu(p, approximate="tanh"), "silu": F.silu,
+         "gelu": F.gelu}
+
+
+def linact_case(n, k, m, act, dtype=torch.bfloat16):
+    """y = act(x·wᵀ + b), forward (pre-activation kept) and every gradient."""
+    def make():
+        return (rand((n, k), dtype, True), rand((m, k), dtype, True), rand((m,), dtype, True), rand((n, m), dtype))
+
+    def ours(x, w, b, dy):
+        y, pre = ops.linear_act_forward(x.detach(), w.detach(), b.detach(), act)
+        return (y,) + ops.linear_act_backward(dy, x.detach(), w.detach(), b.detach(), pre, act)
+
+    fn = _ACTS[act]
+    theirs = backward_of(lambda x, w, b: fn(F.linear(x, w, b)), 3)
+    return dict(family="LinearAct", name=f"linear+{act} fwd+bwd", shape=f"N={n} K={k} M={m}", dtype=dtype, make=make,
+                ours=ours, theirs=theirs, flops=6.0 * n * k * m, bytes=0)
+
+
+ACT_CASES = [
+    lambda: linact_case(8192, 4096, 16384, "gelu_tanh"),
+    lambda: linact_case(8192, 4096, 16384, "relu"),
+    lambda: linact_case(8192, 4096, 16384, "silu"),
+    lambda: linact_case(172032, 128, 256, "gelu_tanh"),
+    lambda: linact_case(172032, 128, 256, "relu"),
+    lambda: linact_case(172032, 128, 256, "silu"),
+]
+
 CASES = [
     lambda: linear_case(8192, 4096, 4096, torch.bfloat16, False),
     lambda: linear_case(8192, 4096, 4096, torch.bfloat16, True),
@@ -219,17 +247,21 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="docs")
     ap.add_argument("--no-compile", action="store_true")
-    ap.add_argument("--only-logp", action="store_true", help="only the linear log-prob rows")
+    ap.add_argument("--only", choices=["all", "logp", "act", "base"], default="all",
+                    help="logp: only the linear log-prob rows; act: only linear + activation; base: neither")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     torch.backends.cuda.matmul.allow_tf32 = False
     rows = []
-    import compare_logp
-    logp_md, logp_summary = compare_logp.run()
-    for line in logp_summary:
-        print("SUMMARY " + line, flush=True)
-    torch.cuda.empty_cache()
-    for make_case in ([] if args.only_logp else CASES):
+    logp_md = []
+    if args.only in ("all", "logp"):
+        import compare_logp
+        logp_md, logp_summary = compare_logp.run()
+        for line in logp_summary:
+            print("SUMMARY " + line, flush=True)
+        torch.cuda.empty_cache()
+    cases = {"all": CASES + ACT_CASES, "logp": [], "act": ACT_CASES, "base": CASES}[args.only]
+    for make_case in cases:
         case = make_case()
         if "build" in case:  # optimizers: each side owns its state
             result = {"case": case}
@@ -259,6 +291,11 @@ def main():
             print(f"{case['name']:<28} {case['shape']:<26} {label:<14} {ms:8.4f} ms  {rate(case, ms):>14}  "
                   f"peak +{mem / 2**20:8.1f} MiB", flush=True)
         rows.append(result)
+        if case["family"] == "LinearAct":
+            e, c, o = result["torch eager"][0], result.get("torch.compile", (float("nan"),))[0], result["fastgrad"][0]
+            print(f"SUMMARY {case['name']} {case['shape']}: {e / o:.2f}x eager, {c / o:.2f}x compile; peak "
+                  f"{result['fastgrad'][1] / 2**20:.0f} MiB vs compile {result.get('torch.compile', (0, 0))[1] / 2**20:.0f}",
+                  flush=True)
         del sets
         torch.cuda.empty_cache()
     write_report(rows, args.out, ["fastgrad", "torch eager"] + ([] if args.no_compile else ["torch.compile"]), logp_md)

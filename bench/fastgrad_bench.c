@@ -409,6 +409,51 @@ typedef struct copy_args {
     size_t bytes;
 } copy_args;
 
+/* ------------------------------------------------------------------ linear + activation */
+
+typedef struct act_args {
+    fg_tensor x, w, b, y, pre, dy, dx, dw, db;
+    fg_activation act;
+    int which; /* 0 forward (pre kept), 1 backward (dx, dw, db), 2 both */
+} act_args;
+
+static fg_status act_run(void *p, int s) {
+    act_args *a = p;
+    (void)s;
+    fg_status st = FG_OK;
+    if (a->which != 1) st = fg_linear_act_forward(ctx, a->act, &a->x, &a->w, &a->b, &a->y, &a->pre);
+    if (st == FG_OK && a->which != 0)
+        st = fg_linear_act_backward(ctx, a->act, &a->dy, &a->pre, &a->x, &a->w, &a->b, &a->dx, &a->dw, &a->db, 0);
+    return st;
+}
+
+/* Forward, backward and both at (N, K, M): share of the GEMM ceiling (1, 2, 3 products). */
+static void bench_linear_act(fg_dtype dt, int64_t n, int64_t k, int64_t m, fg_activation act, const char *name) {
+    act_args a;
+    memset(&a, 0, sizeof a);
+    a.act = act;
+    a.x = t2(alloc_random(dt, n * k, 81), dt, n, k);
+    a.w = t2(alloc_random(dt, m * k, 82), dt, m, k);
+    a.b = t1(alloc_random(dt, m, 83), dt, m);
+    a.y = t2(alloc_random(dt, n * m, 84), dt, n, m);
+    a.pre = t2(alloc_random(dt, n * m, 85), dt, n, m);
+    a.dy = t2(alloc_random(dt, n * m, 86), dt, n, m);
+    a.dx = t2(alloc_random(dt, n * k, 87), dt, n, k);
+    a.dw = t2(alloc_random(dt, m * k, 88), dt, m, k);
+    a.db = t1(alloc_random(dt, m, 89), dt, m);
+    char shape[64], label[64];
+    snprintf(shape, sizeof shape, "%lldx%lldx%lld", (long long)n, (long long)k, (long long)m);
+    const char *what[3] = {"fwd (pre kept)", "bwd (dx,dw,db)", "fwd+bwd"};
+    for (int w = 0; w < 3; w++) {
+        a.which = w;
+        snprintf(label, sizeof label, "linear_act %s %s", name, what[w]);
+        double ms = time_op(act_run, &a, 1);
+        report(label, shape, dt, ms, (w == 0 ? 1 : w == 1 ? 2 : 3) * 2.0 * (double)n * (double)k * (double)m, 0);
+    }
+    release(a.x.data), release(a.w.data), release(a.b.data), release(a.y.data), release(a.pre.data);
+    release(a.dy.data), release(a.dx.data), release(a.dw.data), release(a.db.data);
+}
+
 /* ------------------------------------------------------------------ linear log-prob */
 
 typedef struct logp_args {
@@ -523,9 +568,10 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[i], "--quick")) quick = 1;
         else if (!strcmp(argv[i], "--only-logp")) only_logp = 1;
         else if (!strcmp(argv[i], "--logp-sweep")) only_logp = 2;
+        else if (!strcmp(argv[i], "--only-act")) only_logp = 3;
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: fastgrad-bench [--quick] [--only-logp] [--logp-sweep] [--reps N]\n");
+            fprintf(stderr, "usage: fastgrad-bench [--quick] [--only-logp] [--only-act] [--logp-sweep] [--reps N]\n");
             return 2;
         }
     }
@@ -558,6 +604,14 @@ int main(int argc, char **argv) {
         bench_outer(FG_F32, 512, 512, 1);
         double lp[3];
         bench_linear_logp(FG_F32, 256, 64, 4096, lp, 0);
+        bench_linear_act(FG_F32, 256, 256, 256, FG_ACT_GELU_TANH, "gelu_tanh");
+    } else if (only_logp == 3) {
+        ceilings();
+        bench_linear_act(FG_BF16, 8192, 4096, 16384, FG_ACT_GELU_TANH, "gelu_tanh");
+        bench_linear_act(FG_BF16, 8192, 4096, 16384, FG_ACT_RELU, "relu");
+        bench_linear_act(FG_BF16, 8192, 4096, 16384, FG_ACT_SILU, "silu");
+        bench_linear_act(FG_BF16, 172032, 128, 256, FG_ACT_GELU_TANH, "gelu_tanh");
+        bench_linear_act(FG_BF16, 172032, 128, 256, FG_ACT_SILU, "silu");
     } else if (only_logp == 2) { /* tile size against time: what the defaults are chosen from */
         ceilings();
         double lp[3];
@@ -589,6 +643,8 @@ int main(int argc, char **argv) {
         bench_linear_logp(FG_BF16, 4096, 2048, 151936, lp, 0);
         bench_linear_logp(FG_BF16, 8192, 4096, 128256, lp, 0);
         bench_linear_logp(FG_BF16, 4096, 2048, 32768, lp, 0);
+        bench_linear_act(FG_BF16, 8192, 4096, 16384, FG_ACT_GELU_TANH, "gelu_tanh");
+        bench_linear_act(FG_BF16, 172032, 128, 256, FG_ACT_GELU_TANH, "gelu_tanh");
         printf("\n");
         check("linear bf16 8192x4096x4096 fwd+3bwd vs GEMM ceiling", lin, 0.85);
         check("gemv f32 1x8192 . 8192x8192 vs copy ceiling", gemv, 0.80);

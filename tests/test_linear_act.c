@@ -93,6 +93,26 @@ static ref reference(fg_dtype dt, int act, const double *x, const double *w, con
 
 static void free_ref(ref *r) { free(r->pre), free(r->y), free(r->dx), free(r->dw), free(r->db); }
 
+/* The backward's reference from the pre-activation the op stored (its contract is
+ * g = dy ⊙ act′(pre) for the pre it is given): relu's mask flips where pre is within
+ * rounding of 0, and cuBLASLt's bf16 bias epilogue rounds before it adds the bias, so an
+ * exact pre would differ there in sign, not in accuracy. */
+static void grads_from_pre(ref *r, int act, const double *pre, const double *x, const double *w, const double *dy,
+                           int64_t N, int64_t K, int64_t M) {
+    memset(r->dx, 0, sizeof(double) * (size_t)(N * K));
+    memset(r->dw, 0, sizeof(double) * (size_t)(M * K));
+    memset(r->db, 0, sizeof(double) * (size_t)M);
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t m = 0; m < M; m++) {
+            long double g = dy[n * M + m] * ref_slope(act, pre[n * M + m]);
+            r->db[m] += (double)g;
+            for (int64_t k = 0; k < K; k++) {
+                r->dx[n * K + k] += (double)(g * w[m * K + k]);
+                r->dw[m * K + k] += (double)(g * x[n * K + k]);
+            }
+        }
+}
+
 /* ------------------------------------------------------------------ cases */
 
 typedef struct shape_case {
@@ -139,6 +159,10 @@ static void run_case(fg_context *ctx, fg_backend be, fg_dtype dt, int act, const
     th_poison(&y2.buf);
     TH_OK(fg_linear_act_forward(ctx, (fg_activation)act, &x.t, &w.t, bt, &y2.t, NULL));
     th_verify("y (no pre)", &y2, r.y, tol, lab);
+    double *stored = malloc(sizeof(double) * (size_t)(pre.n + 1));
+    th_get(&pre.buf, &pre.t, stored);
+    grads_from_pre(&r, act, stored, x.v, w.v, dy.v, N, sc->K, sc->M);
+    free(stored);
 
     /* combined backward: pre kept / recomputed, accumulate 0 / 1 */
     int64_t xshape[FG_MAX_RANK];

@@ -26,7 +26,7 @@ fi
 note "build: ok ($(grep -c 'Building' "$LOG/build.log") steps)"
 
 status=0
-for t in ${TESTS:-core linear matmul outer elementwise adamw linear_logp header_cxx}; do
+for t in ${TESTS:-core linear matmul outer elementwise adamw linear_logp linear_act header_cxx}; do
   bin=$build/tests/test_$t
   if [ "$t" = linear ] || [ "$t" = elementwise ] || [ "$t" = adamw ] || [ "$t" = linear_logp ]; then env FG_TEST_LARGE=1 $bin > "$LOG/test_$t.log" 2>&1; else $bin > "$LOG/test_$t.log" 2>&1; fi
   rc=$?
@@ -37,7 +37,7 @@ for t in ${TESTS:-core linear matmul outer elementwise adamw linear_logp header_
 done
 
 if command -v compute-sanitizer >/dev/null 2>&1; then
-  for t in ${MEMCHECK:-linear matmul outer elementwise adamw linear_logp}; do
+  for t in ${MEMCHECK:-linear matmul outer elementwise adamw linear_logp linear_act}; do
     compute-sanitizer --tool memcheck --leak-check full --error-exitcode 9 $build/tests/test_$t \
       > "$LOG/memcheck_$t.log" 2>&1
     rc=$?

@@ -6,8 +6,9 @@
  *           walks a slab of rows (64, more past 65536 rows: at most 1024 slabs), keeping its
  *           columns' sums of g in registers for db;
  *           the slabs' partials are added in slab order (no atomics: deterministic)
- * The activation math is f32 (accurate erff / tanhf / expf, not the fast intrinsics),
- * with the same guards as the CPU's f64 math in src/cpu/linear_act.c.
+ * The activation math is f32: sigmoid forms through ex2.approx (what bounds the bandwidth of
+ * these passes is otherwise the SFU-free expf), erfcf / tanhf accurate, with the same
+ * cancellation-free forms and guards as the CPU's f64 math in src/cpu/linear_act.c.
  */
 #include "cuda_internal.h"
 #include "elem.cuh"
@@ -17,15 +18,22 @@ constexpr int64_t MAX_SLABS = 1024; /* rows per slab grow past 64 so the partial
 
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+/* exp of a non-positive argument through ex2.approx (relative error ~2⁻²²; the rounding of
+ * x·log2 e adds |x|·2⁻²⁴, far under the f32 tolerance where the term still matters) */
+__device__ __forceinline__ float exp_neg(float x) {
+    float y;
+    asm("ex2.approx.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
+    return y;
+}
+
 __device__ __forceinline__ float sigmoidf_(float x) {
-    if (x >= 0.f) return 1.f / (1.f + expf(-x));
-    float e = expf(x);
-    return e / (1.f + e);
+    float e = exp_neg(-fabsf(x));
+    return x >= 0.f ? 1.f / (1.f + e) : e / (1.f + e);
 }
 
 /* σ(1 − σ) without the cancellation of 1 − σ */
 __device__ __forceinline__ float sigmoid_slope(float x) {
-    float e = expf(-fabsf(x));
+    float e = exp_neg(-fabsf(x));
     return e / ((1.f + e) * (1.f + e));
 }
 
@@ -55,7 +63,7 @@ __device__ __forceinline__ float act_slope(int act, float x) {
     case FG_ACT_SILU: return sigmoidf_(x) + x * sigmoid_slope(x);
     case FG_ACT_SIGMOID: return sigmoid_slope(x);
     case FG_ACT_TANH: {
-        float e = expf(-2.f * fabsf(x));
+        float e = exp_neg(-2.f * fabsf(x));
         return 4.f * e / ((1.f + e) * (1.f + e));
     }
     default: return x == x ? 1.f : x;
@@ -75,18 +83,22 @@ __global__ void __launch_bounds__(THREADS) act_forward_kernel(const T *pre, T *y
         y[i] = from_acc<T>(act_value(act, to_acc(pre[i])));
 }
 
+/* Each thread owns VEC columns of group `cg` lanes wide; THREADS / cg rows run side by side
+ * (narrow outputs keep the block full), and the lanes of one column are summed in lane
+ * order through shared memory before the slab's partial is written. */
 template <typename T, int VEC>
 __global__ void __launch_bounds__(THREADS) act_grad_kernel(const T *__restrict__ dy, const T *__restrict__ pre,
                                                            T *__restrict__ g, int64_t rows, int64_t cols, int act,
-                                                           int64_t slab, float *__restrict__ part) {
-    const int64_t c0 = ((int64_t)blockIdx.x * THREADS + threadIdx.x) * VEC;
+                                                           int64_t slab, int cg, float *__restrict__ part) {
+    const int lane = threadIdx.x % cg, rpar = THREADS / cg, r = threadIdx.x / cg;
+    const int64_t c0 = ((int64_t)blockIdx.x * cg + lane) * VEC;
     const int64_t i0 = (int64_t)blockIdx.y * slab, i1 = i0 + slab < rows ? i0 + slab : rows;
     float sum[VEC];
 #pragma unroll
     for (int k = 0; k < VEC; k++) sum[k] = 0.f;
-    if (c0 < cols) {
+    if (c0 < cols && r < rpar) {
         const bool full = c0 + VEC <= cols;
-        for (int64_t i = i0; i < i1; i++) {
+        for (int64_t i = i0 + r; i < i1; i += rpar) {
             const int64_t at = i * cols + c0;
             vec_t<T, VEC> a, p;
             if (full) {
@@ -112,7 +124,15 @@ __global__ void __launch_bounds__(THREADS) act_grad_kernel(const T *__restrict__
             }
         }
     }
-    if (!part || c0 >= cols) return;
+    if (!part) return;
+    __shared__ float lanes[THREADS * VEC];
+#pragma unroll
+    for (int k = 0; k < VEC; k++) lanes[threadIdx.x * VEC + k] = sum[k];
+    __syncthreads();
+    if (r != 0 || c0 >= cols) return;
+    for (int q = 1; q < rpar; q++)
+#pragma unroll
+        for (int k = 0; k < VEC; k++) sum[k] += lanes[(q * cg + lane) * VEC + k];
     float *out = part + (int64_t)blockIdx.y * cols + c0;
     for (int k = 0; k < VEC; k++)
         if (c0 + k < cols) out[k] = sum[k];
@@ -173,15 +193,16 @@ template <typename T> static cudaError_t run_step(const fg_act_call *c, cudaStre
     const int slabs = (int)cdiv(c->rows, slab);
     float *part = c->db_acc ? (float *)c->scratch : nullptr;
     const bool vec = aligned(c->dy) && aligned(c->pre) && aligned(c->g) && (c->cols * (int64_t)sizeof(T)) % 16 == 0;
-    if (vec) {
-        dim3 grid((unsigned)cdiv(c->cols, (int64_t)THREADS * VEC), (unsigned)slabs);
+    const int v = vec ? VEC : 1;
+    const int64_t groups = cdiv(c->cols, v);
+    const int cg = (int)(groups < THREADS ? groups : THREADS); /* lanes across a row */
+    dim3 grid((unsigned)cdiv(groups, cg), (unsigned)slabs);
+    if (vec)
         act_grad_kernel<T, VEC><<<grid, THREADS, 0, s>>>((const T *)c->dy, (const T *)c->pre, (T *)c->g, c->rows,
-                                                         c->cols, c->act, slab, part);
-    } else {
-        dim3 grid((unsigned)cdiv(c->cols, (int64_t)THREADS), (unsigned)slabs);
+                                                         c->cols, c->act, slab, cg, part);
+    else
         act_grad_kernel<T, 1><<<grid, THREADS, 0, s>>>((const T *)c->dy, (const T *)c->pre, (T *)c->g, c->rows, c->cols,
-                                                       c->act, slab, part);
-    }
+                                                       c->act, slab, cg, part);
     cudaError_t e = cudaGetLastError();
     if (e == cudaSuccess && part)
         act_colsum_kernel<<<(unsigned)cdiv(c->cols, 256), 256, 0, s>>>(part, slabs, c->cols, (float *)c->db_acc,

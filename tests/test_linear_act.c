@@ -125,6 +125,7 @@ typedef struct shape_case {
 static const shape_case shapes[] = {
     {1, {0}, 1, 1, true},          {2, {3}, 17, 5, true},      {3, {2, 9}, 127, 33, false},
     {4, {4, 1, 5}, 64, 48, true},  {2, {257}, 33, 130, true},
+    {2, {20000}, 8, 16, true}, /* long and narrow: CUDA splits dw's rows into batched parts */
 };
 
 static void run_case(fg_context *ctx, fg_backend be, fg_dtype dt, int act, const shape_case *sc) {

@@ -276,7 +276,8 @@ fg_status fg_cuda_logp(fg_context *ctx, const fg_logp_call *c);
  *   FORWARD  y = act(pre)                      (y may be pre: in place)
  *   GRAD     g = dy ⊙ act′(pre); db_acc (acc type, [cols]) gets the column sums of g
  *            (first: written, else added) when db_acc is not NULL
- *   CAST     dst = src (+ dst when accumulate), acc type → dtype, n = cols elements */
+ *   CAST     dst = Σ_{p < parts} src[p·cols + j] (+ dst when accumulate), acc type → dtype,
+ *            cols elements; parts 0 means 1 (the sum runs in p order) */
 typedef enum fg_act_step { FG_ACT_STEP_FORWARD, FG_ACT_STEP_GRAD, FG_ACT_STEP_CAST } fg_act_step;
 
 typedef struct fg_act_call {
@@ -293,6 +294,7 @@ typedef struct fg_act_call {
     size_t scratch_bytes;
     const void *src;
     void *dst;
+    int64_t parts;
     bool accumulate;
 } fg_act_call;
 

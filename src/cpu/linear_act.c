@@ -92,13 +92,17 @@ fg_status fg_cpu_act(fg_context *ctx, const fg_act_call *c) {
             }
         }
         return FG_OK;
-    case FG_ACT_STEP_CAST:
+    case FG_ACT_STEP_CAST: {
+        const int64_t parts = c->parts > 1 ? c->parts : 1;
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt != 1 && c->cols * parts > 65536)
         for (int64_t j = 0; j < c->cols; j++) {
-            double v = fg_load_f64(c->src, c->acc, j);
+            double v = 0.0;
+            for (int64_t p = 0; p < parts; p++) v += fg_load_f64(c->src, c->acc, p * c->cols + j);
             if (c->accumulate) v += fg_load_f64(c->dst, t, j);
             fg_store_f64(c->dst, t, j, v);
         }
         return FG_OK;
+    }
     }
     return fg_fail(FG_ERR_INTERNAL, "cpu linear_act: unknown step %d", (int)c->step);
 }

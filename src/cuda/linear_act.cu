@@ -148,9 +148,11 @@ __global__ void act_colsum_kernel(const float *__restrict__ part, int slabs, int
 }
 
 template <typename T>
-__global__ void act_cast_kernel(const float *__restrict__ src, T *__restrict__ dst, int64_t n, bool accumulate) {
+__global__ void act_cast_kernel(const float *__restrict__ src, T *__restrict__ dst, int64_t n, int64_t parts,
+                                bool accumulate) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        float v = src[i];
+        float v = 0.f;
+        for (int64_t p = 0; p < parts; p++) v += src[p * n + i]; /* in part order */
         if (accumulate) v += to_acc(dst[i]);
         dst[i] = from_acc<T>(v);
     }
@@ -181,8 +183,9 @@ template <typename T> static cudaError_t run_step(const fg_act_call *c, cudaStre
     }
     if (c->step == FG_ACT_STEP_CAST) {
         if (c->cols == 0) return cudaSuccess;
-        act_cast_kernel<T><<<(unsigned)cdiv(c->cols, 256), 256, 0, s>>>((const float *)c->src, (T *)c->dst, c->cols,
-                                                                        c->accumulate);
+        const unsigned blocks = (unsigned)(cdiv(c->cols, 256) < 65536 ? cdiv(c->cols, 256) : 65536);
+        act_cast_kernel<T><<<blocks, 256, 0, s>>>((const float *)c->src, (T *)c->dst, c->cols,
+                                                  c->parts > 1 ? c->parts : 1, c->accumulate);
         return cudaGetLastError();
     }
     /* GRAD */

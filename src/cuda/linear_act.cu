@@ -26,46 +26,42 @@ __device__ __forceinline__ float exp_neg(float x) {
     return y;
 }
 
-__device__ __forceinline__ float sigmoidf_(float x) {
-    float e = exp_neg(-fabsf(x));
-    return x >= 0.f ? 1.f / (1.f + e) : e / (1.f + e);
-}
-
-/* σ(1 − σ) without the cancellation of 1 − σ */
-__device__ __forceinline__ float sigmoid_slope(float x) {
-    float e = exp_neg(-fabsf(x));
-    return e / ((1.f + e) * (1.f + e));
+/* σ(x) and σ′(x) = σ(1 − σ) from one ex2 and one reciprocal, without the cancellation of
+ * 1 − σ: with e = exp(−|x|), σ = 1/(1+e) or e/(1+e), σ′ = e/(1+e)² */
+__device__ __forceinline__ void sigmoid_pair(float x, float *s, float *ds) {
+    const float e = exp_neg(-fabsf(x)), inv = __frcp_rn(1.f + e);
+    *s = x >= 0.f ? inv : e * inv;
+    if (ds) *ds = e * inv * inv;
+    if (x != x) *s = x;
 }
 
 __device__ __forceinline__ float gelu_u(float x) { return 0.7978845608f * (x + 0.044715f * x * x * x); }
 
 __device__ __forceinline__ float act_value(int act, float x) {
+    float s;
     switch (act) {
     case FG_ACT_RELU: return x > 0.f ? x : (x == x ? 0.f : x);
     case FG_ACT_GELU: return 0.5f * x * erfcf(-x * 0.70710678f);
-    case FG_ACT_GELU_TANH: return x * sigmoidf_(2.f * gelu_u(x));
-    case FG_ACT_SILU: return x * sigmoidf_(x);
-    case FG_ACT_SIGMOID: return sigmoidf_(x);
+    case FG_ACT_GELU_TANH: sigmoid_pair(2.f * gelu_u(x), &s, nullptr); return x * s;
+    case FG_ACT_SILU: sigmoid_pair(x, &s, nullptr); return x * s;
+    case FG_ACT_SIGMOID: sigmoid_pair(x, &s, nullptr); return s;
     case FG_ACT_TANH: return tanhf(x);
     default: return x;
     }
 }
 
 __device__ __forceinline__ float act_slope(int act, float x) {
+    float s, ds;
     switch (act) {
     case FG_ACT_RELU: return x > 0.f ? 1.f : (x == x ? 0.f : x);
-    case FG_ACT_GELU: return 0.5f * erfcf(-x * 0.70710678f) + x * 0.39894228f * expf(-0.5f * x * x);
-    case FG_ACT_GELU_TANH: {
+    case FG_ACT_GELU: return 0.5f * erfcf(-x * 0.70710678f) + x * 0.39894228f * exp_neg(-0.5f * x * x);
+    case FG_ACT_GELU_TANH:
         if (fabsf(x) > 10.f) return x > 0.f ? 1.f : 0.f;
-        float u = gelu_u(x);
-        return sigmoidf_(2.f * u) + x * sigmoid_slope(2.f * u) * 1.5957691216f * (1.f + 0.134145f * x * x);
-    }
-    case FG_ACT_SILU: return sigmoidf_(x) + x * sigmoid_slope(x);
-    case FG_ACT_SIGMOID: return sigmoid_slope(x);
-    case FG_ACT_TANH: {
-        float e = exp_neg(-2.f * fabsf(x));
-        return 4.f * e / ((1.f + e) * (1.f + e));
-    }
+        sigmoid_pair(2.f * gelu_u(x), &s, &ds);
+        return s + x * ds * 1.5957691216f * (1.f + 0.134145f * x * x);
+    case FG_ACT_SILU: sigmoid_pair(x, &s, &ds); return s + x * ds;
+    case FG_ACT_SIGMOID: sigmoid_pair(x, &s, &ds); return x == x ? ds : x;
+    case FG_ACT_TANH: sigmoid_pair(2.f * x, &s, &ds); return x == x ? 4.f * ds : x; /* 1 − tanh² = 4σ′(2x) */
     default: return x == x ? 1.f : x;
     }
 }

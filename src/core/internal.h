@@ -298,7 +298,7 @@ typedef struct fg_act_call {
     bool accumulate;
 } fg_act_call;
 
-/* The activations in f64 (the CPU reference and the tests' oracle agree on these). */
+/* The activations and their derivatives in f64: the CPU backend's math (src/cpu/linear_act.c). */
 double fg_act_value(int act, double x);
 double fg_act_slope(int act, double x);
 
@@ -379,6 +379,11 @@ static inline void fg_store_f64(void *p, fg_dtype t, int64_t i, double v) {
  * (-1: a dim of size 1), strides taken from `stride`; offset and batch stride 0. */
 fg_mat fg_mat_of(int operand, const int64_t *stride, int rows_dim, int cols_dim);
 fg_mat fg_mat_t(fg_mat m); /* transposed view */
+/* A matrix at a resolved pointer (operand 0, no offset, no batch). */
+static inline fg_mat fg_mat_at(void *data, int64_t rs, int64_t cs) {
+    fg_mat m = {0, 0, rs, cs, 0, data};
+    return m;
+}
 
 /* Checks that the matrix [rows, cols] of operand `what` has a unit stride in one dim. */
 fg_status fg_check_unit_stride(const char *op, const char *what, const fg_mat *m, int64_t rows,

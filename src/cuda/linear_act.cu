@@ -12,6 +12,7 @@
  */
 #include "cuda_internal.h"
 #include "elem.cuh"
+#include "sums.cuh"
 
 constexpr int THREADS = 256;
 constexpr int64_t MAX_SLABS = 1024; /* rows per slab grow past 64 so the partials stay small */
@@ -134,25 +135,7 @@ __global__ void __launch_bounds__(THREADS) act_grad_kernel(const T *__restrict__
         if (c0 + k < cols) out[k] = sum[k];
 }
 
-__global__ void act_colsum_kernel(const float *__restrict__ part, int slabs, int64_t cols, float *__restrict__ db,
-                                  bool first) {
-    const int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-    if (j >= cols) return;
-    float s = first ? 0.f : db[j];
-    for (int k = 0; k < slabs; k++) s += part[k * cols + j];
-    db[j] = s;
-}
 
-template <typename T>
-__global__ void act_cast_kernel(const float *__restrict__ src, T *__restrict__ dst, int64_t n, int64_t parts,
-                                bool accumulate) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        float v = 0.f;
-        for (int64_t p = 0; p < parts; p++) v += src[p * n + i]; /* in part order */
-        if (accumulate) v += to_acc(dst[i]);
-        dst[i] = from_acc<T>(v);
-    }
-}
 
 static int64_t slab_rows(int64_t rows) {
     int64_t per = cdiv(rows, MAX_SLABS);
@@ -180,7 +163,7 @@ template <typename T> static cudaError_t run_step(const fg_act_call *c, cudaStre
     if (c->step == FG_ACT_STEP_CAST) {
         if (c->cols == 0) return cudaSuccess;
         const unsigned blocks = (unsigned)(cdiv(c->cols, 256) < 65536 ? cdiv(c->cols, 256) : 65536);
-        act_cast_kernel<T><<<blocks, 256, 0, s>>>((const float *)c->src, (T *)c->dst, c->cols,
+        cast_sum_kernel<T><<<blocks, 256, 0, s>>>((const float *)c->src, (T *)c->dst, c->cols,
                                                   c->parts > 1 ? c->parts : 1, c->accumulate);
         return cudaGetLastError();
     }
@@ -204,7 +187,7 @@ template <typename T> static cudaError_t run_step(const fg_act_call *c, cudaStre
                                                        c->act, slab, cg, part);
     cudaError_t e = cudaGetLastError();
     if (e == cudaSuccess && part)
-        act_colsum_kernel<<<(unsigned)cdiv(c->cols, 256), 256, 0, s>>>(part, slabs, c->cols, (float *)c->db_acc,
+        slab_colsum_kernel<<<(unsigned)cdiv(c->cols, 256), 256, 0, s>>>(part, slabs, c->cols, (float *)c->db_acc,
                                                                        c->first);
     return e == cudaSuccess ? cudaGetLastError() : e;
 }

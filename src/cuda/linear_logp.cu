@@ -14,6 +14,7 @@
  */
 #include "cuda_internal.h"
 #include "elem.cuh"
+#include "sums.cuh"
 
 #include <math.h>
 
@@ -285,23 +286,7 @@ __global__ void __launch_bounds__(THREADS) grad_kernel(T *__restrict__ z, int64_
         if (c0 + k < cols) out[k] = sum[k];
 }
 
-__global__ void colsum_kernel(const float *__restrict__ part, int slabs, int64_t cols, float *__restrict__ db,
-                              bool first) {
-    const int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-    if (j >= cols) return;
-    float s = first ? 0.f : db[j];
-    for (int k = 0; k < slabs; k++) s += part[k * cols + j];
-    db[j] = s;
-}
 
-template <typename T>
-__global__ void cast_kernel(const float *__restrict__ src, T *__restrict__ dst, int64_t n, bool accumulate) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        float v = src[i];
-        if (accumulate) v += to_acc(dst[i]);
-        dst[i] = from_acc<T>(v);
-    }
-}
 
 /* ------------------------------------------------------------------ dispatch */
 
@@ -339,14 +324,14 @@ template <typename T> static cudaError_t tile_step(const fg_logp_call *c, cudaSt
     }
     cudaError_t e = cudaGetLastError();
     if (e == cudaSuccess && part)
-        colsum_kernel<<<(unsigned)cdiv(c->cols, 256), 256, 0, s>>>(part, slabs, c->cols, (float *)c->db_acc + c->v0,
+        slab_colsum_kernel<<<(unsigned)cdiv(c->cols, 256), 256, 0, s>>>(part, slabs, c->cols, (float *)c->db_acc + c->v0,
                                                                    c->first);
     return e == cudaSuccess ? cudaGetLastError() : e;
 }
 
 template <typename T> static cudaError_t cast(const fg_logp_call *c, cudaStream_t s) {
     unsigned blocks = (unsigned)(cdiv(c->n, 256) < 65536 ? cdiv(c->n, 256) : 65536);
-    cast_kernel<T><<<blocks, 256, 0, s>>>((const float *)c->src, (T *)c->dst, c->n, c->accumulate);
+    cast_sum_kernel<T><<<blocks, 256, 0, s>>>((const float *)c->src, (T *)c->dst, c->n, 1, c->accumulate);
     return cudaGetLastError();
 }
 

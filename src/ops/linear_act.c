@@ -109,14 +109,6 @@ static void *data_of(const act_run *r, int i) {
     return r->ops && r->d->operands[i].rank != 0 ? r->ops[i].data : NULL;
 }
 
-static fg_mat mat(void *data, int64_t rs, int64_t cs) {
-    fg_mat m;
-    memset(&m, 0, sizeof m);
-    m.data = data;
-    m.rs = rs;
-    m.cs = cs;
-    return m;
-}
 
 static fg_status gemm(act_run *r, int64_t m, int64_t n, int64_t k, fg_mat a, fg_mat b, fg_mat c, double beta,
                       const void *bias) {
@@ -204,7 +196,7 @@ static fg_status step(act_run *r, fg_act_call *c) {
 static fg_status pre_gemm(act_run *r, int xi, int wi, int bi, void *dst) {
     const void *bias = NULL;
     if (r->d->operands[bi].rank != 0) bias = r->run ? data_of(r, bi) : (const void *)(uintptr_t)256;
-    return gemm(r, r->N, r->M, r->K, mat(data_of(r, xi), r->K, 1), mat(data_of(r, wi), 1, r->K), mat(dst, r->M, 1),
+    return gemm(r, r->N, r->M, r->K, fg_mat_at(data_of(r, xi), r->K, 1), fg_mat_at(data_of(r, wi), 1, r->K), fg_mat_at(dst, r->M, 1),
                 0.0, bias);
 }
 
@@ -257,20 +249,20 @@ static fg_status backward(act_run *r) {
     }
     const double beta = d->accumulate ? 1.0 : 0.0;
     if (want_dx) /* dx[N × K] = g[N × M] · w[M × K] */
-        FG_TRY(gemm(r, r->N, r->K, r->M, mat(g, r->M, 1), mat(data_of(r, AB_W), r->K, 1), mat(data_of(r, AB_DX), r->K, 1),
+        FG_TRY(gemm(r, r->N, r->K, r->M, fg_mat_at(g, r->M, 1), fg_mat_at(data_of(r, AB_W), r->K, 1), fg_mat_at(data_of(r, AB_DX), r->K, 1),
                     beta, NULL));
     if (want_dw && !parts) /* dw[M × K] = gᵀ[M × N] · x[N × K] */
-        FG_TRY(gemm(r, r->M, r->K, r->N, mat(g, 1, r->M), mat(data_of(r, AB_X), r->K, 1), mat(data_of(r, AB_DW), r->K, 1),
+        FG_TRY(gemm(r, r->M, r->K, r->N, fg_mat_at(g, 1, r->M), fg_mat_at(data_of(r, AB_X), r->K, 1), fg_mat_at(data_of(r, AB_DW), r->K, 1),
                     beta, NULL));
     if (want_dw && parts) { /* parts products of `per` rows (+ the tail), summed in order */
-        fg_mat ga = mat(g, 1, r->M), xb = mat(data_of(r, AB_X), r->K, 1), pc = mat(at(r, parts_off), r->K, 1);
+        fg_mat ga = fg_mat_at(g, 1, r->M), xb = fg_mat_at(data_of(r, AB_X), r->K, 1), pc = fg_mat_at(at(r, parts_off), r->K, 1);
         ga.bs = per * r->M, xb.bs = per * r->K, pc.bs = r->M * r->K;
         FG_TRY(gemm_batched(r, parts, r->M, r->K, per, ga, xb, pc));
         if (tail) {
             char *gt = g ? (char *)g + parts * per * r->M * (int64_t)r->es : NULL;
             char *xt = data_of(r, AB_X) ? (char *)data_of(r, AB_X) + parts * per * r->K * (int64_t)r->es : NULL;
-            fg_mat pt = mat(at(r, parts_off + (size_t)(parts * r->M * r->K) * r->aes), r->K, 1);
-            FG_TRY(gemm_batched(r, 1, r->M, r->K, tail, mat(gt, 1, r->M), mat(xt, r->K, 1), pt));
+            fg_mat pt = fg_mat_at(at(r, parts_off + (size_t)(parts * r->M * r->K) * r->aes), r->K, 1);
+            FG_TRY(gemm_batched(r, 1, r->M, r->K, tail, fg_mat_at(gt, 1, r->M), fg_mat_at(xt, r->K, 1), pt));
         }
         fg_act_call c;
         memset(&c, 0, sizeof c);

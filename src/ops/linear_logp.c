@@ -264,14 +264,6 @@ static fg_status gemm(run_ctx *r, int64_t m, int64_t n, int64_t k, fg_mat a, fg_
     return fg_gemm_execute(r->ctx, &g, &k_info, at(r->ws, r->L.gemm), r->L.gemm_bytes, true);
 }
 
-static fg_mat mat(void *data, int64_t rs, int64_t cs) {
-    fg_mat m;
-    memset(&m, 0, sizeof m);
-    m.data = data;
-    m.rs = rs;
-    m.cs = cs;
-    return m;
-}
 
 /* Next start of a loop over [0, total) in steps: every step when running; when planning,
  * the first and the last (partial) step only — they bound every GEMM's needs. */
@@ -288,9 +280,9 @@ static fg_status tile_logits(run_ctx *r, int hi, int wi, int bi, int64_t r0, int
     const int64_t D = r->g.D;
     const char *h = data_of(r, hi), *w = data_of(r, wi), *b = data_of(r, bi);
     bool bias = has(&r->d->operands[bi]);
-    return gemm(r, rows, vc, D, mat(h ? (void *)(h + r0 * D * (int64_t)r->es) : NULL, D, 1),
-                mat(w ? (void *)(w + v0 * D * (int64_t)r->es) : NULL, 1, D),
-                mat(r->ws ? at(r->ws, r->L.tile) : NULL, r->g.ld, 1), 0.0,
+    return gemm(r, rows, vc, D, fg_mat_at(h ? (void *)(h + r0 * D * (int64_t)r->es) : NULL, D, 1),
+                fg_mat_at(w ? (void *)(w + v0 * D * (int64_t)r->es) : NULL, 1, D),
+                fg_mat_at(r->ws ? at(r->ws, r->L.tile) : NULL, r->g.ld, 1), 0.0,
                 bias ? (b ? (const void *)(b + v0 * (int64_t)r->es) : (const void *)(uintptr_t)256) : NULL, false);
 }
 
@@ -407,15 +399,15 @@ static fg_status backward(run_ctx *r) {
                 void *c_ptr = dw_direct ? (void *)(dw ? dw + v0 * D * (int64_t)dw_es : NULL)
                                         : (r->ws ? at(r->ws, L->dw_acc) : NULL);
                 bool add = dw_direct ? (d->accumulate || r0 > 0) : r0 > 0;
-                FG_TRY(gemm(r, vc, D, rows, mat(tile, 1, g->ld), mat(h ? h + r0 * D * (int64_t)r->es : NULL, D, 1),
-                            mat(c_ptr, D, 1), add ? 1.0 : 0.0, NULL, dw_direct ? dw_f32 : true));
+                FG_TRY(gemm(r, vc, D, rows, fg_mat_at(tile, 1, g->ld), fg_mat_at(h ? h + r0 * D * (int64_t)r->es : NULL, D, 1),
+                            fg_mat_at(c_ptr, D, 1), add ? 1.0 : 0.0, NULL, dw_direct ? dw_f32 : true));
             }
             if (want_dh) { /* dh[r0.., :] (+)= dz·w[v0.., :] */
                 void *c_ptr = dh_direct ? (void *)(dh ? dh + r0 * D * (int64_t)dh_es : NULL)
                                         : (r->ws ? (char *)at(r->ws, L->dh_acc) + r0 * D * (int64_t)r->aes : NULL);
                 bool add = v0 > 0 || (dh_direct && d->accumulate);
-                FG_TRY(gemm(r, rows, D, vc, mat(tile, g->ld, 1), mat(w ? w + v0 * D * (int64_t)r->es : NULL, D, 1),
-                            mat(c_ptr, D, 1), add ? 1.0 : 0.0, NULL, true));
+                FG_TRY(gemm(r, rows, D, vc, fg_mat_at(tile, g->ld, 1), fg_mat_at(w ? w + v0 * D * (int64_t)r->es : NULL, D, 1),
+                            fg_mat_at(c_ptr, D, 1), add ? 1.0 : 0.0, NULL, true));
             }
         }
         if (want_dw && !dw_direct)
@@ -482,12 +474,12 @@ static fg_status cross_entropy(run_ctx *r) {
             FG_TRY(step(r, &gr));
         }
         if (want_dh)
-            FG_TRY(gemm(r, rows, D, g->V, mat(tile, g->ld, 1), mat(w, D, 1),
-                        mat(dh ? dh + r0 * D * (int64_t)dh_es : NULL, D, 1), d->accumulate ? 1.0 : 0.0, NULL,
+            FG_TRY(gemm(r, rows, D, g->V, fg_mat_at(tile, g->ld, 1), fg_mat_at(w, D, 1),
+                        fg_mat_at(dh ? dh + r0 * D * (int64_t)dh_es : NULL, D, 1), d->accumulate ? 1.0 : 0.0, NULL,
                         d->operands[CE_DH].dtype == r->acc));
         if (want_dw)
-            FG_TRY(gemm(r, g->V, D, rows, mat(tile, 1, g->ld), mat(h ? h + r0 * D * (int64_t)r->es : NULL, D, 1),
-                        mat(dw, D, 1), (d->accumulate || r0 > 0) ? 1.0 : 0.0, NULL,
+            FG_TRY(gemm(r, g->V, D, rows, fg_mat_at(tile, 1, g->ld), fg_mat_at(h ? h + r0 * D * (int64_t)r->es : NULL, D, 1),
+                        fg_mat_at(dw, D, 1), (d->accumulate || r0 > 0) ? 1.0 : 0.0, NULL,
                         d->operands[CE_DW].dtype == r->acc));
     }
     if (!none) {

@@ -86,6 +86,8 @@ fg_status fg_check_no_overlap(const char *op, const char *out_name, const fg_ten
                               const char *other_name, const fg_tensor *other);
 /* Whether t's strides are row-major contiguous (or left all zero). */
 bool fg_is_contiguous(const fg_tensor *t);
+/* FG_ERR_UNSUPPORTED "op: what must be contiguous" unless it is. */
+fg_status fg_check_contiguous(const char *op, const char *what, const fg_tensor *t);
 /* Formats a shape as "[2, 3, 4]" into buf. */
 const char *fg_shape_str(const fg_tensor *t, char *buf, size_t len);
 

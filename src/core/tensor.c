@@ -203,3 +203,8 @@ fg_tensor fg_tensor_make(void *data, fg_dtype dtype, int32_t rank, const int64_t
     for (int i = 0; i < t.rank; i++) t.shape[i] = shape[i];
     return t;
 }
+
+fg_status fg_check_contiguous(const char *op, const char *what, const fg_tensor *t) {
+    if (!fg_is_contiguous(t)) return fg_fail(FG_ERR_UNSUPPORTED, "%s: %s must be contiguous", op, what);
+    return FG_OK;
+}

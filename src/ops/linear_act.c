@@ -31,10 +31,6 @@ static const char *act_name(int act) {
 
 /* ------------------------------------------------------------------ validation */
 
-static fg_status check_contig(const char *op, const char *what, const fg_tensor *t) {
-    if (!fg_is_contiguous(t)) return fg_fail(FG_ERR_UNSUPPORTED, "%s: %s must be contiguous", op, what);
-    return FG_OK;
-}
 
 /* t must have exactly the shape `like` has with its last dim replaced by `last`. */
 static fg_status check_like(const char *op, const char *what, const fg_tensor *t, const fg_tensor *like, int64_t last,
@@ -49,7 +45,7 @@ static fg_status check_like(const char *op, const char *what, const fg_tensor *t
             return fg_fail(FG_ERR_SHAPE, "%s: %s.shape[%d]=%lld but it must be %lld", op, what, d,
                            (long long)t->shape[d], (long long)want);
     }
-    return check_contig(op, what, t);
+    return fg_check_contiguous(op, what, t);
 }
 
 /* x [..., K], w [M, K], b [M] (optional): the shared checks; gives N, K, M. */
@@ -68,8 +64,8 @@ static fg_status check_xwb(const char *op, int act, const fg_tensor *x, const fg
                        (long long)*K);
     *N = 1;
     for (int d = 0; d < x->rank - 1; d++) *N *= x->shape[d];
-    FG_TRY(check_contig(op, "x", x));
-    FG_TRY(check_contig(op, "w", w));
+    FG_TRY(fg_check_contiguous(op, "x", x));
+    FG_TRY(fg_check_contiguous(op, "w", w));
     if (has(b)) {
         FG_TRY(fg_check_desc(op, "b", b, 1, 1));
         if (b->dtype != x->dtype)
@@ -77,7 +73,7 @@ static fg_status check_xwb(const char *op, int act, const fg_tensor *x, const fg
         if (b->shape[0] != *M)
             return fg_fail(FG_ERR_SHAPE, "%s: b.shape[0]=%lld but w.shape[0]=%lld", op, (long long)b->shape[0],
                            (long long)*M);
-        FG_TRY(check_contig(op, "b", b));
+        FG_TRY(fg_check_contiguous(op, "b", b));
     }
     return FG_OK;
 }

@@ -63,11 +63,6 @@ static fg_status check_options(const char *op, const fg_logp_options *o, bool ce
     return FG_OK;
 }
 
-static fg_status check_contig(const char *op, const char *what, const fg_tensor *t) {
-    if (!fg_is_contiguous(t))
-        return fg_fail(FG_ERR_UNSUPPORTED, "%s: %s must be contiguous", op, what);
-    return FG_OK;
-}
 
 /* A row vector [N] of the accumulator type. */
 static fg_status check_row(const char *op, const char *what, const fg_tensor *t, int64_t n, fg_dtype acc) {
@@ -78,7 +73,7 @@ static fg_status check_row(const char *op, const char *what, const fg_tensor *t,
     if (t->shape[0] != n)
         return fg_fail(FG_ERR_SHAPE, "%s: %s.shape[0]=%lld but N=%lld", op, what, (long long)t->shape[0],
                        (long long)n);
-    return check_contig(op, what, t);
+    return fg_check_contiguous(op, what, t);
 }
 
 /* A gradient output: the dtype of its input or the accumulator type, same shape. */
@@ -91,7 +86,7 @@ static fg_status check_grad(const char *op, const char *what, const fg_tensor *g
         if (g->shape[d] != like->shape[d])
             return fg_fail(FG_ERR_SHAPE, "%s: %s.shape[%d]=%lld but it must be %lld", op, what, d,
                            (long long)g->shape[d], (long long)like->shape[d]);
-    return check_contig(op, what, g);
+    return fg_check_contiguous(op, what, g);
 }
 
 /* h [N, D], w [V, D], b [V] (optional), target [N]. */
@@ -104,8 +99,8 @@ static fg_status check_inputs(const char *op, const fg_tensor *h, const fg_tenso
     if (w->shape[1] != h->shape[1])
         return fg_fail(FG_ERR_SHAPE, "%s: w.shape[1]=%lld but h.shape[1]=%lld", op, (long long)w->shape[1],
                        (long long)h->shape[1]);
-    FG_TRY(check_contig(op, "h", h));
-    FG_TRY(check_contig(op, "w", w));
+    FG_TRY(fg_check_contiguous(op, "h", h));
+    FG_TRY(fg_check_contiguous(op, "w", w));
     if (has(b)) {
         FG_TRY(fg_check_desc(op, "b", b, 1, 1));
         if (b->dtype != h->dtype)
@@ -113,7 +108,7 @@ static fg_status check_inputs(const char *op, const fg_tensor *h, const fg_tenso
         if (b->shape[0] != w->shape[0])
             return fg_fail(FG_ERR_SHAPE, "%s: b.shape[0]=%lld but w.shape[0]=V=%lld", op, (long long)b->shape[0],
                            (long long)w->shape[0]);
-        FG_TRY(check_contig(op, "b", b));
+        FG_TRY(fg_check_contiguous(op, "b", b));
     }
     FG_TRY(fg_check_any_desc(op, "target", t, 1, 1));
     if (t->dtype != FG_I32 && t->dtype != FG_I64)
@@ -121,7 +116,7 @@ static fg_status check_inputs(const char *op, const fg_tensor *h, const fg_tenso
     if (t->shape[0] != h->shape[0])
         return fg_fail(FG_ERR_SHAPE, "%s: target.shape[0]=%lld but h.shape[0]=N=%lld", op, (long long)t->shape[0],
                        (long long)h->shape[0]);
-    return check_contig(op, "target", t);
+    return fg_check_contiguous(op, "target", t);
 }
 
 /* ------------------------------------------------------------------ tiles and workspace */

@@ -417,8 +417,8 @@ FG_NODISCARD FG_API fg_status fg_adamw_step(fg_context *ctx, const fg_adamw_hpar
                                             const fg_tensor *master);
 
 /* ------------------------------------------------------------------ Linear + activation */
-/* y = act(x·wᵀ + b). x [..., K] (leading dims that collapse into one stride), w [M, K],
- * b [M] or NULL, y [..., M]; f32, f16, bf16 (+ f64 on the CPU), one dtype. pre (same shape
+/* y = act(x·wᵀ + b). x [..., K] (any leading dims), w [M, K], b [M] or NULL, y [..., M],
+ * all contiguous; f32, f16, bf16 (+ f64 on the CPU), one dtype. pre (same shape
  * and dtype as y, or NULL) receives the pre-activation for the backward: memory for time
  * (without it the backward recomputes x·wᵀ + b, one more product). */
 FG_NODISCARD FG_API fg_status fg_linear_act_forward(fg_context *ctx, fg_activation act, const fg_tensor *x,
@@ -452,8 +452,9 @@ FG_NODISCARD FG_API fg_status fg_linear_act_backward_bias(fg_context *ctx, fg_ac
  * holding the [N, V] logits: the logits are formed tile by tile (a bounded tile in the
  * workspace) and reduced online; the gradients recompute them the same way.
  * h [N, D], w [V, D]: f32, f16, bf16 (+ f64 on the CPU), same dtype; b [V] the same
- * dtype or NULL; target [N] int32 or int64. logp, lse, entropy, loss, row_weight,
- * dlogp, dentropy, dlse: f32. dh / dw / db: the dtype of h / w / b, or f32.
+ * dtype or NULL; target [N] int32 or int64; all contiguous. logp, lse, entropy, loss,
+ * row_weight, dlogp, dentropy, dlse: f32 (f64 for f64 inputs). dh / dw / db: the dtype
+ * of h / w / b, or f32.
  * A target outside [0, V) (and not ignore_index) gives NaN in its row and
  * FG_ERR_DEVICE_VALUE from the next fg_context_check() with the first such row — the
  * op itself does not look at the target values on the host.
@@ -475,7 +476,8 @@ FG_NODISCARD FG_API fg_status fg_linear_logp_backward(
 /* One pass: the cross-entropy loss (opt->reduction, label smoothing, z-loss, optional
  * per-row weights, e.g. a policy-gradient advantage) and its gradients together —
  * three matrix products instead of four. lse, dh, dw, db may be NULL. Between row
- * tiles dw and db add up in their own dtype (pass f32 outputs for f32 throughout). */
+ * tiles dw adds up in its own dtype (pass an f32 dw for f32 throughout); db is summed
+ * in f32 and rounded once. */
 FG_NODISCARD FG_API fg_status fg_linear_cross_entropy(
     fg_context *ctx, const fg_logp_options *opt, const fg_tensor *h, const fg_tensor *w,
     const fg_tensor *b, const fg_tensor *target, const fg_tensor *row_weight, const fg_tensor *loss,

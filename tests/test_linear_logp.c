@@ -417,6 +417,11 @@ static void memory_bound(fg_context *ctx) {
     th_operand logp = row_vec(FG_BACKEND_CPU, FG_F32, p.N), lse = row_vec(FG_BACKEND_CPU, FG_F32, p.N);
     th_operand dh = th_make(FG_BACKEND_CPU, FG_F32, 2, (int64_t[]){p.N, p.D}, 0);
     TH_OK(fg_context_set_workspace(ctx, NULL, 0));
+    /* warm-up on a slice of the rows: OpenBLAS allocates its per-thread buffers at its first
+       large product, which belongs to the library, not to the logits */
+    fg_tensor h_part = in.h.t, t_part = in.target, l_part = logp.t, s_part = lse.t;
+    h_part.shape[0] = t_part.shape[0] = l_part.shape[0] = s_part.shape[0] = 256;
+    TH_OK(fg_linear_logp_forward(ctx, NULL, &h_part, &in.w.t, NULL, &t_part, &l_part, &s_part, NULL));
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     long before = ru.ru_maxrss; /* KiB */

@@ -148,3 +148,35 @@ fg_status fg_gemm_execute(fg_context *ctx, const fg_gemm *in, fg_kernel_info *in
     }
     return split(ctx, &g, info, ws, ws_bytes, run);
 }
+
+fg_gemm fg_gemm_plain(fg_dtype dtype, int64_t batch, int64_t m, int64_t n, int64_t k, fg_mat a, fg_mat b, fg_mat c,
+                      double beta, const void *bias, bool allow_tf32, bool c_f32) {
+    fg_gemm g;
+    memset(&g, 0, sizeof g);
+    g.dtype = dtype;
+    g.batch = batch;
+    g.m = m, g.n = n, g.k = k;
+    g.a = a, g.b = b, g.c = c;
+    g.alpha = 1.0;
+    g.beta = beta;
+    g.bias_operand = bias ? 0 : -1;
+    g.bias = (void *)bias;
+    g.bias_cs = 1;
+    g.allow_tf32 = allow_tf32 && dtype == FG_F32;
+    g.c_f32 = c_f32 && dtype != FG_F64;
+    return g;
+}
+
+fg_status fg_gemm_walk(fg_context *ctx, const fg_gemm *g, bool run, void *ws, size_t ws_bytes, size_t *need,
+                       char *name, size_t len) {
+    fg_kernel_info info;
+    if (run) return fg_gemm_execute(ctx, g, &info, ws, ws_bytes, true);
+    FG_TRY(fg_gemm_execute(ctx, g, &info, NULL, 0, false));
+    if (info.workspace_bytes > *need) *need = info.workspace_bytes;
+    char one[96];
+    snprintf(one, sizeof one, "%.60s%s", info.name, g->batch > 1 ? " (batched)" : "");
+    size_t used = strlen(name);
+    if (!strstr(name, one) && used + 1 < len) /* each kernel named once */
+        snprintf(name + used, len - used, "%s%s", used ? " ; " : "", one);
+    return FG_OK;
+}

@@ -88,6 +88,11 @@ fg_status fg_check_no_overlap(const char *op, const char *out_name, const fg_ten
 bool fg_is_contiguous(const fg_tensor *t);
 /* FG_ERR_UNSUPPORTED "op: what must be contiguous" unless it is. */
 fg_status fg_check_contiguous(const char *op, const char *what, const fg_tensor *t);
+/* The operands of a contiguous linear layer: x [..., K] (rank in [x_rank_lo, FG_MAX_RANK] or
+ * exactly 2 when x_rank_lo is 2), w [M, K] of x's dtype, b [M] or absent (rank 0). Gives
+ * N (the product of x's leading dims), K, M. */
+fg_status fg_check_linear_operands(const char *op, const char *xname, const fg_tensor *x, int x_rank_hi,
+                                   const fg_tensor *w, const fg_tensor *b, int64_t *N, int64_t *K, int64_t *M);
 /* Formats a shape as "[2, 3, 4]" into buf. */
 const char *fg_shape_str(const fg_tensor *t, char *buf, size_t len);
 
@@ -130,6 +135,14 @@ typedef struct fg_kernel_info {
     bool deterministic;
     fg_dtype accumulator; /* type the sums are carried in */
 } fg_kernel_info;
+
+/* A GEMM descriptor of resolved matrices: alpha 1, bias (or NULL) along the columns. */
+fg_gemm fg_gemm_plain(fg_dtype dtype, int64_t batch, int64_t m, int64_t n, int64_t k, fg_mat a, fg_mat b, fg_mat c,
+                      double beta, const void *bias, bool allow_tf32, bool c_f32);
+/* One GEMM of a driver's walk: planning (run = false) raises *need to what it asks of the
+ * workspace and appends its kernel name (once) to name[len]; running, it uses ws. */
+fg_status fg_gemm_walk(fg_context *ctx, const fg_gemm *g, bool run, void *ws, size_t ws_bytes, size_t *need,
+                       char *name, size_t len);
 
 /* Plans (run = false: fills info, touches no data) or runs one GEMM on ctx's backend.
  * Normalizes orientation, collapses batch sums, splits dims past int32, then calls

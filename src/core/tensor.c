@@ -208,3 +208,30 @@ fg_status fg_check_contiguous(const char *op, const char *what, const fg_tensor 
     if (!fg_is_contiguous(t)) return fg_fail(FG_ERR_UNSUPPORTED, "%s: %s must be contiguous", op, what);
     return FG_OK;
 }
+
+fg_status fg_check_linear_operands(const char *op, const char *xname, const fg_tensor *x, int x_rank_hi,
+                                   const fg_tensor *w, const fg_tensor *b, int64_t *N, int64_t *K, int64_t *M) {
+    FG_TRY(fg_check_desc(op, xname, x, x_rank_hi == 2 ? 2 : 1, x_rank_hi));
+    FG_TRY(fg_check_desc(op, "w", w, 2, 2));
+    if (w->dtype != x->dtype)
+        return fg_fail(FG_ERR_DTYPE, "%s: w is %s but %s is %s", op, fg_dtype_name(w->dtype), xname,
+                       fg_dtype_name(x->dtype));
+    *K = x->shape[x->rank - 1];
+    *M = w->shape[0];
+    if (w->shape[1] != *K)
+        return fg_fail(FG_ERR_SHAPE, "%s: w.shape[1]=%lld but %s.shape[-1]=%lld", op, (long long)w->shape[1], xname,
+                       (long long)*K);
+    *N = 1;
+    for (int d = 0; d < x->rank - 1; d++) *N *= x->shape[d];
+    FG_TRY(fg_check_contiguous(op, xname, x));
+    FG_TRY(fg_check_contiguous(op, "w", w));
+    if (b->rank == 0) return FG_OK;
+    FG_TRY(fg_check_desc(op, "b", b, 1, 1));
+    if (b->dtype != x->dtype)
+        return fg_fail(FG_ERR_DTYPE, "%s: b is %s but %s is %s", op, fg_dtype_name(b->dtype), xname,
+                       fg_dtype_name(x->dtype));
+    if (b->shape[0] != *M)
+        return fg_fail(FG_ERR_SHAPE, "%s: b.shape[0]=%lld but w.shape[0]=%lld", op, (long long)b->shape[0],
+                       (long long)*M);
+    return fg_check_contiguous(op, "b", b);
+}

@@ -48,34 +48,12 @@ static fg_status check_like(const char *op, const char *what, const fg_tensor *t
     return fg_check_contiguous(op, what, t);
 }
 
-/* x [..., K], w [M, K], b [M] (optional): the shared checks; gives N, K, M. */
+/* act in range, then the linear layer's operands; gives N, K, M. */
 static fg_status check_xwb(const char *op, int act, const fg_tensor *x, const fg_tensor *w, const fg_tensor *b,
                            int64_t *N, int64_t *K, int64_t *M) {
     if (act < FG_ACT_NONE || act > FG_ACT_TANH)
         return fg_fail(FG_ERR_INVALID_VALUE, "%s: act=%d is not an fg_activation", op, act);
-    FG_TRY(fg_check_desc(op, "x", x, 1, FG_MAX_RANK));
-    FG_TRY(fg_check_desc(op, "w", w, 2, 2));
-    if (w->dtype != x->dtype)
-        return fg_fail(FG_ERR_DTYPE, "%s: w is %s but x is %s", op, fg_dtype_name(w->dtype), fg_dtype_name(x->dtype));
-    *K = x->shape[x->rank - 1];
-    *M = w->shape[0];
-    if (w->shape[1] != *K)
-        return fg_fail(FG_ERR_SHAPE, "%s: w.shape[1]=%lld but x.shape[-1]=%lld", op, (long long)w->shape[1],
-                       (long long)*K);
-    *N = 1;
-    for (int d = 0; d < x->rank - 1; d++) *N *= x->shape[d];
-    FG_TRY(fg_check_contiguous(op, "x", x));
-    FG_TRY(fg_check_contiguous(op, "w", w));
-    if (has(b)) {
-        FG_TRY(fg_check_desc(op, "b", b, 1, 1));
-        if (b->dtype != x->dtype)
-            return fg_fail(FG_ERR_DTYPE, "%s: b is %s but x is %s", op, fg_dtype_name(b->dtype), fg_dtype_name(x->dtype));
-        if (b->shape[0] != *M)
-            return fg_fail(FG_ERR_SHAPE, "%s: b.shape[0]=%lld but w.shape[0]=%lld", op, (long long)b->shape[0],
-                           (long long)*M);
-        FG_TRY(fg_check_contiguous(op, "b", b));
-    }
-    return FG_OK;
+    return fg_check_linear_operands(op, "x", x, FG_MAX_RANK, w, b, N, K, M);
 }
 
 /* ------------------------------------------------------------------ the walk */
@@ -106,30 +84,14 @@ static void *data_of(const act_run *r, int i) {
 }
 
 
-static fg_status gemm(act_run *r, int64_t m, int64_t n, int64_t k, fg_mat a, fg_mat b, fg_mat c, double beta,
-                      const void *bias) {
-    fg_gemm g;
-    memset(&g, 0, sizeof g);
-    g.dtype = r->dtype;
-    g.batch = 1;
-    g.m = m, g.n = n, g.k = k;
-    g.a = a, g.b = b, g.c = c;
-    g.alpha = 1.0;
-    g.beta = beta;
-    g.bias_operand = bias ? 0 : -1;
-    g.bias = (void *)bias;
-    g.bias_cs = 1;
-    g.allow_tf32 = (r->d->flags & FG_PLAN_ALLOW_TF32) && r->dtype == FG_F32;
-    fg_kernel_info k_info;
-    if (!r->run) {
-        if (r->size_only) return FG_OK;
-        FG_TRY(fg_gemm_execute(r->ctx, &g, &k_info, NULL, 0, false));
-        if (k_info.workspace_bytes > r->gemm_bytes) r->gemm_bytes = k_info.workspace_bytes;
-        size_t used = strlen(r->info->name);
-        snprintf(r->info->name + used, sizeof r->info->name - used, "%s%.60s", used ? " ; " : "", k_info.name);
-        return FG_OK;
-    }
-    return fg_gemm_execute(r->ctx, &g, &k_info, (char *)r->ws + r->gemm_at, r->gemm_bytes, true);
+/* c[b] = a[b]·b[b] (+ bias) for b < batch; planning or running as the walk is. */
+static fg_status gemm(act_run *r, int64_t batch, int64_t m, int64_t n, int64_t k, fg_mat a, fg_mat b, fg_mat c,
+                      double beta, const void *bias, bool c_f32) {
+    if (!r->run && r->size_only) return FG_OK;
+    fg_gemm g = fg_gemm_plain(r->dtype, batch, m, n, k, a, b, c, beta, bias, (r->d->flags & FG_PLAN_ALLOW_TF32) != 0,
+                              c_f32);
+    return fg_gemm_walk(r->ctx, &g, r->run, r->ws ? (char *)r->ws + r->gemm_at : NULL, r->gemm_bytes, &r->gemm_bytes,
+                        r->info->name, sizeof r->info->name);
 }
 
 /* dw = gᵀ·x reduces over all N rows into an M × K result: when that result is only a few
@@ -142,31 +104,6 @@ static int64_t dw_parts(const act_run *r) {
     if (tiles >= 32 || r->N < 16384) return 0;
     int64_t parts = r->N / 2048;
     return parts > 64 ? 64 : parts;
-}
-
-/* c[b] = a[b]·b[b] for b < batch (batch strides in elements), c f32 */
-static fg_status gemm_batched(act_run *r, int64_t batch, int64_t m, int64_t n, int64_t k, fg_mat a, fg_mat b,
-                              fg_mat c) {
-    fg_gemm g;
-    memset(&g, 0, sizeof g);
-    g.dtype = r->dtype;
-    g.batch = batch;
-    g.m = m, g.n = n, g.k = k;
-    g.a = a, g.b = b, g.c = c;
-    g.alpha = 1.0;
-    g.bias_operand = -1;
-    g.allow_tf32 = (r->d->flags & FG_PLAN_ALLOW_TF32) && r->dtype == FG_F32;
-    g.c_f32 = r->dtype != FG_F64;
-    fg_kernel_info k_info;
-    if (!r->run) {
-        if (r->size_only) return FG_OK;
-        FG_TRY(fg_gemm_execute(r->ctx, &g, &k_info, NULL, 0, false));
-        if (k_info.workspace_bytes > r->gemm_bytes) r->gemm_bytes = k_info.workspace_bytes;
-        size_t used = strlen(r->info->name);
-        snprintf(r->info->name + used, sizeof r->info->name - used, " ; %.50s x%lld", k_info.name, (long long)batch);
-        return FG_OK;
-    }
-    return fg_gemm_execute(r->ctx, &g, &k_info, (char *)r->ws + r->gemm_at, r->gemm_bytes, true);
 }
 
 static fg_status step(act_run *r, fg_act_call *c) {
@@ -192,8 +129,8 @@ static fg_status step(act_run *r, fg_act_call *c) {
 static fg_status pre_gemm(act_run *r, int xi, int wi, int bi, void *dst) {
     const void *bias = NULL;
     if (r->d->operands[bi].rank != 0) bias = r->run ? data_of(r, bi) : (const void *)(uintptr_t)256;
-    return gemm(r, r->N, r->M, r->K, fg_mat_at(data_of(r, xi), r->K, 1), fg_mat_at(data_of(r, wi), 1, r->K), fg_mat_at(dst, r->M, 1),
-                0.0, bias);
+    return gemm(r, 1, r->N, r->M, r->K, fg_mat_at(data_of(r, xi), r->K, 1), fg_mat_at(data_of(r, wi), 1, r->K),
+                fg_mat_at(dst, r->M, 1), 0.0, bias, false);
 }
 
 static fg_status forward(act_run *r) {
@@ -245,20 +182,20 @@ static fg_status backward(act_run *r) {
     }
     const double beta = d->accumulate ? 1.0 : 0.0;
     if (want_dx) /* dx[N × K] = g[N × M] · w[M × K] */
-        FG_TRY(gemm(r, r->N, r->K, r->M, fg_mat_at(g, r->M, 1), fg_mat_at(data_of(r, AB_W), r->K, 1), fg_mat_at(data_of(r, AB_DX), r->K, 1),
-                    beta, NULL));
+        FG_TRY(gemm(r, 1, r->N, r->K, r->M, fg_mat_at(g, r->M, 1), fg_mat_at(data_of(r, AB_W), r->K, 1),
+                    fg_mat_at(data_of(r, AB_DX), r->K, 1), beta, NULL, false));
     if (want_dw && !parts) /* dw[M × K] = gᵀ[M × N] · x[N × K] */
-        FG_TRY(gemm(r, r->M, r->K, r->N, fg_mat_at(g, 1, r->M), fg_mat_at(data_of(r, AB_X), r->K, 1), fg_mat_at(data_of(r, AB_DW), r->K, 1),
-                    beta, NULL));
+        FG_TRY(gemm(r, 1, r->M, r->K, r->N, fg_mat_at(g, 1, r->M), fg_mat_at(data_of(r, AB_X), r->K, 1),
+                    fg_mat_at(data_of(r, AB_DW), r->K, 1), beta, NULL, false));
     if (want_dw && parts) { /* parts products of `per` rows (+ the tail), summed in order */
         fg_mat ga = fg_mat_at(g, 1, r->M), xb = fg_mat_at(data_of(r, AB_X), r->K, 1), pc = fg_mat_at(at(r, parts_off), r->K, 1);
         ga.bs = per * r->M, xb.bs = per * r->K, pc.bs = r->M * r->K;
-        FG_TRY(gemm_batched(r, parts, r->M, r->K, per, ga, xb, pc));
+        FG_TRY(gemm(r, parts, r->M, r->K, per, ga, xb, pc, 0.0, NULL, true));
         if (tail) {
             char *gt = g ? (char *)g + parts * per * r->M * (int64_t)r->es : NULL;
             char *xt = data_of(r, AB_X) ? (char *)data_of(r, AB_X) + parts * per * r->K * (int64_t)r->es : NULL;
             fg_mat pt = fg_mat_at(at(r, parts_off + (size_t)(parts * r->M * r->K) * r->aes), r->K, 1);
-            FG_TRY(gemm_batched(r, 1, r->M, r->K, tail, fg_mat_at(gt, 1, r->M), fg_mat_at(xt, r->K, 1), pt));
+            FG_TRY(gemm(r, 1, r->M, r->K, tail, fg_mat_at(gt, 1, r->M), fg_mat_at(xt, r->K, 1), pt, 0.0, NULL, true));
         }
         fg_act_call c;
         memset(&c, 0, sizeof c);

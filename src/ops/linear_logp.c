@@ -92,24 +92,8 @@ static fg_status check_grad(const char *op, const char *what, const fg_tensor *g
 /* h [N, D], w [V, D], b [V] (optional), target [N]. */
 static fg_status check_inputs(const char *op, const fg_tensor *h, const fg_tensor *w, const fg_tensor *b,
                               const fg_tensor *t) {
-    FG_TRY(fg_check_desc(op, "h", h, 2, 2));
-    FG_TRY(fg_check_desc(op, "w", w, 2, 2));
-    if (w->dtype != h->dtype)
-        return fg_fail(FG_ERR_DTYPE, "%s: w is %s but h is %s", op, fg_dtype_name(w->dtype), fg_dtype_name(h->dtype));
-    if (w->shape[1] != h->shape[1])
-        return fg_fail(FG_ERR_SHAPE, "%s: w.shape[1]=%lld but h.shape[1]=%lld", op, (long long)w->shape[1],
-                       (long long)h->shape[1]);
-    FG_TRY(fg_check_contiguous(op, "h", h));
-    FG_TRY(fg_check_contiguous(op, "w", w));
-    if (has(b)) {
-        FG_TRY(fg_check_desc(op, "b", b, 1, 1));
-        if (b->dtype != h->dtype)
-            return fg_fail(FG_ERR_DTYPE, "%s: b is %s but h is %s", op, fg_dtype_name(b->dtype), fg_dtype_name(h->dtype));
-        if (b->shape[0] != w->shape[0])
-            return fg_fail(FG_ERR_SHAPE, "%s: b.shape[0]=%lld but w.shape[0]=V=%lld", op, (long long)b->shape[0],
-                           (long long)w->shape[0]);
-        FG_TRY(fg_check_contiguous(op, "b", b));
-    }
+    int64_t N, D, V;
+    FG_TRY(fg_check_linear_operands(op, "h", h, 2, w, b, &N, &D, &V));
     FG_TRY(fg_check_any_desc(op, "target", t, 1, 1));
     if (t->dtype != FG_I32 && t->dtype != FG_I64)
         return fg_fail(FG_ERR_DTYPE, "%s: target is %s but it must be i32 or i64", op, fg_dtype_name(t->dtype));
@@ -231,32 +215,11 @@ static size_t scratch_bytes(const fg_context *ctx, int64_t rows, int64_t cols) {
 /* Runs (or, planning, sizes) one GEMM: c = a·b (+ bias), beta 0 or 1. */
 static fg_status gemm(run_ctx *r, int64_t m, int64_t n, int64_t k, fg_mat a, fg_mat b, fg_mat c, double beta,
                       const void *bias, bool c_f32) {
-    fg_gemm g;
-    memset(&g, 0, sizeof g);
-    g.dtype = r->dtype;
-    g.batch = 1;
-    g.m = m;
-    g.n = n;
-    g.k = k;
-    g.a = a;
-    g.b = b;
-    g.c = c;
-    g.alpha = 1.0;
-    g.beta = beta;
-    g.bias_operand = bias ? 0 : -1;
-    g.bias = (void *)bias;
-    g.bias_cs = 1;
-    g.allow_tf32 = (r->d->flags & FG_PLAN_ALLOW_TF32) && r->dtype == FG_F32;
-    g.c_f32 = c_f32 && r->dtype != FG_F64;
-    fg_kernel_info k_info;
     if (!r->run && r->size_only) return FG_OK;
-    if (!r->run) {
-        FG_TRY(fg_gemm_execute(r->ctx, &g, &k_info, NULL, 0, false));
-        if (k_info.workspace_bytes > r->L.gemm_bytes) r->L.gemm_bytes = k_info.workspace_bytes;
-        if (!r->info->name[0]) snprintf(r->info->name, sizeof r->info->name, "%s", k_info.name);
-        return FG_OK;
-    }
-    return fg_gemm_execute(r->ctx, &g, &k_info, at(r->ws, r->L.gemm), r->L.gemm_bytes, true);
+    fg_gemm g = fg_gemm_plain(r->dtype, 1, m, n, k, a, b, c, beta, bias, (r->d->flags & FG_PLAN_ALLOW_TF32) != 0,
+                              c_f32);
+    return fg_gemm_walk(r->ctx, &g, r->run, at(r->ws, r->L.gemm), r->L.gemm_bytes, &r->L.gemm_bytes, r->info->name,
+                        sizeof r->info->name);
 }
 
 

@@ -204,9 +204,11 @@ def linact_case(n, k, m, act, dtype=torch.bfloat16):
     def make():
         return (rand((n, k), dtype, True), rand((m, k), dtype, True), rand((m,), dtype, True), rand((n, m), dtype))
 
-    def ours(x, w, b, dy):
-        y, pre = ops.linear_act_forward(x.detach(), w.detach(), b.detach(), act)
-        return (y,) + ops.linear_act_backward(dy, x.detach(), w.detach(), b.detach(), pre, act)
+    def ours(x, w, b, dy):  # as fg.linear_act's autograd runs it: relu saves y only, the others consume pre
+        relu = act == "relu"
+        y, pre = ops.linear_act_forward(x.detach(), w.detach(), b.detach(), act, keep_pre=not relu)
+        return (y,) + ops.linear_act_backward(dy, x.detach(), w.detach(), b.detach(), y if relu else pre, act,
+                                              consume_pre=not relu)
 
     fn = _ACTS[act]
     theirs = backward_of(lambda x, w, b: fn(F.linear(x, w, b)), 3)

@@ -277,6 +277,9 @@ typedef struct fg_logp_options {
 
 /* Plan flags */
 #define FG_PLAN_ALLOW_TF32 1u   /* f32 inputs may be rounded to tf32 on tensor cores */
+#define FG_PLAN_CONSUME_PRE 2u  /* linear_act backward: pre may be overwritten (it holds g =
+                                   dy ⊙ act′(pre) afterwards), which saves the N·M buffer g
+                                   would take — for a pre saved only for this backward */
 
 typedef struct fg_plan_desc {
     fg_op op;
@@ -420,7 +423,10 @@ FG_NODISCARD FG_API fg_status fg_adamw_step(fg_context *ctx, const fg_adamw_hpar
 /* y = act(x·wᵀ + b). x [..., K] (any leading dims), w [M, K], b [M] or NULL, y [..., M],
  * all contiguous; f32, f16, bf16 (+ f64 on the CPU), one dtype. pre (same shape
  * and dtype as y, or NULL) receives the pre-activation for the backward: memory for time
- * (without it the backward recomputes x·wᵀ + b, one more product). */
+ * (without it the backward recomputes x·wᵀ + b, one more product). RELU needs no pre: its
+ * backward takes y in pre's place (relu′(pre) = [y > 0], NaN where y is NaN).
+ * On CUDA the activation runs in cuBLASLt's epilogue where one exists (relu; gelu_tanh in
+ * f16/bf16, storing pre as it goes), else in one pass after the product. */
 FG_NODISCARD FG_API fg_status fg_linear_act_forward(fg_context *ctx, fg_activation act, const fg_tensor *x,
                                                     const fg_tensor *w, const fg_tensor *b, const fg_tensor *y,
                                                     const fg_tensor *pre);
@@ -433,6 +439,14 @@ FG_NODISCARD FG_API fg_status fg_linear_act_backward(fg_context *ctx, fg_activat
                                                      const fg_tensor *pre, const fg_tensor *x, const fg_tensor *w,
                                                      const fg_tensor *b, const fg_tensor *dx, const fg_tensor *dw,
                                                      const fg_tensor *db, int accumulate);
+/* The same, allowed to overwrite pre (FG_PLAN_CONSUME_PRE): g is formed in pre's memory, so
+ * the backward needs no N·M buffer of its own. pre must be given (the pre-activation, or y
+ * for RELU — then y is overwritten). */
+FG_NODISCARD FG_API fg_status fg_linear_act_backward_consume(fg_context *ctx, fg_activation act, const fg_tensor *dy,
+                                                             const fg_tensor *pre, const fg_tensor *x,
+                                                             const fg_tensor *w, const fg_tensor *b,
+                                                             const fg_tensor *dx, const fg_tensor *dw,
+                                                             const fg_tensor *db, int accumulate);
 /* One gradient each (the split form of Linear); each forms g itself. */
 FG_NODISCARD FG_API fg_status fg_linear_act_backward_input(fg_context *ctx, fg_activation act, const fg_tensor *dy,
                                                            const fg_tensor *pre, const fg_tensor *x,

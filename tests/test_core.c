@@ -109,6 +109,9 @@ static void plan_arguments(void) {
     d.op = FG_OP_OUTER_FORWARD;
     d.flags = 0x80;
     TH_CHECK(fg_plan_create(ctx, &d, &plan) == FG_ERR_INVALID_VALUE && strstr(fg_last_error(), "flags"), "flags");
+    d.flags = FG_PLAN_CONSUME_PRE; /* only linear_act's backward has a pre to consume */
+    TH_CHECK(fg_plan_create(ctx, &d, &plan) == FG_ERR_INVALID_VALUE && strstr(fg_last_error(), "flags 0x2"),
+             "consume flag on another op");
     TH_CHECK(fg_plan_create(NULL, &d, &plan) == FG_ERR_NULL_POINTER, "NULL ctx");
     size_t bytes;
     fg_plan_info info;

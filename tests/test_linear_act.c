@@ -1,8 +1,8 @@
 /*
  * test_linear_act.c — linear + bias + activation on every backend present and every
  * dtype, each activation: the forward (with and without the saved pre-activation), the
- * combined backward with the pre-activation kept or recomputed, the three split
- * backward functions, accumulate, 1-D to 4-D inputs and awkward sizes; finite
+ * combined backward with the pre-activation kept or recomputed, the consuming backward,
+ * relu's backward from y, the three split backward functions, accumulate, 1-D to 4-D inputs and awkward sizes; finite
  * differences of the f64 CPU path; special values (0, large |x|, NaN) through both
  * directions; bit-identical reruns; bad input. The reference is long double, written
  * here independently of the library's math.
@@ -163,7 +163,6 @@ static void run_case(fg_context *ctx, fg_backend be, fg_dtype dt, int act, const
     double *stored = malloc(sizeof(double) * (size_t)(pre.n + 1));
     th_get(&pre.buf, &pre.t, stored);
     grads_from_pre(&r, act, stored, x.v, w.v, dy.v, N, sc->K, sc->M);
-    free(stored);
 
     /* combined backward: pre kept / recomputed, accumulate 0 / 1 */
     int64_t xshape[FG_MAX_RANK];
@@ -198,51 +197,81 @@ static void run_case(fg_context *ctx, fg_backend be, fg_dtype dt, int act, const
             free(rdx), free(rdw), free(rdb);
             th_drop(&dx), th_drop(&dw), th_drop(&db);
         }
+    {
+        /* the consuming backward (g formed in pre's memory) on a copy of pre; relu from y in
+           pre's place; dw and db without dx (db's sums then borrow dw's memory) */
+        th_operand dx = th_make(be, dt, sc->rank, xshape, 0), dw = th_make(be, dt, 2, wsh, 0);
+        th_operand db = th_make(be, dt, 1, bsh, 0), pc = th_make(be, dt, sc->rank, ys, 0);
+        char l2[260];
+        snprintf(l2, sizeof l2, "%s consume", lab);
+        th_put(&pc.buf, &pc.t, stored);
+        th_poison(&dx.buf), th_poison(&dw.buf), th_poison(&db.buf);
+        TH_OK(fg_linear_act_backward_consume(ctx, (fg_activation)act, &dy.t, &pc.t, &x.t, &w.t, bt, &dx.t, &dw.t, &db.t, 0));
+        th_verify("dx", &dx, r.dx, tol, l2);
+        th_verify("dw", &dw, r.dw, tol, l2);
+        th_verify("db", &db, r.db, tol, l2);
+        if (act == FG_ACT_RELU) {
+            snprintf(l2, sizeof l2, "%s y as pre", lab);
+            th_poison(&dx.buf), th_poison(&dw.buf), th_poison(&db.buf);
+            TH_OK(fg_linear_act_backward(ctx, (fg_activation)act, &dy.t, &y.t, &x.t, &w.t, bt, &dx.t, &dw.t, &db.t, 0));
+            th_verify("dx", &dx, r.dx, tol, l2);
+            th_verify("dw", &dw, r.dw, tol, l2);
+            th_verify("db", &db, r.db, tol, l2);
+        }
+        snprintf(l2, sizeof l2, "%s dw+db", lab);
+        th_poison(&dw.buf), th_poison(&db.buf);
+        TH_OK(fg_linear_act_backward(ctx, (fg_activation)act, &dy.t, &pre.t, &x.t, &w.t, bt, NULL, &dw.t, &db.t, 0));
+        th_verify("dw", &dw, r.dw, tol, l2);
+        th_verify("db", &db, r.db, tol, l2);
+        th_drop(&dx), th_drop(&dw), th_drop(&db), th_drop(&pc);
+    }
+    free(stored);
     free_ref(&r);
     th_drop(&x), th_drop(&w), th_drop(&y), th_drop(&y2), th_drop(&pre), th_drop(&dy);
     if (sc->bias) th_drop(&b);
 }
 
-/* x = special values through K = 1, w = 1, b = 0: pre = x exactly. */
+/* x[i, :] = special value v_i, w = the 8 × 8 identity, no bias: pre[i, :] = v_i exactly (the
+ * other terms are ±0), through a real product (K = M = 8), so the GEMM epilogues run too. */
 static void special_values(fg_context *ctx, fg_backend be, fg_dtype dt) {
     const double vals[] = {0.0, -0.0, 1e-30, -1e-30, 0.5, -0.5, 5.0, -5.0, 15.0, -15.0, 1e4, -1e4, 3e38, -3e38, NAN};
-    const int64_t n = (int64_t)(sizeof vals / sizeof vals[0]);
-    int64_t xs[2] = {n, 1}, ws[2] = {1, 1};
+    const int64_t n = (int64_t)(sizeof vals / sizeof vals[0]), E = 8;
+    int64_t xs[2] = {n, E}, ws[2] = {E, E};
     th_operand x = th_make(be, dt, 2, xs, 0), w = th_make(be, dt, 2, ws, 0), y = th_make(be, dt, 2, xs, 0);
     th_operand dy = th_make(be, dt, 2, xs, 0), dx = th_make(be, dt, 2, xs, 0);
     const double big = dt == FG_F16 ? 6e4 : 3e38; /* what the dtype holds */
-    for (int64_t i = 0; i < n; i++) {
-        x.v[i] = fabs(vals[i]) > big ? copysign(big, vals[i]) : vals[i];
-        dy.v[i] = 1.0;
-    }
-    th_round(dt, x.v, n);
-    w.v[0] = 1.0;
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t j = 0; j < E; j++) {
+            x.v[i * E + j] = fabs(vals[i]) > big ? copysign(big, vals[i]) : vals[i];
+            dy.v[i * E + j] = 1.0;
+        }
+    th_round(dt, x.v, n * E);
+    for (int64_t j = 0; j < E * E; j++) w.v[j] = j % (E + 1) == 0 ? 1.0 : 0.0;
     th_put(&x.buf, &x.t, x.v), th_put(&w.buf, &w.t, w.v), th_put(&dy.buf, &dy.t, dy.v);
     for (int act = 0; act <= FG_ACT_TANH; act++) {
         TH_OK(fg_linear_act_forward(ctx, (fg_activation)act, &x.t, &w.t, NULL, &y.t, NULL));
         TH_OK(fg_linear_act_backward(ctx, (fg_activation)act, &dy.t, NULL, &x.t, &w.t, NULL, &dx.t, NULL, NULL, 0));
-        double *gy = malloc(sizeof(double) * (size_t)n), *gd = malloc(sizeof(double) * (size_t)n);
+        double *gy = malloc(sizeof(double) * (size_t)(n * E)), *gd = malloc(sizeof(double) * (size_t)(n * E));
         th_get(&y.buf, &y.t, gy), th_get(&dx.buf, &dx.t, gd);
-        for (int64_t i = 0; i < n; i++) {
-            double xv = x.v[i];
-            double wy = (double)ref_act(act, xv), wd = (double)ref_slope(act, xv);
-            th_round(dt, &wy, 1), th_round(dt, &wd, 1);
+        for (int64_t e = 0; e < n * E; e++) {
+            double xv = x.v[e];
             if (isnan(xv)) { /* (none's gradient does not depend on x) */
-                TH_CHECK(isnan(gy[i]) && (isnan(gd[i]) || act == FG_ACT_NONE), "%s %s %s: NaN in gave y=%g dx=%g",
-                         act_names[act],
-                         th_backend_name(be), fg_dtype_name(dt), gy[i], gd[i]);
+                TH_CHECK(isnan(gy[e]) && (isnan(gd[e]) || act == FG_ACT_NONE), "%s %s %s: NaN in gave y=%g dx=%g",
+                         act_names[act], th_backend_name(be), fg_dtype_name(dt), gy[e], gd[e]);
                 continue;
             }
-            bool finite = isfinite(gd[i]) && (isfinite(gy[i]) || isinf(wy));
+            double wy = (double)ref_act(act, xv), wd = (double)ref_slope(act, xv);
+            th_round(dt, &wy, 1), th_round(dt, &wd, 1);
+            bool finite = isfinite(gd[e]) && (isfinite(gy[e]) || isinf(wy));
             TH_CHECK(finite, "%s %s %s x=%g: y=%g slope=%g not finite", act_names[act], th_backend_name(be),
-                     fg_dtype_name(dt), xv, gy[i], gd[i]);
+                     fg_dtype_name(dt), xv, gy[e], gd[e]);
             /* relative to the value, or to the dtype's smallest normal (subnormals hold fewer bits) */
             const double tiny = dt == FG_F64 ? 2.3e-308 : dt == FG_F16 ? 6.2e-5 : 1.2e-38;
             double ty = th_tol(dt, false) * (fabs(wy) + tiny), td = th_tol(dt, false) * (fabs(wd) + tiny);
-            TH_CHECK(gy[i] == wy || fabs(gy[i] - wy) <= ty, "%s %s %s x=%g: y=%.9g want %.9g", act_names[act],
-                     th_backend_name(be), fg_dtype_name(dt), xv, gy[i], wy);
-            TH_CHECK(gd[i] == wd || fabs(gd[i] - wd) <= td, "%s %s %s x=%g: slope=%.9g want %.9g", act_names[act],
-                     th_backend_name(be), fg_dtype_name(dt), xv, gd[i], wd);
+            TH_CHECK(gy[e] == wy || fabs(gy[e] - wy) <= ty, "%s %s %s x=%g: y=%.9g want %.9g", act_names[act],
+                     th_backend_name(be), fg_dtype_name(dt), xv, gy[e], wy);
+            TH_CHECK(gd[e] == wd || fabs(gd[e] - wd) <= td, "%s %s %s x=%g: slope=%.9g want %.9g", act_names[act],
+                     th_backend_name(be), fg_dtype_name(dt), xv, gd[e], wd);
         }
         free(gy), free(gd);
     }
@@ -322,6 +351,8 @@ static void bad_input(fg_context *ctx, fg_backend be) {
                   fg_linear_act_backward(ctx, FG_ACT_TANH, &y.t, NULL, &x.t, &w.t, NULL, &dxw.t, NULL, NULL, 0));
     TH_EXPECT_BAD(FG_ERR_NULL_POINTER, "dx is NULL", &y,
                   fg_linear_act_backward_input(ctx, FG_ACT_TANH, &y.t, NULL, &x.t, &w.t, NULL, NULL, 0));
+    TH_EXPECT_BAD(FG_ERR_NULL_POINTER, "pre is NULL", &dx,
+                  fg_linear_act_backward_consume(ctx, FG_ACT_TANH, &y.t, NULL, &x.t, &w.t, NULL, &dx.t, NULL, NULL, 0));
     TH_EXPECT_BAD(FG_ERR_ALIAS, "dx", &x,
                   fg_linear_act_backward(ctx, FG_ACT_TANH, &y.t, NULL, &x.t, &w.t, NULL, &x.t, NULL, NULL, 0));
     th_drop(&x), th_drop(&w), th_drop(&y), th_drop(&yb), th_drop(&b), th_drop(&wh), th_drop(&dx), th_drop(&ys1);

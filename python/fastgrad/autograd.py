@@ -443,21 +443,29 @@ class LinearCrossEntropy(torch.nn.Module):
 class LinearActFunction(torch.autograd.Function):
     """y = act(x·wᵀ + b); the backward forms g = dy ⊙ act′(pre) once and computes only the
     gradients autograd asks for. save_pre keeps the pre-activation (memory) instead of
-    recomputing it in the backward (one more product)."""
+    recomputing it in the backward (one more product); relu keeps nothing but y (its
+    backward reads the mask off y). The backward forms g in the saved pre's memory (it is
+    dead after the backward); a second backward through the same graph (retain_graph)
+    recomputes pre instead."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, act, save_pre):
-        y, pre = _call(ops.linear_act_forward, x, weight, bias, act, save_pre)
-        ctx.act, ctx.has_bias = act, bias is not None
-        ctx.save_for_backward(x, weight, bias, pre)
+        relu = act == "relu"
+        y, pre = _call(ops.linear_act_forward, x, weight, bias, act, save_pre and not relu)
+        ctx.act, ctx.has_bias, ctx.relu, ctx.consumed = act, bias is not None, relu and save_pre, False
+        ctx.save_for_backward(x, weight, bias, y if ctx.relu else pre)
         return y
 
     @staticmethod
     def backward(ctx, dy):
         x, weight, bias, pre = ctx.saved_tensors
         need = ctx.needs_input_grad
+        consume = pre is not None and not ctx.relu  # relu's pre is y, the caller's tensor
+        if ctx.consumed:  # pre holds the first backward's g: recompute it
+            pre, consume = None, False
         dx, dw, db = _call(ops.linear_act_backward, dy.contiguous(), x.contiguous(), weight.contiguous(), bias,
-                           pre, ctx.act, need=(need[0], need[1], ctx.has_bias and need[2]))
+                           pre, ctx.act, need=(need[0], need[1], ctx.has_bias and need[2]), consume_pre=consume)
+        ctx.consumed = ctx.consumed or consume
         return dx, dw, db, None, None
 
 

@@ -129,15 +129,16 @@ class _Entry:
         self.array = (_lib.Tensor * _lib.MAX_OPERANDS)(*descs)
 
 
-def run(op, operands, names, accumulate=False, kind=0, scalars=(), logp=None):
+def run(op, operands, names, accumulate=False, kind=0, scalars=(), logp=None, flags=0):
     """Runs op (a name of _lib.OP) on operands in the C order (None = absent); kind and
-    scalars parameterize the elementwise ops, logp (a _lib.LogpOptions) the log-prob ops."""
+    scalars parameterize the elementwise ops, logp (a _lib.LogpOptions) the log-prob ops,
+    flags adds _lib.PLAN_* flags (tf32 follows set_allow_tf32)."""
     ref = next(a for a in operands if a is not None)
     backend, device, tdev = _placement(ref)
     ctx = _lib.context(backend, device)
     if tdev is not None and backend == _lib.BACKEND_CUDA:
         ctx.set_stream(torch.cuda.current_stream(tdev).cuda_stream)
-    flags = _lib.PLAN_ALLOW_TF32 if _allow_tf32 else 0
+    flags = flags | (_lib.PLAN_ALLOW_TF32 if _allow_tf32 else 0)
     key = (op, bool(accumulate), flags, kind, tuple(scalars), logp.key() if logp is not None else None,
            tuple(_signature(a) for a in operands))
     entry = ctx.plans.get(key)
@@ -340,7 +341,8 @@ def _act_code(act):
 
 def linear_act_forward(x, w, b=None, act="gelu_tanh", keep_pre=True, out=None):
     """(y, pre or None): y = act(x·wᵀ + b); x [..., K], w [M, K]; pre is the saved
-    pre-activation (keep_pre=False: the backward recomputes it)."""
+    pre-activation (keep_pre=False: the backward recomputes it; relu needs none, its
+    backward takes y as pre)."""
     shape = tuple(x.shape[:-1]) + (w.shape[0],)
     y = out if out is not None else _empty_like_family(x, shape)
     pre = _empty_like_family(x, shape) if keep_pre else None
@@ -349,14 +351,16 @@ def linear_act_forward(x, w, b=None, act="gelu_tanh", keep_pre=True, out=None):
 
 
 def linear_act_backward(dy, x, w, b=None, pre=None, act="gelu_tanh", need=(True, True, True), accumulate=False,
-                        out=(None, None, None)):
+                        out=(None, None, None), consume_pre=False):
     """(dx, dw, db) through the activation, g = dy ⊙ act′(pre) formed once; None where not
-    needed (db only with a bias unless out supplies one). pre None: recomputed."""
+    needed (db only with a bias unless out supplies one). pre None: recomputed; for relu, y
+    may stand in for pre. consume_pre: pre's memory may be overwritten (g is formed there
+    instead of in a new N·M buffer)."""
     shapes = [tuple(x.shape), tuple(w.shape), (w.shape[0],)]
     want = [need[0], need[1], need[2] and (b is not None or out[2] is not None)]
     outs = [(o if o is not None else _empty_like_family(dy, s)) if k else None for o, k, s in zip(out, want, shapes)]
     run("linear_act_backward", [dy, pre, x, w, b] + outs, ["dy", "pre", "x", "w", "b", "dx", "dw", "db"], accumulate,
-        kind=_act_code(act))
+        kind=_act_code(act), flags=_lib.PLAN_CONSUME_PRE if consume_pre and pre is not None else 0)
     return tuple(outs)
 
 

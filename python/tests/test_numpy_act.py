@@ -43,8 +43,9 @@ def test_linear_act(rng, act, lead, k, m, bias):
     assert none is None and relerr(y2, ry) < 1e-12
     dy = rng.normal(size=y.shape)
     g = dy * rs
-    for kept in (pre, None):
-        dx, dw, db = fg.linear_act_backward(dy, x, w, b, kept, act)
+    # kept, recomputed, consumed (a copy: g may be formed in its memory), and relu from y
+    for kept, consume in [(pre, False), (None, False), (pre.copy(), True)] + ([(y, False)] if act == "relu" else []):
+        dx, dw, db = fg.linear_act_backward(dy, x, w, b, kept, act, consume_pre=consume)
         assert relerr(dx, g @ w) < 1e-12
         assert relerr(dw, g.reshape(-1, m).T @ x.reshape(-1, k)) < 1e-12
         if bias:

@@ -1,7 +1,8 @@
 """Linear + activation through torch against torch autograd on float64 copies of the
 same inputs (the pre-activation rounded to the dtype, as the op stores it): every
-activation and dtype, CPU and CUDA, kept or recomputed pre-activation, 3-D inputs,
-only the requested gradients, and the module."""
+activation and dtype, CPU and CUDA, kept (and consumed by the backward) or recomputed
+pre-activation, a second backward through a retained graph, 3-D inputs, only the
+requested gradients, and the module."""
 import numpy as np
 import pytest
 from conftest import data
@@ -52,3 +53,22 @@ def test_module_and_needs(rng, device):
     F.silu(ref(x)).sum().backward()
     assert err(y, F.silu(ref(x))) <= 1e-5
     assert err(layer.weight.grad, ref.weight.grad) <= 1e-5 and err(layer.bias.grad, ref.bias.grad) <= 1e-5
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("act", ["relu", "gelu_tanh", "silu"])
+def test_retained_graph(rng, device, act):
+    """The first backward forms g in the saved pre's memory; a second one recomputes pre."""
+    mk = lambda shape: torch.from_numpy(data(rng, shape) - 0.5).float().to(device)  # noqa: E731
+    x, w, b = mk((37, 24)).requires_grad_(True), mk((40, 24)).requires_grad_(True), mk((40,)).requires_grad_(True)
+    y = fg.linear_act(x, w, b, act)
+    dy = mk((37, 40))
+    y.backward(dy, retain_graph=True)
+    first = [t.grad.clone() for t in (x, w, b)]
+    for t in (x, w, b):
+        t.grad = None
+    y.backward(dy)
+    for g1, t in zip(first, (x, w, b)):
+        assert err(t.grad, g1) <= 1e-6
+    ref = ACTS[act](F.linear(x.detach(), w.detach(), b.detach()))
+    assert err(y, ref) <= 1e-5

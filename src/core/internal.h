@@ -127,6 +127,13 @@ typedef struct fg_gemm {
     void *bias;        /* resolved at run time */
     bool allow_tf32;
     bool c_f32;        /* c is f32 whatever the inputs' dtype (f16/bf16 products summed in f32) */
+    /* An activation the backend may apply in the product's epilogue, c = act(a·b + bias)
+       (fg_activation; 0: none). Optional: info->act_fused says whether it did; when it did
+       not, c holds the plain product. aux (or NULL): also store a·b + bias there (row-major,
+       leading dim ld_aux) — the pre-activation a backward needs. */
+    int act;
+    void *aux;
+    int64_t ld_aux;
 } fg_gemm;
 
 typedef struct fg_kernel_info {
@@ -134,6 +141,7 @@ typedef struct fg_kernel_info {
     size_t workspace_bytes;
     bool deterministic;
     fg_dtype accumulator; /* type the sums are carried in */
+    bool act_fused;       /* fg_gemm.act was applied in the epilogue */
 } fg_kernel_info;
 
 /* A GEMM descriptor of resolved matrices: alpha 1, bias (or NULL) along the columns. */
@@ -319,7 +327,7 @@ double fg_act_slope(int act, double x);
 
 fg_status fg_cpu_act(fg_context *ctx, const fg_act_call *c);
 #ifdef FG_HAVE_CUDA
-size_t fg_cuda_act_scratch(int64_t rows, int64_t cols);
+size_t fg_cuda_act_scratch(fg_dtype dtype, int64_t rows, int64_t cols);
 fg_status fg_cuda_act(fg_context *ctx, const fg_act_call *c);
 #endif
 

@@ -48,9 +48,9 @@ static fg_status plan_init(fg_context *ctx, const fg_plan_desc *desc, struct fg_
     if (!desc) return fg_fail(FG_ERR_NULL_POINTER, "plan_create: desc is NULL");
     const fg_op_entry *e = find_op(desc->op);
     if (!e) return fg_fail(FG_ERR_INVALID_VALUE, "plan_create: desc.op=%d is not an op", (int)desc->op);
-    if (desc->flags & ~FG_PLAN_ALLOW_TF32)
-        return fg_fail(FG_ERR_INVALID_VALUE, "%s: unknown flags 0x%x", e->name,
-                       desc->flags & ~FG_PLAN_ALLOW_TF32);
+    const uint32_t known = FG_PLAN_ALLOW_TF32 | (desc->op == FG_OP_LINEAR_ACT_BACKWARD ? FG_PLAN_CONSUME_PRE : 0u);
+    if (desc->flags & ~known)
+        return fg_fail(FG_ERR_INVALID_VALUE, "%s: unknown flags 0x%x", e->name, desc->flags & ~known);
     if (desc->accumulate != 0 && desc->accumulate != 1)
         return fg_fail(FG_ERR_INVALID_VALUE, "%s: accumulate=%d must be 0 or 1", e->name,
                        desc->accumulate);
@@ -260,7 +260,7 @@ fg_status fg_run_once_desc(fg_context *ctx, const fg_plan_desc *base, const fg_t
     if (!e || n != e->n_operands) return fg_fail(FG_ERR_INTERNAL, "run_once: bad op table");
     if (!ctx) return fg_fail(FG_ERR_NULL_POINTER, "%s: ctx is NULL", e->name);
     fg_plan_desc desc = *base;
-    desc.flags = ctx->allow_tf32 ? FG_PLAN_ALLOW_TF32 : 0;
+    desc.flags = (base->flags & ~FG_PLAN_ALLOW_TF32) | (ctx->allow_tf32 ? FG_PLAN_ALLOW_TF32 : 0);
     fg_tensor ops[FG_MAX_OPERANDS];
     memset(ops, 0, sizeof ops);
     for (int i = 0; i < n; i++) {

@@ -72,15 +72,7 @@ fg_status fg_cpu_act(fg_context *ctx, const fg_act_call *c) {
                 fg_store_f64(c->y, t, i * c->ld_y + j, fg_act_value(c->act, fg_load_f64(c->pre, t, i * c->ld_pre + j)));
         return FG_OK;
     case FG_ACT_STEP_GRAD:
-        if (c->g) {
-#pragma omp parallel for schedule(static) num_threads(nt) if (nt != 1 && c->rows * c->cols > 65536)
-            for (int64_t i = 0; i < c->rows; i++)
-                for (int64_t j = 0; j < c->cols; j++) {
-                    double dy = fg_load_f64(c->dy, t, i * c->ld_dy + j);
-                    fg_store_f64(c->g, t, i * c->ld_g + j,
-                                 dy * fg_act_slope(c->act, fg_load_f64(c->pre, t, i * c->ld_pre + j)));
-                }
-        }
+        /* db first: g may overwrite pre in place */
         if (c->db_acc) { /* sums of the unrounded g, column by column, rows in order */
 #pragma omp parallel for schedule(static) num_threads(nt) if (nt != 1 && c->rows * c->cols > 65536)
             for (int64_t j = 0; j < c->cols; j++) {
@@ -90,6 +82,15 @@ fg_status fg_cpu_act(fg_context *ctx, const fg_act_call *c) {
                            fg_act_slope(c->act, fg_load_f64(c->pre, t, i * c->ld_pre + j));
                 fg_store_f64(c->db_acc, c->acc, j, sum);
             }
+        }
+        if (c->g) {
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt != 1 && c->rows * c->cols > 65536)
+            for (int64_t i = 0; i < c->rows; i++)
+                for (int64_t j = 0; j < c->cols; j++) {
+                    double dy = fg_load_f64(c->dy, t, i * c->ld_dy + j);
+                    fg_store_f64(c->g, t, i * c->ld_g + j,
+                                 dy * fg_act_slope(c->act, fg_load_f64(c->pre, t, i * c->ld_pre + j)));
+                }
         }
         return FG_OK;
     case FG_ACT_STEP_CAST: {

@@ -356,11 +356,45 @@ static uint32_t alignment(const void *p, int64_t ld, int64_t bs, size_t es, bool
     return (uint32_t)(bits & (~bits + 1)); /* lowest set bit */
 }
 
+/* The epilogues used: bias along D's rows (our c's columns), and an activation after it
+ * (relu, or GELU in its tanh form), GELU optionally also storing its input (aux). */
+static bool epi_has_bias(cublasLtEpilogue_t e) {
+    return e == CUBLASLT_EPILOGUE_BIAS || e == CUBLASLT_EPILOGUE_RELU_BIAS || e == CUBLASLT_EPILOGUE_GELU_BIAS ||
+           e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+}
+static bool epi_has_aux(cublasLtEpilogue_t e) {
+    return e == CUBLASLT_EPILOGUE_GELU_AUX || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+}
+static const char *epi_name(cublasLtEpilogue_t e) {
+    switch (e) {
+    case CUBLASLT_EPILOGUE_BIAS: return "+bias";
+    case CUBLASLT_EPILOGUE_RELU: return "+relu";
+    case CUBLASLT_EPILOGUE_RELU_BIAS: return "+bias+relu";
+    case CUBLASLT_EPILOGUE_GELU: return "+gelu_tanh";
+    case CUBLASLT_EPILOGUE_GELU_BIAS: return "+bias+gelu_tanh";
+    case CUBLASLT_EPILOGUE_GELU_AUX: return "+gelu_tanh(aux)";
+    case CUBLASLT_EPILOGUE_GELU_AUX_BIAS: return "+bias+gelu_tanh(aux)";
+    default: return "";
+    }
+}
+
+/* The epilogue for c = act(a·b + bias) (+ aux), or DEFAULT when cuBLASLt has none that
+ * matches our activation exactly enough: GELU is its tanh form, kept to f16/bf16 results. */
+static cublasLtEpilogue_t act_epilogue(const fg_gemm *g, bool bias) {
+    const bool low = g->dtype == FG_F16 || g->dtype == FG_BF16;
+    if (g->act == FG_ACT_GELU_TANH && low)
+        return g->aux ? (bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
+                      : (bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU);
+    if (g->act == FG_ACT_RELU && !g->aux && g->dtype != FG_F64)
+        return bias ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU;
+    return CUBLASLT_EPILOGUE_DEFAULT;
+}
+
 /* One cuBLASLt product in column-major terms: D = alpha·op(A)·op(B) + beta·C, C = D. */
 typedef struct lt_call {
     fg_lt_key key;
     const void *a, *b, *bias;
-    void *c;
+    void *c, *aux;
     double alpha, beta;
 } lt_call;
 
@@ -397,9 +431,14 @@ static fg_status lt_matmul(fg_context *ctx, const lt_call *c, bool run, bool *fo
     LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
     LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
     LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
-    if (epi == CUBLASLT_EPILOGUE_BIAS) {
+    if (epi_has_bias(epi)) {
         const void *bias = run ? c->bias : (const void *)(uintptr_t)256; /* any aligned value for planning */
         LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+    }
+    if (epi_has_aux(epi)) {
+        const void *aux = run ? c->aux : (const void *)(uintptr_t)256;
+        LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
+        LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &k->ld_aux, sizeof k->ld_aux));
     }
     LT_CHECK(cublasLtMatrixLayoutCreate(&la, ab, (uint64_t)k->rows_a, (uint64_t)k->cols_a, k->ld_a));
     LT_CHECK(cublasLtMatrixLayoutCreate(&lb, ab, (uint64_t)k->rows_b, (uint64_t)k->cols_b, k->ld_b));
@@ -447,8 +486,7 @@ static fg_status lt_matmul(fg_context *ctx, const lt_call *c, bool run, bool *fo
         cublasLtMatmulAlgoConfigGetAttribute(&hit->algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof id, &w);
         cublasLtMatmulAlgoConfigGetAttribute(&hit->algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile, &w);
         cublasLtMatmulAlgoConfigGetAttribute(&hit->algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof splitk, &w);
-        snprintf(name, name_len, "cublasLt(algo=%d,tile=%d,splitk=%d)%s", id, tile, splitk,
-                 epi == CUBLASLT_EPILOGUE_BIAS ? "+bias" : "");
+        snprintf(name, name_len, "cublasLt(algo=%d,tile=%d,splitk=%d)%s", id, tile, splitk, epi_name(epi));
     }
     if (run && hit->found) {
         float af = (float)c->alpha, bf = (float)c->beta;
@@ -499,9 +537,10 @@ static lt_call lt_describe(const fg_gemm *g, fg_dtype ctype, void *c_ptr, int64_
         k->bs_b = g->a.bs;
         k->bs_c = bsc;
     }
-    k->align_a = alignment(g->b.data, k->ld_a, k->bs_a, es, run);
-    k->align_b = alignment(g->a.data, k->ld_b, k->bs_b, es, run);
-    k->align_c = alignment(c_ptr, k->ld_c, k->bs_c, ces, run);
+    /* alignment of the data when known (running, or a driver's query with real pointers) */
+    k->align_a = alignment(g->b.data, k->ld_a, k->bs_a, es, run || g->b.data);
+    k->align_b = alignment(g->a.data, k->ld_b, k->bs_b, es, run || g->a.data);
+    k->align_c = alignment(c_ptr, k->ld_c, k->bs_c, ces, run || c_ptr);
     c.a = g->b.data;
     c.b = g->a.data;
     c.c = c_ptr;
@@ -596,8 +635,30 @@ template <typename T> struct general_product {
         if (g->c_f32 && (g->bias || reduce))
             return fg_fail(FG_ERR_INTERNAL, "cuda gemm: an f32 result with a bias or a batch sum");
         lt_call c = lt_describe(g, g->c_f32 ? FG_F32 : t, g->c.data, g->c.rs, g->c.bs, do_run);
+        const bool column_bias = g->bias && g->bias_rs == 0 && g->bias_cs == 1;
+        if (g->act && !g->c_f32 && (!g->bias || column_bias) && g->batch == 1 &&
+            (!g->aux || (g->ld_aux % 8 == 0 && (uintptr_t)g->aux % 16 == 0))) {
+            /* the activation in the epilogue, when cuBLASLt has it for this problem */
+            lt_call ca = c;
+            ca.key.epilogue = act_epilogue(g, g->bias != NULL);
+            if (ca.key.epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
+                if (g->bias) ca.key.align_bias = alignment(g->bias, 0, 0, es, true);
+                if (g->aux) {
+                    ca.key.ld_aux = g->ld_aux;
+                    ca.key.align_aux = alignment(g->aux, g->ld_aux, 0, es, true);
+                    ca.aux = g->aux;
+                }
+                ca.bias = g->bias;
+                FG_TRY(lt_matmul(ctx, &ca, do_run, &found, &need, info->name, sizeof info->name, ws, limit));
+                if (found) { /* planned, or ran */
+                    info->workspace_bytes = need;
+                    info->act_fused = true;
+                    return FG_OK;
+                }
+            }
+        }
         bool fused_bias = false;
-        if (g->bias && g->bias_rs == 0 && g->bias_cs == 1) { /* try the bias epilogue first */
+        if (column_bias) { /* try the bias epilogue first */
             lt_call cb = c;
             cb.key.epilogue = CUBLASLT_EPILOGUE_BIAS;
             cb.key.align_bias = do_run ? alignment(g->bias, 0, 0, es, true) : 256;

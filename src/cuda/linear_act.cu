@@ -1,21 +1,22 @@
 /*
  * linear_act.cu — the CUDA elementwise steps of linear + activation (the step list is in
  * core/internal.h; the driver and its cuBLASLt GEMMs are in ops/linear_act.c).
- *  FORWARD  y = act(pre): 16-byte vectors, grid-stride, in place allowed
- *  GRAD     g = dy ⊙ act′(pre) on a 2-D grid: each thread owns 16 bytes of columns and
- *           walks a slab of rows (64, more past 65536 rows: at most 1024 slabs), keeping its
- *           columns' sums of g in registers for db;
- *           the slabs' partials are added in slab order (no atomics: deterministic)
- * The activation math is f32: sigmoid forms through ex2.approx (what bounds the bandwidth of
- * these passes is otherwise the SFU-free expf), erfcf / tanhf accurate, with the same
- * cancellation-free forms and guards as the CPU's f64 math in src/cpu/linear_act.c.
+ *  FORWARD  y = act(pre): 16-byte vectors, grid-stride, in place allowed (only for the
+ *           activations cuBLASLt's epilogue does not do)
+ *  GRAD     g = dy ⊙ act′(pre), g may be pre itself: strips of 128 bytes of columns × slabs of
+ *           rows (the geometry from the shape alone), four rows in flight per thread, db's
+ *           column sums in registers, added over the block's rows in order, then over the
+ *           slabs in order by slab_colsum (no atomics: deterministic)
+ * The activation math is f32: sigmoid forms through ex2.approx and rcp.approx (the accurate
+ * expf and the correctly rounded reciprocal made these passes compute-bound), erfcf / tanhf
+ * accurate, with the same cancellation-free forms and guards as the CPU's f64 math in
+ * src/cpu/linear_act.c.
  */
 #include "cuda_internal.h"
 #include "elem.cuh"
 #include "sums.cuh"
 
 constexpr int THREADS = 256;
-constexpr int64_t MAX_SLABS = 1024; /* rows per slab grow past 64 so the partials stay small */
 
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -27,10 +28,18 @@ __device__ __forceinline__ float exp_neg(float x) {
     return y;
 }
 
+/* 1/x for x in [1, 2] through rcp.approx (≤ 1 ulp; the correctly rounded __frcp_rn is a
+ * multi-instruction sequence that made these passes compute-bound) */
+__device__ __forceinline__ float rcp_1_2(float x) {
+    float y;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 /* σ(x) and σ′(x) = σ(1 − σ) from one ex2 and one reciprocal, without the cancellation of
  * 1 − σ: with e = exp(−|x|), σ = 1/(1+e) or e/(1+e), σ′ = e/(1+e)² */
 __device__ __forceinline__ void sigmoid_pair(float x, float *s, float *ds) {
-    const float e = exp_neg(-fabsf(x)), inv = __frcp_rn(1.f + e);
+    const float e = exp_neg(-fabsf(x)), inv = rcp_1_2(1.f + e);
     *s = x >= 0.f ? inv : e * inv;
     if (ds) *ds = e * inv * inv;
     if (x != x) *s = x;
@@ -80,13 +89,74 @@ __global__ void __launch_bounds__(THREADS) act_forward_kernel(const T *pre, T *y
         y[i] = from_acc<T>(act_value(act, to_acc(pre[i])));
 }
 
-/* Each thread owns VEC columns of group `cg` lanes wide; THREADS / cg rows run side by side
- * (narrow outputs keep the block full), and the lanes of one column are summed in lane
- * order through shared memory before the slab's partial is written. */
+/* GRAD geometry, from the shape alone (so the order of db's sums never depends on the data's
+ * alignment or the GPU): a block covers a strip of cg 16-byte lanes (128 bytes of a row) and
+ * THREADS / cg rows side by side; the rows split into slabs until about GRAD_BLOCKS blocks
+ * run. One slab: the block finishes db's sums itself; more: one partial per slab, added in
+ * slab order by slab_colsum. */
+constexpr int GRAD_LANES = 8;
+constexpr int64_t GRAD_BLOCKS = 1024;
+constexpr int UNROLL = 4; /* rows in flight per thread */
+
+struct grad_geom {
+    int cg;
+    int64_t strips, slabs, slab;
+};
+
+static grad_geom grad_geometry(int64_t rows, int64_t cols, int vec) {
+    grad_geom q;
+    const int64_t groups = cdiv(cols > 0 ? cols : 1, vec);
+    q.cg = (int)(groups < GRAD_LANES ? groups : GRAD_LANES);
+    q.strips = cdiv(groups, q.cg);
+    const int64_t rpar = THREADS / q.cg;
+    int64_t slabs = cdiv(GRAD_BLOCKS, q.strips);
+    const int64_t most = cdiv(rows > 0 ? rows : 1, rpar * UNROLL * 4); /* ≥ 4 unrolled steps a thread */
+    if (slabs > most) slabs = most;
+    if (slabs < 1) slabs = 1;
+    q.slab = cdiv(rows > 0 ? rows : 1, slabs);
+    q.slabs = cdiv(rows > 0 ? rows : 1, q.slab);
+    return q;
+}
+
+/* VEC columns from c0 of one row: a 16-byte load when `full`, else element by element with
+ * zeros past the last column. Plain loads (no read-only path): g may overwrite pre in place. */
 template <typename T, int VEC>
-__global__ void __launch_bounds__(THREADS) act_grad_kernel(const T *__restrict__ dy, const T *__restrict__ pre,
-                                                           T *__restrict__ g, int64_t rows, int64_t cols, int act,
-                                                           int64_t slab, int cg, float *__restrict__ part) {
+__device__ __forceinline__ vec_t<T, VEC> load_cols(const T *row, int64_t c0, int64_t cols, bool full) {
+    vec_t<T, VEC> r;
+    if (full) {
+        *reinterpret_cast<uint4 *>(&r) = *reinterpret_cast<const uint4 *>(row + c0);
+    } else {
+#pragma unroll
+        for (int k = 0; k < VEC; k++) r.v[k] = c0 + k < cols ? row[c0 + k] : T(0.f);
+    }
+    return r;
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ void grad_row(T *g, int64_t at, int64_t c0, int64_t cols, bool full, int act, float *sum,
+                                         const vec_t<T, VEC> &a0, const vec_t<T, VEC> &p0) {
+    vec_t<T, VEC> o;
+#pragma unroll
+    for (int k = 0; k < VEC; k++) {
+        float v = to_acc(a0.v[k]) * act_slope(act, to_acc(p0.v[k]));
+        if (c0 + k < cols) sum[k] += v;
+        o.v[k] = from_acc<T>(v);
+    }
+    if (!g) return;
+    if (full) store_vec<T, VEC>(g + at, o);
+    else
+        for (int k = 0; k < VEC; k++)
+            if (c0 + k < cols) g[at + k] = o.v[k];
+}
+
+/* g = dy ⊙ act′(pre) (g may be pre itself, or NULL when only db is wanted), with the columns'
+ * sums of g: per thread over its rows, then over the block's rows in row order through
+ * shared memory, then one partial per slab (or, with one slab, db itself). */
+template <typename T>
+__global__ void __launch_bounds__(THREADS) act_grad_kernel(const T *dy, const T *pre, T *g, int64_t rows,
+                                                           int64_t cols, int act, int64_t slab, int cg, bool vec,
+                                                           float *part, float *db, bool first) {
+    constexpr int VEC = 16 / sizeof(T);
     const int lane = threadIdx.x % cg, rpar = THREADS / cg, r = threadIdx.x / cg;
     const int64_t c0 = ((int64_t)blockIdx.x * cg + lane) * VEC;
     const int64_t i0 = (int64_t)blockIdx.y * slab, i1 = i0 + slab < rows ? i0 + slab : rows;
@@ -94,34 +164,27 @@ __global__ void __launch_bounds__(THREADS) act_grad_kernel(const T *__restrict__
 #pragma unroll
     for (int k = 0; k < VEC; k++) sum[k] = 0.f;
     if (c0 < cols && r < rpar) {
-        const bool full = c0 + VEC <= cols;
-        for (int64_t i = i0 + r; i < i1; i += rpar) {
-            const int64_t at = i * cols + c0;
-            vec_t<T, VEC> a, p;
-            if (full) {
-                a = load_vec<T, VEC>(dy + at);
-                p = load_vec<T, VEC>(pre + at);
-            } else {
-                for (int k = 0; k < VEC; k++) {
-                    a.v[k] = c0 + k < cols ? dy[at + k] : T(0.f);
-                    p.v[k] = c0 + k < cols ? pre[at + k] : T(0.f);
-                }
+        const bool full = vec && c0 + VEC <= cols;
+        int64_t i = i0 + r;
+        for (; i + (UNROLL - 1) * (int64_t)rpar < i1; i += UNROLL * (int64_t)rpar) {
+            vec_t<T, VEC> a[UNROLL], p[UNROLL];
+#pragma unroll
+            for (int u = 0; u < UNROLL; u++) {
+                const int64_t row = (i + u * (int64_t)rpar) * cols;
+                a[u] = load_cols<T, VEC>(dy + row, c0, cols, full);
+                p[u] = load_cols<T, VEC>(pre + row, c0, cols, full);
             }
 #pragma unroll
-            for (int k = 0; k < VEC; k++) {
-                float v = to_acc(a.v[k]) * act_slope(act, to_acc(p.v[k]));
-                if (c0 + k < cols) sum[k] += v;
-                a.v[k] = from_acc<T>(v);
-            }
-            if (g) {
-                if (full) store_vec<T, VEC>(g + at, a);
-                else
-                    for (int k = 0; k < VEC; k++)
-                        if (c0 + k < cols) g[at + k] = a.v[k];
-            }
+            for (int u = 0; u < UNROLL; u++)
+                grad_row<T, VEC>(g, (i + u * (int64_t)rpar) * cols + c0, c0, cols, full, act, sum, a[u], p[u]);
+        }
+        for (; i < i1; i += rpar) {
+            vec_t<T, VEC> a = load_cols<T, VEC>(dy + i * cols, c0, cols, full),
+                          p = load_cols<T, VEC>(pre + i * cols, c0, cols, full);
+            grad_row<T, VEC>(g, i * cols + c0, c0, cols, full, act, sum, a, p);
         }
     }
-    if (!part) return;
+    if (!part && !db) return;
     __shared__ float lanes[THREADS * VEC];
 #pragma unroll
     for (int k = 0; k < VEC; k++) lanes[threadIdx.x * VEC + k] = sum[k];
@@ -130,20 +193,16 @@ __global__ void __launch_bounds__(THREADS) act_grad_kernel(const T *__restrict__
     for (int q = 1; q < rpar; q++)
 #pragma unroll
         for (int k = 0; k < VEC; k++) sum[k] += lanes[(q * cg + lane) * VEC + k];
-    float *out = part + (int64_t)blockIdx.y * cols + c0;
-    for (int k = 0; k < VEC; k++)
-        if (c0 + k < cols) out[k] = sum[k];
+    for (int k = 0; k < VEC; k++) {
+        if (c0 + k >= cols) break;
+        if (part) part[(int64_t)blockIdx.y * cols + c0 + k] = sum[k];
+        else db[c0 + k] = first ? sum[k] : db[c0 + k] + sum[k];
+    }
 }
 
-
-
-static int64_t slab_rows(int64_t rows) {
-    int64_t per = cdiv(rows, MAX_SLABS);
-    return per > 64 ? per : 64;
-}
-
-extern "C" size_t fg_cuda_act_scratch(int64_t rows, int64_t cols) {
-    return (size_t)cdiv(rows > 0 ? rows : 1, slab_rows(rows)) * (size_t)cols * sizeof(float);
+extern "C" size_t fg_cuda_act_scratch(fg_dtype dtype, int64_t rows, int64_t cols) {
+    const grad_geom q = grad_geometry(rows, cols, (int)(16 / fg_dtype_size(dtype)));
+    return q.slabs > 1 ? (size_t)q.slabs * (size_t)cols * sizeof(float) : 0;
 }
 
 static bool aligned(const void *p) { return p == nullptr || (uintptr_t)p % 16 == 0; }
@@ -169,27 +228,20 @@ template <typename T> static cudaError_t run_step(const fg_act_call *c, cudaStre
     }
     /* GRAD */
     if (c->db_acc && n == 0) /* no rows: db's sums are zero */
-        return cudaMemsetAsync(c->db_acc, 0, (size_t)c->cols * sizeof(float), s);
+        return c->first ? cudaMemsetAsync(c->db_acc, 0, (size_t)c->cols * sizeof(float), s) : cudaSuccess;
     if (n == 0) return cudaSuccess;
-    const int64_t slab = slab_rows(c->rows);
-    const int slabs = (int)cdiv(c->rows, slab);
-    float *part = c->db_acc ? (float *)c->scratch : nullptr;
+    const grad_geom q = grad_geometry(c->rows, c->cols, VEC);
+    float *part = c->db_acc && q.slabs > 1 ? (float *)c->scratch : nullptr;
+    if (part && c->scratch_bytes < (size_t)q.slabs * (size_t)c->cols * sizeof(float))
+        return cudaErrorInvalidValue;
     const bool vec = aligned(c->dy) && aligned(c->pre) && aligned(c->g) && (c->cols * (int64_t)sizeof(T)) % 16 == 0;
-    const int v = vec ? VEC : 1;
-    const int64_t groups = cdiv(c->cols, v);
-    const int cg = (int)(groups < THREADS ? groups : THREADS); /* lanes across a row */
-    dim3 grid((unsigned)cdiv(groups, cg), (unsigned)slabs);
-    if (vec)
-        act_grad_kernel<T, VEC><<<grid, THREADS, 0, s>>>((const T *)c->dy, (const T *)c->pre, (T *)c->g, c->rows,
-                                                         c->cols, c->act, slab, cg, part);
-    else
-        act_grad_kernel<T, 1><<<grid, THREADS, 0, s>>>((const T *)c->dy, (const T *)c->pre, (T *)c->g, c->rows, c->cols,
-                                                       c->act, slab, cg, part);
+    dim3 grid((unsigned)q.strips, (unsigned)q.slabs);
+    act_grad_kernel<T><<<grid, THREADS, 0, s>>>((const T *)c->dy, (const T *)c->pre, (T *)c->g, c->rows, c->cols,
+                                                c->act, q.slab, q.cg, vec, part,
+                                                part ? nullptr : (float *)c->db_acc, c->first);
     cudaError_t e = cudaGetLastError();
-    if (e == cudaSuccess && part)
-        slab_colsum_kernel<<<(unsigned)cdiv(c->cols, 256), 256, 0, s>>>(part, slabs, c->cols, (float *)c->db_acc,
-                                                                       c->first);
-    return e == cudaSuccess ? cudaGetLastError() : e;
+    if (e == cudaSuccess && part) e = slab_colsum(part, q.slabs, c->cols, (float *)c->db_acc, c->first, s);
+    return e;
 }
 
 extern "C" fg_status fg_cuda_act(fg_context *ctx, const fg_act_call *c) {

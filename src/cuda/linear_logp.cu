@@ -323,10 +323,8 @@ template <typename T> static cudaError_t tile_step(const fg_logp_call *c, cudaSt
                                                    fn, (const float *)c->rc, part);
     }
     cudaError_t e = cudaGetLastError();
-    if (e == cudaSuccess && part)
-        slab_colsum_kernel<<<(unsigned)cdiv(c->cols, 256), 256, 0, s>>>(part, slabs, c->cols, (float *)c->db_acc + c->v0,
-                                                                   c->first);
-    return e == cudaSuccess ? cudaGetLastError() : e;
+    if (e == cudaSuccess && part) e = slab_colsum(part, slabs, c->cols, (float *)c->db_acc + c->v0, c->first, s);
+    return e;
 }
 
 template <typename T> static cudaError_t cast(const fg_logp_call *c, cudaStream_t s) {

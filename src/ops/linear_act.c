@@ -3,12 +3,16 @@
  * y = act(x·wᵀ + b) and its backward, for act in none, relu, gelu (erf), gelu (tanh),
  * silu, sigmoid, tanh.
  *
- *  forward   one GEMM through the shared primitive (bias in cuBLASLt's epilogue) into pre
- *            (when the caller keeps it) or straight into y, then one elementwise pass
- *            y = act(pre) (in place when pre is not kept; none: no pass at all)
- *  backward  pre (kept, or recomputed by one more GEMM into the workspace) and dy →
- *            g = dy ⊙ act′(pre) in one pass that also sums db's columns, then dx = g·w and
- *            dw = gᵀ·x as GEMMs; act none uses dy as g directly
+ *  forward   one GEMM through the shared primitive: the activation in its epilogue where
+ *            the backend has one (cuBLASLt: relu, gelu_tanh storing pre as aux), else the
+ *            product into pre (when the caller keeps it) or straight into y, then one
+ *            elementwise pass y = act(pre) (in place when pre is not kept; none: no pass)
+ *  backward  pre (kept — for relu y does as well —, or recomputed by one more GEMM into the
+ *            workspace) and dy → g = dy ⊙ act′(pre) in one pass that also sums db's columns
+ *            (g in pre's memory when pre is the workspace's or the caller lets it go:
+ *            FG_PLAN_CONSUME_PRE), then dx = g·w and dw = gᵀ·x as GEMMs; act none uses dy
+ *            as g directly. db's f32 sums borrow the memory of dx or dw, which their GEMMs
+ *            write only afterwards.
  * The activation math is the backends' (src/cpu/linear_act.c, src/cuda/linear_act.cu).
  * Sums are f32 (f64 for f64) in a fixed order: the same bits on every run.
  */
@@ -133,9 +137,39 @@ static fg_status pre_gemm(act_run *r, int xi, int wi, int bi, void *dst) {
                 fg_mat_at(dst, r->M, 1), 0.0, bias, false);
 }
 
+/* y = act(x·wᵀ + b) with the activation in the GEMM's epilogue (aux: pre too), where the
+ * backend has one for this act, dtype and layout; *fused says whether it ran that way.
+ * Running, the backend is asked first (with the real pointers), so a NO changes nothing. */
+static fg_status act_gemm(act_run *r, void *y, void *aux, bool *fused) {
+    *fused = false;
+    if (!r->run && r->size_only) return FG_OK;
+    const void *bias = NULL;
+    if (has(&r->d->operands[AF_B])) bias = r->run ? data_of(r, AF_B) : (const void *)(uintptr_t)256;
+    fg_gemm g = fg_gemm_plain(r->dtype, 1, r->N, r->M, r->K, fg_mat_at(data_of(r, AF_X), r->K, 1),
+                              fg_mat_at(data_of(r, AF_W), 1, r->K), fg_mat_at(y, r->M, 1), 0.0, bias,
+                              (r->d->flags & FG_PLAN_ALLOW_TF32) != 0, false);
+    g.act = r->d->kind;
+    g.aux = aux;
+    g.ld_aux = r->M;
+    fg_kernel_info info;
+    FG_TRY(fg_gemm_execute(r->ctx, &g, &info, NULL, 0, false));
+    if (!info.act_fused) return FG_OK;
+    if (!r->run) { /* planning: this GEMM is the whole forward */
+        FG_TRY(fg_gemm_walk(r->ctx, &g, false, NULL, 0, &r->gemm_bytes, r->info->name, sizeof r->info->name));
+        *fused = true;
+        return FG_OK;
+    }
+    FG_TRY(fg_gemm_execute(r->ctx, &g, &info, r->ws ? (char *)r->ws + r->gemm_at : NULL, r->gemm_bytes, true));
+    *fused = info.act_fused;
+    return FG_OK;
+}
+
 static fg_status forward(act_run *r) {
     const bool keep = r->d->operands[AF_PRE].rank != 0;
     void *y = data_of(r, AF_Y), *pre = keep ? data_of(r, AF_PRE) : y;
+    bool fused = false;
+    FG_TRY(act_gemm(r, y, keep ? pre : NULL, &fused));
+    if (fused) return FG_OK;
     FG_TRY(pre_gemm(r, AF_X, AF_W, AF_B, pre));
     if (r->d->kind == FG_ACT_NONE && !keep) return FG_OK;
     fg_act_call c;
@@ -151,22 +185,34 @@ static fg_status backward(act_run *r) {
     const fg_plan_desc *d = r->d;
     const bool keep = has(&d->operands[AB_PRE]), none = d->kind == FG_ACT_NONE;
     const bool want_dx = has(&d->operands[AB_DX]), want_dw = has(&d->operands[AB_DW]), want_db = has(&d->operands[AB_DB]);
+    const bool consume = (d->flags & FG_PLAN_CONSUME_PRE) != 0;
     const size_t nm = (size_t)(r->N * r->M);
     const size_t pre_off = place(r, keep || none ? 0 : nm * r->es);
-    const size_t g_off = place(r, none || !(want_dx || want_dw) ? 0 : nm * r->es);
-    const size_t db_off = place(r, want_db ? (size_t)r->M * r->aes : 0);
-    size_t scratch_bytes = 0;
-#ifdef FG_HAVE_CUDA
-    if (want_db && r->ctx->backend == FG_BACKEND_CUDA) scratch_bytes = fg_cuda_act_scratch(r->N, r->M);
-#endif
-    const size_t scratch_off = place(r, scratch_bytes);
+    /* g goes where pre was when pre is the workspace's or the caller gave it up */
+    const bool g_in_pre = !none && (!keep || consume);
+    const size_t g_off = place(r, none || g_in_pre || !(want_dx || want_dw) ? 0 : nm * r->es);
     const int64_t parts = want_dw ? dw_parts(r) : 0, per = parts ? r->N / parts : 0, tail = parts ? r->N - parts * per : 0;
+    /* db's f32 sums and their per-slab partials: in the memory of dx or dw (written only
+       later, by their GEMMs) when one of them is big enough, else in the workspace */
+    size_t sums_bytes = 0;
+#ifdef FG_HAVE_CUDA
+    if (want_db && r->ctx->backend == FG_BACKEND_CUDA) sums_bytes = fg_cuda_act_scratch(r->dtype, r->N, r->M);
+#endif
+    if (want_db) sums_bytes += ALIGN_UP((size_t)r->M * r->aes);
+    int home = -1; /* the output that lends its memory */
+    if (want_db && !d->accumulate) {
+        if (want_dx && (size_t)(r->N * r->K) * r->es >= sums_bytes) home = AB_DX;
+        else if (want_dw && !parts && (size_t)(r->M * r->K) * r->es >= sums_bytes) home = AB_DW;
+    }
+    const size_t sums_off = place(r, home < 0 ? sums_bytes : 0);
     const size_t parts_off = place(r, parts ? (size_t)((parts + 1) * r->M * r->K) * r->aes : 0);
     if (!want_dx && !want_dw && !want_db) return FG_OK;
 
     void *pre = keep ? data_of(r, AB_PRE) : at(r, pre_off);
     if (!keep && !none) FG_TRY(pre_gemm(r, AB_X, AB_W, AB_B, pre));
-    void *g = none ? data_of(r, AB_DY) : (want_dx || want_dw ? at(r, g_off) : NULL);
+    void *g = none ? data_of(r, AB_DY) : (want_dx || want_dw ? (g_in_pre ? pre : at(r, g_off)) : NULL);
+    char *sums = home >= 0 ? (char *)data_of(r, home) : (char *)at(r, sums_off);
+    void *db_acc = sums, *scratch = sums ? sums + ALIGN_UP((size_t)r->M * r->aes) : NULL;
     if (!none || want_db) {
         fg_act_call c;
         memset(&c, 0, sizeof c);
@@ -175,9 +221,19 @@ static fg_status backward(act_run *r) {
         c.dy = data_of(r, AB_DY), c.pre = none ? c.dy : pre;
         c.g = none ? NULL : g; /* none: g is dy itself, only db's sums are wanted */
         c.ld_dy = c.ld_pre = c.ld_g = r->M;
-        c.db_acc = want_db ? at(r, db_off) : NULL;
+        c.db_acc = want_db ? db_acc : NULL;
         c.first = true;
-        c.scratch = at(r, scratch_off), c.scratch_bytes = scratch_bytes;
+        c.scratch = scratch, c.scratch_bytes = want_db ? sums_bytes - ALIGN_UP((size_t)r->M * r->aes) : 0;
+        FG_TRY(step(r, &c));
+    }
+    if (want_db) { /* before the GEMMs: its sums may live in dx's or dw's memory */
+        fg_act_call c;
+        memset(&c, 0, sizeof c);
+        c.step = FG_ACT_STEP_CAST;
+        c.cols = r->M;
+        c.src = db_acc;
+        c.dst = data_of(r, AB_DB);
+        c.accumulate = d->accumulate != 0;
         FG_TRY(step(r, &c));
     }
     const double beta = d->accumulate ? 1.0 : 0.0;
@@ -204,16 +260,6 @@ static fg_status backward(act_run *r) {
         c.parts = parts + (tail ? 1 : 0);
         c.src = at(r, parts_off);
         c.dst = data_of(r, AB_DW);
-        c.accumulate = d->accumulate != 0;
-        FG_TRY(step(r, &c));
-    }
-    if (want_db) {
-        fg_act_call c;
-        memset(&c, 0, sizeof c);
-        c.step = FG_ACT_STEP_CAST;
-        c.cols = r->M;
-        c.src = at(r, db_off);
-        c.dst = data_of(r, AB_DB);
         c.accumulate = d->accumulate != 0;
         FG_TRY(step(r, &c));
     }
@@ -333,6 +379,20 @@ fg_status fg_linear_act_backward(fg_context *ctx, fg_activation act, const fg_te
                                  const fg_tensor *dw, const fg_tensor *db, int accumulate) {
     const fg_tensor *ops[AB_N] = {dy, pre, x, w, b, dx, dw, db};
     return run_once(ctx, FG_OP_LINEAR_ACT_BACKWARD, act, ops, AB_N, accumulate);
+}
+
+fg_status fg_linear_act_backward_consume(fg_context *ctx, fg_activation act, const fg_tensor *dy, const fg_tensor *pre,
+                                         const fg_tensor *x, const fg_tensor *w, const fg_tensor *b, const fg_tensor *dx,
+                                         const fg_tensor *dw, const fg_tensor *db, int accumulate) {
+    if (!pre) return fg_fail(FG_ERR_NULL_POINTER, "linear_act_backward: pre is NULL (the consuming form needs it)");
+    const fg_tensor *ops[AB_N] = {dy, pre, x, w, b, dx, dw, db};
+    fg_plan_desc d;
+    memset(&d, 0, sizeof d);
+    d.op = FG_OP_LINEAR_ACT_BACKWARD;
+    d.kind = act;
+    d.accumulate = accumulate ? 1 : 0;
+    d.flags = FG_PLAN_CONSUME_PRE;
+    return fg_run_once_desc(ctx, &d, ops, AB_N);
 }
 
 fg_status fg_linear_act_backward_input(fg_context *ctx, fg_activation act, const fg_tensor *dy, const fg_tensor *pre,

@@ -1,0 +1,100 @@
+"""Developer's probe for linear + activation on the GPU: where the time of one fwd+bwd goes,
+kernel by kernel (torch.profiler), for fastgrad, eager and torch.compile at the issue's
+shapes, and the bare products (ours vs torch) timed alone.
+
+    PYTHONPATH=python FASTGRAD_LIBRARY=build-gpu/libfastgrad.so python3 bench/probe_act.py
+"""
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile
+
+from fastgrad import ops
+
+ACTS = {"relu": F.relu, "gelu_tanh": lambda p: F.gelu(p, approximate="tanh"), "silu": F.silu}
+
+
+def rand(shape, dtype=torch.bfloat16, grad=False):
+    return (torch.rand(shape, device="cuda") * 2 - 1).to(dtype).requires_grad_(grad)
+
+
+def timed(fn, reps=20):
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        ts.append((a, b))
+    torch.cuda.synchronize()
+    return statistics.median(a.elapsed_time(b) for a, b in ts)
+
+
+def kernels(fn, label, reps=5):
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        t = getattr(e, "self_device_time_total", None)
+        if t is None:
+            t = e.self_cuda_time_total
+        if t > 0:
+            rows.append((t / reps / 1000.0, e.count // reps, e.key))
+    rows.sort(reverse=True)
+    total = sum(r[0] for r in rows)
+    print(f"  {label}: kernels sum {total:.4f} ms")
+    for ms, cnt, key in rows[:10]:
+        print(f"    {ms:8.4f} ms x{cnt:<2d} {key[:110]}")
+
+
+def case(n, k, m, act):
+    x, w, b, dy = rand((n, k), grad=True), rand((m, k), grad=True), rand((m,), grad=True), rand((n, m))
+    fn = ACTS[act]
+
+    def ours():
+        y, pre = ops.linear_act_forward(x.detach(), w.detach(), b.detach(), act)
+        return ops.linear_act_backward(dy, x.detach(), w.detach(), b.detach(), pre, act)
+
+    def eager():
+        out = fn(F.linear(x, w, b))
+        return torch.autograd.grad(out, (x, w, b), dy)
+
+    cfn = torch.compile(lambda x, w, b: fn(F.linear(x, w, b)))
+
+    def compiled():
+        out = cfn(x, w, b)
+        return torch.autograd.grad(out, (x, w, b), dy)
+
+    print(f"== N={n} K={k} M={m} {act}: ours {timed(ours):.4f} ms, eager {timed(eager):.4f} ms, "
+          f"compile {timed(compiled):.4f} ms")
+    for f, lab in ((ours, "fastgrad"), (eager, "eager"), (compiled, "compile")):
+        kernels(f, lab)
+
+
+def products(n, k, m):
+    x, w, b, g = rand((n, k)), rand((m, k)), rand((m,)), rand((n, m))
+    print(f"== products N={n} K={k} M={m} (ms, ours / torch)")
+    print(f"  fwd  x·wᵀ+b : {timed(lambda: ops.linear_forward(x, w, b)):.4f} / {timed(lambda: F.linear(x, w, b)):.4f}")
+    print(f"  dx   g·w    : {timed(lambda: ops.linear_backward_input(g, w)):.4f} / {timed(lambda: g @ w):.4f}")
+    print(f"  dw   gᵀ·x   : {timed(lambda: ops.linear_backward_weight(g, x)):.4f} / {timed(lambda: g.t() @ x):.4f}")
+    print(f"  db   Σ g    : {timed(lambda: ops.linear_backward_bias(g)):.4f} / {timed(lambda: g.sum(0)):.4f}")
+
+
+if __name__ == "__main__":
+    which = sys.argv[1] if len(sys.argv) > 1 else "all"
+    for shape in ((8192, 4096, 16384), (172032, 128, 256)):
+        products(*shape)
+    if which == "all":
+        for shape in ((8192, 4096, 16384), (172032, 128, 256)):
+            for act in ("relu", "gelu_tanh", "silu"):
+                case(*shape, act)

@@ -13,6 +13,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from fastgrad import ops
 
+KERNELS = 3  # how many of fastgrad / eager / compile get a kernel table
 ACTS = {"relu": F.relu, "gelu_tanh": lambda p: F.gelu(p, approximate="tanh"), "silu": F.silu}
 
 
@@ -33,6 +34,17 @@ def timed(fn, reps=20):
         ts.append((a, b))
     torch.cuda.synchronize()
     return statistics.median(a.elapsed_time(b) for a, b in ts)
+
+
+def peak(fn):
+    """MiB allocated above the start during one call, outputs included (as compare.py)."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    out = fn()
+    torch.cuda.synchronize()
+    del out
+    return (torch.cuda.max_memory_allocated() - base) / 2**20
 
 
 def kernels(fn, label, reps=5):
@@ -61,23 +73,27 @@ def case(n, k, m, act):
     x, w, b, dy = rand((n, k), grad=True), rand((m, k), grad=True), rand((m,), grad=True), rand((n, m))
     fn = ACTS[act]
 
-    def ours():
-        y, pre = ops.linear_act_forward(x.detach(), w.detach(), b.detach(), act)
-        return ops.linear_act_backward(dy, x.detach(), w.detach(), b.detach(), pre, act)
+    def ours():  # as fg.linear_act's autograd runs it: relu saves y only, the others consume pre
+        relu = act == "relu"
+        y, pre = ops.linear_act_forward(x.detach(), w.detach(), b.detach(), act, keep_pre=not relu)
+        return (y,) + ops.linear_act_backward(dy, x.detach(), w.detach(), b.detach(), y if relu else pre, act,
+                                              consume_pre=not relu)
 
     def eager():
         out = fn(F.linear(x, w, b))
-        return torch.autograd.grad(out, (x, w, b), dy)
+        return (out,) + torch.autograd.grad(out, (x, w, b), dy)
 
     cfn = torch.compile(lambda x, w, b: fn(F.linear(x, w, b)))
 
     def compiled():
         out = cfn(x, w, b)
-        return torch.autograd.grad(out, (x, w, b), dy)
+        return (out,) + torch.autograd.grad(out, (x, w, b), dy)
 
-    print(f"== N={n} K={k} M={m} {act}: ours {timed(ours):.4f} ms, eager {timed(eager):.4f} ms, "
-          f"compile {timed(compiled):.4f} ms")
-    for f, lab in ((ours, "fastgrad"), (eager, "eager"), (compiled, "compile")):
+    t = {lab: timed(f) for f, lab in ((ours, "ours"), (eager, "eager"), (compiled, "compile"))}
+    mem = {lab: peak(f) for f, lab in ((ours, "ours"), (eager, "eager"), (compiled, "compile"))}
+    print(f"== N={n} K={k} M={m} {act}: " + ", ".join(f"{lab} {t[lab]:.4f} ms {mem[lab]:.1f} MiB" for lab in t)
+          + f"; {t['eager'] / t['ours']:.2f}x eager, {t['compile'] / t['ours']:.2f}x compile")
+    for f, lab in ((ours, "fastgrad"), (eager, "eager"), (compiled, "compile"))[:KERNELS]:
         kernels(f, lab)
 
 
@@ -92,6 +108,7 @@ def products(n, k, m):
 
 if __name__ == "__main__":
     which = sys.argv[1] if len(sys.argv) > 1 else "all"
+    KERNELS = int(sys.argv[2]) if len(sys.argv) > 2 else 3
     for shape in ((8192, 4096, 16384), (172032, 128, 256)):
         products(*shape)
     if which == "all":

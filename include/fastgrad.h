@@ -425,8 +425,8 @@ FG_NODISCARD FG_API fg_status fg_adamw_step(fg_context *ctx, const fg_adamw_hpar
  * and dtype as y, or NULL) receives the pre-activation for the backward: memory for time
  * (without it the backward recomputes x·wᵀ + b, one more product). RELU needs no pre: its
  * backward takes y in pre's place (relu′(pre) = [y > 0], NaN where y is NaN).
- * On CUDA the activation runs in cuBLASLt's epilogue where one exists (relu; gelu_tanh in
- * f16/bf16, storing pre as it goes), else in one pass after the product. */
+ * On CUDA, relu without pre runs in cuBLASLt's epilogue (one product, nothing more); the
+ * other activations take one pass after the product. */
 FG_NODISCARD FG_API fg_status fg_linear_act_forward(fg_context *ctx, fg_activation act, const fg_tensor *x,
                                                     const fg_tensor *w, const fg_tensor *b, const fg_tensor *y,
                                                     const fg_tensor *pre);

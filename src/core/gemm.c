@@ -119,11 +119,8 @@ fg_status fg_gemm_execute(fg_context *ctx, const fg_gemm *in, fg_kernel_info *in
         g.a.bs = g.b.bs = g.c.bs = 0;
     }
     /* an epilogue activation only on one product that needs no transposing or splitting */
-    if (g.act && (g.batch != 1 || g.c.cs != 1 || g.m > DIM_LIMIT || g.n > DIM_LIMIT || g.k > DIM_LIMIT ||
-                  (g.aux && g.ld_aux < g.n))) {
+    if (g.act && (g.batch != 1 || g.c.cs != 1 || g.m > DIM_LIMIT || g.n > DIM_LIMIT || g.k > DIM_LIMIT))
         g.act = 0;
-        g.aux = NULL;
-    }
     fix_degenerate(&g.a, g.m, g.k);
     fix_degenerate(&g.b, g.k, g.n);
     fix_degenerate(&g.c, g.m, g.n);

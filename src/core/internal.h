@@ -129,11 +129,8 @@ typedef struct fg_gemm {
     bool c_f32;        /* c is f32 whatever the inputs' dtype (f16/bf16 products summed in f32) */
     /* An activation the backend may apply in the product's epilogue, c = act(a·b + bias)
        (fg_activation; 0: none). Optional: info->act_fused says whether it did; when it did
-       not, c holds the plain product. aux (or NULL): also store a·b + bias there (row-major,
-       leading dim ld_aux) — the pre-activation a backward needs. */
+       not, c holds the plain product. */
     int act;
-    void *aux;
-    int64_t ld_aux;
 } fg_gemm;
 
 typedef struct fg_kernel_info {

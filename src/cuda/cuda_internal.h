@@ -17,8 +17,8 @@
 typedef struct fg_lt_key {
     int32_t dtype, ctype, tf32, op_a, op_b, epilogue;
     int64_t rows_a, cols_a, ld_a, rows_b, cols_b, ld_b, rows_c, cols_c, ld_c;
-    int64_t batch, bs_a, bs_b, bs_c, ld_aux;
-    uint32_t align_a, align_b, align_c, align_bias, align_aux;
+    int64_t batch, bs_a, bs_b, bs_c;
+    uint32_t align_a, align_b, align_c, align_bias;
 } fg_lt_key;
 
 typedef struct fg_lt_entry {

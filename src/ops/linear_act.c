@@ -4,7 +4,7 @@
  * silu, sigmoid, tanh.
  *
  *  forward   one GEMM through the shared primitive: the activation in its epilogue where
- *            the backend has one (cuBLASLt: relu, gelu_tanh storing pre as aux), else the
+ *            the backend has one and no pre is kept (cuBLASLt: relu), else the
  *            product into pre (when the caller keeps it) or straight into y, then one
  *            elementwise pass y = act(pre) (in place when pre is not kept; none: no pass)
  *  backward  pre (kept — for relu y does as well —, or recomputed by one more GEMM into the
@@ -137,10 +137,10 @@ static fg_status pre_gemm(act_run *r, int xi, int wi, int bi, void *dst) {
                 fg_mat_at(dst, r->M, 1), 0.0, bias, false);
 }
 
-/* y = act(x·wᵀ + b) with the activation in the GEMM's epilogue (aux: pre too), where the
- * backend has one for this act, dtype and layout; *fused says whether it ran that way.
- * Running, the backend is asked first (with the real pointers), so a NO changes nothing. */
-static fg_status act_gemm(act_run *r, void *y, void *aux, bool *fused) {
+/* y = act(x·wᵀ + b) with the activation in the GEMM's epilogue, where the backend has one
+ * for this act, dtype and layout; *fused says whether it ran that way. Running, the
+ * backend is asked first (with the real pointers), so a NO changes nothing. */
+static fg_status act_gemm(act_run *r, void *y, bool *fused) {
     *fused = false;
     if (!r->run && r->size_only) return FG_OK;
     const void *bias = NULL;
@@ -149,8 +149,6 @@ static fg_status act_gemm(act_run *r, void *y, void *aux, bool *fused) {
                               fg_mat_at(data_of(r, AF_W), 1, r->K), fg_mat_at(y, r->M, 1), 0.0, bias,
                               (r->d->flags & FG_PLAN_ALLOW_TF32) != 0, false);
     g.act = r->d->kind;
-    g.aux = aux;
-    g.ld_aux = r->M;
     fg_kernel_info info;
     FG_TRY(fg_gemm_execute(r->ctx, &g, &info, NULL, 0, false));
     if (!info.act_fused) return FG_OK;
@@ -168,7 +166,7 @@ static fg_status forward(act_run *r) {
     const bool keep = r->d->operands[AF_PRE].rank != 0;
     void *y = data_of(r, AF_Y), *pre = keep ? data_of(r, AF_PRE) : y;
     bool fused = false;
-    FG_TRY(act_gemm(r, y, keep ? pre : NULL, &fused));
+    if (!keep) FG_TRY(act_gemm(r, y, &fused)); /* (a kept pre needs the product itself) */
     if (fused) return FG_OK;
     FG_TRY(pre_gemm(r, AF_X, AF_W, AF_B, pre));
     if (r->d->kind == FG_ACT_NONE && !keep) return FG_OK;

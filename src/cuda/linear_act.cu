@@ -80,8 +80,9 @@ __device__ __forceinline__ float act_slope(int act, float x) {
  * loads: y may be pre itself. */
 constexpr int FWD_UNROLL = 4;
 
-template <typename T, int VEC>
-__global__ void __launch_bounds__(THREADS) act_forward_kernel(const T *pre, T *y, int64_t n, int act) {
+template <typename T, int VEC, int ACT>
+__global__ void __launch_bounds__(THREADS) act_forward_kernel(const T *pre, T *y, int64_t n) {
+    constexpr int act = ACT;
     const int64_t nvec = n / VEC, stride = (int64_t)gridDim.x * THREADS * FWD_UNROLL;
     int64_t v = blockIdx.x * (int64_t)THREADS * FWD_UNROLL + threadIdx.x;
     for (; v + (FWD_UNROLL - 1) * THREADS < nvec; v += stride) {
@@ -136,12 +137,13 @@ static grad_geom grad_geometry(int64_t rows, int64_t cols, int vec) {
     return q;
 }
 
-/* VEC columns from c0 of one row: a 16-byte load when `full`, else element by element with
- * zeros past the last column. Plain loads (no read-only path): g may overwrite pre in place. */
-template <typename T, int VEC>
-__device__ __forceinline__ vec_t<T, VEC> load_cols(const T *row, int64_t c0, int64_t cols, bool full) {
+/* VEC columns from c0 of one row: one 16-byte load (FULL: the row holds them all and is
+ * aligned), else element by element with zeros past the last column. Plain loads (no
+ * read-only path): g may overwrite pre in place. */
+template <typename T, int VEC, bool FULL>
+__device__ __forceinline__ vec_t<T, VEC> load_cols(const T *row, int64_t c0, int64_t cols) {
     vec_t<T, VEC> r;
-    if (full) {
+    if (FULL) {
         *reinterpret_cast<uint4 *>(&r) = *reinterpret_cast<const uint4 *>(row + c0);
     } else {
 #pragma unroll
@@ -150,18 +152,18 @@ __device__ __forceinline__ vec_t<T, VEC> load_cols(const T *row, int64_t c0, int
     return r;
 }
 
-template <typename T, int VEC>
-__device__ __forceinline__ void grad_row(T *g, int64_t at, int64_t c0, int64_t cols, bool full, int act, float *sum,
+template <typename T, int VEC, bool FULL, int ACT>
+__device__ __forceinline__ void grad_row(T *g, int64_t at, int64_t c0, int64_t cols, float *sum,
                                          const vec_t<T, VEC> &a0, const vec_t<T, VEC> &p0) {
     vec_t<T, VEC> o;
 #pragma unroll
     for (int k = 0; k < VEC; k++) {
-        float v = to_acc(a0.v[k]) * act_slope(act, to_acc(p0.v[k]));
-        if (c0 + k < cols) sum[k] += v;
+        float v = to_acc(a0.v[k]) * act_slope(ACT, to_acc(p0.v[k]));
+        if (FULL || c0 + k < cols) sum[k] += v;
         o.v[k] = from_acc<T>(v);
     }
     if (!g) return;
-    if (full) store_vec<T, VEC>(g + at, o);
+    if (FULL) store_vec<T, VEC>(g + at, o);
     else
         for (int k = 0; k < VEC; k++)
             if (c0 + k < cols) g[at + k] = o.v[k];
@@ -169,12 +171,14 @@ __device__ __forceinline__ void grad_row(T *g, int64_t at, int64_t c0, int64_t c
 
 /* g = dy ⊙ act′(pre) (g may be pre itself, or NULL when only db is wanted), with the columns'
  * sums of g: per thread over its rows, then over the block's rows in row order through
- * shared memory, then one partial per slab (or, with one slab, db itself). */
-template <typename T>
+ * shared memory, then one partial per slab (or, with one slab, db itself). FULL: every
+ * row is 16-byte aligned and holds whole vectors (four rows in flight); else element by
+ * element, a row at a time. */
+template <typename T, int ACT, bool FULL>
 __global__ void __launch_bounds__(THREADS) act_grad_kernel(const T *dy, const T *pre, T *g, int64_t rows,
-                                                           int64_t cols, int act, int64_t slab, int cg, bool vec,
-                                                           float *part, float *db, bool first) {
-    constexpr int VEC = 16 / sizeof(T);
+                                                           int64_t cols, int64_t slab, int cg, float *part,
+                                                           float *db, bool first) {
+    constexpr int VEC = 16 / sizeof(T), U = FULL ? UNROLL : 1;
     const int lane = threadIdx.x % cg, rpar = THREADS / cg, r = threadIdx.x / cg;
     const int64_t c0 = ((int64_t)blockIdx.x * cg + lane) * VEC;
     const int64_t i0 = (int64_t)blockIdx.y * slab, i1 = i0 + slab < rows ? i0 + slab : rows;
@@ -182,24 +186,23 @@ __global__ void __launch_bounds__(THREADS) act_grad_kernel(const T *dy, const T 
 #pragma unroll
     for (int k = 0; k < VEC; k++) sum[k] = 0.f;
     if (c0 < cols && r < rpar) {
-        const bool full = vec && c0 + VEC <= cols;
         int64_t i = i0 + r;
-        for (; i + (UNROLL - 1) * (int64_t)rpar < i1; i += UNROLL * (int64_t)rpar) {
-            vec_t<T, VEC> a[UNROLL], p[UNROLL];
+        for (; i + (U - 1) * (int64_t)rpar < i1; i += U * (int64_t)rpar) {
+            vec_t<T, VEC> a[U], p[U];
 #pragma unroll
-            for (int u = 0; u < UNROLL; u++) {
+            for (int u = 0; u < U; u++) {
                 const int64_t row = (i + u * (int64_t)rpar) * cols;
-                a[u] = load_cols<T, VEC>(dy + row, c0, cols, full);
-                p[u] = load_cols<T, VEC>(pre + row, c0, cols, full);
+                a[u] = load_cols<T, VEC, FULL>(dy + row, c0, cols);
+                p[u] = load_cols<T, VEC, FULL>(pre + row, c0, cols);
             }
 #pragma unroll
-            for (int u = 0; u < UNROLL; u++)
-                grad_row<T, VEC>(g, (i + u * (int64_t)rpar) * cols + c0, c0, cols, full, act, sum, a[u], p[u]);
+            for (int u = 0; u < U; u++)
+                grad_row<T, VEC, FULL, ACT>(g, (i + u * (int64_t)rpar) * cols + c0, c0, cols, sum, a[u], p[u]);
         }
         for (; i < i1; i += rpar) {
-            vec_t<T, VEC> a = load_cols<T, VEC>(dy + i * cols, c0, cols, full),
-                          p = load_cols<T, VEC>(pre + i * cols, c0, cols, full);
-            grad_row<T, VEC>(g, i * cols + c0, c0, cols, full, act, sum, a, p);
+            vec_t<T, VEC> a = load_cols<T, VEC, FULL>(dy + i * cols, c0, cols),
+                          p = load_cols<T, VEC, FULL>(pre + i * cols, c0, cols);
+            grad_row<T, VEC, FULL, ACT>(g, i * cols + c0, c0, cols, sum, a, p);
         }
     }
     if (!part && !db) return;
@@ -225,27 +228,25 @@ extern "C" size_t fg_cuda_act_scratch(fg_dtype dtype, int64_t rows, int64_t cols
 
 static bool aligned(const void *p) { return p == nullptr || (uintptr_t)p % 16 == 0; }
 
-template <typename T> static cudaError_t run_step(const fg_act_call *c, cudaStream_t s) {
+/* The passes, one kernel per activation: with the activation a runtime switch, the grad
+ * pass took 122 registers (two blocks per SM) and ran at half the bandwidth (0.57 ms against
+ * 0.32, H100, session 4). */
+template <typename T, int ACT> static cudaError_t forward_pass(const fg_act_call *c, cudaStream_t s) {
     constexpr int VEC = 16 / sizeof(T);
     const int64_t n = c->rows * c->cols;
-    if (c->step == FG_ACT_STEP_FORWARD) {
-        if (n == 0) return cudaSuccess;
-        const int64_t per = (int64_t)THREADS * VEC * FWD_UNROLL;
-        const unsigned blocks = (unsigned)(cdiv(n, per) < 65536 ? cdiv(n, per) : 65536);
-        if (aligned(c->pre) && aligned(c->y))
-            act_forward_kernel<T, VEC><<<blocks, THREADS, 0, s>>>((const T *)c->pre, (T *)c->y, n, c->act);
-        else
-            act_forward_kernel<T, 1><<<blocks, THREADS, 0, s>>>((const T *)c->pre, (T *)c->y, n, c->act);
-        return cudaGetLastError();
-    }
-    if (c->step == FG_ACT_STEP_CAST) {
-        if (c->cols == 0) return cudaSuccess;
-        const unsigned blocks = (unsigned)(cdiv(c->cols, 256) < 65536 ? cdiv(c->cols, 256) : 65536);
-        cast_sum_kernel<T><<<blocks, 256, 0, s>>>((const float *)c->src, (T *)c->dst, c->cols,
-                                                  c->parts > 1 ? c->parts : 1, c->accumulate);
-        return cudaGetLastError();
-    }
-    /* GRAD */
+    if (n == 0) return cudaSuccess;
+    const int64_t per = (int64_t)THREADS * VEC * FWD_UNROLL;
+    const unsigned blocks = (unsigned)(cdiv(n, per) < 65536 ? cdiv(n, per) : 65536);
+    if (aligned(c->pre) && aligned(c->y))
+        act_forward_kernel<T, VEC, ACT><<<blocks, THREADS, 0, s>>>((const T *)c->pre, (T *)c->y, n);
+    else
+        act_forward_kernel<T, 1, ACT><<<blocks, THREADS, 0, s>>>((const T *)c->pre, (T *)c->y, n);
+    return cudaGetLastError();
+}
+
+template <typename T, int ACT> static cudaError_t grad_pass(const fg_act_call *c, cudaStream_t s) {
+    constexpr int VEC = 16 / sizeof(T);
+    const int64_t n = c->rows * c->cols;
     if (c->db_acc && n == 0) /* no rows: db's sums are zero */
         return c->first ? cudaMemsetAsync(c->db_acc, 0, (size_t)c->cols * sizeof(float), s) : cudaSuccess;
     if (n == 0) return cudaSuccess;
@@ -255,12 +256,40 @@ template <typename T> static cudaError_t run_step(const fg_act_call *c, cudaStre
         return cudaErrorInvalidValue;
     const bool vec = aligned(c->dy) && aligned(c->pre) && aligned(c->g) && (c->cols * (int64_t)sizeof(T)) % 16 == 0;
     dim3 grid((unsigned)q.strips, (unsigned)q.slabs);
-    act_grad_kernel<T><<<grid, THREADS, 0, s>>>((const T *)c->dy, (const T *)c->pre, (T *)c->g, c->rows, c->cols,
-                                                c->act, q.slab, q.cg, vec, part,
-                                                part ? nullptr : (float *)c->db_acc, c->first);
+    float *db = part ? nullptr : (float *)c->db_acc;
+    if (vec)
+        act_grad_kernel<T, ACT, true><<<grid, THREADS, 0, s>>>((const T *)c->dy, (const T *)c->pre, (T *)c->g, c->rows,
+                                                               c->cols, q.slab, q.cg, part, db, c->first);
+    else
+        act_grad_kernel<T, ACT, false><<<grid, THREADS, 0, s>>>((const T *)c->dy, (const T *)c->pre, (T *)c->g,
+                                                                c->rows, c->cols, q.slab, q.cg, part, db, c->first);
     cudaError_t e = cudaGetLastError();
     if (e == cudaSuccess && part) e = slab_colsum(part, q.slabs, c->cols, (float *)c->db_acc, c->first, s);
     return e;
+}
+
+template <typename T, int ACT> static cudaError_t pass(const fg_act_call *c, cudaStream_t s) {
+    return c->step == FG_ACT_STEP_FORWARD ? forward_pass<T, ACT>(c, s) : grad_pass<T, ACT>(c, s);
+}
+
+template <typename T> static cudaError_t run_step(const fg_act_call *c, cudaStream_t s) {
+    if (c->step != FG_ACT_STEP_CAST) {
+        switch (c->act) {
+        case FG_ACT_RELU: return pass<T, FG_ACT_RELU>(c, s);
+        case FG_ACT_GELU: return pass<T, FG_ACT_GELU>(c, s);
+        case FG_ACT_GELU_TANH: return pass<T, FG_ACT_GELU_TANH>(c, s);
+        case FG_ACT_SILU: return pass<T, FG_ACT_SILU>(c, s);
+        case FG_ACT_SIGMOID: return pass<T, FG_ACT_SIGMOID>(c, s);
+        case FG_ACT_TANH: return pass<T, FG_ACT_TANH>(c, s);
+        default: return pass<T, FG_ACT_NONE>(c, s);
+        }
+    }
+    /* CAST */
+    if (c->cols == 0) return cudaSuccess;
+    const unsigned blocks = (unsigned)(cdiv(c->cols, 256) < 65536 ? cdiv(c->cols, 256) : 65536);
+    cast_sum_kernel<T><<<blocks, 256, 0, s>>>((const float *)c->src, (T *)c->dst, c->cols,
+                                              c->parts > 1 ? c->parts : 1, c->accumulate);
+    return cudaGetLastError();
 }
 
 extern "C" fg_status fg_cuda_act(fg_context *ctx, const fg_act_call *c) {

@@ -36,6 +36,19 @@ def timed(fn, reps=20):
     return statistics.median(a.elapsed_time(b) for a, b in ts)
 
 
+def host_us(fn, reps=50):
+    """Host time per call (µs) with the GPU left to run behind: the launch overhead."""
+    import time
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / reps * 1e6
+
+
 def peak(fn):
     """MiB allocated above the start during one call, outputs included (as compare.py)."""
     torch.cuda.synchronize()
@@ -91,6 +104,8 @@ def case(n, k, m, act):
 
     t = {lab: timed(f) for f, lab in ((ours, "ours"), (eager, "eager"), (compiled, "compile"))}
     mem = {lab: peak(f) for f, lab in ((ours, "ours"), (eager, "eager"), (compiled, "compile"))}
+    host = {lab: host_us(f) for f, lab in ((ours, "ours"), (eager, "eager"), (compiled, "compile"))}
+    print("  host µs per call: " + ", ".join(f"{lab} {v:.0f}" for lab, v in host.items()))
     print(f"== N={n} K={k} M={m} {act}: " + ", ".join(f"{lab} {t[lab]:.4f} ms {mem[lab]:.1f} MiB" for lab in t)
           + f"; {t['eager'] / t['ours']:.2f}x eager, {t['compile'] / t['ours']:.2f}x compile")
     for f, lab in ((ours, "fastgrad"), (eager, "eager"), (compiled, "compile"))[:KERNELS]:

@@ -3,7 +3,7 @@
 same shapes in one run.
 
 Time: CUDA events around each call after warm-up, the median of many calls, inputs
-rotated between two sets. Memory: torch.cuda.max_memory_allocated() during one call,
+rotated between two sets, the implementations of a case interleaved call by call. Memory: torch.cuda.max_memory_allocated() during one call,
 above what was allocated before it (inputs excluded). fastgrad takes its workspace
 from torch's caching allocator, so both sides are counted the same way.
 
@@ -39,6 +39,27 @@ def timed(fn, sets):
         times.append((start, end))
     torch.cuda.synchronize()
     return statistics.median(s.elapsed_time(e) for s, e in times)
+
+
+def timed_together(fns, sets):
+    """Medians for several implementations of one case, their calls interleaved round by
+    round (the order rotating), so a drift of the GPU's clock over the run weighs on each
+    alike instead of on whichever ran last."""
+    for fn in fns:
+        for i in range(3):
+            fn(*sets[i % len(sets)])
+    torch.cuda.synchronize()
+    times = [[] for _ in fns]
+    for i in range(REPS):
+        for j in range(len(fns)):
+            k = (i + j) % len(fns)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fns[k](*sets[i % len(sets)])
+            end.record()
+            times[k].append((start, end))
+    torch.cuda.synchronize()
+    return [statistics.median(s.elapsed_time(e) for s, e in t) for t in times]
 
 
 def peak_extra(fn, args):
@@ -286,8 +307,8 @@ def main():
         if not args.no_compile:
             impls.append(("torch.compile", case["theirs"].compiled()))
         result = {"case": case}
-        for label, fn in impls:
-            ms = timed(fn, sets)
+        all_ms = timed_together([fn for _, fn in impls], sets)
+        for (label, fn), ms in zip(impls, all_ms):
             mem = peak_extra(fn, sets[0])
             result[label] = (ms, mem)
             print(f"{case['name']:<28} {case['shape']:<26} {label:<14} {ms:8.4f} ms  {rate(case, ms):>14}  "
@@ -310,7 +331,7 @@ def write_report(rows, out, labels, extra=()):
         "# fastgrad benchmarks", "",
         f"GPU: {dev}; date: {date}; fastgrad {fg.__version__}; torch {torch.__version__}; "
         f"CUDA {torch.version.cuda}. TF32 off everywhere. Written by `bench/compare.py` "
-        "(median of CUDA-event timings, inputs rotated; peak = max_memory_allocated above the inputs). "
+        "(median of CUDA-event timings, inputs rotated, implementations interleaved; peak = max_memory_allocated above the inputs). "
         "For the AdamW row the 'torch eager' column is torch.optim.AdamW(fused=True), and torch.compile is not "
         "measured (nan).", "",
         "| op | shape | dtype | " + " | ".join(f"{l} ms" for l in labels) + " | fastgrad rate | "

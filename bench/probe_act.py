@@ -11,9 +11,11 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
+from compare import timed_together
 from fastgrad import ops
 
 KERNELS = 3  # how many of fastgrad / eager / compile get a kernel table
+ONLY_OURS = False  # argv[1] == "ours": fastgrad alone (no compile: quick)
 ACTS = {"relu": F.relu, "gelu_tanh": lambda p: F.gelu(p, approximate="tanh"), "silu": F.silu}
 
 
@@ -102,12 +104,14 @@ def case(n, k, m, act):
         out = cfn(x, w, b)
         return (out,) + torch.autograd.grad(out, (x, w, b), dy)
 
-    t = {lab: timed(f) for f, lab in ((ours, "ours"), (eager, "eager"), (compiled, "compile"))}
-    mem = {lab: peak(f) for f, lab in ((ours, "ours"), (eager, "eager"), (compiled, "compile"))}
-    host = {lab: host_us(f) for f, lab in ((ours, "ours"), (eager, "eager"), (compiled, "compile"))}
-    print("  host µs per call: " + ", ".join(f"{lab} {v:.0f}" for lab, v in host.items()))
+    impls = ((ours, "ours"), (eager, "eager"), (compiled, "compile"))[:1 if ONLY_OURS else 3]
+    ms = timed_together([f for f, _ in impls], [()])
+    t = {lab: v for (_, lab), v in zip(impls, ms)}
+    mem = {lab: peak(f) for f, lab in impls}
+    host = {lab: host_us(f) for f, lab in impls}
     print(f"== N={n} K={k} M={m} {act}: " + ", ".join(f"{lab} {t[lab]:.4f} ms {mem[lab]:.1f} MiB" for lab in t)
-          + f"; {t['eager'] / t['ours']:.2f}x eager, {t['compile'] / t['ours']:.2f}x compile")
+          + ("" if ONLY_OURS else f"; {t['eager'] / t['ours']:.2f}x eager, {t['compile'] / t['ours']:.2f}x compile"))
+    print("  host µs per call: " + ", ".join(f"{lab} {v:.0f}" for lab, v in host.items()))
     for f, lab in ((ours, "fastgrad"), (eager, "eager"), (compiled, "compile"))[:KERNELS]:
         kernels(f, lab)
 
@@ -124,9 +128,11 @@ def products(n, k, m):
 if __name__ == "__main__":
     which = sys.argv[1] if len(sys.argv) > 1 else "all"
     KERNELS = int(sys.argv[2]) if len(sys.argv) > 2 else 3
-    for shape in ((8192, 4096, 16384), (172032, 128, 256)):
-        products(*shape)
+    ONLY_OURS = which == "ours"
     if which == "all":
+        for shape in ((8192, 4096, 16384), (172032, 128, 256)):
+            products(*shape)
+    if which in ("all", "ours"):
         for shape in ((8192, 4096, 16384), (172032, 128, 256)):
             for act in ("relu", "gelu_tanh", "silu"):
                 case(*shape, act)

@@ -9,9 +9,9 @@
 #include "elem.cuh"
 
 /* db[j] = (first ? 0 : db[j]) + Σ_k part[k·cols + j], k in a fixed order: a block holds 32
- * columns × 8 lanes, lane l adds slabs [l·per, (l+1)·per) in order, then lane 0 adds the
- * eight runs in order (the order depends on the slab count only: deterministic). */
-constexpr int COLSUM_COLS = 32, COLSUM_LANES = 8;
+ * columns × 32 lanes, lane l adds slabs [l·per, (l+1)·per) in order, then lane 0 adds the
+ * 32 runs in order (the order depends on the slab count only: deterministic). */
+constexpr int COLSUM_COLS = 32, COLSUM_LANES = 32;
 
 static __global__ void __launch_bounds__(COLSUM_COLS *COLSUM_LANES)
     slab_colsum_kernel(const float *__restrict__ part, int64_t slabs, int64_t cols, float *__restrict__ db,

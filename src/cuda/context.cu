@@ -61,6 +61,7 @@ extern "C" void fg_cuda_context_destroy(fg_context *ctx) {
     if (ctx->workspace && !ctx->workspace_external) cudaFreeAsync(ctx->workspace, st->stream);
     cudaStreamSynchronize(st->stream);
     cudaFree(st->flag);
+    for (int i = 0; i < FG_LT_CACHE; i++) fg_lt_entry_clear(&st->cache[i]);
     cublasLtDestroy(st->lt);
     cudaGetLastError();
     free(st);

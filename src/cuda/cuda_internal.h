@@ -28,7 +28,18 @@ typedef struct fg_lt_entry {
     size_t workspace;   /* what the algorithm needs */
     size_t limit;       /* the workspace it was chosen under */
     bool found; /* false: the heuristic had no algorithm for this key */
+    /* the descriptors, made once per entry (making them on every call cost host time) */
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t la, lb, lc;
 } fg_lt_entry;
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+void fg_lt_entry_clear(fg_lt_entry *e);
+#ifdef __cplusplus
+}
+#endif
 
 struct fg_cuda_state {
     cudaStream_t stream;

@@ -395,6 +395,15 @@ typedef struct lt_call {
         }                                                                                                    \
     } while (0)
 
+/* Drops what a cache entry owns (its cuBLASLt descriptors) and empties it. */
+extern "C" void fg_lt_entry_clear(fg_lt_entry *e) {
+    if (e->op) cublasLtMatmulDescDestroy(e->op);
+    if (e->la) cublasLtMatrixLayoutDestroy(e->la);
+    if (e->lb) cublasLtMatrixLayoutDestroy(e->lb);
+    if (e->lc) cublasLtMatrixLayoutDestroy(e->lc);
+    memset(e, 0, sizeof *e);
+}
+
 /* Plans (run = false) or runs with at most `limit` bytes of workspace at ws; *found says
  * whether cuBLASLt has an algorithm, *need what it uses. */
 static fg_status lt_matmul(fg_context *ctx, const lt_call *c, bool run, bool *found, size_t *need, char *name,
@@ -414,32 +423,29 @@ static fg_status lt_matmul(fg_context *ctx, const lt_call *c, bool run, bool *fo
     fg_lt_entry *hit = NULL;
     for (int i = 0; i < FG_LT_CACHE; i++)
         if (st->cache[i].used && memcmp(&st->cache[i].key, k, sizeof *k) == 0) hit = &st->cache[i];
-
-    LT_CHECK(cublasLtMatmulDescCreate(&op, compute, scale));
-    LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
-    LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
-    LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
-    if (epi_has_bias(epi)) {
-        const void *bias = run ? c->bias : (const void *)(uintptr_t)256; /* any aligned value for planning */
-        LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
-    }
-    LT_CHECK(cublasLtMatrixLayoutCreate(&la, ab, (uint64_t)k->rows_a, (uint64_t)k->cols_a, k->ld_a));
-    LT_CHECK(cublasLtMatrixLayoutCreate(&lb, ab, (uint64_t)k->rows_b, (uint64_t)k->cols_b, k->ld_b));
-    LT_CHECK(cublasLtMatrixLayoutCreate(&lc, cd, (uint64_t)k->rows_c, (uint64_t)k->cols_c, k->ld_c));
-    if (k->batch > 1) {
-        int32_t count = (int32_t)k->batch;
-        LT_CHECK(cublasLtMatrixLayoutSetAttribute(la, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
-        LT_CHECK(cublasLtMatrixLayoutSetAttribute(lb, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
-        LT_CHECK(cublasLtMatrixLayoutSetAttribute(lc, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
-        LT_CHECK(cublasLtMatrixLayoutSetAttribute(la, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &k->bs_a, sizeof k->bs_a));
-        LT_CHECK(cublasLtMatrixLayoutSetAttribute(lb, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &k->bs_b, sizeof k->bs_b));
-        LT_CHECK(cublasLtMatrixLayoutSetAttribute(lc, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &k->bs_c, sizeof k->bs_c));
-    }
     if (hit && hit->found && hit->workspace > limit) hit = NULL; /* chosen under a larger workspace */
-    if (!hit) {
-        hit = &st->cache[st->cache_next];
-        st->cache_next = (st->cache_next + 1) % FG_LT_CACHE;
-        memset(hit, 0, sizeof *hit);
+
+    if (!hit) { /* descriptors and the heuristic's choice, kept with the entry */
+        LT_CHECK(cublasLtMatmulDescCreate(&op, compute, scale));
+        LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+        LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+        LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+        if (epi_has_bias(epi)) {
+            const void *bias = (const void *)(uintptr_t)256; /* any aligned value until a run sets it */
+            LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+        }
+        LT_CHECK(cublasLtMatrixLayoutCreate(&la, ab, (uint64_t)k->rows_a, (uint64_t)k->cols_a, k->ld_a));
+        LT_CHECK(cublasLtMatrixLayoutCreate(&lb, ab, (uint64_t)k->rows_b, (uint64_t)k->cols_b, k->ld_b));
+        LT_CHECK(cublasLtMatrixLayoutCreate(&lc, cd, (uint64_t)k->rows_c, (uint64_t)k->cols_c, k->ld_c));
+        if (k->batch > 1) {
+            int32_t count = (int32_t)k->batch;
+            LT_CHECK(cublasLtMatrixLayoutSetAttribute(la, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
+            LT_CHECK(cublasLtMatrixLayoutSetAttribute(lb, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
+            LT_CHECK(cublasLtMatrixLayoutSetAttribute(lc, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
+            LT_CHECK(cublasLtMatrixLayoutSetAttribute(la, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &k->bs_a, sizeof k->bs_a));
+            LT_CHECK(cublasLtMatrixLayoutSetAttribute(lb, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &k->bs_b, sizeof k->bs_b));
+            LT_CHECK(cublasLtMatrixLayoutSetAttribute(lc, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &k->bs_c, sizeof k->bs_c));
+        }
         LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
         uint64_t wsb = limit;
         uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
@@ -452,10 +458,15 @@ static fg_status lt_matmul(fg_context *ctx, const lt_call *c, bool run, bool *fo
         cublasLtMatmulHeuristicResult_t res;
         int n = 0;
         cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(st->lt, op, la, lb, lc, lc, pref, 1, &res, &n);
+        hit = &st->cache[st->cache_next];
+        st->cache_next = (st->cache_next + 1) % FG_LT_CACHE;
+        fg_lt_entry_clear(hit);
         hit->used = true;
         hit->key = *k;
         hit->found = hs == CUBLAS_STATUS_SUCCESS && n > 0;
         hit->limit = limit;
+        hit->op = op, hit->la = la, hit->lb = lb, hit->lc = lc; /* the entry owns them now */
+        op = NULL, la = lb = lc = NULL;
         if (hit->found) {
             hit->algo = res.algo;
             hit->workspace = res.workspaceSize;
@@ -475,8 +486,10 @@ static fg_status lt_matmul(fg_context *ctx, const lt_call *c, bool run, bool *fo
         float af = (float)c->alpha, bf = (float)c->beta;
         const void *alpha = f64 ? (const void *)&c->alpha : (const void *)&af;
         const void *beta = f64 ? (const void *)&c->beta : (const void *)&bf;
-        LT_CHECK(cublasLtMatmul(st->lt, op, alpha, c->a, la, c->b, lb, beta, c->c, lc, c->c, lc, &hit->algo,
-                                hit->workspace ? ws : NULL, hit->workspace, st->stream));
+        if (epi_has_bias(epi))
+            LT_CHECK(cublasLtMatmulDescSetAttribute(hit->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &c->bias, sizeof c->bias));
+        LT_CHECK(cublasLtMatmul(st->lt, hit->op, alpha, c->a, hit->la, c->b, hit->lb, beta, c->c, hit->lc, c->c,
+                                hit->lc, &hit->algo, hit->workspace ? ws : NULL, hit->workspace, st->stream));
     }
 done:
     if (pref) cublasLtMatmulPreferenceDestroy(pref);

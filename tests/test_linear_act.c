@@ -2,7 +2,7 @@
  * test_linear_act.c — linear + bias + activation on every backend present and every
  * dtype, each activation: the forward (with and without the saved pre-activation), the
  * combined backward with the pre-activation kept or recomputed, the consuming backward,
- * relu's backward from y, the three split backward functions, accumulate, 1-D to 4-D inputs and awkward sizes; finite
+ * relu's backward from y, the three split backward functions, batched weights, accumulate, 1-D to 4-D inputs and awkward sizes; finite
  * differences of the f64 CPU path; special values (0, large |x|, NaN) through both
  * directions; bit-identical reruns; bad input. The reference is long double, written
  * here independently of the library's math.
@@ -231,6 +231,67 @@ static void run_case(fg_context *ctx, fg_backend be, fg_dtype dt, int act, const
     if (sc->bias) th_drop(&b);
 }
 
+/* Batched weights: x [B, L1, L2, K], w [B, M, K], b none / [M] shared / [B, M]; each batch
+ * against the 2-D reference, db summed over the batches when b is shared. */
+static void batched_weights(fg_context *ctx, fg_backend be, fg_dtype dt, int act, int bias_kind) {
+    const int64_t B = 3, L1 = 4, L2 = 5, K = 24, M = 40, N = L1 * L2;
+    int64_t xs[4] = {B, L1, L2, K}, ys[4] = {B, L1, L2, M}, wsh[3] = {B, M, K}, bsh[2] = {B, M}, m1[1] = {M};
+    th_operand x = th_make(be, dt, 4, xs, 0), w = th_make(be, dt, 3, wsh, 0), y = th_make(be, dt, 4, ys, 0);
+    th_operand pre = th_make(be, dt, 4, ys, 0), dy = th_make(be, dt, 4, ys, 0);
+    th_operand b = bias_kind == 2 ? th_make(be, dt, 2, bsh, 0) : bias_kind == 1 ? th_make(be, dt, 1, m1, 0)
+                                                                                 : (th_operand){0};
+    th_randomize(&x), th_randomize(&w), th_randomize(&dy);
+    for (int64_t i = 0; i < x.n; i++) x.v[i] = (x.v[i] - 0.25) * 4.0 / sqrt((double)K);
+    th_round(dt, x.v, x.n);
+    th_put(&x.buf, &x.t, x.v);
+    if (bias_kind) th_randomize(&b);
+    const fg_tensor *bt = bias_kind ? &b.t : NULL;
+    const double tol = th_tol(dt, false);
+    char lab[200];
+    snprintf(lab, sizeof lab, "batched w %s %s %s bias=%s", act_names[act], th_backend_name(be), fg_dtype_name(dt),
+             bias_kind == 2 ? "[B,M]" : bias_kind == 1 ? "[M]" : "none");
+    TH_OK(fg_linear_act_forward(ctx, (fg_activation)act, &x.t, &w.t, bt, &y.t, &pre.t));
+    double *stored = malloc(sizeof(double) * (size_t)pre.n);
+    th_get(&pre.buf, &pre.t, stored);
+    double *wy = malloc(sizeof(double) * (size_t)y.n), *wdx = malloc(sizeof(double) * (size_t)x.n);
+    double *wdw = malloc(sizeof(double) * (size_t)w.n), *wdb = calloc((size_t)(B * M), sizeof(double));
+    for (int64_t bi = 0; bi < B; bi++) {
+        const double *xb = x.v + bi * N * K, *wb = w.v + bi * M * K, *dyb = dy.v + bi * N * M;
+        const double *bb = bias_kind == 2 ? b.v + bi * M : bias_kind == 1 ? b.v : NULL;
+        ref r = reference(dt, act, xb, wb, bb, dyb, N, K, M);
+        memcpy(wy + bi * N * M, r.y, sizeof(double) * (size_t)(N * M));
+        grads_from_pre(&r, act, stored + bi * N * M, xb, wb, dyb, N, K, M);
+        memcpy(wdx + bi * N * K, r.dx, sizeof(double) * (size_t)(N * K));
+        memcpy(wdw + bi * M * K, r.dw, sizeof(double) * (size_t)(M * K));
+        for (int64_t m = 0; m < M; m++) wdb[(bias_kind == 2 ? bi * M : 0) + m] += r.db[m];
+        free_ref(&r);
+    }
+    th_verify("y", &y, wy, tol, lab);
+    for (int keep = 0; keep < 2; keep++)
+        for (int acc = 0; acc < 2; acc++) {
+            th_operand dx = th_make(be, dt, 4, xs, 0), dw = th_make(be, dt, 3, wsh, 0);
+            th_operand db = bias_kind == 2 ? th_make(be, dt, 2, bsh, 0) : th_make(be, dt, 1, m1, 0);
+            double *rdx = malloc(sizeof(double) * (size_t)dx.n), *rdw = malloc(sizeof(double) * (size_t)dw.n),
+                   *rdb = malloc(sizeof(double) * (size_t)db.n);
+            memcpy(rdx, wdx, sizeof(double) * (size_t)dx.n);
+            memcpy(rdw, wdw, sizeof(double) * (size_t)dw.n);
+            memcpy(rdb, wdb, sizeof(double) * (size_t)db.n);
+            th_prepare_out(&dx, rdx, acc), th_prepare_out(&dw, rdw, acc), th_prepare_out(&db, rdb, acc);
+            TH_OK(fg_linear_act_backward(ctx, (fg_activation)act, &dy.t, keep ? &pre.t : NULL, &x.t, &w.t, bt, &dx.t,
+                                         &dw.t, &db.t, acc));
+            char l2[260];
+            snprintf(l2, sizeof l2, "%s keep=%d acc=%d", lab, keep, acc);
+            th_verify("dx", &dx, rdx, tol, l2);
+            th_verify("dw", &dw, rdw, tol, l2);
+            th_verify("db", &db, rdb, tol, l2);
+            free(rdx), free(rdw), free(rdb);
+            th_drop(&dx), th_drop(&dw), th_drop(&db);
+        }
+    free(stored), free(wy), free(wdx), free(wdw), free(wdb);
+    th_drop(&x), th_drop(&w), th_drop(&y), th_drop(&pre), th_drop(&dy);
+    if (bias_kind) th_drop(&b);
+}
+
 /* x[i, :] = special value v_i, w = the 8 × 8 identity, no bias: pre[i, :] = v_i exactly (the
  * other terms are ±0), through a real product (K = M = 8), so the GEMM epilogues run too. */
 static void special_values(fg_context *ctx, fg_backend be, fg_dtype dt) {
@@ -351,6 +412,20 @@ static void bad_input(fg_context *ctx, fg_backend be) {
                   fg_linear_act_backward(ctx, FG_ACT_TANH, &y.t, NULL, &x.t, &w.t, NULL, &dxw.t, NULL, NULL, 0));
     TH_EXPECT_BAD(FG_ERR_NULL_POINTER, "dx is NULL", &y,
                   fg_linear_act_backward_input(ctx, FG_ACT_TANH, &y.t, NULL, &x.t, &w.t, NULL, NULL, 0));
+    {
+        /* batched weights: the batch of x and of b must be w's; dw must be w's shape */
+        int64_t x3[3] = {2, 6, 4}, x3b[3] = {3, 6, 4}, w3[3] = {2, 5, 4}, y3s[3] = {2, 6, 5}, b3[2] = {3, 5};
+        th_operand xa = th_make(be, FG_F32, 3, x3, 0), xbad = th_make(be, FG_F32, 3, x3b, 0);
+        th_operand wa = th_make(be, FG_F32, 3, w3, 0), ya = th_make(be, FG_F32, 3, y3s, 0);
+        th_operand bb = th_make(be, FG_F32, 2, b3, 0), dwa = th_make(be, FG_F32, 2, ws, 0);
+        TH_EXPECT_BAD(FG_ERR_SHAPE, "x.shape[0]=3 but w.shape[0]=2", &ya,
+                      fg_linear_act_forward(ctx, FG_ACT_RELU, &xbad.t, &wa.t, NULL, &ya.t, NULL));
+        TH_EXPECT_BAD(FG_ERR_SHAPE, "b must be [5] or [2, 5]", &ya,
+                      fg_linear_act_forward(ctx, FG_ACT_RELU, &xa.t, &wa.t, &bb.t, &ya.t, NULL));
+        TH_EXPECT_BAD(FG_ERR_SHAPE, "dw", &dwa,
+                      fg_linear_act_backward(ctx, FG_ACT_RELU, &ya.t, NULL, &xa.t, &wa.t, NULL, NULL, &dwa.t, NULL, 0));
+        th_drop(&xa), th_drop(&xbad), th_drop(&wa), th_drop(&ya), th_drop(&bb), th_drop(&dwa);
+    }
     TH_EXPECT_BAD(FG_ERR_NULL_POINTER, "pre is NULL", &dx,
                   fg_linear_act_backward_consume(ctx, FG_ACT_TANH, &y.t, NULL, &x.t, &w.t, NULL, &dx.t, NULL, NULL, 0));
     TH_EXPECT_BAD(FG_ERR_ALIAS, "dx", &x,
@@ -379,6 +454,8 @@ int main(void) {
                 for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) run_case(ctx, be, dt, act, &shapes[s]);
             special_values(ctx, be, dt);
             determinism(ctx, be, dt);
+            for (int act = 0; act <= FG_ACT_TANH; act += 3) /* relu, gelu_tanh, tanh */
+                for (int bk = 0; bk < 3; bk++) batched_weights(ctx, be, dt, act == 0 ? FG_ACT_RELU : act, bk);
         }
         bad_input(ctx, be);
         fg_context_destroy(ctx);

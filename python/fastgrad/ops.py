@@ -340,10 +340,11 @@ def _act_code(act):
 
 
 def linear_act_forward(x, w, b=None, act="gelu_tanh", keep_pre=True, out=None):
-    """(y, pre or None): y = act(x·wᵀ + b); x [..., K], w [M, K]; pre is the saved
+    """(y, pre or None): y = act(x·wᵀ + b); x [..., K], w [M, K] (or batched weights: x [B, ..., K],
+    w [B, M, K], b [M] or [B, M]); pre is the saved
     pre-activation (keep_pre=False: the backward recomputes it; relu needs none, its
     backward takes y as pre)."""
-    shape = tuple(x.shape[:-1]) + (w.shape[0],)
+    shape = tuple(x.shape[:-1]) + (w.shape[-2],)
     y = out if out is not None else _empty_like_family(x, shape)
     pre = _empty_like_family(x, shape) if keep_pre else None
     run("linear_act_forward", [x, w, b, y, pre], ["x", "w", "b", "y", "pre"], kind=_act_code(act))
@@ -356,7 +357,7 @@ def linear_act_backward(dy, x, w, b=None, pre=None, act="gelu_tanh", need=(True,
     needed (db only with a bias unless out supplies one). pre None: recomputed; for relu, y
     may stand in for pre. consume_pre: pre's memory may be overwritten (g is formed there
     instead of in a new N·M buffer)."""
-    shapes = [tuple(x.shape), tuple(w.shape), (w.shape[0],)]
+    shapes = [tuple(x.shape), tuple(w.shape), tuple(b.shape) if b is not None else (w.shape[-2],)]
     want = [need[0], need[1], need[2] and (b is not None or out[2] is not None)]
     outs = [(o if o is not None else _empty_like_family(dy, s)) if k else None for o, k, s in zip(out, want, shapes)]
     run("linear_act_backward", [dy, pre, x, w, b] + outs, ["dy", "pre", "x", "w", "b", "dx", "dw", "db"], accumulate,

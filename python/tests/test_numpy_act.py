@@ -58,3 +58,22 @@ def test_errors(rng):
         fg.linear_act_forward(x, w, act="swish")
     with pytest.raises(fg.FastgradError, match="w.shape"):
         fg.linear_act_forward(x, rng.normal(size=(5, 2)), act="relu")
+
+
+@pytest.mark.parametrize("bias", [None, "shared", "batched"])
+def test_batched_weights(rng, bias):
+    """w [B, M, K]: each batch its own weights; db summed over the batches when b is [M]."""
+    B, L, K, M = 3, 7, 6, 5
+    x, w = rng.normal(size=(B, L, K)), rng.normal(size=(B, M, K))
+    b = {None: None, "shared": rng.normal(size=M), "batched": rng.normal(size=(B, M))}[bias]
+    y, pre = fg.linear_act_forward(x, w, b, "silu")
+    p = np.einsum("blk,bmk->blm", x, w) + (0 if b is None else (b if b.ndim == 1 else b[:, None, :]))
+    ry, rs = act_ref("silu", p)
+    assert relerr(y, ry) < 1e-12 and relerr(pre, p) < 1e-12
+    dy = rng.normal(size=y.shape)
+    g = dy * rs
+    dx, dw, db = fg.linear_act_backward(dy, x, w, b, pre, "silu")
+    assert relerr(dx, np.einsum("blm,bmk->blk", g, w)) < 1e-12
+    assert relerr(dw, np.einsum("blm,blk->bmk", g, x)) < 1e-12
+    if b is not None:
+        assert relerr(db, g.sum(axis=(0, 1)) if b.ndim == 1 else g.sum(axis=1)) < 1e-12

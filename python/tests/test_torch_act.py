@@ -72,3 +72,20 @@ def test_retained_graph(rng, device, act):
         assert err(t.grad, g1) <= 1e-6
     ref = ACTS[act](F.linear(x.detach(), w.detach(), b.detach()))
     assert err(y, ref) <= 1e-5
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_batched_weights(rng, device):
+    """w [B, M, K] through autograd against baddbmm in float64."""
+    mk = lambda shape: torch.from_numpy(data(rng, shape) - 0.5).float().to(device)  # noqa: E731
+    x, w, b = mk((2, 9, 16)).requires_grad_(True), mk((2, 24, 16)).requires_grad_(True), mk((2, 24)).requires_grad_(True)
+    y = fg.linear_act(x, w, b, "gelu_tanh")
+    dy = mk(y.shape)
+    y.backward(dy)
+    xr, wr, br = (t.detach().double().requires_grad_(True) for t in (x, w, b))
+    pre = torch.baddbmm(br[:, None, :], xr, wr.transpose(1, 2)).float().double()
+    ref = F.gelu(pre, approximate="tanh")
+    ref.backward(dy.double())
+    assert err(y, ref) <= tol(torch.float32)
+    for t, r in ((x, xr), (w, wr), (b, br)):
+        assert err(t.grad, r.grad) <= tol(torch.float32)

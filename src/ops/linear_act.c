@@ -1,7 +1,8 @@
 /*
  * linear_act.c — front door and driver of linear + bias + activation:
  * y = act(x·wᵀ + b) and its backward, for act in none, relu, gelu (erf), gelu (tanh),
- * silu, sigmoid, tanh.
+ * silu, sigmoid, tanh; w [M, K] for all rows of x, or batched weights w [B, M, K] (x's first
+ * dim the batch; the walk below runs batch after batch on the same workspace).
  *
  *  forward   one GEMM through the shared primitive: the activation in its epilogue where
  *            the backend has one and no pre is kept (cuBLASLt: relu), else the
@@ -52,12 +53,37 @@ static fg_status check_like(const char *op, const char *what, const fg_tensor *t
     return fg_check_contiguous(op, what, t);
 }
 
-/* act in range, then the linear layer's operands; gives N, K, M. */
+/* act in range, then the linear layer's operands; gives B (1 unless w is [B, M, K]), N (rows
+ * per batch), K, M. Batched weights: x [B, ..., K], b NULL, [M] (shared) or [B, M]. */
 static fg_status check_xwb(const char *op, int act, const fg_tensor *x, const fg_tensor *w, const fg_tensor *b,
-                           int64_t *N, int64_t *K, int64_t *M) {
+                           int64_t *B, int64_t *N, int64_t *K, int64_t *M) {
     if (act < FG_ACT_NONE || act > FG_ACT_TANH)
         return fg_fail(FG_ERR_INVALID_VALUE, "%s: act=%d is not an fg_activation", op, act);
-    return fg_check_linear_operands(op, "x", x, FG_MAX_RANK, w, b, N, K, M);
+    *B = 1;
+    if (!w || w->rank != 3) return fg_check_linear_operands(op, "x", x, FG_MAX_RANK, w, b, N, K, M);
+    FG_TRY(fg_check_desc(op, "x", x, 3, FG_MAX_RANK));
+    FG_TRY(fg_check_desc(op, "w", w, 3, 3));
+    if (w->dtype != x->dtype)
+        return fg_fail(FG_ERR_DTYPE, "%s: w is %s but x is %s", op, fg_dtype_name(w->dtype), fg_dtype_name(x->dtype));
+    *B = w->shape[0], *M = w->shape[1], *K = x->shape[x->rank - 1];
+    if (w->shape[2] != *K)
+        return fg_fail(FG_ERR_SHAPE, "%s: w.shape[2]=%lld but x.shape[-1]=%lld", op, (long long)w->shape[2],
+                       (long long)*K);
+    if (x->shape[0] != *B)
+        return fg_fail(FG_ERR_SHAPE, "%s: x.shape[0]=%lld but w.shape[0]=%lld (batched weights: one per x.shape[0])",
+                       op, (long long)x->shape[0], (long long)*B);
+    *N = 1;
+    for (int d = 1; d < x->rank - 1; d++) *N *= x->shape[d];
+    FG_TRY(fg_check_contiguous(op, "x", x));
+    FG_TRY(fg_check_contiguous(op, "w", w));
+    if (b->rank == 0) return FG_OK;
+    FG_TRY(fg_check_desc(op, "b", b, 1, 2));
+    if (b->dtype != x->dtype)
+        return fg_fail(FG_ERR_DTYPE, "%s: b is %s but x is %s", op, fg_dtype_name(b->dtype), fg_dtype_name(x->dtype));
+    if (b->shape[b->rank - 1] != *M || (b->rank == 2 && b->shape[0] != *B))
+        return fg_fail(FG_ERR_SHAPE, "%s: b must be [%lld] or [%lld, %lld] with batched weights", op, (long long)*M,
+                       (long long)*B, (long long)*M);
+    return fg_check_contiguous(op, "b", b);
 }
 
 /* ------------------------------------------------------------------ the walk */
@@ -71,7 +97,9 @@ typedef struct act_run {
     bool run, size_only;
     fg_dtype dtype, acc;
     size_t es, aes;
-    int64_t N, K, M;
+    int64_t N, K, M;      /* N: rows per batch */
+    int64_t B, bi;        /* batched weights: B batches, bi the one running (else 1, 0) */
+    int64_t bstride[AB_N]; /* elements from one batch to the next, per operand (0: shared) */
     fg_kernel_info *info;
 } act_run;
 
@@ -83,8 +111,10 @@ static size_t place(act_run *r, size_t bytes) {
 
 static void *at(const act_run *r, size_t off) { return r->ws ? (char *)r->ws + off : NULL; }
 
+/* operand i's data for the running batch */
 static void *data_of(const act_run *r, int i) {
-    return r->ops && r->d->operands[i].rank != 0 ? r->ops[i].data : NULL;
+    if (!r->ops || r->d->operands[i].rank == 0 || !r->ops[i].data) return NULL;
+    return (char *)r->ops[i].data + r->bi * r->bstride[i] * (int64_t)r->es;
 }
 
 
@@ -190,6 +220,8 @@ static fg_status backward(act_run *r) {
     const bool g_in_pre = !none && (!keep || consume);
     const size_t g_off = place(r, none || g_in_pre || !(want_dx || want_dw) ? 0 : nm * r->es);
     const int64_t parts = want_dw ? dw_parts(r) : 0, per = parts ? r->N / parts : 0, tail = parts ? r->N - parts * per : 0;
+    /* batched weights with db [M]: db sums over the batches, one f32 sum rounded at the end */
+    const bool db_over_batches = want_db && r->B > 1 && d->operands[AB_DB].rank == 1;
     /* db's f32 sums and their per-slab partials: in the memory of dx or dw (written only
        later, by their GEMMs) when one of them is big enough, else in the workspace */
     size_t sums_bytes = 0;
@@ -198,7 +230,7 @@ static fg_status backward(act_run *r) {
 #endif
     if (want_db) sums_bytes += ALIGN_UP((size_t)r->M * r->aes);
     int home = -1; /* the output that lends its memory */
-    if (want_db && !d->accumulate) {
+    if (want_db && !d->accumulate && r->B == 1) {
         if (want_dx && (size_t)(r->N * r->K) * r->es >= sums_bytes) home = AB_DX;
         else if (want_dw && !parts && (size_t)(r->M * r->K) * r->es >= sums_bytes) home = AB_DW;
     }
@@ -220,11 +252,11 @@ static fg_status backward(act_run *r) {
         c.g = none ? NULL : g; /* none: g is dy itself, only db's sums are wanted */
         c.ld_dy = c.ld_pre = c.ld_g = r->M;
         c.db_acc = want_db ? db_acc : NULL;
-        c.first = true;
+        c.first = !db_over_batches || r->bi == 0;
         c.scratch = scratch, c.scratch_bytes = want_db ? sums_bytes - ALIGN_UP((size_t)r->M * r->aes) : 0;
         FG_TRY(step(r, &c));
     }
-    if (want_db) { /* before the GEMMs: its sums may live in dx's or dw's memory */
+    if (want_db && (!db_over_batches || r->bi == r->B - 1)) { /* before the GEMMs: its sums may live in dx's or dw's memory */
         fg_act_call c;
         memset(&c, 0, sizeof c);
         c.step = FG_ACT_STEP_CAST;
@@ -277,9 +309,22 @@ static fg_status driver(fg_context *ctx, const fg_plan_desc *d, const fg_tensor 
     r.es = fg_dtype_size(r.dtype);
     r.aes = fg_dtype_size(r.acc);
     r.K = x->shape[x->rank - 1];
-    r.M = w->shape[0];
+    r.B = w->rank == 3 ? w->shape[0] : 1;
+    r.M = w->shape[w->rank - 2];
     r.N = 1;
-    for (int i = 0; i < x->rank - 1; i++) r.N *= x->shape[i];
+    for (int i = w->rank == 3 ? 1 : 0; i < x->rank - 1; i++) r.N *= x->shape[i];
+    if (w->rank == 3) { /* each operand's step from one batch to the next */
+        const int64_t nk = r.N * r.K, nm = r.N * r.M, mk = r.M * r.K;
+        const fg_tensor *bt = &d->operands[fwd ? AF_B : AB_B];
+        const int64_t bs = bt->rank == 2 ? r.M : 0;
+        if (fwd) {
+            r.bstride[AF_X] = nk, r.bstride[AF_W] = mk, r.bstride[AF_B] = bs, r.bstride[AF_Y] = nm, r.bstride[AF_PRE] = nm;
+        } else {
+            r.bstride[AB_DY] = nm, r.bstride[AB_PRE] = nm, r.bstride[AB_X] = nk, r.bstride[AB_W] = mk;
+            r.bstride[AB_B] = bs, r.bstride[AB_DX] = nk, r.bstride[AB_DW] = mk;
+            r.bstride[AB_DB] = d->operands[AB_DB].rank == 2 ? r.M : 0;
+        }
+    }
     r.info = info;
     if (ctx->backend == FG_BACKEND_CUDA && r.dtype == FG_F64)
         return fg_fail(FG_ERR_UNSUPPORTED, "%s: f64 runs on the CPU backend only",
@@ -299,12 +344,15 @@ static fg_status driver(fg_context *ctx, const fg_plan_desc *d, const fg_tensor 
                        r.total);
     r.gemm_at = r.total;
     r.gemm_bytes = ws_bytes - r.total;
-    r.total = 0;
     r.size_only = false;
     r.run = true;
     r.ops = ops;
     r.ws = ws;
-    return fwd ? forward(&r) : backward(&r);
+    for (r.bi = 0; r.bi < r.B; r.bi++) { /* batched weights: batch after batch, same workspace */
+        r.total = 0;
+        FG_TRY(fwd ? forward(&r) : backward(&r));
+    }
+    return FG_OK;
 }
 
 /* ------------------------------------------------------------------ lowering (validation) */
@@ -312,8 +360,8 @@ static fg_status driver(fg_context *ctx, const fg_plan_desc *d, const fg_tensor 
 static fg_status lower_forward(const fg_plan_desc *d, fg_lowered *out) {
     const char *op = "linear_act_forward";
     const fg_tensor *o = d->operands;
-    int64_t N = 0, K = 0, M = 0;
-    FG_TRY(check_xwb(op, d->kind, &o[AF_X], &o[AF_W], &o[AF_B], &N, &K, &M));
+    int64_t B = 1, N = 0, K = 0, M = 0;
+    FG_TRY(check_xwb(op, d->kind, &o[AF_X], &o[AF_W], &o[AF_B], &B, &N, &K, &M));
     FG_TRY(check_like(op, "y", &o[AF_Y], &o[AF_X], M, o[AF_X].dtype));
     if (has(&o[AF_PRE])) FG_TRY(check_like(op, "pre", &o[AF_PRE], &o[AF_X], M, o[AF_X].dtype));
     out->driver = driver;
@@ -323,18 +371,19 @@ static fg_status lower_forward(const fg_plan_desc *d, fg_lowered *out) {
 static fg_status lower_backward(const fg_plan_desc *d, fg_lowered *out) {
     const char *op = "linear_act_backward";
     const fg_tensor *o = d->operands;
-    int64_t N = 0, K = 0, M = 0;
-    FG_TRY(check_xwb(op, d->kind, &o[AB_X], &o[AB_W], &o[AB_B], &N, &K, &M));
+    int64_t B = 1, N = 0, K = 0, M = 0;
+    FG_TRY(check_xwb(op, d->kind, &o[AB_X], &o[AB_W], &o[AB_B], &B, &N, &K, &M));
     const fg_dtype t = o[AB_X].dtype;
     FG_TRY(check_like(op, "dy", &o[AB_DY], &o[AB_X], M, t));
     if (has(&o[AB_PRE])) FG_TRY(check_like(op, "pre", &o[AB_PRE], &o[AB_X], M, t));
     if (has(&o[AB_DX])) FG_TRY(check_like(op, "dx", &o[AB_DX], &o[AB_X], K, t));
     if (has(&o[AB_DW])) FG_TRY(check_like(op, "dw", &o[AB_DW], &o[AB_W], K, t));
-    if (has(&o[AB_DB])) {
+    if (has(&o[AB_DB])) { /* b's shape; without b: [M], or [B, M] with batched weights */
         fg_tensor like;
         memset(&like, 0, sizeof like);
-        like.rank = 1;
-        like.shape[0] = M;
+        like.rank = has(&o[AB_B]) ? o[AB_B].rank : (o[AB_W].rank == 3 && o[AB_DB].rank == 2 ? 2 : 1);
+        like.shape[0] = like.rank == 2 ? B : M;
+        like.shape[1] = M;
         FG_TRY(check_like(op, "db", &o[AB_DB], &like, M, t));
     }
     out->driver = driver;

@@ -421,7 +421,8 @@ FG_NODISCARD FG_API fg_status fg_adamw_step(fg_context *ctx, const fg_adamw_hpar
 
 /* ------------------------------------------------------------------ Linear + activation */
 /* y = act(x·wᵀ + b). x [..., K] (any leading dims), w [M, K], b [M] or NULL, y [..., M],
- * all contiguous; f32, f16, bf16 (+ f64 on the CPU), one dtype. pre (same shape
+ * all contiguous; f32, f16, bf16 (+ f64 on the CPU), one dtype. Batched weights: w [B, M, K]
+ * with x [B, ..., K] (batch i of x meets w[i]), b NULL, [M] (shared) or [B, M]. pre (same shape
  * and dtype as y, or NULL) receives the pre-activation for the backward: memory for time
  * (without it the backward recomputes x·wᵀ + b, one more product). RELU needs no pre: its
  * backward takes y in pre's place (relu′(pre) = [y > 0], NaN where y is NaN).
@@ -432,7 +433,8 @@ FG_NODISCARD FG_API fg_status fg_linear_act_forward(fg_context *ctx, fg_activati
                                                     const fg_tensor *pre);
 /* The gradients through the activation: g = dy ⊙ act′(pre) is formed once (in one pass over
  * dy and pre, with db's column sums), then dx = g·w and dw = gᵀ·x (summed over all leading
- * dims) and db = Σ g. Any of dx, dw, db may be NULL (not wanted); pre NULL: recomputed from
+ * dims; with batched weights dw [B, M, K] per batch) and db = Σ g (b's shape; [M] sums over
+ * the batches). Any of dx, dw, db may be NULL (not wanted); pre NULL: recomputed from
  * x, w, b (b is needed then only if the forward had one). accumulate adds into every
  * requested output. Sums are f32 (f64 for f64) in a fixed order: deterministic. */
 FG_NODISCARD FG_API fg_status fg_linear_act_backward(fg_context *ctx, fg_activation act, const fg_tensor *dy,

@@ -4,13 +4,13 @@ shapes, and the bare products (ours vs torch) timed alone.
 
     PYTHONPATH=python FASTGRAD_LIBRARY=build-gpu/libfastgrad.so python3 bench/probe_act.py
 """
-import statistics
 import sys
 
 import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
+import compare
 from compare import timed_together
 from fastgrad import ops
 
@@ -23,19 +23,8 @@ def rand(shape, dtype=torch.bfloat16, grad=False):
     return (torch.rand(shape, device="cuda") * 2 - 1).to(dtype).requires_grad_(grad)
 
 
-def timed(fn, reps=20):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        ts.append((a, b))
-    torch.cuda.synchronize()
-    return statistics.median(a.elapsed_time(b) for a, b in ts)
+def timed(fn):
+    return compare.timed(fn, [()])
 
 
 def host_us(fn, reps=50):

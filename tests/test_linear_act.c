@@ -113,6 +113,27 @@ static void grads_from_pre(ref *r, int act, const double *pre, const double *x, 
         }
 }
 
+/* The combined backward into dx, dw, db (accumulate or not) against the expected gradients
+ * wdx, wdw, wdb (to which a random prior is added when accumulating). */
+static void check_backward(fg_context *ctx, int act, const th_operand *dy, const fg_tensor *pre, const th_operand *x,
+                           const th_operand *w, const fg_tensor *bt, th_operand *dx, th_operand *dw, th_operand *db,
+                           const double *wdx, const double *wdw, const double *wdb, int acc, double tol,
+                           const char *label) {
+    double *rdx = malloc(sizeof(double) * (size_t)(dx->n + 1)), *rdw = malloc(sizeof(double) * (size_t)(dw->n + 1)),
+           *rdb = malloc(sizeof(double) * (size_t)(db->n + 1));
+    memcpy(rdx, wdx, sizeof(double) * (size_t)dx->n);
+    memcpy(rdw, wdw, sizeof(double) * (size_t)dw->n);
+    memcpy(rdb, wdb, sizeof(double) * (size_t)db->n);
+    th_prepare_out(dx, rdx, acc), th_prepare_out(dw, rdw, acc), th_prepare_out(db, rdb, acc);
+    TH_OK(fg_linear_act_backward(ctx, (fg_activation)act, &dy->t, pre, &x->t, &w->t, bt, &dx->t, &dw->t, &db->t, acc));
+    char l2[300];
+    snprintf(l2, sizeof l2, "%s keep=%d acc=%d", label, pre != NULL, acc);
+    th_verify("dx", dx, rdx, tol, l2);
+    th_verify("dw", dw, rdw, tol, l2);
+    th_verify("db", db, rdb, tol, l2);
+    free(rdx), free(rdw), free(rdb);
+}
+
 /* ------------------------------------------------------------------ cases */
 
 typedef struct shape_case {
@@ -171,21 +192,12 @@ static void run_case(fg_context *ctx, fg_backend be, fg_dtype dt, int act, const
         for (int acc = 0; acc < (N * sc->K >= 8 ? 2 : 1); acc++) {
             th_operand dx = th_make(be, dt, sc->rank, xshape, 0), dw = th_make(be, dt, 2, wsh, 0);
             th_operand db = th_make(be, dt, 1, bsh, 0);
-            double *rdx = malloc(sizeof(double) * (size_t)(dx.n + 1)), *rdw = malloc(sizeof(double) * (size_t)(dw.n + 1)),
-                   *rdb = malloc(sizeof(double) * (size_t)(db.n + 1));
-            memcpy(rdx, r.dx, sizeof(double) * (size_t)dx.n);
-            memcpy(rdw, r.dw, sizeof(double) * (size_t)dw.n);
-            memcpy(rdb, r.db, sizeof(double) * (size_t)db.n);
-            th_prepare_out(&dx, rdx, acc), th_prepare_out(&dw, rdw, acc), th_prepare_out(&db, rdb, acc);
-            TH_OK(fg_linear_act_backward(ctx, (fg_activation)act, &dy.t, keep ? &pre.t : NULL, &x.t, &w.t, bt, &dx.t,
-                                         &dw.t, &db.t, acc));
-            char l2[260];
-            snprintf(l2, sizeof l2, "%s keep=%d acc=%d", lab, keep, acc);
-            th_verify("dx", &dx, rdx, tol, l2);
-            th_verify("dw", &dw, rdw, tol, l2);
-            th_verify("db", &db, rdb, tol, l2);
+            check_backward(ctx, act, &dy, keep ? &pre.t : NULL, &x, &w, bt, &dx, &dw, &db, r.dx, r.dw, r.db, acc, tol,
+                           lab);
             /* the split functions, one gradient each */
             if (keep && !acc) {
+                char l2[260];
+                snprintf(l2, sizeof l2, "%s split", lab);
                 th_poison(&dx.buf), th_poison(&dw.buf), th_poison(&db.buf);
                 TH_OK(fg_linear_act_backward_input(ctx, (fg_activation)act, &dy.t, &pre.t, &x.t, &w.t, bt, &dx.t, 0));
                 TH_OK(fg_linear_act_backward_weight(ctx, (fg_activation)act, &dy.t, &pre.t, &x.t, &w.t, bt, &dw.t, 0));
@@ -194,7 +206,6 @@ static void run_case(fg_context *ctx, fg_backend be, fg_dtype dt, int act, const
                 th_verify("dw (split)", &dw, r.dw, tol, l2);
                 th_verify("db (split)", &db, r.db, tol, l2);
             }
-            free(rdx), free(rdw), free(rdb);
             th_drop(&dx), th_drop(&dw), th_drop(&db);
         }
     {
@@ -271,20 +282,8 @@ static void batched_weights(fg_context *ctx, fg_backend be, fg_dtype dt, int act
         for (int acc = 0; acc < 2; acc++) {
             th_operand dx = th_make(be, dt, 4, xs, 0), dw = th_make(be, dt, 3, wsh, 0);
             th_operand db = bias_kind == 2 ? th_make(be, dt, 2, bsh, 0) : th_make(be, dt, 1, m1, 0);
-            double *rdx = malloc(sizeof(double) * (size_t)dx.n), *rdw = malloc(sizeof(double) * (size_t)dw.n),
-                   *rdb = malloc(sizeof(double) * (size_t)db.n);
-            memcpy(rdx, wdx, sizeof(double) * (size_t)dx.n);
-            memcpy(rdw, wdw, sizeof(double) * (size_t)dw.n);
-            memcpy(rdb, wdb, sizeof(double) * (size_t)db.n);
-            th_prepare_out(&dx, rdx, acc), th_prepare_out(&dw, rdw, acc), th_prepare_out(&db, rdb, acc);
-            TH_OK(fg_linear_act_backward(ctx, (fg_activation)act, &dy.t, keep ? &pre.t : NULL, &x.t, &w.t, bt, &dx.t,
-                                         &dw.t, &db.t, acc));
-            char l2[260];
-            snprintf(l2, sizeof l2, "%s keep=%d acc=%d", lab, keep, acc);
-            th_verify("dx", &dx, rdx, tol, l2);
-            th_verify("dw", &dw, rdw, tol, l2);
-            th_verify("db", &db, rdb, tol, l2);
-            free(rdx), free(rdw), free(rdb);
+            check_backward(ctx, act, &dy, keep ? &pre.t : NULL, &x, &w, bt, &dx, &dw, &db, wdx, wdw, wdb, acc, tol,
+                           lab);
             th_drop(&dx), th_drop(&dw), th_drop(&db);
         }
     free(stored), free(wy), free(wdx), free(wdw), free(wdb);

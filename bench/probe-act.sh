@@ -12,7 +12,7 @@ for p in "TN 16384 8192 4096" "NN 4096 8192 16384" "NT 4096 16384 8192" \
   /tmp/lt_probe $p > "$OUT/lt.log.tmp" 2>&1
   cat "$OUT/lt.log.tmp" >> "$OUT/lt_probe.log"
   head -2 "$OUT/lt.log.tmp"
-  grep heuristic "$OUT/lt.log.tmp" | sort -t' ' -k1 | awk '{print $(NF-3), $0}' | sort -n | head -3 | cut -d' ' -f2-
+  grep heuristic "$OUT/lt.log.tmp" | awk '{print $(NF-3), $0}' | sort -n | head -3 | cut -d' ' -f2-
   grep GemmEx "$OUT/lt.log.tmp"
 done
 rm -f "$OUT/lt.log.tmp"

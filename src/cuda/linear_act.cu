@@ -122,18 +122,19 @@ struct grad_geom {
     int64_t strips, slabs, slab;
 };
 
-static grad_geom grad_geometry(int64_t rows, int64_t cols, int vec) {
+static grad_geom grad_geometry(int64_t rows_in, int64_t cols, int vec) {
     grad_geom q;
+    const int64_t rows = rows_in > 0 ? rows_in : 1; /* (no rows: one empty slab) */
     const int64_t groups = cdiv(cols > 0 ? cols : 1, vec);
     q.cg = (int)(groups < GRAD_LANES ? groups : GRAD_LANES);
     q.strips = cdiv(groups, q.cg);
     const int64_t rpar = THREADS / q.cg;
     int64_t slabs = cdiv(GRAD_BLOCKS, q.strips);
-    const int64_t most = cdiv(rows > 0 ? rows : 1, rpar * UNROLL * 4); /* ≥ 4 unrolled steps a thread */
+    const int64_t most = cdiv(rows, rpar * UNROLL * 4); /* ≥ 4 unrolled steps a thread */
     if (slabs > most) slabs = most;
     if (slabs < 1) slabs = 1;
-    q.slab = cdiv(rows > 0 ? rows : 1, slabs);
-    q.slabs = cdiv(rows > 0 ? rows : 1, q.slab);
+    q.slab = cdiv(rows, slabs);
+    q.slabs = cdiv(rows, q.slab);
     return q;
 }
 

@@ -227,20 +227,23 @@ _ACTS = {"relu": F.relu, "gelu_tanh": lambda p: F.gelu(p, approximate="tanh"), "
          "gelu": F.gelu}
 
 
-def linact_case(n, k, m, act, dtype=torch.bfloat16):
-    """y = act(x·wᵀ + b), forward (pre-activation kept) and every gradient."""
+def linact_case(n, k, m, act, dtype=torch.bfloat16, recompute=False):
+    """y = act(x·wᵀ + b), forward and every gradient. Ours keeps pre (relu: y) and the backward
+    consumes it, or (recompute) keeps nothing and the backward recomputes pre."""
     def make():
         return (rand((n, k), dtype, True), rand((m, k), dtype, True), rand((m,), dtype, True), rand((n, m), dtype))
 
-    def ours(x, w, b, dy):  # as fg.linear_act's autograd runs it: relu saves y only, the others consume pre
+    def ours(x, w, b, dy):
         relu = act == "relu"
-        y, pre = ops.linear_act_forward(x.detach(), w.detach(), b.detach(), act, keep_pre=not relu)
-        return (y,) + ops.linear_act_backward(dy, x.detach(), w.detach(), b.detach(), y if relu else pre, act,
-                                              consume_pre=not relu)
+        y, pre = ops.linear_act_forward(x.detach(), w.detach(), b.detach(), act, keep_pre=not (relu or recompute))
+        saved = None if recompute else y if relu else pre
+        return (y,) + ops.linear_act_backward(dy, x.detach(), w.detach(), b.detach(), saved, act,
+                                              consume_pre=not (relu or recompute))
 
     fn = _ACTS[act]
     theirs = backward_of(lambda x, w, b: fn(F.linear(x, w, b)), 3)
-    return dict(family="LinearAct", name=f"linear+{act} fwd+bwd", shape=f"N={n} K={k} M={m}", dtype=dtype, make=make,
+    name = f"linear+{act} fwd+bwd" + (" (recompute)" if recompute else "")
+    return dict(family="LinearAct", name=name, shape=f"N={n} K={k} M={m}", dtype=dtype, make=make,
                 ours=ours, theirs=theirs, flops=6.0 * n * k * m, bytes=0)
 
 
@@ -251,6 +254,9 @@ ACT_CASES = [
     lambda: linact_case(172032, 128, 256, "gelu_tanh"),
     lambda: linact_case(172032, 128, 256, "relu"),
     lambda: linact_case(172032, 128, 256, "silu"),
+    lambda: linact_case(172032, 128, 256, "gelu_tanh", recompute=True),
+    lambda: linact_case(172032, 128, 256, "relu", recompute=True),
+    lambda: linact_case(172032, 128, 256, "silu", recompute=True),
 ]
 
 CASES = [

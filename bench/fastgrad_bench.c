@@ -415,6 +415,7 @@ typedef struct act_args {
     fg_tensor x, w, b, y, pre, dy, dx, dw, db;
     fg_activation act;
     int which; /* 0 forward (pre kept), 1 backward (dx, dw, db), 2 both */
+    int recompute; /* 1: the forward keeps nothing, the backward recomputes pre */
 } act_args;
 
 static fg_status act_run(void *p, int s) {
@@ -424,19 +425,23 @@ static fg_status act_run(void *p, int s) {
     /* as a training step runs it: relu saves nothing (its backward reads y), the others save
        pre and the backward forms g in its memory */
     const int relu = a->act == FG_ACT_RELU;
-    if (a->which != 1) st = fg_linear_act_forward(ctx, a->act, &a->x, &a->w, &a->b, &a->y, relu ? NULL : &a->pre);
+    if (a->which != 1)
+        st = fg_linear_act_forward(ctx, a->act, &a->x, &a->w, &a->b, &a->y, relu || a->recompute ? NULL : &a->pre);
     if (st == FG_OK && a->which != 0)
-        st = relu ? fg_linear_act_backward(ctx, a->act, &a->dy, &a->y, &a->x, &a->w, &a->b, &a->dx, &a->dw, &a->db, 0)
+        st = a->recompute ? fg_linear_act_backward(ctx, a->act, &a->dy, NULL, &a->x, &a->w, &a->b, &a->dx, &a->dw, &a->db, 0)
+           : relu ? fg_linear_act_backward(ctx, a->act, &a->dy, &a->y, &a->x, &a->w, &a->b, &a->dx, &a->dw, &a->db, 0)
                   : fg_linear_act_backward_consume(ctx, a->act, &a->dy, &a->pre, &a->x, &a->w, &a->b, &a->dx, &a->dw,
                                                    &a->db, 0);
     return st;
 }
 
 /* Forward, backward and both at (N, K, M): share of the GEMM ceiling (1, 2, 3 products). */
-static void bench_linear_act(fg_dtype dt, int64_t n, int64_t k, int64_t m, fg_activation act, const char *name) {
+static void bench_linear_act(fg_dtype dt, int64_t n, int64_t k, int64_t m, fg_activation act, const char *name,
+                             int recompute) {
     act_args a;
     memset(&a, 0, sizeof a);
     a.act = act;
+    a.recompute = recompute;
     a.x = t2(alloc_random(dt, n * k, 81), dt, n, k);
     a.w = t2(alloc_random(dt, m * k, 82), dt, m, k);
     a.b = t1(alloc_random(dt, m, 83), dt, m);
@@ -451,7 +456,7 @@ static void bench_linear_act(fg_dtype dt, int64_t n, int64_t k, int64_t m, fg_ac
     const char *what[3] = {"fwd (saves for bwd)", "bwd (dx,dw,db)", "fwd+bwd"};
     for (int w = 0; w < 3; w++) {
         a.which = w;
-        snprintf(label, sizeof label, "linear_act %s %s", name, what[w]);
+        snprintf(label, sizeof label, "linear_act %s%s %s", name, recompute ? " recompute" : "", what[w]);
         double ms = time_op(act_run, &a, 1);
         report(label, shape, dt, ms, (w == 0 ? 1 : w == 1 ? 2 : 3) * 2.0 * (double)n * (double)k * (double)m, 0);
     }
@@ -609,14 +614,17 @@ int main(int argc, char **argv) {
         bench_outer(FG_F32, 512, 512, 1);
         double lp[3];
         bench_linear_logp(FG_F32, 256, 64, 4096, lp, 0);
-        bench_linear_act(FG_F32, 256, 256, 256, FG_ACT_GELU_TANH, "gelu_tanh");
+        bench_linear_act(FG_F32, 256, 256, 256, FG_ACT_GELU_TANH, "gelu_tanh", 0);
     } else if (only_logp == 3) {
         ceilings();
-        bench_linear_act(FG_BF16, 8192, 4096, 16384, FG_ACT_GELU_TANH, "gelu_tanh");
-        bench_linear_act(FG_BF16, 8192, 4096, 16384, FG_ACT_RELU, "relu");
-        bench_linear_act(FG_BF16, 8192, 4096, 16384, FG_ACT_SILU, "silu");
-        bench_linear_act(FG_BF16, 172032, 128, 256, FG_ACT_GELU_TANH, "gelu_tanh");
-        bench_linear_act(FG_BF16, 172032, 128, 256, FG_ACT_SILU, "silu");
+        bench_linear_act(FG_BF16, 8192, 4096, 16384, FG_ACT_GELU_TANH, "gelu_tanh", 0);
+        bench_linear_act(FG_BF16, 8192, 4096, 16384, FG_ACT_RELU, "relu", 0);
+        bench_linear_act(FG_BF16, 8192, 4096, 16384, FG_ACT_SILU, "silu", 0);
+        bench_linear_act(FG_BF16, 172032, 128, 256, FG_ACT_GELU_TANH, "gelu_tanh", 0);
+        bench_linear_act(FG_BF16, 172032, 128, 256, FG_ACT_SILU, "silu", 0);
+        bench_linear_act(FG_BF16, 172032, 128, 256, FG_ACT_GELU_TANH, "gelu_tanh", 1);
+        bench_linear_act(FG_BF16, 172032, 128, 256, FG_ACT_RELU, "relu", 1);
+        bench_linear_act(FG_BF16, 172032, 128, 256, FG_ACT_SILU, "silu", 1);
     } else if (only_logp == 2) { /* tile size against time: what the defaults are chosen from */
         ceilings();
         double lp[3];
@@ -648,8 +656,8 @@ int main(int argc, char **argv) {
         bench_linear_logp(FG_BF16, 4096, 2048, 151936, lp, 0);
         bench_linear_logp(FG_BF16, 8192, 4096, 128256, lp, 0);
         bench_linear_logp(FG_BF16, 4096, 2048, 32768, lp, 0);
-        bench_linear_act(FG_BF16, 8192, 4096, 16384, FG_ACT_GELU_TANH, "gelu_tanh");
-        bench_linear_act(FG_BF16, 172032, 128, 256, FG_ACT_GELU_TANH, "gelu_tanh");
+        bench_linear_act(FG_BF16, 8192, 4096, 16384, FG_ACT_GELU_TANH, "gelu_tanh", 0);
+        bench_linear_act(FG_BF16, 172032, 128, 256, FG_ACT_GELU_TANH, "gelu_tanh", 0);
         printf("\n");
         check("linear bf16 8192x4096x4096 fwd+3bwd vs GEMM ceiling", lin, 0.85);
         check("gemv f32 1x8192 . 8192x8192 vs copy ceiling", gemv, 0.80);

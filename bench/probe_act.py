@@ -15,7 +15,7 @@ from compare import timed_together
 from fastgrad import ops
 
 KERNELS = 3  # how many of fastgrad / eager / compile get a kernel table
-ONLY_OURS = False  # argv[1] == "ours": fastgrad alone (no compile: quick)
+ONLY_OURS = False  # argv[1] == "ours" / "small": fastgrad alone (no compile: quick)
 ACTS = {"relu": F.relu, "gelu_tanh": lambda p: F.gelu(p, approximate="tanh"), "silu": F.silu}
 
 
@@ -73,15 +73,16 @@ def kernels(fn, label, reps=5):
         print(f"    {ms:8.4f} ms x{cnt:<2d} {key[:110]}")
 
 
-def case(n, k, m, act):
+def case(n, k, m, act, recompute=False):
     x, w, b, dy = rand((n, k), grad=True), rand((m, k), grad=True), rand((m,), grad=True), rand((n, m))
     fn = ACTS[act]
 
-    def ours():  # as fg.linear_act's autograd runs it: relu saves y only, the others consume pre
+    def ours():  # keep: relu saves y only, the others keep pre and consume it; recompute: nothing kept
         relu = act == "relu"
-        y, pre = ops.linear_act_forward(x.detach(), w.detach(), b.detach(), act, keep_pre=not relu)
-        return (y,) + ops.linear_act_backward(dy, x.detach(), w.detach(), b.detach(), y if relu else pre, act,
-                                              consume_pre=not relu)
+        y, pre = ops.linear_act_forward(x.detach(), w.detach(), b.detach(), act, keep_pre=not (relu or recompute))
+        saved = None if recompute else y if relu else pre
+        return (y,) + ops.linear_act_backward(dy, x.detach(), w.detach(), b.detach(), saved, act,
+                                              consume_pre=not (relu or recompute))
 
     def eager():
         out = fn(F.linear(x, w, b))
@@ -98,7 +99,7 @@ def case(n, k, m, act):
     t = {lab: v for (_, lab), v in zip(impls, ms)}
     mem = {lab: peak(f) for f, lab in impls}
     host = {lab: host_us(f) for f, lab in impls}
-    print(f"== N={n} K={k} M={m} {act}: " + ", ".join(f"{lab} {t[lab]:.4f} ms {mem[lab]:.1f} MiB" for lab in t)
+    print(f"== N={n} K={k} M={m} {act}{' recompute' if recompute else ''}: " + ", ".join(f"{lab} {t[lab]:.4f} ms {mem[lab]:.1f} MiB" for lab in t)
           + ("" if ONLY_OURS else f"; {t['eager'] / t['ours']:.2f}x eager, {t['compile'] / t['ours']:.2f}x compile"))
     print("  host µs per call: " + ", ".join(f"{lab} {v:.0f}" for lab, v in host.items()))
     for f, lab in ((ours, "fastgrad"), (eager, "eager"), (compiled, "compile"))[:KERNELS]:
@@ -117,7 +118,11 @@ def products(n, k, m):
 if __name__ == "__main__":
     which = sys.argv[1] if len(sys.argv) > 1 else "all"
     KERNELS = int(sys.argv[2]) if len(sys.argv) > 2 else 3
-    ONLY_OURS = which == "ours"
+    ONLY_OURS = which in ("ours", "small")  # small: the small shape, ours kept and recomputed
+    if which == "small":
+        for act in ("relu", "gelu_tanh", "silu"):
+            for recompute in (False, True):
+                case(172032, 128, 256, act, recompute)
     if which == "all":
         for shape in ((8192, 4096, 16384), (172032, 128, 256)):
             products(*shape)

@@ -297,8 +297,18 @@ fg_status fg_cuda_logp(fg_context *ctx, const fg_logp_call *c);
  *   GRAD     g = dy ⊙ act′(pre); db_acc (acc type, [cols]) gets the column sums of g
  *            (first: written, else added) when db_acc is not NULL
  *   CAST     dst = Σ_{p < parts} src[p·cols + j] (+ dst when accumulate), acc type → dtype,
- *            cols elements; parts 0 means 1 (the sum runs in p order) */
-typedef enum fg_act_step { FG_ACT_STEP_FORWARD, FG_ACT_STEP_GRAD, FG_ACT_STEP_CAST } fg_act_step;
+ *            cols elements; parts 0 means 1 (the sum runs in p order)
+ * and, on CUDA where fg_cuda_act_tile_fits (short K, f16/bf16), the product fused in:
+ *   TILE_FORWARD  pre = x·wᵀ + b rounded to the dtype (written when pre is not NULL),
+ *                 y = act(pre); x [rows, k], w [cols, k], b [cols] or NULL
+ *   TILE_GRAD     pre recomputed the same way (the same bits), then as GRAD (g may be NULL) */
+typedef enum fg_act_step {
+    FG_ACT_STEP_FORWARD,
+    FG_ACT_STEP_GRAD,
+    FG_ACT_STEP_CAST,
+    FG_ACT_STEP_TILE_FORWARD,
+    FG_ACT_STEP_TILE_GRAD
+} fg_act_step;
 
 typedef struct fg_act_call {
     fg_act_step step;
@@ -316,6 +326,8 @@ typedef struct fg_act_call {
     void *dst;
     int64_t parts;
     bool accumulate;
+    const void *x, *w, *b;   /* TILE steps: the product's operands, k their inner size */
+    int64_t k;
 } fg_act_call;
 
 /* The activations and their derivatives in f64: the CPU backend's math (src/cpu/linear_act.c). */
@@ -326,6 +338,11 @@ fg_status fg_cpu_act(fg_context *ctx, const fg_act_call *c);
 #ifdef FG_HAVE_CUDA
 size_t fg_cuda_act_scratch(fg_dtype dtype, int64_t rows, int64_t cols);
 fg_status fg_cuda_act(fg_context *ctx, const fg_act_call *c);
+/* Whether the TILE steps take this shape (pointers then need 16-byte alignment), and the
+ * scratch TILE_GRAD needs for db's per-row-tile sums (fg_cuda_act_scratch covers it). */
+bool fg_cuda_act_tile_fits(fg_dtype dtype, int64_t k, int64_t cols);
+size_t fg_cuda_act_tile_scratch(int64_t rows, int64_t cols);
+fg_status fg_cuda_act_tile(fg_context *ctx, const fg_act_call *c);
 #endif
 
 /* ------------------------------------------------------------------ op lowering */

@@ -14,6 +14,9 @@
  *            FG_PLAN_CONSUME_PRE), then dx = g·w and dw = gᵀ·x as GEMMs; act none uses dy
  *            as g directly. db's f32 sums borrow the memory of dx or dw, which their GEMMs
  *            write only afterwards.
+ *  CUDA, short K (≤ 128, f16 / bf16): the forward, and the backward's recomputed pre with g,
+ *            are one tile kernel each (product + activation, src/cuda/linear_act_tile.cu);
+ *            dx and dw stay cuBLASLt GEMMs.
  * The activation math is the backends' (src/cpu/linear_act.c, src/cuda/linear_act.cu).
  * Sums are f32 (f64 for f64) in a fixed order: the same bits on every run.
  */
@@ -140,6 +143,16 @@ static int64_t dw_parts(const act_run *r) {
     return parts > 64 ? 64 : parts;
 }
 
+static const char *step_name(fg_act_step s) {
+    switch (s) {
+    case FG_ACT_STEP_FORWARD: return "act";
+    case FG_ACT_STEP_GRAD: return "act_grad";
+    case FG_ACT_STEP_TILE_FORWARD: return "linear_act_tile";
+    case FG_ACT_STEP_TILE_GRAD: return "linear_act_grad_tile";
+    default: return "cast";
+    }
+}
+
 static fg_status step(act_run *r, fg_act_call *c) {
     c->act = r->d->kind;
     c->dtype = r->dtype;
@@ -147,8 +160,8 @@ static fg_status step(act_run *r, fg_act_call *c) {
     if (!r->run) {
         if (!r->size_only && c->step != FG_ACT_STEP_CAST) {
             size_t used = strlen(r->info->name);
-            snprintf(r->info->name + used, sizeof r->info->name - used, " ; %s_%s<%s>",
-                     c->step == FG_ACT_STEP_FORWARD ? "act" : "act_grad", act_name(c->act), fg_dtype_name(r->dtype));
+            snprintf(r->info->name + used, sizeof r->info->name - used, "%s%s_%s<%s>", used ? " ; " : "",
+                     step_name(c->step), act_name(c->act), fg_dtype_name(r->dtype));
         }
         return FG_OK;
     }
@@ -157,6 +170,21 @@ static fg_status step(act_run *r, fg_act_call *c) {
     if (r->ctx->backend == FG_BACKEND_CUDA) return fg_cuda_act(r->ctx, c);
 #endif
     return fg_fail(FG_ERR_NO_DEVICE, "linear_act: backend %d is not built in", (int)r->ctx->backend);
+}
+
+static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+/* The CUDA tile path (product and activation in one kernel: short K, f16 / bf16) for this
+ * shape; running, the pointers must also be 16-byte aligned (else GEMM + pass). */
+static bool use_tile(const act_run *r, const void *p0, const void *p1, const void *p2, const void *p3) {
+#ifdef FG_HAVE_CUDA
+    if (r->ctx->backend != FG_BACKEND_CUDA || r->d->kind == FG_ACT_NONE) return false;
+    if (!fg_cuda_act_tile_fits(r->dtype, r->K, r->M)) return false;
+    return aligned16(p0) && aligned16(p1) && aligned16(p2) && aligned16(p3);
+#else
+    (void)r, (void)p0, (void)p1, (void)p2, (void)p3;
+    return false;
+#endif
 }
 
 /* pre[N × M] = x·wᵀ + b into `dst` */
@@ -195,6 +223,16 @@ static fg_status act_gemm(act_run *r, void *y, bool *fused) {
 static fg_status forward(act_run *r) {
     const bool keep = r->d->operands[AF_PRE].rank != 0;
     void *y = data_of(r, AF_Y), *pre = keep ? data_of(r, AF_PRE) : y;
+    if (use_tile(r, data_of(r, AF_X), data_of(r, AF_W), y, keep ? pre : NULL)) {
+        fg_act_call c;
+        memset(&c, 0, sizeof c);
+        c.step = FG_ACT_STEP_TILE_FORWARD;
+        c.rows = r->N, c.cols = r->M, c.k = r->K;
+        c.x = data_of(r, AF_X), c.w = data_of(r, AF_W), c.b = data_of(r, AF_B);
+        c.y = y, c.pre = keep ? pre : NULL;
+        c.ld_pre = c.ld_y = r->M;
+        return step(r, &c);
+    }
     bool fused = false;
     if (!keep) FG_TRY(act_gemm(r, y, &fused)); /* (a kept pre needs the product itself) */
     if (fused) return FG_OK;
@@ -239,16 +277,19 @@ static fg_status backward(act_run *r) {
     if (!want_dx && !want_dw && !want_db) return FG_OK;
 
     void *pre = keep ? data_of(r, AB_PRE) : at(r, pre_off);
-    if (!keep && !none) FG_TRY(pre_gemm(r, AB_X, AB_W, AB_B, pre));
     void *g = none ? data_of(r, AB_DY) : (want_dx || want_dw ? (g_in_pre ? pre : at(r, g_off)) : NULL);
+    /* no kept pre: recomputed inside the gradient's tile kernel where it can be, else by a GEMM */
+    const bool tile = !keep && !none && use_tile(r, data_of(r, AB_X), data_of(r, AB_W), data_of(r, AB_DY), g);
+    if (!keep && !none && !tile) FG_TRY(pre_gemm(r, AB_X, AB_W, AB_B, pre));
     char *sums = home >= 0 ? (char *)data_of(r, home) : (char *)at(r, sums_off);
     void *db_acc = sums, *scratch = sums ? sums + ALIGN_UP((size_t)r->M * r->aes) : NULL;
     if (!none || want_db) {
         fg_act_call c;
         memset(&c, 0, sizeof c);
-        c.step = FG_ACT_STEP_GRAD;
-        c.rows = r->N, c.cols = r->M;
-        c.dy = data_of(r, AB_DY), c.pre = none ? c.dy : pre;
+        c.step = tile ? FG_ACT_STEP_TILE_GRAD : FG_ACT_STEP_GRAD;
+        c.rows = r->N, c.cols = r->M, c.k = r->K;
+        c.x = data_of(r, AB_X), c.w = data_of(r, AB_W), c.b = data_of(r, AB_B);
+        c.dy = data_of(r, AB_DY), c.pre = none ? c.dy : tile ? NULL : pre;
         c.g = none ? NULL : g; /* none: g is dy itself, only db's sums are wanted */
         c.ld_dy = c.ld_pre = c.ld_g = r->M;
         c.db_acc = want_db ? db_acc : NULL;

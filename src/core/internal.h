@@ -301,16 +301,13 @@ fg_status fg_cuda_logp(fg_context *ctx, const fg_logp_call *c);
  * and, on CUDA where fg_cuda_act_tile_fits (short K, f16/bf16), the product fused in:
  *   TILE_FORWARD  pre = x·wᵀ + b rounded to the dtype (written when pre is not NULL),
  *                 y = act(pre); x [rows, k], w [cols, k], b [cols] or NULL
- *   TILE_GRAD     pre recomputed the same way (the same bits), then as GRAD (g may be NULL)
- *   TILE_GRAD_DX  from a kept pre: as GRAD (g may be NULL) and dx [rows, k] = g·w (+ dx when
- *                 accumulate) in the same kernel; w [cols, k] */
+ *   TILE_GRAD     pre recomputed the same way (the same bits), then as GRAD (g may be NULL) */
 typedef enum fg_act_step {
     FG_ACT_STEP_FORWARD,
     FG_ACT_STEP_GRAD,
     FG_ACT_STEP_CAST,
     FG_ACT_STEP_TILE_FORWARD,
-    FG_ACT_STEP_TILE_GRAD,
-    FG_ACT_STEP_TILE_GRAD_DX
+    FG_ACT_STEP_TILE_GRAD
 } fg_act_step;
 
 typedef struct fg_act_call {
@@ -331,7 +328,6 @@ typedef struct fg_act_call {
     bool accumulate;
     const void *x, *w, *b;   /* TILE steps: the product's operands, k their inner size */
     int64_t k;
-    void *dx;                /* TILE_GRAD_DX */
 } fg_act_call;
 
 /* The activations and their derivatives in f64: the CPU backend's math (src/cpu/linear_act.c). */
@@ -343,12 +339,10 @@ fg_status fg_cpu_act(fg_context *ctx, const fg_act_call *c);
 size_t fg_cuda_act_scratch(fg_dtype dtype, int64_t rows, int64_t cols);
 fg_status fg_cuda_act(fg_context *ctx, const fg_act_call *c);
 /* Whether the TILE steps take this shape (pointers then need 16-byte alignment), and the
- * scratch TILE_GRAD and TILE_GRAD_DX need for db's sums per row tile of 64 (fg_cuda_act_scratch
- * covers it). */
+ * scratch TILE_GRAD needs for db's per-row-tile sums (fg_cuda_act_scratch covers it). */
 bool fg_cuda_act_tile_fits(fg_dtype dtype, int64_t k, int64_t cols);
 size_t fg_cuda_act_tile_scratch(int64_t rows, int64_t cols);
 fg_status fg_cuda_act_tile(fg_context *ctx, const fg_act_call *c);
-fg_status fg_cuda_act_dx(fg_context *ctx, const fg_act_call *c);
 #endif
 
 /* ------------------------------------------------------------------ op lowering */

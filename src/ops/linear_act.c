@@ -16,8 +16,7 @@
  *            write only afterwards.
  *  CUDA, short K (≤ 128, f16 / bf16): the forward, and the backward's recomputed pre with g,
  *            are one tile kernel each (product + activation, src/cuda/linear_act_tile.cu);
- *            from a kept pre, g and dx = g·w are one kernel (src/cuda/linear_act_dx.cu);
- *            dw stays a cuBLASLt GEMM.
+ *            dx and dw stay cuBLASLt GEMMs.
  * The activation math is the backends' (src/cpu/linear_act.c, src/cuda/linear_act.cu).
  * Sums are f32 (f64 for f64) in a fixed order: the same bits on every run.
  */
@@ -268,11 +267,9 @@ static fg_status backward(act_run *r) {
     if (want_db && r->ctx->backend == FG_BACKEND_CUDA) sums_bytes = fg_cuda_act_scratch(r->dtype, r->N, r->M);
 #endif
     if (want_db) sums_bytes += ALIGN_UP((size_t)r->M * r->aes);
-    /* a kept pre with a short K: g and dx in one tile kernel, which writes dx itself */
-    const bool dx_tile_shape = keep && !none && want_dx && use_tile(r, NULL, NULL, NULL, NULL);
     int home = -1; /* the output that lends its memory */
     if (want_db && !d->accumulate && r->B == 1) {
-        if (want_dx && !dx_tile_shape && (size_t)(r->N * r->K) * r->es >= sums_bytes) home = AB_DX;
+        if (want_dx && (size_t)(r->N * r->K) * r->es >= sums_bytes) home = AB_DX;
         else if (want_dw && !parts && (size_t)(r->M * r->K) * r->es >= sums_bytes) home = AB_DW;
     }
     const size_t sums_off = place(r, home < 0 ? sums_bytes : 0);
@@ -284,20 +281,16 @@ static fg_status backward(act_run *r) {
     /* no kept pre: recomputed inside the gradient's tile kernel where it can be, else by a GEMM */
     const bool tile = !keep && !none && use_tile(r, data_of(r, AB_X), data_of(r, AB_W), data_of(r, AB_DY), g);
     if (!keep && !none && !tile) FG_TRY(pre_gemm(r, AB_X, AB_W, AB_B, pre));
-    const bool dx_tile = dx_tile_shape && use_tile(r, data_of(r, AB_DY), pre, data_of(r, AB_W), g) &&
-                         aligned16(data_of(r, AB_DX));
     char *sums = home >= 0 ? (char *)data_of(r, home) : (char *)at(r, sums_off);
     void *db_acc = sums, *scratch = sums ? sums + ALIGN_UP((size_t)r->M * r->aes) : NULL;
     if (!none || want_db) {
         fg_act_call c;
         memset(&c, 0, sizeof c);
-        c.step = tile ? FG_ACT_STEP_TILE_GRAD : dx_tile ? FG_ACT_STEP_TILE_GRAD_DX : FG_ACT_STEP_GRAD;
+        c.step = tile ? FG_ACT_STEP_TILE_GRAD : FG_ACT_STEP_GRAD;
         c.rows = r->N, c.cols = r->M, c.k = r->K;
         c.x = data_of(r, AB_X), c.w = data_of(r, AB_W), c.b = data_of(r, AB_B);
         c.dy = data_of(r, AB_DY), c.pre = none ? c.dy : tile ? NULL : pre;
-        c.g = none || (dx_tile && !want_dw) ? NULL : g; /* none: g is dy itself, only db's sums are wanted */
-        c.dx = dx_tile ? data_of(r, AB_DX) : NULL;
-        c.accumulate = dx_tile && d->accumulate;
+        c.g = none ? NULL : g; /* none: g is dy itself, only db's sums are wanted */
         c.ld_dy = c.ld_pre = c.ld_g = r->M;
         c.db_acc = want_db ? db_acc : NULL;
         c.first = !db_over_batches || r->bi == 0;
@@ -315,7 +308,7 @@ static fg_status backward(act_run *r) {
         FG_TRY(step(r, &c));
     }
     const double beta = d->accumulate ? 1.0 : 0.0;
-    if (want_dx && !dx_tile) /* dx[N × K] = g[N × M] · w[M × K] */
+    if (want_dx) /* dx[N × K] = g[N × M] · w[M × K] */
         FG_TRY(gemm(r, 1, r->N, r->K, r->M, fg_mat_at(g, r->M, 1), fg_mat_at(data_of(r, AB_W), r->K, 1),
                     fg_mat_at(data_of(r, AB_DX), r->K, 1), beta, NULL, false));
     if (want_dw && !parts) /* dw[M × K] = gᵀ[M × N] · x[N × K] */

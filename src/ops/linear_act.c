@@ -223,6 +223,9 @@ static fg_status act_gemm(act_run *r, void *y, bool *fused) {
 static fg_status forward(act_run *r) {
     const bool keep = r->d->operands[AF_PRE].rank != 0;
     void *y = data_of(r, AF_Y), *pre = keep ? data_of(r, AF_PRE) : y;
+    bool fused = false;
+    if (!keep) FG_TRY(act_gemm(r, y, &fused)); /* cuBLASLt's relu epilogue first (the product alone) */
+    if (fused) return FG_OK;
     if (use_tile(r, data_of(r, AF_X), data_of(r, AF_W), y, keep ? pre : NULL)) {
         fg_act_call c;
         memset(&c, 0, sizeof c);
@@ -233,9 +236,6 @@ static fg_status forward(act_run *r) {
         c.ld_pre = c.ld_y = r->M;
         return step(r, &c);
     }
-    bool fused = false;
-    if (!keep) FG_TRY(act_gemm(r, y, &fused)); /* (a kept pre needs the product itself) */
-    if (fused) return FG_OK;
     FG_TRY(pre_gemm(r, AF_X, AF_W, AF_B, pre));
     if (r->d->kind == FG_ACT_NONE && !keep) return FG_OK;
     fg_act_call c;

@@ -26,23 +26,35 @@ __device__ __forceinline__ float rcp_1_2(float x) {
     return y;
 }
 
-/* σ(x) and σ′(x) = σ(1 − σ) from one ex2 and one reciprocal, without the cancellation of
- * 1 − σ: with e = exp(−|x|), σ = 1/(1+e) or e/(1+e), σ′ = e/(1+e)² */
-__device__ __forceinline__ void sigmoid_pair(float x, float *s, float *ds) {
-    const float e = exp_neg(-fabsf(x)), inv = rcp_1_2(1.f + e);
-    *s = x >= 0.f ? inv : e * inv;
+/* σ(z) and σ′(z) = σ(1 − σ) from one ex2 and one reciprocal, without the cancellation of
+ * 1 − σ: with e = exp(−|z|), σ = 1/(1+e) or e/(1+e), σ′ = e/(1+e)². Takes t = z·log2 e: callers
+ * fold log2 e into their own constants (nvcc does not fold constants across operations without
+ * fast-math, and these passes are instruction-bound in the tile kernels). */
+__device__ __forceinline__ void sigmoid_pair_l2(float t, float *s, float *ds) {
+    float e;
+    asm("ex2.approx.f32 %0, %1;" : "=f"(e) : "f"(-fabsf(t)));
+    const float inv = rcp_1_2(1.f + e);
+    *s = t >= 0.f ? inv : e * inv;
     if (ds) *ds = e * inv * inv;
-    if (x != x) *s = x;
+    if (t != t) *s = t;
 }
 
-__device__ __forceinline__ float gelu_u(float x) { return 0.7978845608f * (x + 0.044715f * x * x * x); }
+__device__ __forceinline__ void sigmoid_pair(float x, float *s, float *ds) {
+    sigmoid_pair_l2(x * 1.4426950408889634f, s, ds);
+}
+
+/* gelu_tanh: ½(1 + tanh u) = σ(2u), 2u = x·(c1 + c2·x²) with c1 = 2√(2/π), c2 = 0.044715·c1;
+ * the argument σ needs, 2u·log2 e, in one multiply-add and one multiply */
+__device__ __forceinline__ float gelu_t_l2(float x, float x2) {
+    return x * fmaf(0.1029432395800235f, x2, 2.302208198144325f);
+}
 
 __device__ __forceinline__ float act_value(int act, float x) {
     float s;
     switch (act) {
     case FG_ACT_RELU: return x > 0.f ? x : (x == x ? 0.f : x);
     case FG_ACT_GELU: return 0.5f * x * erfcf(-x * 0.70710678f);
-    case FG_ACT_GELU_TANH: sigmoid_pair(2.f * gelu_u(x), &s, nullptr); return x * s;
+    case FG_ACT_GELU_TANH: sigmoid_pair_l2(gelu_t_l2(x, x * x), &s, nullptr); return x * s;
     case FG_ACT_SILU: sigmoid_pair(x, &s, nullptr); return x * s;
     case FG_ACT_SIGMOID: sigmoid_pair(x, &s, nullptr); return s;
     case FG_ACT_TANH: return tanhf(x);
@@ -51,17 +63,20 @@ __device__ __forceinline__ float act_value(int act, float x) {
 }
 
 __device__ __forceinline__ float act_slope(int act, float x) {
-    float s, ds;
+    float s, ds, x2;
     switch (act) {
     case FG_ACT_RELU: return x > 0.f ? 1.f : (x == x ? 0.f : x);
     case FG_ACT_GELU: return 0.5f * erfcf(-x * 0.70710678f) + x * 0.39894228f * exp_neg(-0.5f * x * x);
     case FG_ACT_GELU_TANH:
         if (fabsf(x) > 10.f) return x > 0.f ? 1.f : 0.f;
-        sigmoid_pair(2.f * gelu_u(x), &s, &ds);
-        return s + x * ds * 1.5957691216f * (1.f + 0.134145f * x * x);
+        x2 = x * x;
+        sigmoid_pair_l2(gelu_t_l2(x, x2), &s, &ds); /* d(2u)/dx = c1 + 3·c2·x² */
+        return fmaf(x * ds, fmaf(0.21406444881780073f, x2, 1.5957691216057308f), s);
     case FG_ACT_SILU: sigmoid_pair(x, &s, &ds); return s + x * ds;
     case FG_ACT_SIGMOID: sigmoid_pair(x, &s, &ds); return x == x ? ds : x;
-    case FG_ACT_TANH: sigmoid_pair(2.f * x, &s, &ds); return x == x ? 4.f * ds : x; /* 1 − tanh² = 4σ′(2x) */
+    case FG_ACT_TANH: /* 1 − tanh² = 4σ′(2x) */
+        sigmoid_pair_l2(x * 2.8853900817779268f, &s, &ds);
+        return x == x ? 4.f * ds : x;
     default: return x == x ? 1.f : x;
     }
 }

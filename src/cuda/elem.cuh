@@ -26,6 +26,17 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16>(flo
 }
 template <typename T> __device__ __forceinline__ T from_acc(double x) { return (T)x; }
 
+/* two f32 values → two adjacent T (f16 / bf16: one paired conversion, the same rounding) */
+template <typename T> __device__ __forceinline__ void from_acc2(float a, float b, T *out) {
+    out[0] = from_acc<T>(a), out[1] = from_acc<T>(b);
+}
+template <> __device__ __forceinline__ void from_acc2<__half>(float a, float b, __half *out) {
+    *reinterpret_cast<__half2 *>(out) = __floats2half2_rn(a, b);
+}
+template <> __device__ __forceinline__ void from_acc2<__nv_bfloat16>(float a, float b, __nv_bfloat16 *out) {
+    *reinterpret_cast<__nv_bfloat162 *>(out) = __floats2bfloat162_rn(a, b);
+}
+
 /* VEC elements of T: one 16-byte access when VEC·sizeof(T) == 16, else element by
  * element (VEC = 1 is the path for data that is not 16-byte aligned). */
 template <typename T, int VEC> struct alignas(sizeof(T) * VEC) vec_t { T v[VEC]; };

@@ -34,9 +34,16 @@ __global__ void __launch_bounds__(THREADS) act_forward_kernel(const T *pre, T *y
         for (int u = 0; u < FWD_UNROLL; u++) a[u] = *reinterpret_cast<const vec_t<T, VEC> *>(pre + (v + u * THREADS) * VEC);
 #pragma unroll
         for (int u = 0; u < FWD_UNROLL; u++) {
+            vec_t<T, VEC> o;
+            if constexpr (VEC % 2 == 0) {
 #pragma unroll
-            for (int k = 0; k < VEC; k++) a[u].v[k] = from_acc<T>(act_value(act, to_acc(a[u].v[k])));
-            store_vec<T, VEC>(y + (v + u * THREADS) * VEC, a[u]);
+                for (int k = 0; k < VEC; k += 2)
+                    from_acc2<T>(act_value(act, to_acc(a[u].v[k])), act_value(act, to_acc(a[u].v[k + 1])), &o.v[k]);
+            } else {
+#pragma unroll
+                for (int k = 0; k < VEC; k++) o.v[k] = from_acc<T>(act_value(act, to_acc(a[u].v[k])));
+            }
+            store_vec<T, VEC>(y + (v + u * THREADS) * VEC, o);
         }
     }
     for (; v < nvec; v += THREADS) { /* the last round: what is left, a block-width at a time */
@@ -101,10 +108,12 @@ __device__ __forceinline__ void grad_row(T *g, int64_t at, int64_t c0, int64_t c
                                          const vec_t<T, VEC> &a0, const vec_t<T, VEC> &p0) {
     vec_t<T, VEC> o;
 #pragma unroll
-    for (int k = 0; k < VEC; k++) {
-        float v = to_acc(a0.v[k]) * act_slope(ACT, to_acc(p0.v[k]));
-        if (FULL || c0 + k < cols) sum[k] += v;
-        o.v[k] = from_acc<T>(v);
+    for (int k = 0; k < VEC; k += 2) { /* (VEC is 16 / sizeof(T): even) */
+        const float v0 = to_acc(a0.v[k]) * act_slope(ACT, to_acc(p0.v[k]));
+        const float v1 = to_acc(a0.v[k + 1]) * act_slope(ACT, to_acc(p0.v[k + 1]));
+        if (FULL || c0 + k < cols) sum[k] += v0;
+        if (FULL || c0 + k + 1 < cols) sum[k + 1] += v1;
+        from_acc2<T>(v0, v1, &o.v[k]);
     }
     if (!g) return;
     if (FULL) store_vec<T, VEC>(g + at, o);

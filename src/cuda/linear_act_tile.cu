@@ -165,19 +165,23 @@ __global__ void __launch_bounds__(TILE_THREADS, tile_blocks<GRAD>()) act_tile_ke
                 const int64_t at = row * a.cols + cbase;
                 vec_t<T, 8> p, o;
 #pragma unroll
-                for (int c = 0; c < 8; c++) p.v[c] = from_acc<T>(acc[mi][c >> 1][2 * h + (c & 1)] + my_bias[c]);
+                for (int c = 0; c < 8; c += 2)
+                    from_acc2<T>(acc[mi][c >> 1][2 * h] + my_bias[c], acc[mi][c >> 1][2 * h + 1] + my_bias[c + 1],
+                                 &p.v[c]);
                 if constexpr (GRAD) {
 #pragma unroll
-                    for (int c = 0; c < 8; c++) {
-                        const float v = to_acc(d[mi][h].v[c]) * act_slope(ACT, to_acc(p.v[c]));
-                        sum[c] += v;
-                        o.v[c] = from_acc<T>(v);
+                    for (int c = 0; c < 8; c += 2) {
+                        const float v0 = to_acc(d[mi][h].v[c]) * act_slope(ACT, to_acc(p.v[c]));
+                        const float v1 = to_acc(d[mi][h].v[c + 1]) * act_slope(ACT, to_acc(p.v[c + 1]));
+                        sum[c] += v0, sum[c + 1] += v1;
+                        from_acc2<T>(v0, v1, &o.v[c]);
                     }
                     if (a.g) store_vec<T, 8>(static_cast<T *>(a.g) + at, o);
                 } else {
                     if (a.pre) store_vec<T, 8>(static_cast<T *>(a.pre) + at, p);
 #pragma unroll
-                    for (int c = 0; c < 8; c++) o.v[c] = from_acc<T>(act_value(ACT, to_acc(p.v[c])));
+                    for (int c = 0; c < 8; c += 2)
+                        from_acc2<T>(act_value(ACT, to_acc(p.v[c])), act_value(ACT, to_acc(p.v[c + 1])), &o.v[c]);
                     store_vec<T, 8>(static_cast<T *>(a.y) + at, o);
                 }
             }

@@ -11,9 +11,11 @@
  * reads less than a kept pre (M a row) whenever K < M.
  * A block keeps a 128-column tile of w in shared memory for its whole life and walks row
  * tiles of 64 (x's next tile loading by cp.async, and the gradient's dy into registers, under
- * the current tile's products). w's rows are
- * stored permuted so that each thread's accumulators hold 8 adjacent output columns of a row:
- * the epilogue reads dy and writes y / pre / g as 16-byte vectors, full sectors per warp.
+ * the current tile's products). w's rows are stored permuted so that each thread's
+ * accumulators hold 8 adjacent output columns of a row: the epilogue reads dy and writes
+ * y / pre / g as 16-byte vectors, full sectors per warp.
+ * Measured (H100, docs/perf-notes.md, session 5): faster than GEMM + pass, but not yet at
+ * memory speed — a block's products, math and memory run one after the other.
  */
 #include "act_math.cuh"
 #include "cuda_internal.h"

@@ -22,15 +22,10 @@
 #include "elem.cuh"
 #include "sums.cuh"
 
-#ifndef FG_TILE_COLS
-#define FG_TILE_COLS 64
-#endif
-constexpr int TILE_ROWS = 64, TILE_COLS = FG_TILE_COLS, TILE_K = 128, TILE_THREADS = 256;
-/* warps: WM along the rows × WN along the columns (32 columns each), MI m16 tiles of rows each */
-constexpr int WN = TILE_COLS / 32, WM = TILE_THREADS / 32 / WN, MI = TILE_ROWS / (16 * WM);
-/* blocks an SM (registers and shared memory); 128 columns: the gradient holds dy's 16 registers
-   across the products (at three blocks' 80 registers it spilled) */
-template <bool GRAD> constexpr int tile_blocks() { return TILE_COLS == 128 ? (GRAD ? 2 : 3) : (GRAD ? 3 : 4); }
+constexpr int TILE_ROWS = 64, TILE_COLS = 128, TILE_K = 128, TILE_THREADS = 256;
+/* blocks an SM: the gradient holds dy's 16 registers across the products (at three blocks'
+   80 registers it spilled) */
+template <bool GRAD> constexpr int tile_blocks() { return GRAD ? 2 : 3; }
 
 struct tile_args {
     const void *x, *w, *b, *dy;
@@ -76,17 +71,17 @@ template <> __device__ __forceinline__ void mma16816<__half>(float *c, const uin
 static int tile_stride(int k) { return ((k + 15) & ~15) + 8; }
 static size_t tile_smem(int k) { return (size_t)(TILE_COLS + 2 * TILE_ROWS) * tile_stride(k) * 2; }
 
-/* Warps: WM (rows) × WN (columns), each 16·MI rows × 32 columns = MI × 4 mma tiles. In mma
- * column 8j + 2t + e (j, t < 4, e < 2) of a warp's 32 lies output column 8t + 2j + e: thread t
- * of a quad then holds columns 8t … 8t + 7 of its rows. */
+/* Warps: 2 (rows) × 4 (columns), each 32 rows × 32 columns = 2 × 4 mma tiles. In mma column
+ * 8j + 2t + e (j, t < 4, e < 2) of a warp's 32 lies output column 8t + 2j + e: thread t of a
+ * quad then holds columns 8t … 8t + 7 of its rows. */
 template <typename T, int ACT, bool GRAD>
 __global__ void __launch_bounds__(TILE_THREADS, tile_blocks<GRAD>()) act_tile_kernel(tile_args a) {
     extern __shared__ __align__(16) unsigned char smem[];
-    __shared__ float upper[WM - 1][TILE_COLS]; /* db: the sums of the row-warps after the first */
+    __shared__ float upper[TILE_COLS]; /* db: the upper row-warps' sums */
     __shared__ float bias[TILE_COLS];  /* b's tile in f32, in output-column order */
     const int kp = (a.k + 15) & ~15, str = kp + 8, kc = a.k / 8, kpc = kp / 8;
     T *ws = reinterpret_cast<T *>(smem), *xs = ws + TILE_COLS * str;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp / WN, wn = warp % WN;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp >> 2, wn = warp & 3;
     const int grp = lane >> 2, quad = lane & 3;
     const int col0 = blockIdx.x * TILE_COLS;
     const T *x = static_cast<const T *>(a.x), *w = static_cast<const T *>(a.w);
@@ -123,22 +118,22 @@ __global__ void __launch_bounds__(TILE_THREADS, tile_blocks<GRAD>()) act_tile_ke
         const int buf = it & 1;
         if (t + gridDim.y < a.tiles) load_x(t + gridDim.y, buf ^ 1);
         copy_commit();
-        vec_t<T, 8> d[MI][2]; /* GRAD: this thread's dy, loading under the products */
+        vec_t<T, 8> d[2][2]; /* GRAD: this thread's dy, loading under the products */
         if constexpr (GRAD) {
 #pragma unroll
-            for (int mi = 0; mi < MI; mi++)
+            for (int mi = 0; mi < 2; mi++)
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
-                    const int64_t row = t * TILE_ROWS + wm * 16 * MI + mi * 16 + grp + 8 * h;
+                    const int64_t row = t * TILE_ROWS + wm * 32 + mi * 16 + grp + 8 * h;
                     if (row < a.rows && col_ok) d[mi][h] = load_vec<T, 8>(static_cast<const T *>(a.dy) + row * a.cols + cbase);
                     else *reinterpret_cast<uint4 *>(&d[mi][h]) = make_uint4(0, 0, 0, 0);
                 }
         }
         copy_wait<1>();
         __syncthreads();
-        float acc[MI][4][4];
+        float acc[2][4][4];
 #pragma unroll
-        for (int mi = 0; mi < MI; mi++)
+        for (int mi = 0; mi < 2; mi++)
 #pragma unroll
             for (int j = 0; j < 4; j++)
 #pragma unroll
@@ -153,9 +148,9 @@ __global__ void __launch_bounds__(TILE_THREADS, tile_blocks<GRAD>()) act_tile_ke
                       bf[2 * jj + 1][0], bf[2 * jj + 1][1]);
             }
 #pragma unroll
-            for (int mi = 0; mi < MI; mi++) {
+            for (int mi = 0; mi < 2; mi++) {
                 uint32_t af[4];
-                ldsm4(smem_at(xb + (wm * 16 * MI + mi * 16 + (lane & 15)) * str + k0 + (lane >> 4) * 8), af[0], af[1],
+                ldsm4(smem_at(xb + (wm * 32 + mi * 16 + (lane & 15)) * str + k0 + (lane >> 4) * 8), af[0], af[1],
                       af[2], af[3]);
 #pragma unroll
                 for (int j = 0; j < 4; j++) mma16816<T>(acc[mi][j], af, bf[j]);
@@ -164,10 +159,10 @@ __global__ void __launch_bounds__(TILE_THREADS, tile_blocks<GRAD>()) act_tile_ke
         __syncthreads(); /* this x buffer is free for the load after next */
 
 #pragma unroll
-        for (int mi = 0; mi < MI; mi++)
+        for (int mi = 0; mi < 2; mi++)
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                const int64_t row = t * TILE_ROWS + wm * 16 * MI + mi * 16 + grp + 8 * h;
+                const int64_t row = t * TILE_ROWS + wm * 32 + mi * 16 + grp + 8 * h;
                 if (row >= a.rows || !col_ok) continue;
                 const int64_t at = row * a.cols + cbase;
                 vec_t<T, 8> p, o;
@@ -193,22 +188,21 @@ __global__ void __launch_bounds__(TILE_THREADS, tile_blocks<GRAD>()) act_tile_ke
                 }
             }
 
-        if (GRAD && (a.part || a.db)) { /* the tile's column sums: over the quads' rows, then the row-warps in order */
+        if (GRAD && (a.part || a.db)) { /* the tile's column sums: over the quads' rows, then the two row-warps */
 #pragma unroll
             for (int c = 0; c < 8; c++) {
                 sum[c] += __shfl_xor_sync(0xffffffffu, sum[c], 4);
                 sum[c] += __shfl_xor_sync(0xffffffffu, sum[c], 8);
                 sum[c] += __shfl_xor_sync(0xffffffffu, sum[c], 16);
             }
-            if (wm > 0 && grp == 0)
+            if (wm == 1 && grp == 0)
 #pragma unroll
-                for (int c = 0; c < 8; c++) upper[wm - 1][wn * 32 + 8 * quad + c] = sum[c];
+                for (int c = 0; c < 8; c++) upper[wn * 32 + 8 * quad + c] = sum[c];
             __syncthreads();
             if (wm == 0 && grp == 0 && col_ok)
 #pragma unroll
                 for (int c = 0; c < 8; c++) {
-                    float v = sum[c];
-                    for (int q = 0; q < WM - 1; q++) v += upper[q][wn * 32 + 8 * quad + c];
+                    const float v = sum[c] + upper[wn * 32 + 8 * quad + c];
                     if (a.part) a.part[t * a.cols + cbase + c] = v;
                     else a.db[cbase + c] = a.first ? v : a.db[cbase + c] + v;
                 }

@@ -10,6 +10,23 @@
 
 #include "../core/internal.h"
 
+#include <type_traits>
+
+/* f(std::integral_constant<int, ACT>{}) for the activation `act`: one kernel per activation
+ * (as a runtime switch inside the kernels it took 122 registers and ran at half the
+ * bandwidth, H100, session 4). */
+template <typename F> static auto with_act(int act, F &&f) {
+    switch (act) {
+    case FG_ACT_RELU: return f(std::integral_constant<int, FG_ACT_RELU>{});
+    case FG_ACT_GELU: return f(std::integral_constant<int, FG_ACT_GELU>{});
+    case FG_ACT_GELU_TANH: return f(std::integral_constant<int, FG_ACT_GELU_TANH>{});
+    case FG_ACT_SILU: return f(std::integral_constant<int, FG_ACT_SILU>{});
+    case FG_ACT_SIGMOID: return f(std::integral_constant<int, FG_ACT_SIGMOID>{});
+    case FG_ACT_TANH: return f(std::integral_constant<int, FG_ACT_TANH>{});
+    default: return f(std::integral_constant<int, FG_ACT_NONE>{});
+    }
+}
+
 /* exp of a non-positive argument through ex2.approx (relative error ~2⁻²²; the rounding of
  * x·log2 e adds |x|·2⁻²⁴, far under the f32 tolerance where the term still matters) */
 __device__ __forceinline__ float exp_neg(float x) {

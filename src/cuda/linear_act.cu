@@ -183,9 +183,7 @@ extern "C" size_t fg_cuda_act_scratch(fg_dtype dtype, int64_t rows, int64_t cols
 
 static bool aligned(const void *p) { return p == nullptr || (uintptr_t)p % 16 == 0; }
 
-/* The passes, one kernel per activation: with the activation a runtime switch, the grad
- * pass took 122 registers (two blocks per SM) and ran at half the bandwidth (0.57 ms against
- * 0.32, H100, session 4). */
+/* The passes, one kernel per activation (with_act, act_math.cuh, says why). */
 template <typename T, int ACT> static cudaError_t forward_pass(const fg_act_call *c, cudaStream_t s) {
     constexpr int VEC = 16 / sizeof(T);
     const int64_t n = c->rows * c->cols;
@@ -223,22 +221,12 @@ template <typename T, int ACT> static cudaError_t grad_pass(const fg_act_call *c
     return e;
 }
 
-template <typename T, int ACT> static cudaError_t pass(const fg_act_call *c, cudaStream_t s) {
-    return c->step == FG_ACT_STEP_FORWARD ? forward_pass<T, ACT>(c, s) : grad_pass<T, ACT>(c, s);
-}
-
 template <typename T> static cudaError_t run_step(const fg_act_call *c, cudaStream_t s) {
-    if (c->step != FG_ACT_STEP_CAST) {
-        switch (c->act) {
-        case FG_ACT_RELU: return pass<T, FG_ACT_RELU>(c, s);
-        case FG_ACT_GELU: return pass<T, FG_ACT_GELU>(c, s);
-        case FG_ACT_GELU_TANH: return pass<T, FG_ACT_GELU_TANH>(c, s);
-        case FG_ACT_SILU: return pass<T, FG_ACT_SILU>(c, s);
-        case FG_ACT_SIGMOID: return pass<T, FG_ACT_SIGMOID>(c, s);
-        case FG_ACT_TANH: return pass<T, FG_ACT_TANH>(c, s);
-        default: return pass<T, FG_ACT_NONE>(c, s);
-        }
-    }
+    if (c->step != FG_ACT_STEP_CAST)
+        return with_act(c->act, [&](auto act) {
+            constexpr int ACT = decltype(act)::value;
+            return c->step == FG_ACT_STEP_FORWARD ? forward_pass<T, ACT>(c, s) : grad_pass<T, ACT>(c, s);
+        });
     /* CAST */
     if (c->cols == 0) return cudaSuccess;
     const unsigned blocks = (unsigned)(cdiv(c->cols, 256) < 65536 ? cdiv(c->cols, 256) : 65536);

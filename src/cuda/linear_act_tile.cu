@@ -235,15 +235,11 @@ template <typename T, int ACT, bool GRAD> static cudaError_t launch(const tile_a
 }
 
 template <typename T, bool GRAD> static cudaError_t launch_act(int act, const tile_args &a, cudaStream_t s, int dev) {
-    switch (act) {
-    case FG_ACT_RELU: return launch<T, FG_ACT_RELU, GRAD>(a, s, dev);
-    case FG_ACT_GELU: return launch<T, FG_ACT_GELU, GRAD>(a, s, dev);
-    case FG_ACT_GELU_TANH: return launch<T, FG_ACT_GELU_TANH, GRAD>(a, s, dev);
-    case FG_ACT_SILU: return launch<T, FG_ACT_SILU, GRAD>(a, s, dev);
-    case FG_ACT_SIGMOID: return launch<T, FG_ACT_SIGMOID, GRAD>(a, s, dev);
-    case FG_ACT_TANH: return launch<T, FG_ACT_TANH, GRAD>(a, s, dev);
-    default: return cudaErrorInvalidValue; /* (none: the driver runs a plain GEMM) */
-    }
+    return with_act(act, [&](auto f) {
+        constexpr int ACT = decltype(f)::value;
+        if constexpr (ACT == FG_ACT_NONE) return cudaErrorInvalidValue; /* (none: the driver runs a plain GEMM) */
+        else return launch<T, ACT, GRAD>(a, s, dev);
+    });
 }
 
 extern "C" size_t fg_cuda_act_tile_scratch(int64_t rows, int64_t cols) {

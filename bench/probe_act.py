@@ -77,12 +77,10 @@ def case(n, k, m, act, recompute=False):
     x, w, b, dy = rand((n, k), grad=True), rand((m, k), grad=True), rand((m,), grad=True), rand((n, m))
     fn = ACTS[act]
 
-    def ours():  # keep: relu saves y only, the others keep pre and consume it; recompute: nothing kept
-        relu = act == "relu"
-        y, pre = ops.linear_act_forward(x.detach(), w.detach(), b.detach(), act, keep_pre=not (relu or recompute))
-        saved = None if recompute else y if relu else pre
-        return (y,) + ops.linear_act_backward(dy, x.detach(), w.detach(), b.detach(), saved, act,
-                                              consume_pre=not (relu or recompute))
+    ours_of = compare.linact_case(n, k, m, act, recompute=recompute)["ours"]  # as compare.py runs it
+
+    def ours():
+        return ours_of(x, w, b, dy)
 
     def eager():
         out = fn(F.linear(x, w, b))

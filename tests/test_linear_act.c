@@ -141,6 +141,7 @@ typedef struct shape_case {
     int64_t lead[3];
     int64_t K, M;
     bool bias;
+    int layout; /* 0 contiguous, 3 every operand misaligned by one element */
 } shape_case;
 
 static const shape_case shapes[] = {
@@ -150,6 +151,9 @@ static const shape_case shapes[] = {
     /* CUDA's tile path (K ≤ 128, f16/bf16): the largest K with a row-tile tail and a column
        tile of 8; K padded to 16 with three column tiles */
     {2, {300}, 128, 136, true},    {3, {3, 43}, 120, 264, false},
+    /* CUDA's one-kernel backward (K ≤ 128, M ≤ 256): M at its limit with a row tail; and
+       every pointer misaligned (its plain-load path; the forward falls back to GEMM + pass) */
+    {3, {2, 77}, 24, 256, true},   {2, {70}, 24, 40, true, 3},
 };
 
 static void run_case(fg_context *ctx, fg_backend be, fg_dtype dt, int act, const shape_case *sc) {
@@ -157,21 +161,22 @@ static void run_case(fg_context *ctx, fg_backend be, fg_dtype dt, int act, const
     for (int d = 0; d < sc->rank - 1; d++) xs[d] = ys[d] = sc->lead[d], N *= sc->lead[d];
     xs[sc->rank - 1] = sc->K, ys[sc->rank - 1] = sc->M;
     int64_t wsh[2] = {sc->M, sc->K}, bsh[1] = {sc->M};
-    th_operand x = th_make(be, dt, sc->rank, xs, 0), w = th_make(be, dt, 2, wsh, 0);
-    th_operand b = sc->bias ? th_make(be, dt, 1, bsh, 0) : (th_operand){0};
+    th_operand x = th_make(be, dt, sc->rank, xs, sc->layout), w = th_make(be, dt, 2, wsh, sc->layout);
+    th_operand b = sc->bias ? th_make(be, dt, 1, bsh, sc->layout) : (th_operand){0};
     th_randomize(&x), th_randomize(&w);
     /* pre-activations of a few units whatever K: centred so every activation's bend is hit */
     for (int64_t i = 0; i < x.n; i++) x.v[i] = (x.v[i] - 0.25) * 4.0 / sqrt((double)sc->K);
     th_round(dt, x.v, x.n);
     th_put(&x.buf, &x.t, x.v);
     if (sc->bias) th_randomize(&b);
-    th_operand y = th_make(be, dt, sc->rank, ys, 0), pre = th_make(be, dt, sc->rank, ys, 0);
-    th_operand dy = th_make(be, dt, sc->rank, ys, 0);
+    th_operand y = th_make(be, dt, sc->rank, ys, sc->layout), pre = th_make(be, dt, sc->rank, ys, sc->layout);
+    th_operand dy = th_make(be, dt, sc->rank, ys, sc->layout);
     th_randomize(&dy);
     const double tol = th_tol(dt, false);
     char lab[200];
-    snprintf(lab, sizeof lab, "%s %s %s N=%lld K=%lld M=%lld%s", act_names[act], th_backend_name(be),
-             fg_dtype_name(dt), (long long)N, (long long)sc->K, (long long)sc->M, sc->bias ? " +b" : "");
+    snprintf(lab, sizeof lab, "%s %s %s N=%lld K=%lld M=%lld%s%s", act_names[act], th_backend_name(be),
+             fg_dtype_name(dt), (long long)N, (long long)sc->K, (long long)sc->M, sc->bias ? " +b" : "",
+             sc->layout ? " misaligned" : "");
     ref r = reference(dt, act, x.v, w.v, sc->bias ? b.v : NULL, dy.v, N, sc->K, sc->M);
     const fg_tensor *bt = sc->bias ? &b.t : NULL;
 
@@ -180,7 +185,7 @@ static void run_case(fg_context *ctx, fg_backend be, fg_dtype dt, int act, const
     TH_OK(fg_linear_act_forward(ctx, (fg_activation)act, &x.t, &w.t, bt, &y.t, &pre.t));
     th_verify("y", &y, r.y, tol, lab);
     th_verify("pre", &pre, r.pre, tol, lab);
-    th_operand y2 = th_make(be, dt, sc->rank, ys, 0);
+    th_operand y2 = th_make(be, dt, sc->rank, ys, sc->layout);
     th_poison(&y2.buf);
     TH_OK(fg_linear_act_forward(ctx, (fg_activation)act, &x.t, &w.t, bt, &y2.t, NULL));
     th_verify("y (no pre)", &y2, r.y, tol, lab);
@@ -193,8 +198,8 @@ static void run_case(fg_context *ctx, fg_backend be, fg_dtype dt, int act, const
     memcpy(xshape, xs, sizeof xs);
     for (int keep = 0; keep < 2; keep++)
         for (int acc = 0; acc < (N * sc->K >= 8 ? 2 : 1); acc++) {
-            th_operand dx = th_make(be, dt, sc->rank, xshape, 0), dw = th_make(be, dt, 2, wsh, 0);
-            th_operand db = th_make(be, dt, 1, bsh, 0);
+            th_operand dx = th_make(be, dt, sc->rank, xshape, sc->layout), dw = th_make(be, dt, 2, wsh, sc->layout);
+            th_operand db = th_make(be, dt, 1, bsh, sc->layout);
             check_backward(ctx, act, &dy, keep ? &pre.t : NULL, &x, &w, bt, &dx, &dw, &db, r.dx, r.dw, r.db, acc, tol,
                            lab);
             /* the split functions, one gradient each */
@@ -214,8 +219,8 @@ static void run_case(fg_context *ctx, fg_backend be, fg_dtype dt, int act, const
     {
         /* the consuming backward (g formed in pre's memory) on a copy of pre; relu from y in
            pre's place; dw and db without dx (db's sums then borrow dw's memory) */
-        th_operand dx = th_make(be, dt, sc->rank, xshape, 0), dw = th_make(be, dt, 2, wsh, 0);
-        th_operand db = th_make(be, dt, 1, bsh, 0), pc = th_make(be, dt, sc->rank, ys, 0);
+        th_operand dx = th_make(be, dt, sc->rank, xshape, sc->layout), dw = th_make(be, dt, 2, wsh, sc->layout);
+        th_operand db = th_make(be, dt, 1, bsh, sc->layout), pc = th_make(be, dt, sc->rank, ys, sc->layout);
         char l2[260];
         snprintf(l2, sizeof l2, "%s consume", lab);
         th_put(&pc.buf, &pc.t, stored);
@@ -379,20 +384,24 @@ static void finite_differences(fg_context *ctx) {
 static void determinism(fg_context *ctx, fg_backend be, fg_dtype dt) {
     int64_t xs[2] = {1000, 96}, ws[2] = {200, 96}, bs[1] = {200}, ys[2] = {1000, 200};
     th_operand x = th_make(be, dt, 2, xs, 0), w = th_make(be, dt, 2, ws, 0), dy = th_make(be, dt, 2, ys, 0);
-    th_operand dw = th_make(be, dt, 2, ws, 0), db = th_make(be, dt, 1, bs, 0);
+    th_operand dw = th_make(be, dt, 2, ws, 0), db = th_make(be, dt, 1, bs, 0), dx = th_make(be, dt, 2, xs, 0);
     th_randomize(&x), th_randomize(&w), th_randomize(&dy);
-    void *snap[2] = {0};
-    for (int run = 0; run < 2; run++) {
-        TH_OK(fg_linear_act_backward(ctx, FG_ACT_GELU_TANH, &dy.t, NULL, &x.t, &w.t, NULL, NULL, &dw.t, &db.t, 0));
-        th_operand *o[2] = {&dw, &db};
-        for (int k = 0; k < 2; k++) {
-            if (run == 0) snap[k] = th_snapshot(&o[k]->buf);
-            else TH_CHECK(th_unchanged(&o[k]->buf, snap[k]), "determinism %s %s: output %d differs",
-                          th_backend_name(be), fg_dtype_name(dt), k);
+    /* dw + db alone (GEMM path), and with dx (CUDA: the one-kernel backward, f16 / bf16) */
+    for (int with_dx = 0; with_dx < 2; with_dx++) {
+        void *snap[3] = {0};
+        for (int run = 0; run < 2; run++) {
+            TH_OK(fg_linear_act_backward(ctx, FG_ACT_GELU_TANH, &dy.t, NULL, &x.t, &w.t, NULL, with_dx ? &dx.t : NULL,
+                                         &dw.t, &db.t, 0));
+            th_operand *o[3] = {&dw, &db, &dx};
+            for (int k = 0; k < 2 + with_dx; k++) {
+                if (run == 0) snap[k] = th_snapshot(&o[k]->buf);
+                else TH_CHECK(th_unchanged(&o[k]->buf, snap[k]), "determinism %s %s: output %d differs (dx %d)",
+                              th_backend_name(be), fg_dtype_name(dt), k, with_dx);
+            }
         }
+        free(snap[0]), free(snap[1]), free(snap[2]);
     }
-    free(snap[0]), free(snap[1]);
-    th_drop(&x), th_drop(&w), th_drop(&dy), th_drop(&dw), th_drop(&db);
+    th_drop(&x), th_drop(&w), th_drop(&dy), th_drop(&dw), th_drop(&db), th_drop(&dx);
 }
 
 static void bad_input(fg_context *ctx, fg_backend be) {

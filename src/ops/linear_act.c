@@ -16,7 +16,8 @@
  *            write only afterwards.
  *  CUDA, short K (≤ 128, f16 / bf16): the forward, and the backward's recomputed pre with g,
  *            are one tile kernel each (product + activation, src/cuda/linear_act_tile.cu);
- *            dx and dw stay cuBLASLt GEMMs.
+ *            dx and dw stay cuBLASLt GEMMs. With also M ≤ 256 and both dx and dw wanted, the
+ *            whole backward is one kernel (src/cuda/linear_act_bwd_tile.cu; g stays on chip).
  * The activation math is the backends' (src/cpu/linear_act.c, src/cuda/linear_act.cu).
  * Sums are f32 (f64 for f64) in a fixed order: the same bits on every run.
  */
@@ -149,6 +150,7 @@ static const char *step_name(fg_act_step s) {
     case FG_ACT_STEP_GRAD: return "act_grad";
     case FG_ACT_STEP_TILE_FORWARD: return "linear_act_tile";
     case FG_ACT_STEP_TILE_GRAD: return "linear_act_grad_tile";
+    case FG_ACT_STEP_TILE_BACKWARD: return "linear_act_bwd_tile";
     default: return "cast";
     }
 }
@@ -247,19 +249,67 @@ static fg_status forward(act_run *r) {
     return step(r, &c);
 }
 
+/* db = the f32 sums in db_acc, rounded (added to db when accumulating); with batched weights
+ * and db [M], once after the last batch */
+static fg_status db_cast(act_run *r, void *db_acc, bool db_over_batches) {
+    if (db_over_batches && r->bi != r->B - 1) return FG_OK;
+    fg_act_call c;
+    memset(&c, 0, sizeof c);
+    c.step = FG_ACT_STEP_CAST;
+    c.cols = r->M;
+    c.src = db_acc;
+    c.dst = data_of(r, AB_DB);
+    c.accumulate = r->d->accumulate != 0;
+    return step(r, &c);
+}
+
+/* CUDA, K ≤ 128 and M ≤ 256 in f16 / bf16, dx and dw both wanted: the whole backward in one
+ * kernel (src/cuda/linear_act_bwd_tile.cu), g never stored; any alignment. */
+static bool use_bwd_tile(const act_run *r, bool want_dx, bool want_dw) {
+#ifdef FG_HAVE_CUDA
+    return r->ctx->backend == FG_BACKEND_CUDA && r->d->kind != FG_ACT_NONE && want_dx && want_dw &&
+           fg_cuda_act_bwd_tile_fits(r->dtype, r->K, r->M);
+#else
+    (void)r, (void)want_dx, (void)want_dw;
+    return false;
+#endif
+}
+
+static fg_status backward_tile(act_run *r, bool keep, bool want_db, bool db_over_batches) {
+    size_t scratch = 0;
+#ifdef FG_HAVE_CUDA
+    scratch = fg_cuda_act_bwd_tile_scratch(r->ctx->device, r->N, r->K, r->M);
+#endif
+    const size_t scratch_off = place(r, scratch), db_off = place(r, want_db ? (size_t)r->M * r->aes : 0);
+    fg_act_call c;
+    memset(&c, 0, sizeof c);
+    c.step = FG_ACT_STEP_TILE_BACKWARD;
+    c.rows = r->N, c.cols = r->M, c.k = r->K;
+    c.x = data_of(r, AB_X), c.w = data_of(r, AB_W), c.b = data_of(r, AB_B);
+    c.dy = data_of(r, AB_DY), c.pre = keep ? data_of(r, AB_PRE) : NULL;
+    c.dx = data_of(r, AB_DX), c.dw = data_of(r, AB_DW);
+    c.db_acc = want_db ? at(r, db_off) : NULL;
+    c.first = !db_over_batches || r->bi == 0;
+    c.scratch = at(r, scratch_off), c.scratch_bytes = scratch;
+    c.accumulate = r->d->accumulate != 0;
+    FG_TRY(step(r, &c));
+    return want_db ? db_cast(r, c.db_acc, db_over_batches) : FG_OK;
+}
+
 static fg_status backward(act_run *r) {
     const fg_plan_desc *d = r->d;
     const bool keep = has(&d->operands[AB_PRE]), none = d->kind == FG_ACT_NONE;
     const bool want_dx = has(&d->operands[AB_DX]), want_dw = has(&d->operands[AB_DW]), want_db = has(&d->operands[AB_DB]);
     const bool consume = (d->flags & FG_PLAN_CONSUME_PRE) != 0;
+    /* batched weights with db [M]: db sums over the batches, one f32 sum rounded at the end */
+    const bool db_over_batches = want_db && r->B > 1 && d->operands[AB_DB].rank == 1;
+    if (use_bwd_tile(r, want_dx, want_dw)) return backward_tile(r, keep, want_db, db_over_batches);
     const size_t nm = (size_t)(r->N * r->M);
     const size_t pre_off = place(r, keep || none ? 0 : nm * r->es);
     /* g goes where pre was when pre is the workspace's or the caller gave it up */
     const bool g_in_pre = !none && (!keep || consume);
     const size_t g_off = place(r, none || g_in_pre || !(want_dx || want_dw) ? 0 : nm * r->es);
     const int64_t parts = want_dw ? dw_parts(r) : 0, per = parts ? r->N / parts : 0, tail = parts ? r->N - parts * per : 0;
-    /* batched weights with db [M]: db sums over the batches, one f32 sum rounded at the end */
-    const bool db_over_batches = want_db && r->B > 1 && d->operands[AB_DB].rank == 1;
     /* db's f32 sums and their per-slab partials: in the memory of dx or dw (written only
        later, by their GEMMs) when one of them is big enough, else in the workspace */
     size_t sums_bytes = 0;
@@ -297,16 +347,7 @@ static fg_status backward(act_run *r) {
         c.scratch = scratch, c.scratch_bytes = want_db ? sums_bytes - ALIGN_UP((size_t)r->M * r->aes) : 0;
         FG_TRY(step(r, &c));
     }
-    if (want_db && (!db_over_batches || r->bi == r->B - 1)) { /* before the GEMMs: its sums may live in dx's or dw's memory */
-        fg_act_call c;
-        memset(&c, 0, sizeof c);
-        c.step = FG_ACT_STEP_CAST;
-        c.cols = r->M;
-        c.src = db_acc;
-        c.dst = data_of(r, AB_DB);
-        c.accumulate = d->accumulate != 0;
-        FG_TRY(step(r, &c));
-    }
+    if (want_db) FG_TRY(db_cast(r, db_acc, db_over_batches)); /* before the GEMMs: its sums may live in dx's or dw's memory */
     const double beta = d->accumulate ? 1.0 : 0.0;
     if (want_dx) /* dx[N × K] = g[N × M] · w[M × K] */
         FG_TRY(gemm(r, 1, r->N, r->K, r->M, fg_mat_at(g, r->M, 1), fg_mat_at(data_of(r, AB_W), r->K, 1),

@@ -13,8 +13,9 @@
  * recomputes pre in a separate pass; here x and dy (and a kept pre) are read once and dx is
  * the only [N, ·] write. w (≤ 64 KiB) stays in shared memory; loads run three tiles deep by
  * cp.async (plain loads, a tile at a time, when a pointer is not 16-byte aligned).
- * Warps (16): pre / g as 2 × 8 of 16 rows × 32 columns, dx as 2 × 8 of 16 rows × 16 columns,
- * dW as 8 × 2 of 32 rows × 64 columns (64 accumulators a thread).
+ * Two roles (warp specialization): eight math warps load the tiles and form pre and g, eight
+ * tensor warps run dx and dW from g, handed over through two g slots (named barriers), so a
+ * tile's activation math runs beside the previous tile's products.
  */
 #include "act_math.cuh"
 #include "cuda_internal.h"
@@ -22,7 +23,11 @@
 #include "mma.cuh"
 #include "sums.cuh"
 
-constexpr int BT_ROWS = 32, BT_THREADS = 512, BT_MAX_K = 128, BT_MAX_M = 256, BT_STAGES = 3;
+constexpr int BT_ROWS = 32, BT_THREADS = 512, BT_MAX_K = 128, BT_MAX_M = 256, BT_STAGES = 3, BT_GBUF = 2;
+/* named barriers (0 is __syncthreads): the math warps among themselves; g slot s full (math →
+   tensor warps) and empty (tensor → math warps) */
+constexpr int BAR_MATH = 1, BAR_FULL = 2, BAR_EMPTY = 4;
+constexpr int MATH_THREADS = 256;
 
 struct bt_args {
     const void *x, *w, *b, *dy, *pre;
@@ -34,23 +39,30 @@ struct bt_args {
 };
 
 /* shared memory, in elements: rows of K padded to 16 (+8), of M padded to 32 (+8); the +8
- * keeps ldmatrix's eight row addresses in distinct banks */
+ * keeps ldmatrix's eight row addresses in distinct banks. w, two g slots, three stages of
+ * x, dy (and the kept pre). */
 static __host__ __device__ int bt_kp(int k) { return (k + 15) & ~15; }
 static __host__ __device__ int bt_mc(int m) { return (m + 31) & ~31; }
 static __host__ __device__ int bt_stage(int k, int m, bool kept) {
     return BT_ROWS * (bt_kp(k) + 8) + BT_ROWS * (bt_mc(m) + 8) * (kept ? 2 : 1);
 }
 static size_t bt_smem(int k, int m, bool kept) {
-    return 2 * ((size_t)bt_mc(m) * (bt_kp(k) + 8) + (size_t)BT_ROWS * (bt_mc(m) + 8) + BT_STAGES * (size_t)bt_stage(k, m, kept));
+    return 2 * ((size_t)bt_mc(m) * (bt_kp(k) + 8) + (size_t)BT_GBUF * BT_ROWS * (bt_mc(m) + 8) +
+                BT_STAGES * (size_t)bt_stage(k, m, kept));
+}
+
+__device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void bar_arrive(int id, int n) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
 
 /* rows [row0, row0 + n) of a row-major [nrows, cols] tensor into shared rows of `stride`,
- * cols_pad (a multiple of 8) columns each; zeros past nrows and cols */
+ * cols_pad (a multiple of 8) columns each, zeros past nrows and cols; by threads tid of nt */
 template <typename T>
 __device__ __forceinline__ void stage_rows(T *dst, int stride, const T *src, int64_t row0, int64_t nrows, int n, int cols,
-                                           int cols_pad, bool vec) {
+                                           int cols_pad, bool vec, int tid, int nt) {
     const int cpr = cols_pad / 8;
-    for (int i = threadIdx.x; i < n * cpr; i += BT_THREADS) {
+    for (int i = tid; i < n * cpr; i += nt) {
         const int r = i / cpr, c = (i - r * cpr) * 8;
         const bool ok = row0 + r < nrows && c < cols;
         const T *s = src + (row0 + r) * cols + c;
@@ -72,195 +84,211 @@ template <typename T> __device__ __forceinline__ float2 pair_at(const T *p) {
     return make_float2(to_acc(q.v[0]), to_acc(q.v[1]));
 }
 
+/* Warps 0–7 (math): load the tiles, recompute pre (32 rows × 32 columns a warp), form g into
+ * a g slot and db's sums. Warps 8–15 (tensor): dx (16 rows × 32 columns a warp) and dW (32
+ * rows × all K a warp: 128 accumulators a thread) from the slot. Registers move from the
+ * math warps to the tensor warps (setmaxnreg, sm_90a). */
 template <typename T, int ACT, bool KEPT>
 __global__ void __launch_bounds__(BT_THREADS, 1) act_bwd_tile_kernel(bt_args a) {
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ float bias[BT_MAX_M];
-    __shared__ float upper[BT_MAX_M]; /* db: the lower row-warps' sums */
-    const int kp = bt_kp(a.k), mc = bt_mc(a.cols), sk = kp + 8, sm = mc + 8, mp = (a.cols + 15) & ~15;
-    T *ws = reinterpret_cast<T *>(smem), *gs = ws + mc * sk, *st = gs + BT_ROWS * sm;
+    const int kp = bt_kp(a.k), mc = bt_mc(a.cols), sk = kp + 8, sm = mc + 8;
+    T *ws = reinterpret_cast<T *>(smem), *gbuf = ws + mc * sk, *st = gbuf + BT_GBUF * BT_ROWS * sm;
     const int stage = bt_stage(a.k, a.cols, KEPT);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, grp = lane >> 2, quad = lane & 3;
-    const T *x = static_cast<const T *>(a.x), *dy = static_cast<const T *>(a.dy), *pre = static_cast<const T *>(a.pre);
     const int64_t t0 = blockIdx.x * a.per, t1 = t0 + a.per < a.tiles ? t0 + a.per : a.tiles;
+    const int n = (int)(t1 - t0);
 
-    stage_rows(ws, sk, static_cast<const T *>(a.w), 0, a.cols, mc, a.k, kp, a.vec); /* w, zero rows past M */
+    stage_rows(ws, sk, static_cast<const T *>(a.w), 0, a.cols, mc, a.k, kp, a.vec, tid, BT_THREADS); /* zero rows past M */
     for (int i = tid; i < mc; i += BT_THREADS)
         bias[i] = !KEPT && a.b && i < a.cols ? to_acc(static_cast<const T *>(a.b)[i]) : 0.f;
-    auto load = [&](int64_t t, int s) {
-        T *xs = st + s * stage, *dys = xs + BT_ROWS * sk;
-        stage_rows(xs, sk, x, t * BT_ROWS, a.rows, BT_ROWS, a.k, kp, a.vec);
-        stage_rows(dys, sm, dy, t * BT_ROWS, a.rows, BT_ROWS, a.cols, mc, a.vec);
-        if (KEPT) stage_rows(dys + BT_ROWS * sm, sm, pre, t * BT_ROWS, a.rows, BT_ROWS, a.cols, mc, a.vec);
-    };
-#pragma unroll
-    for (int s = 0; s < BT_STAGES - 1; s++) {
-        if (t0 + s < t1) load(t0 + s, s);
-        copy_commit();
-    }
-
-    const int ar = warp & 1, ac = warp >> 1; /* pre / g: rows 16·ar, columns 32·ac */
-    const int dm = warp >> 1, dk = warp & 1; /* dW: rows 32·dm, columns 64·dk; dx: rows 16·ar, columns 16·ac */
-    const bool a_on = ac * 32 < mc, c_on = ac * 16 < kp, d_on = dm * 32 < mc && dk * 64 < kp;
-    float dw[2][8][4], dbs[4][2];
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) dw[i][j][e] = 0.f;
-#pragma unroll
-    for (int j = 0; j < 4; j++) dbs[j][0] = dbs[j][1] = 0.f;
-
-    for (int64_t t = t0, it = 0; t < t1; t++, it++) {
-        if (t + BT_STAGES - 1 < t1) load(t + BT_STAGES - 1, (int)((it + BT_STAGES - 1) % BT_STAGES));
-        copy_commit();
-        copy_wait<BT_STAGES - 1>();
-        __syncthreads();
-        const T *xs = st + (int)(it % BT_STAGES) * stage, *dys = xs + BT_ROWS * sk, *pres = dys + BT_ROWS * sm;
-
-        if (a_on) { /* pre, then g into shared memory and db's sums */
-            float acc[4][4];
-            if constexpr (!KEPT) {
-#pragma unroll
-                for (int j = 0; j < 4; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-                for (int k0 = 0; k0 < kp; k0 += 16) {
-                    uint32_t bf[4][2], af[4];
-#pragma unroll
-                    for (int jj = 0; jj < 2; jj++) {
-                        const int n = ac * 32 + jj * 16 + (lane & 7) + ((lane >> 4) << 3);
-                        ldsm4(smem_at(ws + n * sk + k0 + ((lane >> 3) & 1) * 8), bf[2 * jj][0], bf[2 * jj][1],
-                              bf[2 * jj + 1][0], bf[2 * jj + 1][1]);
-                    }
-                    ldsm4(smem_at(xs + (ar * 16 + (lane & 15)) * sk + k0 + (lane >> 4) * 8), af[0], af[1], af[2], af[3]);
-#pragma unroll
-                    for (int j = 0; j < 4; j++) mma16816<T>(acc[j], af, bf[j]);
-                }
-            }
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int r = ar * 16 + grp + 8 * h;
-                const bool row_ok = t * BT_ROWS + r < a.rows;
-#pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    const int c = ac * 32 + 8 * j + 2 * quad;
-                    float2 p;
-                    if constexpr (KEPT) {
-                        p = pair_at(pres + r * sm + c);
-                    } else {
-                        T q[2];
-                        from_acc2<T>(acc[j][2 * h] + bias[c], acc[j][2 * h + 1] + bias[c + 1], q);
-                        p = make_float2(to_acc(q[0]), to_acc(q[1]));
-                    }
-                    const float2 d = pair_at(dys + r * sm + c);
-                    const float v0 = row_ok ? d.x * act_slope(ACT, p.x) : 0.f;
-                    const float v1 = row_ok ? d.y * act_slope(ACT, p.y) : 0.f;
-                    dbs[j][0] += v0, dbs[j][1] += v1;
-                    from_acc2<T>(v0, v1, gs + r * sm + c);
-                }
-            }
-        }
-        __syncthreads();
-
-        if (c_on) { /* dx = g·w for 16 rows × 16 columns */
-            float acc[2][4];
-#pragma unroll
-            for (int j = 0; j < 2; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-            for (int k0 = 0; k0 < mp; k0 += 16) {
-                uint32_t af[4], bf[2][2];
-                ldsm4(smem_at(gs + (ar * 16 + (lane & 15)) * sm + k0 + (lane >> 4) * 8), af[0], af[1], af[2], af[3]);
-                ldsm4t(smem_at(ws + (k0 + ((lane >> 3) & 1) * 8 + (lane & 7)) * sk + ac * 16 + (lane >> 4) * 8), bf[0][0],
-                       bf[0][1], bf[1][0], bf[1][1]);
-                mma16816<T>(acc[0], af, bf[0]);
-                mma16816<T>(acc[1], af, bf[1]);
-            }
-            T *dx = static_cast<T *>(a.dx);
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int64_t row = t * BT_ROWS + ar * 16 + grp + 8 * h;
-                if (row >= a.rows) continue;
-#pragma unroll
-                for (int j = 0; j < 2; j++) {
-                    const int col = ac * 16 + 8 * j + 2 * quad;
-                    if (col >= a.k) continue;
-                    T *o = dx + row * a.k + col;
-                    float v0 = acc[j][2 * h], v1 = acc[j][2 * h + 1];
-                    if (a.accumulate) v0 += to_acc(o[0]), v1 += to_acc(o[1]);
-                    if (a.vec) {
-                        from_acc2<T>(v0, v1, o);
-                    } else {
-                        o[0] = from_acc<T>(v0), o[1] = from_acc<T>(v1);
-                    }
-                }
-            }
-        }
-
-        if (d_on) { /* dW += gᵀ·x for 32 rows × 64 columns */
-#pragma unroll
-            for (int r0 = 0; r0 < BT_ROWS; r0 += 16) {
-                uint32_t af[2][4], bf[8][2];
-#pragma unroll
-                for (int mt = 0; mt < 2; mt++)
-                    ldsm4t(smem_at(gs + (r0 + (lane >> 4) * 8 + (lane & 7)) * sm + dm * 32 + mt * 16 + ((lane >> 3) & 1) * 8),
-                           af[mt][0], af[mt][1], af[mt][2], af[mt][3]);
-#pragma unroll
-                for (int np = 0; np < 4; np++)
-                    if (dk * 64 + np * 16 < kp)
-                        ldsm4t(smem_at(xs + (r0 + ((lane >> 3) & 1) * 8 + (lane & 7)) * sk + dk * 64 + np * 16 + (lane >> 4) * 8),
-                               bf[2 * np][0], bf[2 * np][1], bf[2 * np + 1][0], bf[2 * np + 1][1]);
-#pragma unroll
-                for (int np = 0; np < 4; np++)
-                    if (dk * 64 + np * 16 < kp)
-#pragma unroll
-                        for (int mt = 0; mt < 2; mt++) {
-                            mma16816<T>(dw[mt][2 * np], af[mt], bf[2 * np]);
-                            mma16816<T>(dw[mt][2 * np + 1], af[mt], bf[2 * np + 1]);
-                        }
-            }
-        }
-        __syncthreads(); /* g and this stage's buffers are free */
-    }
+    copy_commit();
     copy_wait<0>();
+    __syncthreads();
 
-    if (d_on) { /* this slab's dW */
-        float *pw = a.part_w + (int64_t)blockIdx.x * a.cols * a.k;
+    if (warp < 8) { /* ---------------------------------------------------------------- math */
+#ifdef __CUDA_ARCH_FEAT_SM90_ALL
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 80;\n" ::);
+#endif
+        const T *x = static_cast<const T *>(a.x), *dy = static_cast<const T *>(a.dy), *pre = static_cast<const T *>(a.pre);
+        auto load = [&](int64_t t, int s) {
+            T *xs = st + s * stage, *dys = xs + BT_ROWS * sk;
+            stage_rows(xs, sk, x, t * BT_ROWS, a.rows, BT_ROWS, a.k, kp, a.vec, tid, MATH_THREADS);
+            stage_rows(dys, sm, dy, t * BT_ROWS, a.rows, BT_ROWS, a.cols, mc, a.vec, tid, MATH_THREADS);
+            if (KEPT) stage_rows(dys + BT_ROWS * sm, sm, pre, t * BT_ROWS, a.rows, BT_ROWS, a.cols, mc, a.vec, tid, MATH_THREADS);
+        };
+        const bool on = warp * 32 < mc; /* this warp's 32 columns */
+        float dbs[4][2];
 #pragma unroll
-        for (int mt = 0; mt < 2; mt++)
+        for (int j = 0; j < 4; j++) dbs[j][0] = dbs[j][1] = 0.f;
+        if (n > 0) load(t0, 0);
+        copy_commit();
+        for (int j = 0; j < n; j++) {
+            const int64_t t = t0 + j;
+            if (j >= BT_GBUF) bar_sync(BAR_EMPTY + (j & 1), BT_THREADS); /* tile j-2 done: its slot and stage */
+            if (j + 1 < n) load(t + 1, (j + 1) % BT_STAGES);
+            copy_commit();
+            copy_wait<1>();
+            bar_sync(BAR_MATH, MATH_THREADS); /* tile j's copies, everyone's */
+            const T *xs = st + (j % BT_STAGES) * stage, *dys = xs + BT_ROWS * sk, *pres = dys + BT_ROWS * sm;
+            T *gs = gbuf + (j & 1) * BT_ROWS * sm;
+            if (on) { /* 16 rows at a time (registers) */
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int m = dm * 32 + mt * 16 + grp + 8 * h;
-                if (m >= a.cols) continue;
+                for (int mi = 0; mi < 2; mi++) {
+                    float acc[4][4];
+                    if constexpr (!KEPT) {
 #pragma unroll
-                for (int nt = 0; nt < 8; nt++) {
-                    const int kk = dk * 64 + nt * 8 + 2 * quad;
-                    if (kk < a.k)
-                        *reinterpret_cast<float2 *>(pw + (int64_t)m * a.k + kk) =
-                            make_float2(dw[mt][nt][2 * h], dw[mt][nt][2 * h + 1]);
+                        for (int jj = 0; jj < 4; jj++) acc[jj][0] = acc[jj][1] = acc[jj][2] = acc[jj][3] = 0.f;
+                        for (int k0 = 0; k0 < kp; k0 += 16) {
+                            uint32_t bf[4][2], af[4];
+#pragma unroll
+                            for (int jj = 0; jj < 2; jj++) {
+                                const int c = warp * 32 + jj * 16 + (lane & 7) + ((lane >> 4) << 3);
+                                ldsm4(smem_at(ws + c * sk + k0 + ((lane >> 3) & 1) * 8), bf[2 * jj][0], bf[2 * jj][1],
+                                      bf[2 * jj + 1][0], bf[2 * jj + 1][1]);
+                            }
+                            ldsm4(smem_at(xs + (mi * 16 + (lane & 15)) * sk + k0 + (lane >> 4) * 8), af[0], af[1], af[2], af[3]);
+#pragma unroll
+                            for (int jj = 0; jj < 4; jj++) mma16816<T>(acc[jj], af, bf[jj]);
+                        }
+                    }
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const int r = mi * 16 + grp + 8 * h;
+                        const bool row_ok = t * BT_ROWS + r < a.rows;
+#pragma unroll
+                        for (int jj = 0; jj < 4; jj++) {
+                            const int c = warp * 32 + 8 * jj + 2 * quad;
+                            float2 p;
+                            if constexpr (KEPT) {
+                                p = pair_at(pres + r * sm + c);
+                            } else {
+                                T q[2];
+                                from_acc2<T>(acc[jj][2 * h] + bias[c], acc[jj][2 * h + 1] + bias[c + 1], q);
+                                p = make_float2(to_acc(q[0]), to_acc(q[1]));
+                            }
+                            const float2 d = pair_at(dys + r * sm + c);
+                            const float v0 = row_ok ? d.x * act_slope(ACT, p.x) : 0.f;
+                            const float v1 = row_ok ? d.y * act_slope(ACT, p.y) : 0.f;
+                            dbs[jj][0] += v0, dbs[jj][1] += v1;
+                            from_acc2<T>(v0, v1, gs + r * sm + c);
+                        }
+                    }
                 }
             }
-    }
-    if (a.part_b) { /* this slab's db: over the quads' rows, then the two row-warps */
+            bar_arrive(BAR_FULL + (j & 1), BT_THREADS);
+        }
+        for (int j = n > BT_GBUF ? n : BT_GBUF; j < n + BT_GBUF; j++) bar_sync(BAR_EMPTY + (j & 1), BT_THREADS); /* the last two */
+        copy_wait<0>();
+        if (a.part_b && on) { /* this slab's db: over the quads' rows (the warp holds all 32 rows) */
 #pragma unroll
-        for (int j = 0; j < 4; j++)
+            for (int jj = 0; jj < 4; jj++)
 #pragma unroll
-            for (int e = 0; e < 2; e++) {
-                dbs[j][e] += __shfl_xor_sync(0xffffffffu, dbs[j][e], 4);
-                dbs[j][e] += __shfl_xor_sync(0xffffffffu, dbs[j][e], 8);
-                dbs[j][e] += __shfl_xor_sync(0xffffffffu, dbs[j][e], 16);
-            }
-        if (a_on && ar == 1 && grp == 0)
+                for (int e = 0; e < 2; e++) {
+                    dbs[jj][e] += __shfl_xor_sync(0xffffffffu, dbs[jj][e], 4);
+                    dbs[jj][e] += __shfl_xor_sync(0xffffffffu, dbs[jj][e], 8);
+                    dbs[jj][e] += __shfl_xor_sync(0xffffffffu, dbs[jj][e], 16);
+                }
+            if (grp == 0)
 #pragma unroll
-            for (int j = 0; j < 4; j++) upper[ac * 32 + 8 * j + 2 * quad] = dbs[j][0], upper[ac * 32 + 8 * j + 2 * quad + 1] = dbs[j][1];
-        __syncthreads();
-        if (a_on && ar == 0 && grp == 0)
+                for (int jj = 0; jj < 4; jj++) {
+                    const int c = warp * 32 + 8 * jj + 2 * quad;
+                    if (c < a.cols) {
+                        a.part_b[(int64_t)blockIdx.x * a.cols + c] = dbs[jj][0];
+                        a.part_b[(int64_t)blockIdx.x * a.cols + c + 1] = dbs[jj][1];
+                    }
+                }
+        }
+    } else { /* -------------------------------------------------------------- tensor */
+#ifdef __CUDA_ARCH_FEAT_SM90_ALL
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 176;\n" ::);
+#endif
+        const int q = warp - 8, cr = q & 1, cc = q >> 1, mp = (a.cols + 15) & ~15;
+        const bool c_on = cc * 32 < kp, d_on = q * 32 < mc;
+        float dw[2][16][4];
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const int c = ac * 32 + 8 * j + 2 * quad;
-                if (c < a.cols) {
-                    a.part_b[(int64_t)blockIdx.x * a.cols + c] = dbs[j][0] + upper[c];
-                    a.part_b[(int64_t)blockIdx.x * a.cols + c + 1] = dbs[j][1] + upper[c + 1];
+        for (int i = 0; i < 2; i++)
+#pragma unroll
+            for (int j = 0; j < 16; j++) dw[i][j][0] = dw[i][j][1] = dw[i][j][2] = dw[i][j][3] = 0.f;
+        for (int j = 0; j < n; j++) {
+            const int64_t t = t0 + j;
+            bar_sync(BAR_FULL + (j & 1), BT_THREADS);
+            const T *xs = st + (j % BT_STAGES) * stage, *gs = gbuf + (j & 1) * BT_ROWS * sm;
+            if (c_on) { /* dx = g·w: rows 16·cr, columns 32·cc, 16 at a time (registers) */
+                T *dx = static_cast<T *>(a.dx);
+#pragma unroll
+                for (int np = 0; np < 2; np++) {
+                    const int c0 = cc * 32 + np * 16;
+                    if (c0 >= kp) continue;
+                    float acc[2][4];
+#pragma unroll
+                    for (int jj = 0; jj < 2; jj++) acc[jj][0] = acc[jj][1] = acc[jj][2] = acc[jj][3] = 0.f;
+                    for (int k0 = 0; k0 < mp; k0 += 16) {
+                        uint32_t af[4], bf[2][2];
+                        ldsm4(smem_at(gs + (cr * 16 + (lane & 15)) * sm + k0 + (lane >> 4) * 8), af[0], af[1], af[2], af[3]);
+                        ldsm4t(smem_at(ws + (k0 + ((lane >> 3) & 1) * 8 + (lane & 7)) * sk + c0 + (lane >> 4) * 8), bf[0][0],
+                               bf[0][1], bf[1][0], bf[1][1]);
+                        mma16816<T>(acc[0], af, bf[0]);
+                        mma16816<T>(acc[1], af, bf[1]);
+                    }
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const int64_t row = t * BT_ROWS + cr * 16 + grp + 8 * h;
+                        if (row >= a.rows) continue;
+#pragma unroll
+                        for (int jj = 0; jj < 2; jj++) {
+                            const int col = c0 + 8 * jj + 2 * quad;
+                            if (col >= a.k) continue;
+                            T *o = dx + row * a.k + col;
+                            float v0 = acc[jj][2 * h], v1 = acc[jj][2 * h + 1];
+                            if (a.accumulate) v0 += to_acc(o[0]), v1 += to_acc(o[1]);
+                            if (a.vec) from_acc2<T>(v0, v1, o);
+                            else o[0] = from_acc<T>(v0), o[1] = from_acc<T>(v1);
+                        }
+                    }
                 }
             }
+            if (d_on) { /* dW += gᵀ·x: rows 32·q, all columns */
+#pragma unroll
+                for (int r0 = 0; r0 < BT_ROWS; r0 += 16) {
+                    uint32_t af[2][4];
+#pragma unroll
+                    for (int mt = 0; mt < 2; mt++)
+                        ldsm4t(smem_at(gs + (r0 + (lane >> 4) * 8 + (lane & 7)) * sm + q * 32 + mt * 16 + ((lane >> 3) & 1) * 8),
+                               af[mt][0], af[mt][1], af[mt][2], af[mt][3]);
+#pragma unroll
+                    for (int np = 0; np < 8; np++)
+                        if (np * 16 < kp) {
+                            uint32_t bf[2][2];
+                            ldsm4t(smem_at(xs + (r0 + ((lane >> 3) & 1) * 8 + (lane & 7)) * sk + np * 16 + (lane >> 4) * 8),
+                                   bf[0][0], bf[0][1], bf[1][0], bf[1][1]);
+#pragma unroll
+                            for (int mt = 0; mt < 2; mt++) {
+                                mma16816<T>(dw[mt][2 * np], af[mt], bf[0]);
+                                mma16816<T>(dw[mt][2 * np + 1], af[mt], bf[1]);
+                            }
+                        }
+                }
+            }
+            bar_arrive(BAR_EMPTY + (j & 1), BT_THREADS);
+        }
+        if (d_on) { /* this slab's dW */
+            float *pw = a.part_w + (int64_t)blockIdx.x * a.cols * a.k;
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int m = q * 32 + mt * 16 + grp + 8 * h;
+                    if (m >= a.cols) continue;
+#pragma unroll
+                    for (int nt = 0; nt < 16; nt++) {
+                        const int kk = nt * 8 + 2 * quad;
+                        if (kk < a.k)
+                            *reinterpret_cast<float2 *>(pw + (int64_t)m * a.k + kk) =
+                                make_float2(dw[mt][nt][2 * h], dw[mt][nt][2 * h + 1]);
+                    }
+                }
+        }
     }
 }
 

@@ -318,9 +318,9 @@ static fg_status backward(act_run *r) {
 #endif
     if (want_db) sums_bytes += ALIGN_UP((size_t)r->M * r->aes);
     int home = -1; /* the output that lends its memory */
-    if (want_db && !d->accumulate && r->B == 1) {
-        if (want_dx && (size_t)(r->N * r->K) * r->es >= sums_bytes) home = AB_DX;
-        else if (want_dw && !parts && (size_t)(r->M * r->K) * r->es >= sums_bytes) home = AB_DW;
+    if (want_db && !d->accumulate && r->B == 1) { /* (+16: the sums start at the first 16-byte boundary) */
+        if (want_dx && (size_t)(r->N * r->K) * r->es >= sums_bytes + 16) home = AB_DX;
+        else if (want_dw && !parts && (size_t)(r->M * r->K) * r->es >= sums_bytes + 16) home = AB_DW;
     }
     const size_t sums_off = place(r, home < 0 ? sums_bytes : 0);
     const size_t parts_off = place(r, parts ? (size_t)((parts + 1) * r->M * r->K) * r->aes : 0);
@@ -332,6 +332,7 @@ static fg_status backward(act_run *r) {
     const bool tile = !keep && !none && use_tile(r, data_of(r, AB_X), data_of(r, AB_W), data_of(r, AB_DY), g);
     if (!keep && !none && !tile) FG_TRY(pre_gemm(r, AB_X, AB_W, AB_B, pre));
     char *sums = home >= 0 ? (char *)data_of(r, home) : (char *)at(r, sums_off);
+    if (home >= 0 && sums) sums += (16 - (uintptr_t)sums % 16) % 16; /* f32 sums need f32 alignment */
     void *db_acc = sums, *scratch = sums ? sums + ALIGN_UP((size_t)r->M * r->aes) : NULL;
     if (!none || want_db) {
         fg_act_call c;

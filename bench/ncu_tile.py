@@ -1,5 +1,5 @@
 """Developer's probe: one forward (pre kept, and not) and one recomputing backward of the small
-linear + activation shape, for a profiler run (ncu -k regex:act_tile) of the short-K tiles.
+linear + activation shape, for a profiler run (ncu -k regex:act_tile) of the short-K tiles (and the one-kernel backward: -k regex:act_bwd_tile).
 
     PYTHONPATH=python FASTGRAD_LIBRARY=build-gpu/libfastgrad.so ncu ... python3 bench/ncu_tile.py gelu_tanh
 """
@@ -16,4 +16,6 @@ dy = torch.rand((n, m), device="cuda").to(torch.bfloat16)
 y, pre = ops.linear_act_forward(x, w, b, act, keep_pre=True)
 y, _ = ops.linear_act_forward(x, w, b, act, keep_pre=False)
 ops.linear_act_backward(dy, x, w, b, None, act)
+torch.cuda.synchronize()
+ops.linear_act_backward(dy, x, w, b, pre, act)  # the one-kernel backward, pre kept
 torch.cuda.synchronize()

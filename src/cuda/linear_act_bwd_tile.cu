@@ -85,9 +85,8 @@ template <typename T> __device__ __forceinline__ float2 pair_at(const T *p) {
 }
 
 /* Warps 0–7 (math): load the tiles, recompute pre (32 rows × 32 columns a warp), form g into
- * a g slot and db's sums. Warps 8–15 (tensor): dx (32 rows × 16 columns a warp) and dW (32
- * rows × all K a warp: 128 accumulators a thread) from the slot. The warp tiles are chosen
- * for the fewest shared-memory reads (ldmatrix traffic, not DRAM, bounded the first version). Registers move from the
+ * a g slot and db's sums. Warps 8–15 (tensor): dx (16 rows × 32 columns a warp) and dW (32
+ * rows × all K a warp: 128 accumulators a thread) from the slot. Registers move from the
  * math warps to the tensor warps (setmaxnreg, sm_90a). */
 template <typename T, int ACT, bool KEPT>
 __global__ void __launch_bounds__(BT_THREADS, 1) act_bwd_tile_kernel(bt_args a) {
@@ -133,33 +132,26 @@ __global__ void __launch_bounds__(BT_THREADS, 1) act_bwd_tile_kernel(bt_args a) 
             bar_sync(BAR_MATH, MATH_THREADS); /* tile j's copies, everyone's */
             const T *xs = st + (j % BT_STAGES) * stage, *dys = xs + BT_ROWS * sk, *pres = dys + BT_ROWS * sm;
             T *gs = gbuf + (j & 1) * BT_ROWS * sm;
-            if (on) {
-                float acc[2][4][4]; /* (w's fragments read once a k-step for both 16-row halves:
-                                       shared-memory bandwidth is this kernel's limit) */
-                if constexpr (!KEPT) {
+            if (on) { /* 16 rows at a time (registers) */
 #pragma unroll
-                    for (int mi = 0; mi < 2; mi++)
+                for (int mi = 0; mi < 2; mi++) {
+                    float acc[4][4];
+                    if constexpr (!KEPT) {
 #pragma unroll
-                        for (int jj = 0; jj < 4; jj++) acc[mi][jj][0] = acc[mi][jj][1] = acc[mi][jj][2] = acc[mi][jj][3] = 0.f;
-                    for (int k0 = 0; k0 < kp; k0 += 16) {
-                        uint32_t bf[4][2];
+                        for (int jj = 0; jj < 4; jj++) acc[jj][0] = acc[jj][1] = acc[jj][2] = acc[jj][3] = 0.f;
+                        for (int k0 = 0; k0 < kp; k0 += 16) {
+                            uint32_t bf[4][2], af[4];
 #pragma unroll
-                        for (int jj = 0; jj < 2; jj++) {
-                            const int c = warp * 32 + jj * 16 + (lane & 7) + ((lane >> 4) << 3);
-                            ldsm4(smem_at(ws + c * sk + k0 + ((lane >> 3) & 1) * 8), bf[2 * jj][0], bf[2 * jj][1],
-                                  bf[2 * jj + 1][0], bf[2 * jj + 1][1]);
-                        }
-#pragma unroll
-                        for (int mi = 0; mi < 2; mi++) {
-                            uint32_t af[4];
+                            for (int jj = 0; jj < 2; jj++) {
+                                const int c = warp * 32 + jj * 16 + (lane & 7) + ((lane >> 4) << 3);
+                                ldsm4(smem_at(ws + c * sk + k0 + ((lane >> 3) & 1) * 8), bf[2 * jj][0], bf[2 * jj][1],
+                                      bf[2 * jj + 1][0], bf[2 * jj + 1][1]);
+                            }
                             ldsm4(smem_at(xs + (mi * 16 + (lane & 15)) * sk + k0 + (lane >> 4) * 8), af[0], af[1], af[2], af[3]);
 #pragma unroll
-                            for (int jj = 0; jj < 4; jj++) mma16816<T>(acc[mi][jj], af, bf[jj]);
+                            for (int jj = 0; jj < 4; jj++) mma16816<T>(acc[jj], af, bf[jj]);
                         }
                     }
-                }
-#pragma unroll
-                for (int mi = 0; mi < 2; mi++)
 #pragma unroll
                     for (int h = 0; h < 2; h++) {
                         const int r = mi * 16 + grp + 8 * h;
@@ -172,7 +164,7 @@ __global__ void __launch_bounds__(BT_THREADS, 1) act_bwd_tile_kernel(bt_args a) 
                                 p = pair_at(pres + r * sm + c);
                             } else {
                                 T q[2];
-                                from_acc2<T>(acc[mi][jj][2 * h] + bias[c], acc[mi][jj][2 * h + 1] + bias[c + 1], q);
+                                from_acc2<T>(acc[jj][2 * h] + bias[c], acc[jj][2 * h + 1] + bias[c + 1], q);
                                 p = make_float2(to_acc(q[0]), to_acc(q[1]));
                             }
                             const float2 d = pair_at(dys + r * sm + c);
@@ -182,6 +174,7 @@ __global__ void __launch_bounds__(BT_THREADS, 1) act_bwd_tile_kernel(bt_args a) 
                             from_acc2<T>(v0, v1, gs + r * sm + c);
                         }
                     }
+                }
             }
             bar_arrive(BAR_FULL + (j & 1), BT_THREADS);
         }
@@ -210,8 +203,8 @@ __global__ void __launch_bounds__(BT_THREADS, 1) act_bwd_tile_kernel(bt_args a) 
 #ifdef __CUDA_ARCH_FEAT_SM90_ALL
         asm volatile("setmaxnreg.inc.sync.aligned.u32 176;\n" ::);
 #endif
-        const int q = warp - 8, mp = (a.cols + 15) & ~15;
-        const bool c_on = q * 16 < kp, d_on = q * 32 < mc;
+        const int q = warp - 8, cr = q & 1, cc = q >> 1, mp = (a.cols + 15) & ~15;
+        const bool c_on = cc * 32 < kp, d_on = q * 32 < mc;
         float dw[2][16][4];
 #pragma unroll
         for (int i = 0; i < 2; i++)
@@ -221,42 +214,39 @@ __global__ void __launch_bounds__(BT_THREADS, 1) act_bwd_tile_kernel(bt_args a) 
             const int64_t t = t0 + j;
             bar_sync(BAR_FULL + (j & 1), BT_THREADS);
             const T *xs = st + (j % BT_STAGES) * stage, *gs = gbuf + (j & 1) * BT_ROWS * sm;
-            if (c_on) { /* dx = g·w: all 32 rows, columns 16·q (g's fragments shared by the columns) */
-                float acc[2][2][4];
-#pragma unroll
-                for (int mi = 0; mi < 2; mi++)
-#pragma unroll
-                    for (int jj = 0; jj < 2; jj++) acc[mi][jj][0] = acc[mi][jj][1] = acc[mi][jj][2] = acc[mi][jj][3] = 0.f;
-                for (int k0 = 0; k0 < mp; k0 += 16) {
-                    uint32_t bf[2][2];
-                    ldsm4t(smem_at(ws + (k0 + ((lane >> 3) & 1) * 8 + (lane & 7)) * sk + q * 16 + (lane >> 4) * 8), bf[0][0],
-                           bf[0][1], bf[1][0], bf[1][1]);
-#pragma unroll
-                    for (int mi = 0; mi < 2; mi++) {
-                        uint32_t af[4];
-                        ldsm4(smem_at(gs + (mi * 16 + (lane & 15)) * sm + k0 + (lane >> 4) * 8), af[0], af[1], af[2], af[3]);
-                        mma16816<T>(acc[mi][0], af, bf[0]);
-                        mma16816<T>(acc[mi][1], af, bf[1]);
-                    }
-                }
+            if (c_on) { /* dx = g·w: rows 16·cr, columns 32·cc, 16 at a time (registers) */
                 T *dx = static_cast<T *>(a.dx);
 #pragma unroll
-                for (int mi = 0; mi < 2; mi++)
+                for (int np = 0; np < 2; np++) {
+                    const int c0 = cc * 32 + np * 16;
+                    if (c0 >= kp) continue;
+                    float acc[2][4];
+#pragma unroll
+                    for (int jj = 0; jj < 2; jj++) acc[jj][0] = acc[jj][1] = acc[jj][2] = acc[jj][3] = 0.f;
+                    for (int k0 = 0; k0 < mp; k0 += 16) {
+                        uint32_t af[4], bf[2][2];
+                        ldsm4(smem_at(gs + (cr * 16 + (lane & 15)) * sm + k0 + (lane >> 4) * 8), af[0], af[1], af[2], af[3]);
+                        ldsm4t(smem_at(ws + (k0 + ((lane >> 3) & 1) * 8 + (lane & 7)) * sk + c0 + (lane >> 4) * 8), bf[0][0],
+                               bf[0][1], bf[1][0], bf[1][1]);
+                        mma16816<T>(acc[0], af, bf[0]);
+                        mma16816<T>(acc[1], af, bf[1]);
+                    }
 #pragma unroll
                     for (int h = 0; h < 2; h++) {
-                        const int64_t row = t * BT_ROWS + mi * 16 + grp + 8 * h;
+                        const int64_t row = t * BT_ROWS + cr * 16 + grp + 8 * h;
                         if (row >= a.rows) continue;
 #pragma unroll
                         for (int jj = 0; jj < 2; jj++) {
-                            const int col = q * 16 + 8 * jj + 2 * quad;
+                            const int col = c0 + 8 * jj + 2 * quad;
                             if (col >= a.k) continue;
                             T *o = dx + row * a.k + col;
-                            float v0 = acc[mi][jj][2 * h], v1 = acc[mi][jj][2 * h + 1];
+                            float v0 = acc[jj][2 * h], v1 = acc[jj][2 * h + 1];
                             if (a.accumulate) v0 += to_acc(o[0]), v1 += to_acc(o[1]);
                             if (a.vec) from_acc2<T>(v0, v1, o);
                             else o[0] = from_acc<T>(v0), o[1] = from_acc<T>(v1);
                         }
                     }
+                }
             }
             if (d_on) { /* dW += gᵀ·x: rows 32·q, all columns */
 #pragma unroll

@@ -302,7 +302,8 @@ fg_status fg_cuda_logp(fg_context *ctx, const fg_logp_call *c);
  *   TILE_FORWARD  pre = x·wᵀ + b rounded to the dtype (written when pre is not NULL),
  *                 y = act(pre); x [rows, k], w [cols, k], b [cols] or NULL
  *   TILE_GRAD     pre recomputed the same way (the same bits), then as GRAD (g may be NULL)
- * and, where fg_cuda_act_bwd_tile_fits (also M ≤ 256), the whole backward in one kernel:
+ * and, where fg_cuda_act_bwd_tile_fits (also M ≤ 256; the cheap-slope activations), the
+ * whole backward in one kernel:
  *   TILE_BACKWARD from dy and pre (kept; NULL: recomputed as TILE_GRAD does), g kept on chip:
  *                 dx = g·w (+ dx when accumulate), dw = gᵀ·x (+ dw when accumulate), and
  *                 db_acc as GRAD; scratch: fg_cuda_act_bwd_tile_scratch bytes */
@@ -351,7 +352,7 @@ size_t fg_cuda_act_tile_scratch(int64_t rows, int64_t cols);
 fg_status fg_cuda_act_tile(fg_context *ctx, const fg_act_call *c);
 /* TILE_BACKWARD: whether it takes the shape (any alignment), and its scratch (per-slab dW and
  * db partial sums; the slab count is the device's SM count, capped by the row tiles) */
-bool fg_cuda_act_bwd_tile_fits(fg_dtype dtype, int64_t k, int64_t cols);
+bool fg_cuda_act_bwd_tile_fits(fg_dtype dtype, int act, int64_t k, int64_t cols);
 size_t fg_cuda_act_bwd_tile_scratch(int device, int64_t rows, int64_t k, int64_t cols);
 fg_status fg_cuda_act_bwd_tile(fg_context *ctx, const fg_act_call *c);
 #endif

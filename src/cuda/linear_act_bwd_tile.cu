@@ -1,6 +1,7 @@
 /*
  * linear_act_bwd_tile.cu — the whole backward of linear + activation in one kernel for a
- * short reduction and a narrow layer (K ≤ 128, M ≤ 256, f16 / bf16). Per tile of 32 rows:
+ * short reduction and a narrow layer (K ≤ 128, M ≤ 256, f16 / bf16; relu, silu, sigmoid, tanh:
+ * bt_act says why not the gelus). Per tile of 32 rows:
  *   pre   recomputed as x·wᵀ + b rounded to the dtype (the forward tile's bits), or the kept
  *         pre read (relu: its y, the mask is y > 0)
  *   g     = dy ⊙ act′(pre), rounded to the dtype, in shared memory only; db's column sums in f32
@@ -292,9 +293,17 @@ __global__ void __launch_bounds__(BT_THREADS, 1) act_bwd_tile_kernel(bt_args a) 
     }
 }
 
-extern "C" bool fg_cuda_act_bwd_tile_fits(fg_dtype dtype, int64_t k, int64_t cols) {
-    return (dtype == FG_F16 || dtype == FG_BF16) && k >= 8 && k <= BT_MAX_K && k % 8 == 0 && cols >= 8 &&
-           cols <= BT_MAX_M && cols % 8 == 0;
+/* The activations whose slope is cheap (relu; one ex2 and one reciprocal for silu, sigmoid,
+ * tanh). gelu and gelu_tanh keep the unfused backward: their slope math makes the eight math
+ * warps this kernel's bottleneck (H100, 172032 × 128 × 256, kept pre: 0.234 ms against 0.20 for
+ * the gradient pass and two cuBLASLt products; silu 0.173 against 0.20; docs/perf-notes.md). */
+static bool bt_act(int act) {
+    return act == FG_ACT_RELU || act == FG_ACT_SILU || act == FG_ACT_SIGMOID || act == FG_ACT_TANH;
+}
+
+extern "C" bool fg_cuda_act_bwd_tile_fits(fg_dtype dtype, int act, int64_t k, int64_t cols) {
+    return (dtype == FG_F16 || dtype == FG_BF16) && bt_act(act) && k >= 8 && k <= BT_MAX_K && k % 8 == 0 &&
+           cols >= 8 && cols <= BT_MAX_M && cols % 8 == 0;
 }
 
 /* slabs: the SM count, capped by the row tiles; per: tiles a slab */
@@ -332,7 +341,7 @@ template <typename T> static cudaError_t bt_dispatch(int act, bool kept, const b
 static bool al16(const void *p) { return p == nullptr || (uintptr_t)p % 16 == 0; }
 
 extern "C" fg_status fg_cuda_act_bwd_tile(fg_context *ctx, const fg_act_call *c) {
-    if (!fg_cuda_act_bwd_tile_fits(c->dtype, c->k, c->cols) || !c->dx || !c->dw)
+    if (!fg_cuda_act_bwd_tile_fits(c->dtype, c->act, c->k, c->cols) || !c->dx || !c->dw)
         return fg_fail(FG_ERR_INTERNAL, "cuda linear_act: the backward tile does not take K=%lld, M=%lld",
                        (long long)c->k, (long long)c->cols);
     fg_device_guard guard(ctx->device);

@@ -16,8 +16,9 @@
  *            write only afterwards.
  *  CUDA, short K (≤ 128, f16 / bf16): the forward, and the backward's recomputed pre with g,
  *            are one tile kernel each (product + activation, src/cuda/linear_act_tile.cu);
- *            dx and dw stay cuBLASLt GEMMs. With also M ≤ 256 and both dx and dw wanted, the
- *            whole backward is one kernel (src/cuda/linear_act_bwd_tile.cu; g stays on chip).
+ *            dx and dw stay cuBLASLt GEMMs. With also M ≤ 256, both dx and dw wanted and a
+ *            cheap slope (relu, silu, sigmoid, tanh), the whole backward is one kernel
+ *            (src/cuda/linear_act_bwd_tile.cu; g stays on chip).
  * The activation math is the backends' (src/cpu/linear_act.c, src/cuda/linear_act.cu).
  * Sums are f32 (f64 for f64) in a fixed order: the same bits on every run.
  */
@@ -263,12 +264,13 @@ static fg_status db_cast(act_run *r, void *db_acc, bool db_over_batches) {
     return step(r, &c);
 }
 
-/* CUDA, K ≤ 128 and M ≤ 256 in f16 / bf16, dx and dw both wanted: the whole backward in one
- * kernel (src/cuda/linear_act_bwd_tile.cu), g never stored; any alignment. */
+/* CUDA, K ≤ 128 and M ≤ 256 in f16 / bf16, relu / silu / sigmoid / tanh, dx and dw both
+ * wanted: the whole backward in one kernel (src/cuda/linear_act_bwd_tile.cu), g never stored;
+ * any alignment. */
 static bool use_bwd_tile(const act_run *r, bool want_dx, bool want_dw) {
 #ifdef FG_HAVE_CUDA
-    return r->ctx->backend == FG_BACKEND_CUDA && r->d->kind != FG_ACT_NONE && want_dx && want_dw &&
-           fg_cuda_act_bwd_tile_fits(r->dtype, r->K, r->M);
+    return r->ctx->backend == FG_BACKEND_CUDA && want_dx && want_dw &&
+           fg_cuda_act_bwd_tile_fits(r->dtype, r->d->kind, r->K, r->M);
 #else
     (void)r, (void)want_dx, (void)want_dw;
     return false;

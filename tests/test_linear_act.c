@@ -386,12 +386,12 @@ static void determinism(fg_context *ctx, fg_backend be, fg_dtype dt) {
     th_operand x = th_make(be, dt, 2, xs, 0), w = th_make(be, dt, 2, ws, 0), dy = th_make(be, dt, 2, ys, 0);
     th_operand dw = th_make(be, dt, 2, ws, 0), db = th_make(be, dt, 1, bs, 0), dx = th_make(be, dt, 2, xs, 0);
     th_randomize(&x), th_randomize(&w), th_randomize(&dy);
-    /* dw + db alone (GEMM path), and with dx (CUDA: the one-kernel backward, f16 / bf16) */
+    /* dw + db alone (GEMM path), and silu with dx (CUDA: the one-kernel backward, f16 / bf16) */
     for (int with_dx = 0; with_dx < 2; with_dx++) {
         void *snap[3] = {0};
         for (int run = 0; run < 2; run++) {
-            TH_OK(fg_linear_act_backward(ctx, FG_ACT_GELU_TANH, &dy.t, NULL, &x.t, &w.t, NULL, with_dx ? &dx.t : NULL,
-                                         &dw.t, &db.t, 0));
+            TH_OK(fg_linear_act_backward(ctx, with_dx ? FG_ACT_SILU : FG_ACT_GELU_TANH, &dy.t, NULL, &x.t, &w.t, NULL,
+                                         with_dx ? &dx.t : NULL, &dw.t, &db.t, 0));
             th_operand *o[3] = {&dw, &db, &dx};
             for (int k = 0; k < 2 + with_dx; k++) {
                 if (run == 0) snap[k] = th_snapshot(&o[k]->buf);

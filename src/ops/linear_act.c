@@ -175,7 +175,9 @@ static fg_status step(act_run *r, fg_act_call *c) {
     return fg_fail(FG_ERR_NO_DEVICE, "linear_act: backend %d is not built in", (int)r->ctx->backend);
 }
 
+#ifdef FG_HAVE_CUDA
 static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+#endif
 
 /* The CUDA tile path (product and activation in one kernel: short K, f16 / bf16) for this
  * shape; running, the pointers must also be 16-byte aligned (else GEMM + pass). */

@@ -305,8 +305,9 @@ fg_status fg_cuda_logp(fg_context *ctx, const fg_logp_call *c);
  * and, where fg_cuda_act_bwd_tile_fits (also M ≤ 256; the cheap-slope activations), the
  * whole backward in one kernel:
  *   TILE_BACKWARD from dy and pre (kept; NULL: recomputed as TILE_GRAD does), g kept on chip:
- *                 dx = g·w (+ dx when accumulate), dw = gᵀ·x (+ dw when accumulate), and
- *                 db_acc as GRAD; scratch: fg_cuda_act_bwd_tile_scratch bytes */
+ *                 dx = g·w (+ dx when accumulate), db_acc as GRAD, and dw = gᵀ·x as `parts`
+ *                 f32 [cols, k] partials at the start of scratch (CAST sums them; scratch:
+ *                 fg_cuda_act_bwd_tile_scratch bytes, which also gives parts) */
 typedef enum fg_act_step {
     FG_ACT_STEP_FORWARD,
     FG_ACT_STEP_GRAD,
@@ -334,7 +335,7 @@ typedef struct fg_act_call {
     bool accumulate;
     const void *x, *w, *b;   /* TILE steps: the product's operands, k their inner size */
     int64_t k;
-    void *dx, *dw;           /* TILE_BACKWARD's outputs */
+    void *dx;                /* TILE_BACKWARD's output */
 } fg_act_call;
 
 /* The activations and their derivatives in f64: the CPU backend's math (src/cpu/linear_act.c). */
@@ -353,7 +354,7 @@ fg_status fg_cuda_act_tile(fg_context *ctx, const fg_act_call *c);
 /* TILE_BACKWARD: whether it takes the shape (any alignment), and its scratch (per-slab dW and
  * db partial sums; the slab count is the device's SM count, capped by the row tiles) */
 bool fg_cuda_act_bwd_tile_fits(fg_dtype dtype, int act, int64_t k, int64_t cols);
-size_t fg_cuda_act_bwd_tile_scratch(int device, int64_t rows, int64_t k, int64_t cols);
+size_t fg_cuda_act_bwd_tile_scratch(int device, int64_t rows, int64_t k, int64_t cols, int64_t *parts);
 fg_status fg_cuda_act_bwd_tile(fg_context *ctx, const fg_act_call *c);
 #endif
 

@@ -8,7 +8,7 @@
  *   dx    = g·w, written (added to dx when accumulating)
  *   dW   += gᵀ·x, in registers for the block's whole slab of rows
  * Each block walks one slab of consecutive row tiles and leaves its dW and db partial sums in
- * f32; cast_sum and slab_colsum add them over the slabs in order. The slab count is the SM
+ * f32; slab_colsum adds db's over the slabs in order, the driver's CAST step dW's. The slab count is the SM
  * count (capped by the tiles): the same bits run to run on one GPU model.
  * Why: the unfused backward writes g ([N, M]) and reads it twice (dx, dW) and reads or
  * recomputes pre in a separate pass; here x and dy (and a kept pre) are read once and dx is
@@ -315,10 +315,12 @@ static void bt_slabs(int device, int64_t rows, int64_t *slabs, int64_t *per) {
     *slabs = tiles > 0 ? (tiles + *per - 1) / *per : 0;
 }
 
-extern "C" size_t fg_cuda_act_bwd_tile_scratch(int device, int64_t rows, int64_t k, int64_t cols) {
+/* per slab (at least one: with no rows, one of zeros), dW's [cols, k] then db's [cols] sums */
+extern "C" size_t fg_cuda_act_bwd_tile_scratch(int device, int64_t rows, int64_t k, int64_t cols, int64_t *parts) {
     int64_t slabs, per;
     bt_slabs(device, rows, &slabs, &per);
-    return (size_t)slabs * (size_t)(cols * k + cols) * sizeof(float);
+    *parts = slabs > 0 ? slabs : 1;
+    return (size_t)*parts * (size_t)(cols * k + cols) * sizeof(float);
 }
 
 template <typename T, int ACT, bool KEPT> static cudaError_t bt_launch(const bt_args &a, int64_t slabs, cudaStream_t s) {
@@ -341,21 +343,18 @@ template <typename T> static cudaError_t bt_dispatch(int act, bool kept, const b
 static bool al16(const void *p) { return p == nullptr || (uintptr_t)p % 16 == 0; }
 
 extern "C" fg_status fg_cuda_act_bwd_tile(fg_context *ctx, const fg_act_call *c) {
-    if (!fg_cuda_act_bwd_tile_fits(c->dtype, c->act, c->k, c->cols) || !c->dx || !c->dw)
+    if (!fg_cuda_act_bwd_tile_fits(c->dtype, c->act, c->k, c->cols) || !c->dx)
         return fg_fail(FG_ERR_INTERNAL, "cuda linear_act: the backward tile does not take K=%lld, M=%lld",
                        (long long)c->k, (long long)c->cols);
     fg_device_guard guard(ctx->device);
     cudaStream_t s = ctx->cuda->stream;
     int64_t slabs, per;
     bt_slabs(ctx->device, c->rows, &slabs, &per);
-    const size_t es = fg_dtype_size(c->dtype);
-    if (slabs == 0) { /* no rows: dW and db's sums are zero (or unchanged when adding) */
-        cudaError_t e = c->accumulate ? cudaSuccess : cudaMemsetAsync(c->dw, 0, (size_t)(c->cols * c->k) * es, s);
+    if (slabs == 0) { /* no rows: dW's one partial and db's sums are zero */
+        cudaError_t e = cudaMemsetAsync(c->scratch, 0, (size_t)(c->cols * c->k) * sizeof(float), s);
         if (e == cudaSuccess && c->db_acc && c->first) e = cudaMemsetAsync(c->db_acc, 0, (size_t)c->cols * sizeof(float), s);
         return e == cudaSuccess ? FG_OK : fg_cuda_fail(e, "linear_act backward tile");
     }
-    if (c->scratch_bytes < (size_t)slabs * (size_t)(c->cols * c->k + c->cols) * sizeof(float))
-        return fg_fail(FG_ERR_INTERNAL, "cuda linear_act: backward tile scratch too small");
     bt_args a;
     a.x = c->x, a.w = c->w, a.b = c->b, a.dy = c->dy, a.pre = c->pre, a.dx = c->dx;
     a.part_w = (float *)c->scratch;
@@ -367,15 +366,5 @@ extern "C" fg_status fg_cuda_act_bwd_tile(fg_context *ctx, const fg_act_call *c)
     cudaError_t e = c->dtype == FG_F16 ? bt_dispatch<__half>(c->act, c->pre != nullptr, a, slabs, s)
                                        : bt_dispatch<__nv_bfloat16>(c->act, c->pre != nullptr, a, slabs, s);
     if (e == cudaSuccess && a.part_b) e = slab_colsum(a.part_b, slabs, c->cols, (float *)c->db_acc, c->first, s);
-    if (e == cudaSuccess) {
-        const int64_t n = c->cols * c->k;
-        const unsigned blocks = (unsigned)((n + 255) / 256);
-        if (c->dtype == FG_F16)
-            cast_sum_kernel<__half><<<blocks, 256, 0, s>>>(a.part_w, (__half *)c->dw, n, slabs, c->accumulate);
-        else
-            cast_sum_kernel<__nv_bfloat16><<<blocks, 256, 0, s>>>(a.part_w, (__nv_bfloat16 *)c->dw, n, slabs,
-                                                                  c->accumulate);
-        e = cudaGetLastError();
-    }
     return e == cudaSuccess ? FG_OK : fg_cuda_fail(e, "linear_act backward tile");
 }

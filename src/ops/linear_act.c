@@ -254,16 +254,22 @@ static fg_status forward(act_run *r) {
 
 /* db = the f32 sums in db_acc, rounded (added to db when accumulating); with batched weights
  * and db [M], once after the last batch */
-static fg_status db_cast(act_run *r, void *db_acc, bool db_over_batches) {
-    if (db_over_batches && r->bi != r->B - 1) return FG_OK;
+/* dst = Σ of `parts` f32 partials of n elements in src, in order (+ dst when accumulating) */
+static fg_status sum_cast(act_run *r, const void *src, int64_t parts, int64_t n, void *dst) {
     fg_act_call c;
     memset(&c, 0, sizeof c);
     c.step = FG_ACT_STEP_CAST;
-    c.cols = r->M;
-    c.src = db_acc;
-    c.dst = data_of(r, AB_DB);
+    c.cols = n;
+    c.parts = parts;
+    c.src = src;
+    c.dst = dst;
     c.accumulate = r->d->accumulate != 0;
     return step(r, &c);
+}
+
+static fg_status db_cast(act_run *r, void *db_acc, bool db_over_batches) {
+    if (db_over_batches && r->bi != r->B - 1) return FG_OK;
+    return sum_cast(r, db_acc, 1, r->M, data_of(r, AB_DB));
 }
 
 /* CUDA, K ≤ 128 and M ≤ 256 in f16 / bf16, relu / silu / sigmoid / tanh, dx and dw both
@@ -281,8 +287,9 @@ static bool use_bwd_tile(const act_run *r, bool want_dx, bool want_dw) {
 
 static fg_status backward_tile(act_run *r, bool keep, bool want_db, bool db_over_batches) {
     size_t scratch = 0;
+    int64_t parts = 1;
 #ifdef FG_HAVE_CUDA
-    scratch = fg_cuda_act_bwd_tile_scratch(r->ctx->device, r->N, r->K, r->M);
+    scratch = fg_cuda_act_bwd_tile_scratch(r->ctx->device, r->N, r->K, r->M, &parts);
 #endif
     const size_t scratch_off = place(r, scratch), db_off = place(r, want_db ? (size_t)r->M * r->aes : 0);
     fg_act_call c;
@@ -291,12 +298,13 @@ static fg_status backward_tile(act_run *r, bool keep, bool want_db, bool db_over
     c.rows = r->N, c.cols = r->M, c.k = r->K;
     c.x = data_of(r, AB_X), c.w = data_of(r, AB_W), c.b = data_of(r, AB_B);
     c.dy = data_of(r, AB_DY), c.pre = keep ? data_of(r, AB_PRE) : NULL;
-    c.dx = data_of(r, AB_DX), c.dw = data_of(r, AB_DW);
+    c.dx = data_of(r, AB_DX);
     c.db_acc = want_db ? at(r, db_off) : NULL;
     c.first = !db_over_batches || r->bi == 0;
     c.scratch = at(r, scratch_off), c.scratch_bytes = scratch;
     c.accumulate = r->d->accumulate != 0;
     FG_TRY(step(r, &c));
+    FG_TRY(sum_cast(r, c.scratch, parts, r->M * r->K, data_of(r, AB_DW)));
     return want_db ? db_cast(r, c.db_acc, db_over_batches) : FG_OK;
 }
 
@@ -370,15 +378,7 @@ static fg_status backward(act_run *r) {
             fg_mat pt = fg_mat_at(at(r, parts_off + (size_t)(parts * r->M * r->K) * r->aes), r->K, 1);
             FG_TRY(gemm(r, 1, r->M, r->K, tail, fg_mat_at(gt, 1, r->M), fg_mat_at(xt, r->K, 1), pt, 0.0, NULL, true));
         }
-        fg_act_call c;
-        memset(&c, 0, sizeof c);
-        c.step = FG_ACT_STEP_CAST;
-        c.cols = r->M * r->K;
-        c.parts = parts + (tail ? 1 : 0);
-        c.src = at(r, parts_off);
-        c.dst = data_of(r, AB_DW);
-        c.accumulate = d->accumulate != 0;
-        FG_TRY(step(r, &c));
+        FG_TRY(sum_cast(r, at(r, parts_off), parts + (tail ? 1 : 0), r->M * r->K, data_of(r, AB_DW)));
     }
     return FG_OK;
 }

@@ -250,6 +250,64 @@ static void run_case(fg_context *ctx, fg_backend be, fg_dtype dt, int act, const
     if (sc->bias) th_drop(&b);
 }
 
+/* A layer wide enough for CUDA's sm_90a GEMM forward (a full wave of 128 × 256 tiles, any K:
+ * here K = 136, a 64-wide slice and a tail of 8; row and column tiles with tails), every
+ * activation, pre kept and not, aligned and (the GEMM + pass fallback) misaligned; on a 9.0
+ * device with an sm_90a build the plan must name that kernel. f64 reference (the product). */
+static void wide_forward(fg_context *ctx, fg_backend be, fg_dtype dt) {
+    const int64_t N = 1100, K = 136, M = 3848;
+    for (int layout = 0; layout <= 3; layout += 3) {
+        int64_t xs[2] = {N, K}, ws[2] = {M, K}, bs[1] = {M}, ys[2] = {N, M};
+        th_operand x = th_make(be, dt, 2, xs, layout), w = th_make(be, dt, 2, ws, layout), b = th_make(be, dt, 1, bs, layout);
+        th_operand y = th_make(be, dt, 2, ys, layout), pre = th_make(be, dt, 2, ys, layout);
+        th_randomize(&x), th_randomize(&w), th_randomize(&b);
+        for (int64_t i = 0; i < x.n; i++) x.v[i] = (x.v[i] - 0.25) * 4.0 / sqrt((double)K);
+        th_round(dt, x.v, x.n);
+        th_put(&x.buf, &x.t, x.v);
+        double *rp = malloc(sizeof(double) * (size_t)(N * M)), *ry = malloc(sizeof(double) * (size_t)(N * M));
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t m = 0; m < M; m++) {
+                double p = b.v[m];
+                for (int64_t k = 0; k < K; k++) p += x.v[n * K + k] * w.v[m * K + k];
+                rp[n * M + m] = p;
+            }
+        for (int act = 0; act <= FG_ACT_TANH; act++) {
+            char lab[160];
+            snprintf(lab, sizeof lab, "wide %s %s %s N=%lld K=%lld M=%lld%s", act_names[act], th_backend_name(be),
+                     fg_dtype_name(dt), (long long)N, (long long)K, (long long)M, layout ? " misaligned" : "");
+            for (int64_t i = 0; i < N * M; i++) {
+                double q = rp[i];
+                th_round(dt, &q, 1);
+                ry[i] = (double)ref_act(act, q);
+            }
+            for (int keep = 0; keep < 2; keep++) {
+                th_poison(&y.buf), th_poison(&pre.buf);
+                TH_OK(fg_linear_act_forward(ctx, (fg_activation)act, &x.t, &w.t, &b.t, &y.t, keep ? &pre.t : NULL));
+                th_verify(keep ? "y" : "y (no pre)", &y, ry, th_tol(dt, false), lab);
+                if (keep) th_verify("pre", &pre, rp, th_tol(dt, false), lab);
+            }
+#ifdef FG_TEST_HAVE_SM90A
+            if (layout == 0 && act != FG_ACT_NONE) { /* the path: the plan names its kernels */
+                fg_plan_desc d;
+                memset(&d, 0, sizeof d);
+                d.op = FG_OP_LINEAR_ACT_FORWARD, d.kind = act;
+                d.operands[0] = x.t, d.operands[1] = w.t, d.operands[2] = b.t, d.operands[3] = y.t, d.operands[4] = pre.t;
+                fg_plan *plan = NULL;
+                fg_plan_info info;
+                TH_OK(fg_plan_create(ctx, &d, &plan));
+                TH_OK(fg_plan_info_get(plan, &info));
+                if (info.arch == 90)
+                    TH_CHECK(strstr(info.kernel, "linear_act_gemm90") != NULL, "%s: the plan runs %s, not the sm_90a GEMM",
+                             lab, info.kernel);
+                fg_plan_destroy(plan);
+            }
+#endif
+        }
+        free(rp), free(ry);
+        th_drop(&x), th_drop(&w), th_drop(&b), th_drop(&y), th_drop(&pre);
+    }
+}
+
 /* Batched weights: x [B, L1, L2, K], w [B, M, K], b none / [M] shared / [B, M]; each batch
  * against the 2-D reference, db summed over the batches when b is shared. */
 static void batched_weights(fg_context *ctx, fg_backend be, fg_dtype dt, int act, int bias_kind) {
@@ -465,6 +523,7 @@ int main(void) {
                 for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) run_case(ctx, be, dt, act, &shapes[s]);
             special_values(ctx, be, dt);
             determinism(ctx, be, dt);
+            if (be == FG_BACKEND_CUDA && (dt == FG_F16 || dt == FG_BF16)) wide_forward(ctx, be, dt);
             for (int act = 0; act <= FG_ACT_TANH; act += 3) /* relu, gelu_tanh, tanh */
                 for (int bk = 0; bk < 3; bk++) batched_weights(ctx, be, dt, act == 0 ? FG_ACT_RELU : act, bk);
         }

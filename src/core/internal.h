@@ -307,14 +307,18 @@ fg_status fg_cuda_logp(fg_context *ctx, const fg_logp_call *c);
  *   TILE_BACKWARD from dy and pre (kept; NULL: recomputed as TILE_GRAD does), g kept on chip:
  *                 dx = g·w (+ dx when accumulate), db_acc as GRAD, and dw = gᵀ·x as `parts`
  *                 f32 [cols, k] partials at the start of scratch (CAST sums them; scratch:
- *                 fg_cuda_act_bwd_tile_scratch bytes, which also gives parts) */
+ *                 fg_cuda_act_bwd_tile_scratch bytes, which also gives parts)
+ * and, where fg_cuda_act_gemm_fits (an sm_90a build on a 9.0 device, f16/bf16, K and M
+ * multiples of 8, a full wave of 128 × 256 tiles), the forward as one own GEMM:
+ *   GEMM_FORWARD  as TILE_FORWARD, any K (pointers 16-byte aligned) */
 typedef enum fg_act_step {
     FG_ACT_STEP_FORWARD,
     FG_ACT_STEP_GRAD,
     FG_ACT_STEP_CAST,
     FG_ACT_STEP_TILE_FORWARD,
     FG_ACT_STEP_TILE_GRAD,
-    FG_ACT_STEP_TILE_BACKWARD
+    FG_ACT_STEP_TILE_BACKWARD,
+    FG_ACT_STEP_GEMM_FORWARD
 } fg_act_step;
 
 typedef struct fg_act_call {
@@ -356,6 +360,8 @@ fg_status fg_cuda_act_tile(fg_context *ctx, const fg_act_call *c);
 bool fg_cuda_act_bwd_tile_fits(fg_dtype dtype, int act, int64_t k, int64_t cols);
 size_t fg_cuda_act_bwd_tile_scratch(int device, int64_t rows, int64_t k, int64_t cols, int64_t *parts);
 fg_status fg_cuda_act_bwd_tile(fg_context *ctx, const fg_act_call *c);
+bool fg_cuda_act_gemm_fits(int device, fg_dtype dtype, int64_t rows, int64_t k, int64_t cols);
+fg_status fg_cuda_act_gemm(fg_context *ctx, const fg_act_call *c);
 #endif
 
 /* ------------------------------------------------------------------ op lowering */

@@ -14,6 +14,9 @@
  *            FG_PLAN_CONSUME_PRE), then dx = g·w and dw = gᵀ·x as GEMMs; act none uses dy
  *            as g directly. db's f32 sums borrow the memory of dx or dw, which their GEMMs
  *            write only afterwards.
+ *  CUDA, sm_90a, f16 / bf16, wide enough to fill the GPU: the forward is one own GEMM with
+ *            the bias and the activation in its epilogue (src/cuda/linear_act_gemm.cu); relu
+ *            without a kept pre still asks cuBLASLt's epilogue first.
  *  CUDA, short K (≤ 128, f16 / bf16): the forward, and the backward's recomputed pre with g,
  *            are one tile kernel each (product + activation, src/cuda/linear_act_tile.cu);
  *            dx and dw stay cuBLASLt GEMMs. With also M ≤ 256, both dx and dw wanted and a
@@ -152,6 +155,7 @@ static const char *step_name(fg_act_step s) {
     case FG_ACT_STEP_TILE_FORWARD: return "linear_act_tile";
     case FG_ACT_STEP_TILE_GRAD: return "linear_act_grad_tile";
     case FG_ACT_STEP_TILE_BACKWARD: return "linear_act_bwd_tile";
+    case FG_ACT_STEP_GEMM_FORWARD: return "linear_act_gemm90";
     default: return "cast";
     }
 }
@@ -188,6 +192,19 @@ static bool use_tile(const act_run *r, const void *p0, const void *p1, const voi
     return aligned16(p0) && aligned16(p1) && aligned16(p2) && aligned16(p3);
 #else
     (void)r, (void)p0, (void)p1, (void)p2, (void)p3;
+    return false;
+#endif
+}
+
+/* The CUDA sm_90a GEMM with the activation in its epilogue (any K, a full wave of tiles) for
+ * the forward; running, the pointers must also be 16-byte aligned (else GEMM + pass). */
+static bool use_gemm90(const act_run *r, const void *x, const void *w, const void *y, const void *pre) {
+#ifdef FG_HAVE_CUDA
+    if (r->ctx->backend != FG_BACKEND_CUDA || r->d->kind == FG_ACT_NONE) return false;
+    if (!fg_cuda_act_gemm_fits(r->ctx->device, r->dtype, r->N, r->K, r->M)) return false;
+    return aligned16(x) && aligned16(w) && aligned16(y) && aligned16(pre);
+#else
+    (void)r, (void)x, (void)w, (void)y, (void)pre;
     return false;
 #endif
 }
@@ -231,10 +248,11 @@ static fg_status forward(act_run *r) {
     bool fused = false;
     if (!keep) FG_TRY(act_gemm(r, y, &fused)); /* cuBLASLt's relu epilogue first (the product alone) */
     if (fused) return FG_OK;
-    if (use_tile(r, data_of(r, AF_X), data_of(r, AF_W), y, keep ? pre : NULL)) {
+    const bool tile = use_tile(r, data_of(r, AF_X), data_of(r, AF_W), y, keep ? pre : NULL);
+    if (tile || use_gemm90(r, data_of(r, AF_X), data_of(r, AF_W), y, keep ? pre : NULL)) {
         fg_act_call c;
         memset(&c, 0, sizeof c);
-        c.step = FG_ACT_STEP_TILE_FORWARD;
+        c.step = tile ? FG_ACT_STEP_TILE_FORWARD : FG_ACT_STEP_GEMM_FORWARD;
         c.rows = r->N, c.cols = r->M, c.k = r->K;
         c.x = data_of(r, AF_X), c.w = data_of(r, AF_W), c.b = data_of(r, AF_B);
         c.y = y, c.pre = keep ? pre : NULL;

@@ -1,0 +1,250 @@
+/*
+ * linear_act_gemm.cu — linear + activation's forward as one own sm_90a GEMM (f16 / bf16, any
+ * K, layers wide enough to fill the GPU):
+ *  GEMM_FORWARD  pre = round(x·wᵀ + b) (stored when kept), y = act(pre)
+ * the activation in the product's epilogue, so y (and pre) leave the chip once and no pass
+ * reads them back. cuBLASLt has epilogues for relu and gelu only, and its gelu misses this
+ * library's accuracy contract (docs/perf-notes.md, session 4).
+ * Machinery (sm90.cuh): persistent blocks of three warpgroups over 128 × 256 output tiles; one
+ * producer thread loads x's and w's 64-wide K slices by TMA into four 128-byte-swizzled stages
+ * (mbarriers full / empty); two consumer warpgroups run wgmma m64n256k16 on 64 rows each
+ * (128 f32 accumulators a thread); the epilogue adds the bias, rounds pre, applies the
+ * activation and hands 64 × 64 chunks to TMA stores (out of bounds clipped by the copy engine).
+ * Each output element is one block's sum in a fixed K order: deterministic.
+ * Measured (H100, session 7, 8192 × 4096 × 16384 bf16): the main loop alone 1.06–1.08× cuBLAS's
+ * plain product of the same run; with silu's epilogue (pre and y) 0.99×, gelu_tanh 0.90×.
+ */
+#include "act_math.cuh"
+#include "cuda_internal.h"
+#include "elem.cuh"
+#include "sm90.cuh"
+
+#include <cudaTypedefs.h>
+
+constexpr int GM_BM = 128, GM_BN = 256, GM_BK = 64, GM_STAGES = 4, GM_THREADS = 384, GM_GROUP = 16;
+constexpr int GM_A = GM_BM * GM_BK * 2, GM_B = GM_BN * GM_BK * 2, GM_STAGE = GM_A + GM_B;
+constexpr int GM_CHUNK = 64 * 64 * 2; /* one epilogue chunk: 64 rows × 64 columns */
+/* stages, then per consumer warpgroup pre's and y's chunk and the tile's bias; + alignment */
+constexpr size_t GM_SMEM = (size_t)GM_STAGES * GM_STAGE + 2 * 2 * GM_CHUNK + 2 * GM_BN * 2 + 1024;
+
+struct gm_args {
+    const void *bias;
+    int64_t n, m;
+    int k, tiles_r, tiles_c;
+    bool write_pre;
+};
+
+/* tile t of the persistent walk → (row tile, column tile): column-major inside bands of
+   GM_GROUP row tiles, so the blocks running at once share x's and w's rows in L2 */
+__device__ __forceinline__ void gm_tile(int t, const gm_args &a, int &tr, int &tc) {
+    const int per = GM_GROUP * a.tiles_c, g = t / per, r0 = g * GM_GROUP;
+    const int gs = min(GM_GROUP, a.tiles_r - r0), in = t - g * per;
+    tr = r0 + in % gs;
+    tc = in / gs;
+}
+
+__device__ __forceinline__ void wg_sync(int c) { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + c) : "memory"); }
+
+template <typename T, int ACT>
+__global__ void __launch_bounds__(GM_THREADS, 1)
+    act_gemm_kernel(const __grid_constant__ CUtensorMap mx, const __grid_constant__ CUtensorMap mw,
+                    const __grid_constant__ CUtensorMap mpre, const __grid_constant__ CUtensorMap my, gm_args a) {
+#ifdef __CUDA_ARCH_FEAT_SM90_ALL
+    extern __shared__ unsigned char raw[];
+    __shared__ __align__(8) uint64_t full[GM_STAGES], empty[GM_STAGES];
+    unsigned char *smem = (unsigned char *)(((uintptr_t)raw + 1023) & ~(uintptr_t)1023);
+    unsigned char *epi = smem + GM_STAGES * GM_STAGE;
+    const int wg = threadIdx.x / 128, ktiles = (a.k + GM_BK - 1) / GM_BK, tiles = a.tiles_r * a.tiles_c;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < GM_STAGES; s++) mbar_init(&full[s], 1), mbar_init(&empty[s], 256);
+        mbar_init_fence();
+        tma_prefetch_map(&mx);
+        tma_prefetch_map(&mw);
+    }
+    __syncthreads();
+    if (wg == 0) { /* ------------------------------------------------ producer: one thread */
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::);
+        if (threadIdx.x != 0) return;
+        int s = 0;
+        uint32_t ph = 0;
+        for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+            int tr, tc;
+            gm_tile(t, a, tr, tc);
+            for (int kt = 0; kt < ktiles; kt++) {
+                mbar_wait(&empty[s], ph ^ 1);
+                mbar_expect_tx(&full[s], GM_STAGE);
+                tma_load_2d(smem + s * GM_STAGE, &mx, &full[s], kt * GM_BK, tr * GM_BM);
+                tma_load_2d(smem + s * GM_STAGE + GM_A, &mw, &full[s], kt * GM_BK, tc * GM_BN);
+                if (++s == GM_STAGES) s = 0, ph ^= 1;
+            }
+        }
+        return;
+    }
+    /* ---------------------------------------------- consumers: warpgroup c, rows 64c … 64c + 63 */
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::);
+    const int c = wg - 1, tid = threadIdx.x & 127, lane = threadIdx.x & 31, warp = tid >> 5;
+    unsigned char *cp = epi + c * 2 * GM_CHUNK, *cy = cp + GM_CHUNK;
+    T *bsm = reinterpret_cast<T *>(epi + 4 * GM_CHUNK) + c * GM_BN;
+    const T *bias = static_cast<const T *>(a.bias);
+    float acc[128];
+    int s = 0;
+    uint32_t ph = 0;
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+        int tr, tc;
+        gm_tile(t, a, tr, tc);
+        /* this tile's bias (the last epilogue's reads of bsm ended before its last barrier) */
+        for (int i = tid; i < GM_BN; i += 128) {
+            const int64_t col = (int64_t)tc * GM_BN + i;
+            bsm[i] = bias && col < a.m ? bias[col] : T(0.f);
+        }
+        int prev = 0;
+        for (int kt = 0; kt < ktiles; kt++) {
+            mbar_wait(&full[s], ph);
+            const uint64_t da = wgmma_desc_sw128(smem + s * GM_STAGE + c * 64 * 128);
+            const uint64_t db = wgmma_desc_sw128(smem + s * GM_STAGE + GM_A);
+            acc_fence(acc, 128);
+            wgmma_fence();
+#pragma unroll
+            for (int j = 0; j < GM_BK / 16; j++) wgmma_n256<T>::template run<0, 0>(acc, da + 2 * j, db + 2 * j, kt > 0 || j > 0);
+            wgmma_commit();
+            acc_fence(acc, 128);
+            wgmma_wait<1>(); /* the previous slice's products are done: free its stage */
+            if (kt > 0) mbar_arrive(&empty[prev]);
+            prev = s;
+            if (++s == GM_STAGES) s = 0, ph ^= 1;
+        }
+        wgmma_wait<0>();
+        acc_fence(acc, 128);
+        mbar_arrive(&empty[prev]);
+        /* epilogue, 64 columns at a time: the thread holds rows lr, lr + 8 of the warpgroup's
+           64 and column pairs 8i + 2·(lane % 4); values first, then (the last chunk's stores
+           done reading) into the 128-byte-swizzled chunk buffers, then one TMA store each */
+        const int lr = warp * 16 + (lane >> 2);
+        wg_sync(c); /* bias visible */
+#pragma unroll
+        for (int q = 0; q < GM_BN / 64; q++) {
+            uint32_t pv[16], yv[16];
+#pragma unroll
+            for (int ii = 0; ii < 8; ii++) {
+                const int i = q * 8 + ii;
+                const vec_t<T, 2> bq = *reinterpret_cast<const vec_t<T, 2> *>(bsm + q * 64 + 8 * ii + 2 * (lane & 3));
+                const float b0 = to_acc(bq.v[0]), b1 = to_acc(bq.v[1]);
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    T v[2];
+                    from_acc2<T>(acc[4 * i + 2 * h] + b0, acc[4 * i + 2 * h + 1] + b1, v);
+                    pv[2 * ii + h] = *reinterpret_cast<uint32_t *>(v);
+                    from_acc2<T>(act_value(ACT, to_acc(v[0])), act_value(ACT, to_acc(v[1])), v);
+                    yv[2 * ii + h] = *reinterpret_cast<uint32_t *>(v);
+                }
+            }
+            if (tid == 0) tma_store_wait_read<0>();
+            wg_sync(c);
+#pragma unroll
+            for (int ii = 0; ii < 8; ii++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int row = lr + 8 * h, off = row * 128 + ((ii ^ (row & 7)) << 4) + (lane & 3) * 4;
+                    if (a.write_pre) *reinterpret_cast<uint32_t *>(cp + off) = pv[2 * ii + h];
+                    *reinterpret_cast<uint32_t *>(cy + off) = yv[2 * ii + h];
+                }
+            tma_store_fence();
+            wg_sync(c);
+            if (tid == 0) {
+                const int c0 = tc * GM_BN + q * 64, c1 = tr * GM_BM + c * 64;
+                if (a.write_pre) tma_store_2d(&mpre, cp, c0, c1);
+                tma_store_2d(&my, cy, c0, c1);
+                tma_store_commit();
+            }
+        }
+    }
+    if (tid == 0) tma_store_wait_all();
+#endif
+}
+
+/* ------------------------------------------------------------------ host */
+
+static PFN_cuTensorMapEncodeTiled_v12000 gm_encoder() {
+    static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+    if (!fn) {
+        void *p = nullptr;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+            q == cudaDriverEntryPointSuccess)
+            fn = (PFN_cuTensorMapEncodeTiled_v12000)p;
+    }
+    return fn;
+}
+
+/* a row-major [rows, cols] f16 / bf16 tensor in boxes of box_rows × 64 columns, 128-byte swizzle */
+static bool gm_map(CUtensorMap *m, const void *base, int64_t rows, int64_t cols, int box_rows, fg_dtype dtype) {
+    PFN_cuTensorMapEncodeTiled_v12000 enc = gm_encoder();
+    if (!enc) return false;
+    cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)cols * 2};
+    cuuint32_t box[2] = {GM_BK, (cuuint32_t)box_rows}, es[2] = {1, 1};
+    return enc(m, dtype == FG_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, (void *)base,
+               dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+static int gm_sms(int device) {
+    int sms = 0;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) sms = 0;
+    return sms;
+}
+
+/* The kernel exists only in an sm_90a build (FASTGRAD_CUDA_ARCHS has 90a) and runs on a 9.0
+ * device; f16 / bf16; K and M multiples of 8 (TMA's 16-byte row strides); at least one full
+ * wave of tiles (fewer: cuBLASLt's smaller tiles fill the GPU better). Running, x, w, y and a
+ * kept pre must also be 16-byte aligned. */
+extern "C" bool fg_cuda_act_gemm_fits(int device, fg_dtype dtype, int64_t rows, int64_t k, int64_t cols) {
+#ifdef FG_CUDA_HAVE_SM90A
+    if (dtype != FG_F16 && dtype != FG_BF16) return false;
+    if (k < 1 || k % 8 != 0 || cols % 8 != 0 || rows < 1 || rows >= INT32_MAX || cols >= INT32_MAX || k >= INT32_MAX)
+        return false;
+    int major = 0, minor = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess || major != 9 || minor != 0)
+        return false;
+    const int64_t tiles = ((rows + GM_BM - 1) / GM_BM) * ((cols + GM_BN - 1) / GM_BN);
+    return tiles >= gm_sms(device) && tiles < INT32_MAX;
+#else
+    (void)device, (void)dtype, (void)rows, (void)k, (void)cols;
+    return false;
+#endif
+}
+
+template <typename T, int ACT>
+static cudaError_t gm_launch(const CUtensorMap *maps, const gm_args &a, int blocks, cudaStream_t s) {
+    auto kernel = act_gemm_kernel<T, ACT>;
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GM_SMEM);
+    if (e != cudaSuccess) return e;
+    kernel<<<blocks, GM_THREADS, GM_SMEM, s>>>(maps[0], maps[1], maps[2], maps[3], a);
+    return cudaGetLastError();
+}
+
+template <typename T> static cudaError_t gm_dispatch(int act, const CUtensorMap *maps, const gm_args &a, int blocks, cudaStream_t s) {
+    return with_act(act, [&](auto f) { return gm_launch<T, decltype(f)::value>(maps, a, blocks, s); });
+}
+
+extern "C" fg_status fg_cuda_act_gemm(fg_context *ctx, const fg_act_call *c) {
+    if (!fg_cuda_act_gemm_fits(ctx->device, c->dtype, c->rows, c->k, c->cols))
+        return fg_fail(FG_ERR_INTERNAL, "cuda linear_act: the sm_90a GEMM does not take N=%lld K=%lld M=%lld",
+                       (long long)c->rows, (long long)c->k, (long long)c->cols);
+    fg_device_guard guard(ctx->device);
+    gm_args a;
+    a.bias = c->b, a.n = c->rows, a.m = c->cols, a.k = (int)c->k;
+    a.tiles_r = (int)((c->rows + GM_BM - 1) / GM_BM), a.tiles_c = (int)((c->cols + GM_BN - 1) / GM_BN);
+    a.write_pre = c->pre != nullptr;
+    CUtensorMap maps[4];
+    if (!gm_map(&maps[0], c->x, c->rows, c->k, GM_BM, c->dtype) || !gm_map(&maps[1], c->w, c->cols, c->k, GM_BN, c->dtype) ||
+        !gm_map(&maps[3], c->y, c->rows, c->cols, 64, c->dtype) ||
+        !gm_map(&maps[2], c->pre ? c->pre : c->y, c->rows, c->cols, 64, c->dtype))
+        return fg_fail(FG_ERR_BACKEND, "cuda linear_act: cuTensorMapEncodeTiled refused an operand (N=%lld K=%lld M=%lld)",
+                       (long long)c->rows, (long long)c->k, (long long)c->cols);
+    const int tiles = a.tiles_r * a.tiles_c, sms = gm_sms(ctx->device);
+    const int blocks = tiles < sms ? tiles : sms;
+    cudaError_t e = c->dtype == FG_F16 ? gm_dispatch<__half>(c->act, maps, a, blocks, ctx->cuda->stream)
+                                       : gm_dispatch<__nv_bfloat16>(c->act, maps, a, blocks, ctx->cuda->stream);
+    return e == cudaSuccess ? FG_OK : fg_cuda_fail(e, "linear_act sm_90a GEMM");
+}

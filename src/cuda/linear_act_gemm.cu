@@ -6,7 +6,7 @@
  * reads them back. cuBLASLt has epilogues for relu and gelu only, and its gelu misses this
  * library's accuracy contract (docs/perf-notes.md, session 4).
  * Machinery (sm90.cuh): persistent blocks of three warpgroups over 128 × 256 output tiles; one
- * producer thread loads x's and w's 64-wide K slices by TMA into four 128-byte-swizzled stages
+ * producer thread loads x's and w's 64-wide K slices by TMA into three 128-byte-swizzled stages
  * (mbarriers full / empty); two consumer warpgroups run wgmma m64n256k16 on 64 rows each
  * (128 f32 accumulators a thread); the epilogue adds the bias, rounds pre, applies the
  * activation and hands 64 × 64 chunks to TMA stores (out of bounds clipped by the copy engine).
@@ -21,11 +21,12 @@
 
 #include <cudaTypedefs.h>
 
-constexpr int GM_BM = 128, GM_BN = 256, GM_BK = 64, GM_STAGES = 4, GM_THREADS = 384, GM_GROUP = 16;
+constexpr int GM_BM = 128, GM_BN = 256, GM_BK = 64, GM_STAGES = 3, GM_THREADS = 384, GM_GROUP = 16;
 constexpr int GM_A = GM_BM * GM_BK * 2, GM_B = GM_BN * GM_BK * 2, GM_STAGE = GM_A + GM_B;
 constexpr int GM_CHUNK = 64 * 64 * 2; /* one epilogue chunk: 64 rows × 64 columns */
-/* stages, then per consumer warpgroup pre's and y's chunk and the tile's bias; + alignment */
-constexpr size_t GM_SMEM = (size_t)GM_STAGES * GM_STAGE + 2 * 2 * GM_CHUNK + 2 * GM_BN * 2 + 1024;
+/* stages, then per consumer warpgroup two sets of pre's and y's chunk (a chunk's stores read
+   one set while the next chunk fills the other) and the tile's bias; + alignment */
+constexpr size_t GM_SMEM = (size_t)GM_STAGES * GM_STAGE + 2 * 2 * 2 * GM_CHUNK + 2 * GM_BN * 2 + 1024;
 
 struct gm_args {
     const void *bias;
@@ -83,8 +84,7 @@ __global__ void __launch_bounds__(GM_THREADS, 1)
     /* ---------------------------------------------- consumers: warpgroup c, rows 64c … 64c + 63 */
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::);
     const int c = wg - 1, tid = threadIdx.x & 127, lane = threadIdx.x & 31, warp = tid >> 5;
-    unsigned char *cp = epi + c * 2 * GM_CHUNK, *cy = cp + GM_CHUNK;
-    T *bsm = reinterpret_cast<T *>(epi + 4 * GM_CHUNK) + c * GM_BN;
+    T *bsm = reinterpret_cast<T *>(epi + 8 * GM_CHUNK) + c * GM_BN;
     const T *bias = static_cast<const T *>(a.bias);
     float acc[128];
     int s = 0;
@@ -117,12 +117,14 @@ __global__ void __launch_bounds__(GM_THREADS, 1)
         acc_fence(acc, 128);
         mbar_arrive(&empty[prev]);
         /* epilogue, 64 columns at a time: the thread holds rows lr, lr + 8 of the warpgroup's
-           64 and column pairs 8i + 2·(lane % 4); values first, then (the last chunk's stores
-           done reading) into the 128-byte-swizzled chunk buffers, then one TMA store each */
+           64 and column pairs 8i + 2·(lane % 4); values first, then (the stores of the chunk
+           before last done reading) into this chunk's 128-byte-swizzled buffers, then one TMA
+           store each */
         const int lr = warp * 16 + (lane >> 2);
         wg_sync(c); /* bias visible */
 #pragma unroll
         for (int q = 0; q < GM_BN / 64; q++) {
+            unsigned char *cp = epi + (c * 2 + (q & 1)) * 2 * GM_CHUNK, *cy = cp + GM_CHUNK;
             uint32_t pv[16], yv[16];
 #pragma unroll
             for (int ii = 0; ii < 8; ii++) {
@@ -138,7 +140,7 @@ __global__ void __launch_bounds__(GM_THREADS, 1)
                     yv[2 * ii + h] = *reinterpret_cast<uint32_t *>(v);
                 }
             }
-            if (tid == 0) tma_store_wait_read<0>();
+            if (tid == 0) tma_store_wait_read<1>();
             wg_sync(c);
 #pragma unroll
             for (int ii = 0; ii < 8; ii++)

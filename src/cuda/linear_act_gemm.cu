@@ -11,8 +11,10 @@
  * (128 f32 accumulators a thread); the epilogue adds the bias, rounds pre, applies the
  * activation and hands 64 × 64 chunks to TMA stores (out of bounds clipped by the copy engine).
  * Each output element is one block's sum in a fixed K order: deterministic.
- * Measured (H100, session 7, 8192 × 4096 × 16384 bf16): the main loop alone 1.06–1.08× cuBLAS's
- * plain product of the same run; with silu's epilogue (pre and y) 0.99×, gelu_tanh 0.90×.
+ * Measured (H100, session 7, bf16): at 8192 × 4096 × 16384 the main loop alone ran 1.06–1.08×
+ * cuBLAS's plain product of the same run, with silu's epilogue (pre and y) 0.99×, gelu_tanh 0.90×;
+ * against product + pass (eager's forward) 1.0–1.04× there and up to 1.23× on shorter K
+ * (docs/perf-notes.md).
  */
 #include "act_math.cuh"
 #include "cuda_internal.h"
@@ -197,7 +199,8 @@ static int gm_sms(int device) {
 
 /* The kernel exists only in an sm_90a build (FASTGRAD_CUDA_ARCHS has 90a) and runs on a 9.0
  * device; f16 / bf16; K and M multiples of 8 (TMA's 16-byte row strides); at least one full
- * wave of tiles (fewer: cuBLASLt's smaller tiles fill the GPU better). Running, x, w, y and a
+ * wave of tiles (fewer: cuBLASLt's smaller tiles fill the GPU better) and a product long
+ * enough to pay for the epilogue, which does not yet overlap the next tile's products. Running, x, w, y and a
  * kept pre must also be 16-byte aligned. */
 extern "C" bool fg_cuda_act_gemm_fits(int device, fg_dtype dtype, int64_t rows, int64_t k, int64_t cols) {
 #ifdef FG_CUDA_HAVE_SM90A
@@ -208,6 +211,9 @@ extern "C" bool fg_cuda_act_gemm_fits(int device, fg_dtype dtype, int64_t rows, 
     if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess || major != 9 || minor != 0)
         return false;
+    /* (measured, bench/probe_fwd_shapes.py, H100: against the product + pass it replaces,
+       4096 × 256 × 4096 (4.3e9 multiply-adds) ran 0.92×, 8.6e9 and more 1.0–1.23×) */
+    if ((double)rows * (double)k * (double)cols < 6e9) return false;
     const int64_t tiles = ((rows + GM_BM - 1) / GM_BM) * ((cols + GM_BN - 1) / GM_BN);
     return tiles >= gm_sms(device) && tiles < INT32_MAX;
 #else

@@ -205,7 +205,8 @@ static int gm_sms(int device) {
 extern "C" bool fg_cuda_act_gemm_fits(int device, fg_dtype dtype, int64_t rows, int64_t k, int64_t cols) {
 #ifdef FG_CUDA_HAVE_SM90A
     if (dtype != FG_F16 && dtype != FG_BF16) return false;
-    if (k < 1 || k % 8 != 0 || cols % 8 != 0 || rows < 1 || rows >= INT32_MAX || cols >= INT32_MAX || k >= INT32_MAX)
+    if (k < 1 || k % 8 != 0 || cols % 8 != 0 || rows < 1 || rows > INT32_MAX - GM_BM || cols > INT32_MAX - GM_BN ||
+        k > INT32_MAX - GM_BK) /* (TMA coordinates are 32-bit, tiles included) */
         return false;
     int major = 0, minor = 0;
     if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||

@@ -197,7 +197,7 @@ static void run_case(fg_context *ctx, fg_backend be, fg_dtype dt, int act, const
     int64_t xshape[FG_MAX_RANK];
     memcpy(xshape, xs, sizeof xs);
     for (int keep = 0; keep < 2; keep++)
-        for (int acc = 0; acc < (N * sc->K >= 8 ? 2 : 1); acc++) {
+        for (int acc = 0; acc < 2; acc++) {
             th_operand dx = th_make(be, dt, sc->rank, xshape, sc->layout), dw = th_make(be, dt, 2, wsh, sc->layout);
             th_operand db = th_make(be, dt, 1, bsh, sc->layout);
             check_backward(ctx, act, &dy, keep ? &pre.t : NULL, &x, &w, bt, &dx, &dw, &db, r.dx, r.dw, r.db, acc, tol,

@@ -270,8 +270,6 @@ static fg_status forward(act_run *r) {
     return step(r, &c);
 }
 
-/* db = the f32 sums in db_acc, rounded (added to db when accumulating); with batched weights
- * and db [M], once after the last batch */
 /* dst = Σ of `parts` f32 partials of n elements in src, in order (+ dst when accumulating) */
 static fg_status sum_cast(act_run *r, const void *src, int64_t parts, int64_t n, void *dst) {
     fg_act_call c;
@@ -285,6 +283,8 @@ static fg_status sum_cast(act_run *r, const void *src, int64_t parts, int64_t n,
     return step(r, &c);
 }
 
+/* db = the f32 sums in db_acc, rounded (added to db when accumulating); with batched weights
+ * and db [M], once after the last batch */
 static fg_status db_cast(act_run *r, void *db_acc, bool db_over_batches) {
     if (db_over_batches && r->bi != r->B - 1) return FG_OK;
     return sum_cast(r, db_acc, 1, r->M, data_of(r, AB_DB));

@@ -464,6 +464,45 @@ static void bench_linear_act(fg_dtype dt, int64_t n, int64_t k, int64_t m, fg_ac
     release(a.dy.data), release(a.dx.data), release(a.dw.data), release(a.db.data);
 }
 
+/* The backward's two products alone, the sm_90a GEMM (linear_act's split backward with act
+ * none: g is dy, no pass) against cuBLASLt's (Linear's backward) at the same shape, each twice
+ * in turn so a clock drift shows. */
+typedef struct product_args {
+    fg_tensor x, w, dy, dx, dw;
+    int which; /* 0 own dx, 1 cuBLASLt dx, 2 own dw, 3 cuBLASLt dw */
+} product_args;
+
+static fg_status product_run(void *p, int s) {
+    product_args *a = p;
+    (void)s;
+    switch (a->which) {
+    case 0: return fg_linear_act_backward_input(ctx, FG_ACT_NONE, &a->dy, NULL, &a->x, &a->w, NULL, &a->dx, 0);
+    case 1: return fg_linear_backward_input(ctx, &a->dy, &a->w, &a->dx, 0);
+    case 2: return fg_linear_act_backward_weight(ctx, FG_ACT_NONE, &a->dy, NULL, &a->x, &a->w, NULL, &a->dw, 0);
+    default: return fg_linear_backward_weight(ctx, &a->dy, &a->x, &a->dw, 0);
+    }
+}
+
+static void bench_act_products(fg_dtype dt, int64_t n, int64_t k, int64_t m) {
+    product_args a;
+    memset(&a, 0, sizeof a);
+    a.x = t2(alloc_random(dt, n * k, 91), dt, n, k);
+    a.w = t2(alloc_random(dt, m * k, 92), dt, m, k);
+    a.dy = t2(alloc_random(dt, n * m, 93), dt, n, m);
+    a.dx = t2(alloc_random(dt, n * k, 94), dt, n, k);
+    a.dw = t2(alloc_random(dt, m * k, 95), dt, m, k);
+    char shape[64];
+    snprintf(shape, sizeof shape, "%lldx%lldx%lld", (long long)n, (long long)k, (long long)m);
+    static const char *names[4] = {"product dx = g.w (own sm_90a)", "product dx = g.w (cuBLASLt)",
+                                   "product dw = gT.x (own sm_90a)", "product dw = gT.x (cuBLASLt)"};
+    for (int round = 0; round < 2; round++)
+        for (int w = 0; w < 4; w++) {
+            a.which = w;
+            report(names[w], shape, dt, time_op(product_run, &a, 1), 2.0 * (double)n * (double)k * (double)m, 0);
+        }
+    release(a.x.data), release(a.w.data), release(a.dy.data), release(a.dx.data), release(a.dw.data);
+}
+
 /* ------------------------------------------------------------------ linear log-prob */
 
 typedef struct logp_args {
@@ -620,6 +659,7 @@ int main(int argc, char **argv) {
         bench_linear_act(FG_BF16, 8192, 4096, 16384, FG_ACT_GELU_TANH, "gelu_tanh", 0);
         bench_linear_act(FG_BF16, 8192, 4096, 16384, FG_ACT_RELU, "relu", 0);
         bench_linear_act(FG_BF16, 8192, 4096, 16384, FG_ACT_SILU, "silu", 0);
+        bench_act_products(FG_BF16, 8192, 4096, 16384);
         bench_linear_act(FG_BF16, 172032, 128, 256, FG_ACT_GELU_TANH, "gelu_tanh", 0);
         bench_linear_act(FG_BF16, 172032, 128, 256, FG_ACT_SILU, "silu", 0);
         bench_linear_act(FG_BF16, 172032, 128, 256, FG_ACT_GELU_TANH, "gelu_tanh", 1);

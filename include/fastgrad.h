@@ -474,6 +474,10 @@ FG_NODISCARD FG_API fg_status fg_linear_act_backward_bias(fg_context *ctx, fg_ac
  * A target outside [0, V) (and not ignore_index) gives NaN in its row and
  * FG_ERR_DEVICE_VALUE from the next fg_context_check() with the first such row — the
  * op itself does not look at the target values on the host.
+ * Precision: the logits h·wᵀ + b are rounded to the inputs' dtype before the softmax, as
+ * F.linear's output is (in bf16 a logit of size |z| carries up to |z|·2^-9 of absolute
+ * error, so each p is off by up to that fraction); the softmax, its sums and the
+ * per-row statistics are f32 (f64 for f64).
  * Deterministic: every sum has a fixed order; no floating-point atomics. */
 FG_NODISCARD FG_API fg_status fg_linear_logp_forward(fg_context *ctx, const fg_logp_options *opt,
                                                      const fg_tensor *h, const fg_tensor *w,

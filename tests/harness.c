@@ -322,6 +322,16 @@ void th_verify(const char *what, th_operand *o, const double *ref, double tol, c
     th_get(&o->buf, &o->t, got);
     double err = th_relerr(got, ref, o->n);
     TH_CHECK(err <= tol, "%s %s: relerr %.3g > tol %.3g", what, label, err, tol);
+    if (!(err <= tol) && o->n > 0) { /* where it is worst, to tell a bug from a tail */
+        int64_t worst = 0;
+        double ref_max = 0;
+        for (int64_t i = 0; i < o->n; i++) {
+            if (!(fabs(got[i] - ref[i]) <= fabs(got[worst] - ref[worst]))) worst = i;
+            if (fabs(ref[i]) > ref_max) ref_max = fabs(ref[i]);
+        }
+        fprintf(stderr, "  worst at %lld of %lld: got %.6g ref %.6g (largest |ref| %.6g)\n", (long long)worst,
+               (long long)o->n, got[worst], ref[worst], ref_max);
+    }
     free(got);
 }
 

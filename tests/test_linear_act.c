@@ -320,6 +320,85 @@ static void wide_forward(fg_context *ctx, fg_backend be, fg_dtype dt) {
     free(rp), free(ry), free(got), free(sub);
 }
 
+/* The backward of a layer large enough for the sm_90a GEMM's dx = g·w and dw = gᵀ·x (each a
+ * full wave of 128 × 256 tiles, ≥ 6e9 multiply-adds; reductions M = 2440 and N = 4200 end in
+ * partial 64-wide slices, rows and columns in partial tiles), from a kept pre: acts none and
+ * silu, aligned and misaligned (cuBLASLt's products). dx on every 37th row and the last three,
+ * dw on every 37th row of its M and the last three, db whole, all against f64; every element
+ * of dx and dw written; on a 9.0 device with an sm_90a build the plan must name both kernels. */
+static void wide_backward(fg_context *ctx, fg_backend be, fg_dtype dt) {
+    const int64_t N = 4200, K = 1544, M = 2440;
+    int64_t rn[160], rm[160], nn = 0, nm = 0;
+    for (int64_t n = 0; n < N - 3; n += 37) rn[nn++] = n;
+    for (int64_t n = N - 3; n < N; n++) rn[nn++] = n;
+    for (int64_t m = 0; m < M - 3; m += 37) rm[nm++] = m;
+    for (int64_t m = M - 3; m < M; m++) rm[nm++] = m;
+    double *g = malloc(sizeof(double) * (size_t)(N * M)), *rdx = malloc(sizeof(double) * (size_t)(nn * K));
+    double *rdw = malloc(sizeof(double) * (size_t)(nm * K)), *rdb = malloc(sizeof(double) * (size_t)M);
+    double *got = malloc(sizeof(double) * (size_t)(N * K)), *sub = malloc(sizeof(double) * (size_t)(160 * K));
+    const int acts[2] = {FG_ACT_NONE, FG_ACT_SILU};
+    for (int layout = 0; layout <= 3; layout += 3) {
+        int64_t xs[2] = {N, K}, ws[2] = {M, K}, bs[1] = {M}, ys[2] = {N, M};
+        th_operand x = th_make(be, dt, 2, xs, layout), w = th_make(be, dt, 2, ws, layout), b = th_make(be, dt, 1, bs, layout);
+        th_operand dy = th_make(be, dt, 2, ys, layout), pre = th_make(be, dt, 2, ys, layout);
+        th_operand dx = th_make(be, dt, 2, xs, layout), dw = th_make(be, dt, 2, ws, layout), db = th_make(be, dt, 1, bs, layout);
+        th_randomize(&x), th_randomize(&w), th_randomize(&b), th_randomize(&dy), th_randomize(&pre);
+        for (int64_t i = 0; i < pre.n; i++) pre.v[i] = (pre.v[i] - 0.25) * 4.0;
+        th_round(dt, pre.v, pre.n);
+        th_put(&pre.buf, &pre.t, pre.v);
+        for (int ai = 0; ai < 2; ai++) {
+            const int act = acts[ai];
+            char lab[160];
+            snprintf(lab, sizeof lab, "large backward %s %s %s N=%lld K=%lld M=%lld%s", act_names[act], th_backend_name(be),
+                     fg_dtype_name(dt), (long long)N, (long long)K, (long long)M, layout ? " misaligned" : "");
+            for (int64_t i = 0; i < N * M; i++) g[i] = dy.v[i] * (double)ref_slope(act, pre.v[i]);
+            memset(rdx, 0, sizeof(double) * (size_t)(nn * K));
+            memset(rdw, 0, sizeof(double) * (size_t)(nm * K));
+            memset(rdb, 0, sizeof(double) * (size_t)M);
+            for (int64_t r = 0; r < nn; r++)
+                for (int64_t m = 0; m < M; m++)
+                    for (int64_t k = 0; k < K; k++) rdx[r * K + k] += g[rn[r] * M + m] * w.v[m * K + k];
+            for (int64_t n = 0; n < N; n++) {
+                for (int64_t m = 0; m < M; m++) rdb[m] += g[n * M + m];
+                for (int64_t r = 0; r < nm; r++)
+                    for (int64_t k = 0; k < K; k++) rdw[r * K + k] += g[n * M + rm[r]] * x.v[n * K + k];
+            }
+            th_poison(&dx.buf), th_poison(&dw.buf), th_poison(&db.buf);
+            TH_OK(fg_linear_act_backward(ctx, (fg_activation)act, &dy.t, &pre.t, &x.t, &w.t, &b.t, &dx.t, &dw.t, &db.t, 0));
+            for (int o = 0; o < 2; o++) {
+                const int64_t rows = o ? M : N, nr = o ? nm : nn, *list = o ? rm : rn;
+                th_get(o ? &dw.buf : &dx.buf, o ? &dw.t : &dx.t, got);
+                bool written = true; /* every element, not just the sampled rows (poisoned: NaN) */
+                for (int64_t i = 0; i < rows * K && written; i++) written = got[i] == got[i];
+                for (int64_t r = 0; r < nr; r++) memcpy(sub + r * K, got + list[r] * K, sizeof(double) * (size_t)K);
+                const double err = th_relerr(sub, o ? rdw : rdx, nr * K);
+                TH_CHECK(written && err <= th_tol(dt, false), "%s %s: relerr %.3g (all written: %d)", o ? "dw" : "dx", lab, err,
+                         (int)written);
+            }
+            th_verify("db", &db, rdb, th_tol(dt, false), lab);
+#ifdef FG_TEST_HAVE_SM90A
+            if (layout == 0) { /* the path: the plan names its kernels */
+                fg_plan_desc d;
+                memset(&d, 0, sizeof d);
+                d.op = FG_OP_LINEAR_ACT_BACKWARD, d.kind = act;
+                d.operands[0] = dy.t, d.operands[1] = pre.t, d.operands[2] = x.t, d.operands[3] = w.t, d.operands[4] = b.t;
+                d.operands[5] = dx.t, d.operands[6] = dw.t, d.operands[7] = db.t;
+                fg_plan *plan = NULL;
+                fg_plan_info info;
+                TH_OK(fg_plan_create(ctx, &d, &plan));
+                TH_OK(fg_plan_info_get(plan, &info));
+                if (info.arch == 90)
+                    TH_CHECK(strstr(info.kernel, "gemm90_dx") != NULL && strstr(info.kernel, "gemm90_dw") != NULL,
+                             "%s: the plan runs %s, not the sm_90a GEMMs", lab, info.kernel);
+                fg_plan_destroy(plan);
+            }
+#endif
+        }
+        th_drop(&x), th_drop(&w), th_drop(&b), th_drop(&dy), th_drop(&pre), th_drop(&dx), th_drop(&dw), th_drop(&db);
+    }
+    free(g), free(rdx), free(rdw), free(rdb), free(got), free(sub);
+}
+
 /* Batched weights: x [B, L1, L2, K], w [B, M, K], b none / [M] shared / [B, M]; each batch
  * against the 2-D reference, db summed over the batches when b is shared. */
 static void batched_weights(fg_context *ctx, fg_backend be, fg_dtype dt, int act, int bias_kind) {
@@ -535,7 +614,7 @@ int main(void) {
                 for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) run_case(ctx, be, dt, act, &shapes[s]);
             special_values(ctx, be, dt);
             determinism(ctx, be, dt);
-            if (be == FG_BACKEND_CUDA && (dt == FG_F16 || dt == FG_BF16)) wide_forward(ctx, be, dt);
+            if (be == FG_BACKEND_CUDA && (dt == FG_F16 || dt == FG_BF16)) wide_forward(ctx, be, dt), wide_backward(ctx, be, dt);
             for (int act = 0; act <= FG_ACT_TANH; act += 3) /* relu, gelu_tanh, tanh */
                 for (int bk = 0; bk < 3; bk++) batched_weights(ctx, be, dt, act == 0 ? FG_ACT_RELU : act, bk);
         }

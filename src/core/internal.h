@@ -308,9 +308,12 @@ fg_status fg_cuda_logp(fg_context *ctx, const fg_logp_call *c);
  *                 dx = g·w (+ dx when accumulate), db_acc as GRAD, and dw = gᵀ·x as `parts`
  *                 f32 [cols, k] partials at the start of scratch (CAST sums them; scratch:
  *                 fg_cuda_act_bwd_tile_scratch bytes, which also gives parts)
- * and, where fg_cuda_act_gemm_fits (an sm_90a build on a 9.0 device, f16/bf16, K and M
- * multiples of 8, a full wave of 128 × 256 tiles), the forward as one own GEMM:
- *   GEMM_FORWARD  as TILE_FORWARD, any K (pointers 16-byte aligned) */
+ * and, where fg_cuda_act_gemm_fits (an sm_90a build on a 9.0 device, f16/bf16, row strides
+ * multiples of 8, a full wave of 128 × 256 tiles), the three products as one own GEMM
+ * (pointers 16-byte aligned, outputs written, never added to):
+ *   GEMM_FORWARD  as TILE_FORWARD, any K
+ *   GEMM_INPUT    dx[rows, cols] = g[rows, k]·w[k, cols]      (rows N, k M, cols K)
+ *   GEMM_WEIGHT   dw[rows, cols] = g[k, rows]ᵀ·x[k, cols]     (rows M, k N, cols K) */
 typedef enum fg_act_step {
     FG_ACT_STEP_FORWARD,
     FG_ACT_STEP_GRAD,
@@ -318,7 +321,9 @@ typedef enum fg_act_step {
     FG_ACT_STEP_TILE_FORWARD,
     FG_ACT_STEP_TILE_GRAD,
     FG_ACT_STEP_TILE_BACKWARD,
-    FG_ACT_STEP_GEMM_FORWARD
+    FG_ACT_STEP_GEMM_FORWARD,
+    FG_ACT_STEP_GEMM_INPUT,
+    FG_ACT_STEP_GEMM_WEIGHT
 } fg_act_step;
 
 typedef struct fg_act_call {
@@ -339,7 +344,7 @@ typedef struct fg_act_call {
     bool accumulate;
     const void *x, *w, *b;   /* TILE steps: the product's operands, k their inner size */
     int64_t k;
-    void *dx;                /* TILE_BACKWARD's output */
+    void *dx, *dw;           /* TILE_BACKWARD's and GEMM_INPUT's / GEMM_WEIGHT's outputs */
 } fg_act_call;
 
 /* The activations and their derivatives in f64: the CPU backend's math (src/cpu/linear_act.c). */
@@ -360,7 +365,7 @@ fg_status fg_cuda_act_tile(fg_context *ctx, const fg_act_call *c);
 bool fg_cuda_act_bwd_tile_fits(fg_dtype dtype, int act, int64_t k, int64_t cols);
 size_t fg_cuda_act_bwd_tile_scratch(int device, int64_t rows, int64_t k, int64_t cols, int64_t *parts);
 fg_status fg_cuda_act_bwd_tile(fg_context *ctx, const fg_act_call *c);
-bool fg_cuda_act_gemm_fits(int device, fg_dtype dtype, int64_t rows, int64_t k, int64_t cols);
+bool fg_cuda_act_gemm_fits(int device, fg_dtype dtype, fg_act_step step, int64_t rows, int64_t k, int64_t cols);
 fg_status fg_cuda_act_gemm(fg_context *ctx, const fg_act_call *c);
 #endif
 

@@ -1,10 +1,14 @@
 /*
- * linear_act_gemm.cu — linear + activation's forward as one own sm_90a GEMM (f16 / bf16, any
- * K, layers wide enough to fill the GPU):
+ * linear_act_gemm.cu — linear + activation's three products as one own sm_90a GEMM (f16 /
+ * bf16, any reduction length, layers wide enough to fill the GPU):
  *  GEMM_FORWARD  pre = round(x·wᵀ + b) (stored when kept), y = act(pre)
- * the activation in the product's epilogue, so y (and pre) leave the chip once and no pass
- * reads them back. cuBLASLt has epilogues for relu and gelu only, and its gelu misses this
- * library's accuracy contract (docs/perf-notes.md, session 4).
+ *  GEMM_INPUT    dx = g·w   (w read N-major: the transposed B operand)
+ *  GEMM_WEIGHT   dw = gᵀ·x  (g read M-major, x N-major)
+ * The forward has the activation in the product's epilogue, so y (and pre) leave the chip once
+ * and no pass reads them back. cuBLASLt has epilogues for relu and gelu only, and its gelu
+ * misses this library's accuracy contract (docs/perf-notes.md, session 4). The backward's two
+ * products run here because this main loop measured 6–8% ahead of cuBLAS's at the layer
+ * sizes it takes (session 7), which is the margin the layer's whole step needs.
  * Machinery (sm90.cuh): persistent blocks of three warpgroups over 128 × 256 output tiles; one
  * producer thread loads x's and w's 64-wide K slices by TMA into three 128-byte-swizzled stages
  * (mbarriers full / empty); two consumer warpgroups run wgmma m64n256k16 on 64 rows each
@@ -48,7 +52,11 @@ __device__ __forceinline__ void gm_tile(int t, const gm_args &a, int &tr, int &t
 
 __device__ __forceinline__ void wg_sync(int c) { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + c) : "memory"); }
 
-template <typename T, int ACT>
+/* out[rows, cols] = A·B over a.k, A's tile 128 rows and B's 256 columns. TA / TB 0: the operand
+   is stored K-major (A as [rows, k], B as [cols, k]), loaded in one box of 64 K × 128 / 256 rows;
+   1: stored MN-major (A as [k, rows], B as [k, cols]), loaded in boxes of 64 MN × 64 K, one per
+   64 rows / columns, side by side (8 KB apart). */
+template <typename T, int ACT, int TA, int TB>
 __global__ void __launch_bounds__(GM_THREADS, 1)
     act_gemm_kernel(const __grid_constant__ CUtensorMap mx, const __grid_constant__ CUtensorMap mw,
                     const __grid_constant__ CUtensorMap mpre, const __grid_constant__ CUtensorMap my, gm_args a) {
@@ -76,8 +84,13 @@ __global__ void __launch_bounds__(GM_THREADS, 1)
             for (int kt = 0; kt < ktiles; kt++) {
                 mbar_wait(&empty[s], ph ^ 1);
                 mbar_expect_tx(&full[s], GM_STAGE);
-                tma_load_2d(smem + s * GM_STAGE, &mx, &full[s], kt * GM_BK, tr * GM_BM);
-                tma_load_2d(smem + s * GM_STAGE + GM_A, &mw, &full[s], kt * GM_BK, tc * GM_BN);
+                unsigned char *sa = smem + s * GM_STAGE, *sb = sa + GM_A;
+                if (TA == 0) tma_load_2d(sa, &mx, &full[s], kt * GM_BK, tr * GM_BM);
+                else
+                    for (int j = 0; j < GM_BM / 64; j++) tma_load_2d(sa + j * 8192, &mx, &full[s], tr * GM_BM + 64 * j, kt * GM_BK);
+                if (TB == 0) tma_load_2d(sb, &mw, &full[s], kt * GM_BK, tc * GM_BN);
+                else
+                    for (int j = 0; j < GM_BN / 64; j++) tma_load_2d(sb + j * 8192, &mw, &full[s], tc * GM_BN + 64 * j, kt * GM_BK);
                 if (++s == GM_STAGES) s = 0, ph ^= 1;
             }
         }
@@ -102,12 +115,16 @@ __global__ void __launch_bounds__(GM_THREADS, 1)
         int prev = 0;
         for (int kt = 0; kt < ktiles; kt++) {
             mbar_wait(&full[s], ph);
-            const uint64_t da = wgmma_desc_sw128(smem + s * GM_STAGE + c * 64 * 128);
-            const uint64_t db = wgmma_desc_sw128(smem + s * GM_STAGE + GM_A);
+            /* (a K-major step of 16 is 32 bytes along the row, an MN-major one 16 rows of 128) */
+            const unsigned char *sa = smem + s * GM_STAGE + c * 8192, *sb = smem + s * GM_STAGE + GM_A;
+            const uint64_t da = TA ? wgmma_desc_mn_sw128(sa, 8192) : wgmma_desc_sw128(sa);
+            const uint64_t db = TB ? wgmma_desc_mn_sw128(sb, 8192) : wgmma_desc_sw128(sb);
+            constexpr int sta = TA ? 2048 >> 4 : 32 >> 4, stb = TB ? 2048 >> 4 : 32 >> 4;
             acc_fence(acc, 128);
             wgmma_fence();
 #pragma unroll
-            for (int j = 0; j < GM_BK / 16; j++) wgmma_n256<T>::template run<0, 0>(acc, da + 2 * j, db + 2 * j, kt > 0 || j > 0);
+            for (int j = 0; j < GM_BK / 16; j++)
+                wgmma_n256<T>::template run<TA, TB>(acc, da + sta * j, db + stb * j, kt > 0 || j > 0);
             wgmma_commit();
             acc_fence(acc, 128);
             wgmma_wait<1>(); /* the previous slice's products are done: free its stage */
@@ -138,7 +155,7 @@ __global__ void __launch_bounds__(GM_THREADS, 1)
                     T v[2];
                     from_acc2<T>(acc[4 * i + 2 * h] + b0, acc[4 * i + 2 * h + 1] + b1, v);
                     pv[2 * ii + h] = *reinterpret_cast<uint32_t *>(v);
-                    from_acc2<T>(act_value(ACT, to_acc(v[0])), act_value(ACT, to_acc(v[1])), v);
+                    if (ACT != FG_ACT_NONE) from_acc2<T>(act_value(ACT, to_acc(v[0])), act_value(ACT, to_acc(v[1])), v);
                     yv[2 * ii + h] = *reinterpret_cast<uint32_t *>(v);
                 }
             }
@@ -180,7 +197,8 @@ static PFN_cuTensorMapEncodeTiled_v12000 gm_encoder() {
     return fn;
 }
 
-/* a row-major [rows, cols] f16 / bf16 tensor in boxes of box_rows × 64 columns, 128-byte swizzle */
+/* a row-major [rows, cols] f16 / bf16 tensor in boxes of box_rows × 64 columns, 128-byte swizzle
+   (a K-major operand: box_rows of its tile; an MN-major one or an output: 64) */
 static bool gm_map(CUtensorMap *m, const void *base, int64_t rows, int64_t cols, int box_rows, fg_dtype dtype) {
     PFN_cuTensorMapEncodeTiled_v12000 enc = gm_encoder();
     if (!enc) return false;
@@ -198,15 +216,18 @@ static int gm_sms(int device) {
 }
 
 /* The kernel exists only in an sm_90a build (FASTGRAD_CUDA_ARCHS has 90a) and runs on a 9.0
- * device; f16 / bf16; K and M multiples of 8 (TMA's 16-byte row strides); at least one full
- * wave of tiles (fewer: cuBLASLt's smaller tiles fill the GPU better) and a product long
- * enough to pay for the epilogue, which does not yet overlap the next tile's products. Running, x, w, y and a
- * kept pre must also be 16-byte aligned. */
-extern "C" bool fg_cuda_act_gemm_fits(int device, fg_dtype dtype, int64_t rows, int64_t k, int64_t cols) {
+ * device; f16 / bf16; every row stride a multiple of 8 elements (TMA's 16-byte strides: the
+ * forward's k and cols, GEMM_INPUT's k (g's rows) and cols, GEMM_WEIGHT's rows (g's) and cols);
+ * at least one full wave of tiles (fewer: cuBLASLt's smaller tiles fill the GPU better) and a
+ * product long enough to pay for the epilogue, which does not yet overlap the next tile's
+ * products. Running, every pointer must also be 16-byte aligned. */
+extern "C" bool fg_cuda_act_gemm_fits(int device, fg_dtype dtype, fg_act_step step, int64_t rows, int64_t k,
+                                      int64_t cols) {
 #ifdef FG_CUDA_HAVE_SM90A
     if (dtype != FG_F16 && dtype != FG_BF16) return false;
-    if (k < 1 || k % 8 != 0 || cols % 8 != 0 || rows < 1 || rows > INT32_MAX - GM_BM || cols > INT32_MAX - GM_BN ||
-        k > INT32_MAX - GM_BK) /* (TMA coordinates are 32-bit, tiles included) */
+    const int64_t strided = step == FG_ACT_STEP_GEMM_WEIGHT ? rows : k;
+    if (k < 1 || strided % 8 != 0 || cols % 8 != 0 || rows < 1 || rows > INT32_MAX - GM_BM ||
+        cols > INT32_MAX - GM_BN || k > INT32_MAX - GM_BK) /* (TMA coordinates are 32-bit, tiles included) */
         return false;
     int major = 0, minor = 0;
     if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
@@ -218,42 +239,58 @@ extern "C" bool fg_cuda_act_gemm_fits(int device, fg_dtype dtype, int64_t rows, 
     const int64_t tiles = ((rows + GM_BM - 1) / GM_BM) * ((cols + GM_BN - 1) / GM_BN);
     return tiles >= gm_sms(device) && tiles < INT32_MAX;
 #else
-    (void)device, (void)dtype, (void)rows, (void)k, (void)cols;
+    (void)device, (void)dtype, (void)step, (void)rows, (void)k, (void)cols;
     return false;
 #endif
 }
 
-template <typename T, int ACT>
+template <typename T, int ACT, int TA, int TB>
 static cudaError_t gm_launch(const CUtensorMap *maps, const gm_args &a, int blocks, cudaStream_t s) {
-    auto kernel = act_gemm_kernel<T, ACT>;
+    auto kernel = act_gemm_kernel<T, ACT, TA, TB>;
     const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GM_SMEM);
     if (e != cudaSuccess) return e;
     kernel<<<blocks, GM_THREADS, GM_SMEM, s>>>(maps[0], maps[1], maps[2], maps[3], a);
     return cudaGetLastError();
 }
 
-template <typename T> static cudaError_t gm_dispatch(int act, const CUtensorMap *maps, const gm_args &a, int blocks, cudaStream_t s) {
-    return with_act(act, [&](auto f) { return gm_launch<T, decltype(f)::value>(maps, a, blocks, s); });
+template <typename T>
+static cudaError_t gm_dispatch(fg_act_step step, int act, const CUtensorMap *maps, const gm_args &a, int blocks,
+                               cudaStream_t s) {
+    if (step == FG_ACT_STEP_GEMM_INPUT) return gm_launch<T, FG_ACT_NONE, 0, 1>(maps, a, blocks, s);
+    if (step == FG_ACT_STEP_GEMM_WEIGHT) return gm_launch<T, FG_ACT_NONE, 1, 1>(maps, a, blocks, s);
+    return with_act(act, [&](auto f) { return gm_launch<T, decltype(f)::value, 0, 0>(maps, a, blocks, s); });
 }
 
+/* GEMM_FORWARD: rows N, k K, cols M; GEMM_INPUT: rows N, k M, cols K (g [N, M], w [M, K]);
+   GEMM_WEIGHT: rows M, k N, cols K (g [N, M], x [N, K]) */
 extern "C" fg_status fg_cuda_act_gemm(fg_context *ctx, const fg_act_call *c) {
-    if (!fg_cuda_act_gemm_fits(ctx->device, c->dtype, c->rows, c->k, c->cols))
-        return fg_fail(FG_ERR_INTERNAL, "cuda linear_act: the sm_90a GEMM does not take N=%lld K=%lld M=%lld",
+    if (!fg_cuda_act_gemm_fits(ctx->device, c->dtype, c->step, c->rows, c->k, c->cols))
+        return fg_fail(FG_ERR_INTERNAL, "cuda linear_act: the sm_90a GEMM does not take rows=%lld k=%lld cols=%lld",
                        (long long)c->rows, (long long)c->k, (long long)c->cols);
     fg_device_guard guard(ctx->device);
     gm_args a;
-    a.bias = c->b, a.n = c->rows, a.m = c->cols, a.k = (int)c->k;
+    a.n = c->rows, a.m = c->cols, a.k = (int)c->k;
     a.tiles_r = (int)((c->rows + GM_BM - 1) / GM_BM), a.tiles_c = (int)((c->cols + GM_BN - 1) / GM_BN);
-    a.write_pre = c->pre != nullptr;
+    const bool fwd = c->step == FG_ACT_STEP_GEMM_FORWARD;
+    a.bias = fwd ? c->b : nullptr;
+    a.write_pre = fwd && c->pre != nullptr;
+    void *out = fwd ? c->y : c->step == FG_ACT_STEP_GEMM_INPUT ? c->dx : c->dw;
     CUtensorMap maps[4];
-    if (!gm_map(&maps[0], c->x, c->rows, c->k, GM_BM, c->dtype) || !gm_map(&maps[1], c->w, c->cols, c->k, GM_BN, c->dtype) ||
-        !gm_map(&maps[3], c->y, c->rows, c->cols, 64, c->dtype) ||
-        !gm_map(&maps[2], c->pre ? c->pre : c->y, c->rows, c->cols, 64, c->dtype))
-        return fg_fail(FG_ERR_BACKEND, "cuda linear_act: cuTensorMapEncodeTiled refused an operand (N=%lld K=%lld M=%lld)",
+    bool ok;
+    if (fwd)
+        ok = gm_map(&maps[0], c->x, c->rows, c->k, GM_BM, c->dtype) && gm_map(&maps[1], c->w, c->cols, c->k, GM_BN, c->dtype);
+    else if (c->step == FG_ACT_STEP_GEMM_INPUT)
+        ok = gm_map(&maps[0], c->g, c->rows, c->k, GM_BM, c->dtype) && gm_map(&maps[1], c->w, c->k, c->cols, 64, c->dtype);
+    else
+        ok = gm_map(&maps[0], c->g, c->k, c->rows, 64, c->dtype) && gm_map(&maps[1], c->x, c->k, c->cols, 64, c->dtype);
+    ok = ok && gm_map(&maps[3], out, c->rows, c->cols, 64, c->dtype) &&
+         gm_map(&maps[2], a.write_pre ? c->pre : out, c->rows, c->cols, 64, c->dtype);
+    if (!ok)
+        return fg_fail(FG_ERR_BACKEND, "cuda linear_act: cuTensorMapEncodeTiled refused an operand (rows=%lld k=%lld cols=%lld)",
                        (long long)c->rows, (long long)c->k, (long long)c->cols);
     const int tiles = a.tiles_r * a.tiles_c, sms = gm_sms(ctx->device);
     const int blocks = tiles < sms ? tiles : sms;
-    cudaError_t e = c->dtype == FG_F16 ? gm_dispatch<__half>(c->act, maps, a, blocks, ctx->cuda->stream)
-                                       : gm_dispatch<__nv_bfloat16>(c->act, maps, a, blocks, ctx->cuda->stream);
+    cudaError_t e = c->dtype == FG_F16 ? gm_dispatch<__half>(c->step, c->act, maps, a, blocks, ctx->cuda->stream)
+                                       : gm_dispatch<__nv_bfloat16>(c->step, c->act, maps, a, blocks, ctx->cuda->stream);
     return e == cudaSuccess ? FG_OK : fg_cuda_fail(e, "linear_act sm_90a GEMM");
 }

@@ -71,6 +71,14 @@ __device__ __forceinline__ uint64_t wgmma_desc_sw128(const void *tile) {
     return (uint64_t)((sm90_smem(tile) & 0x3FFFF) >> 4) | (uint64_t)1 << 16 | (uint64_t)(1024 >> 4) << 32 |
            (uint64_t)1 << 62;
 }
+/* The same for an MN-major (transposed) tile: TMA boxes of 64 MN-contiguous elements (one
+   128-byte row) × 64 K rows, 8-row K groups 1024 bytes apart (the stride byte offset) and
+   successive 64-element MN chunks `chunk_bytes` apart (the leading byte offset); stepping 16 K
+   rows adds 2048 bytes. */
+__device__ __forceinline__ uint64_t wgmma_desc_mn_sw128(const void *tile, uint32_t chunk_bytes) {
+    return (uint64_t)((sm90_smem(tile) & 0x3FFFF) >> 4) | (uint64_t)((chunk_bytes >> 4) & 0x3FFF) << 16 |
+           (uint64_t)(1024 >> 4) << 32 | (uint64_t)1 << 62;
+}
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N> __device__ __forceinline__ void wgmma_wait() {

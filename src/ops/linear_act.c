@@ -156,6 +156,8 @@ static const char *step_name(fg_act_step s) {
     case FG_ACT_STEP_TILE_GRAD: return "linear_act_grad_tile";
     case FG_ACT_STEP_TILE_BACKWARD: return "linear_act_bwd_tile";
     case FG_ACT_STEP_GEMM_FORWARD: return "linear_act_gemm90";
+    case FG_ACT_STEP_GEMM_INPUT: return "gemm90_dx";
+    case FG_ACT_STEP_GEMM_WEIGHT: return "gemm90_dw";
     default: return "cast";
     }
 }
@@ -196,17 +198,37 @@ static bool use_tile(const act_run *r, const void *p0, const void *p1, const voi
 #endif
 }
 
-/* The CUDA sm_90a GEMM with the activation in its epilogue (any K, a full wave of tiles) for
- * the forward; running, the pointers must also be 16-byte aligned (else GEMM + pass). */
-static bool use_gemm90(const act_run *r, const void *x, const void *w, const void *y, const void *pre) {
+/* The CUDA sm_90a GEMM (any K, a full wave of tiles) for one of the three products: the
+ * forward with the activation in its epilogue, or dx / dw when they are written, not added
+ * to; running, the pointers must also be 16-byte aligned (else cuBLASLt, and for the forward
+ * its pass). */
+static bool use_gemm90(const act_run *r, fg_act_step step, const void *p0, const void *p1, const void *p2,
+                       const void *p3) {
 #ifdef FG_HAVE_CUDA
-    if (r->ctx->backend != FG_BACKEND_CUDA || r->d->kind == FG_ACT_NONE) return false;
-    if (!fg_cuda_act_gemm_fits(r->ctx->device, r->dtype, r->N, r->K, r->M)) return false;
-    return aligned16(x) && aligned16(w) && aligned16(y) && aligned16(pre);
+    if (r->ctx->backend != FG_BACKEND_CUDA) return false;
+    if (step == FG_ACT_STEP_GEMM_FORWARD ? r->d->kind == FG_ACT_NONE : r->d->accumulate != 0) return false;
+    const int64_t rows = step == FG_ACT_STEP_GEMM_WEIGHT ? r->M : r->N;
+    const int64_t k = step == FG_ACT_STEP_GEMM_FORWARD ? r->K : step == FG_ACT_STEP_GEMM_INPUT ? r->M : r->N;
+    const int64_t cols = step == FG_ACT_STEP_GEMM_FORWARD ? r->M : r->K;
+    if (!fg_cuda_act_gemm_fits(r->ctx->device, r->dtype, step, rows, k, cols)) return false;
+    return aligned16(p0) && aligned16(p1) && aligned16(p2) && aligned16(p3);
 #else
-    (void)r, (void)x, (void)w, (void)y, (void)pre;
+    (void)r, (void)step, (void)p0, (void)p1, (void)p2, (void)p3;
     return false;
 #endif
+}
+
+/* dx = g·w (GEMM_INPUT) or dw = gᵀ·x (GEMM_WEIGHT) by the sm_90a GEMM */
+static fg_status gemm90_grad(act_run *r, fg_act_step which, void *g) {
+    fg_act_call c;
+    memset(&c, 0, sizeof c);
+    c.step = which;
+    c.rows = which == FG_ACT_STEP_GEMM_WEIGHT ? r->M : r->N;
+    c.k = which == FG_ACT_STEP_GEMM_INPUT ? r->M : r->N;
+    c.cols = r->K;
+    c.g = g, c.w = data_of(r, AB_W), c.x = data_of(r, AB_X);
+    c.dx = data_of(r, AB_DX), c.dw = data_of(r, AB_DW);
+    return step(r, &c);
 }
 
 /* pre[N × M] = x·wᵀ + b into `dst` */
@@ -249,7 +271,7 @@ static fg_status forward(act_run *r) {
     if (!keep) FG_TRY(act_gemm(r, y, &fused)); /* cuBLASLt's relu epilogue first (the product alone) */
     if (fused) return FG_OK;
     const bool tile = use_tile(r, data_of(r, AF_X), data_of(r, AF_W), y, keep ? pre : NULL);
-    if (tile || use_gemm90(r, data_of(r, AF_X), data_of(r, AF_W), y, keep ? pre : NULL)) {
+    if (tile || use_gemm90(r, FG_ACT_STEP_GEMM_FORWARD, data_of(r, AF_X), data_of(r, AF_W), y, keep ? pre : NULL)) {
         fg_act_call c;
         memset(&c, 0, sizeof c);
         c.step = tile ? FG_ACT_STEP_TILE_FORWARD : FG_ACT_STEP_GEMM_FORWARD;
@@ -380,10 +402,14 @@ static fg_status backward(act_run *r) {
     }
     if (want_db) FG_TRY(db_cast(r, db_acc, db_over_batches)); /* before the GEMMs: its sums may live in dx's or dw's memory */
     const double beta = d->accumulate ? 1.0 : 0.0;
-    if (want_dx) /* dx[N × K] = g[N × M] · w[M × K] */
+    if (want_dx && use_gemm90(r, FG_ACT_STEP_GEMM_INPUT, g, data_of(r, AB_W), data_of(r, AB_DX), NULL))
+        FG_TRY(gemm90_grad(r, FG_ACT_STEP_GEMM_INPUT, g));
+    else if (want_dx) /* dx[N × K] = g[N × M] · w[M × K] */
         FG_TRY(gemm(r, 1, r->N, r->K, r->M, fg_mat_at(g, r->M, 1), fg_mat_at(data_of(r, AB_W), r->K, 1),
                     fg_mat_at(data_of(r, AB_DX), r->K, 1), beta, NULL, false));
-    if (want_dw && !parts) /* dw[M × K] = gᵀ[M × N] · x[N × K] */
+    if (want_dw && !parts && use_gemm90(r, FG_ACT_STEP_GEMM_WEIGHT, g, data_of(r, AB_X), data_of(r, AB_DW), NULL))
+        FG_TRY(gemm90_grad(r, FG_ACT_STEP_GEMM_WEIGHT, g));
+    else if (want_dw && !parts) /* dw[M × K] = gᵀ[M × N] · x[N × K] */
         FG_TRY(gemm(r, 1, r->M, r->K, r->N, fg_mat_at(g, 1, r->M), fg_mat_at(data_of(r, AB_X), r->K, 1),
                     fg_mat_at(data_of(r, AB_DW), r->K, 1), beta, NULL, false));
     if (want_dw && parts) { /* parts products of `per` rows (+ the tail), summed in order */

@@ -15,7 +15,7 @@ from compare import timed_together
 from fastgrad import ops
 
 KERNELS = 3  # how many of fastgrad / eager / compile get a kernel table
-ONLY_OURS = False  # argv[1] == "ours" / "small": fastgrad alone (no compile: quick)
+ONLY_OURS = False  # argv[1] == "ours" / "small": fastgrad alone (no compile: quick); "large": the large shape
 ACTS = {"relu": F.relu, "gelu_tanh": lambda p: F.gelu(p, approximate="tanh"), "silu": F.silu}
 
 
@@ -124,6 +124,9 @@ if __name__ == "__main__":
     if which == "all":
         for shape in ((8192, 4096, 16384), (172032, 128, 256)):
             products(*shape)
+    if which == "large":  # the large shape alone: where the step's time goes, kernel by kernel
+        for act in ("gelu_tanh", "silu"):
+            case(8192, 4096, 16384, act)
     if which in ("all", "ours"):
         for shape in ((8192, 4096, 16384), (172032, 128, 256)):
             for act in ("relu", "gelu_tanh", "silu"):

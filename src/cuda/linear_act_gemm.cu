@@ -6,19 +6,20 @@
  *  GEMM_WEIGHT   dw = gᵀ·x  (g read M-major, x N-major)
  * The forward has the activation in the product's epilogue, so y (and pre) leave the chip once
  * and no pass reads them back. cuBLASLt has epilogues for relu and gelu only, and its gelu
- * misses this library's accuracy contract (docs/perf-notes.md, session 4). The backward's two
- * products run here because this main loop measured 6–8% ahead of cuBLAS's at the layer
- * sizes it takes (session 7), which is the margin the layer's whole step needs.
+ * misses this library's accuracy contract (docs/perf-notes.md, session 4). The backward's
+ * products run here too: measured level with cuBLASLt's (0.94–1.08× over 8 timings, H100,
+ * session 8), and with them the whole step is one kernel design.
  * Machinery (sm90.cuh): persistent blocks of three warpgroups over 128 × 256 output tiles; one
- * producer thread loads x's and w's 64-wide K slices by TMA into three 128-byte-swizzled stages
- * (mbarriers full / empty); two consumer warpgroups run wgmma m64n256k16 on 64 rows each
- * (128 f32 accumulators a thread); the epilogue adds the bias, rounds pre, applies the
- * activation and hands 64 × 64 chunks to TMA stores (out of bounds clipped by the copy engine).
- * Each output element is one block's sum in a fixed K order: deterministic.
- * Measured (H100, session 7, bf16): at 8192 × 4096 × 16384 the main loop alone ran 1.06–1.08×
- * cuBLAS's plain product of the same run, with silu's epilogue (pre and y) 0.99×, gelu_tanh 0.90×;
- * against product + pass (eager's forward) 1.0–1.04× there and up to 1.23× on shorter K
- * (docs/perf-notes.md).
+ * producer thread loads 64-wide K slices by TMA into three 128-byte-swizzled stages (mbarriers
+ * full / empty); two consumer warpgroups run wgmma m64n256k16 on 64 rows each (128 f32
+ * accumulators a thread), then add the bias and leave the tile rounded in shared memory; the
+ * producer warpgroup's other three warps store it (TMA) and apply the activation from there
+ * while the consumers already run the next tile (mbarriers epi_full / epi_empty), so the
+ * activation's math overlaps the products. Out-of-bounds rows and columns are clipped by the
+ * copy engine. Each output element is one block's sum in a fixed K order: deterministic.
+ * Measured (H100, bf16, 8192 × 4096 × 16384): session 7, the epilogue in the consumers: silu
+ * 0.99×, gelu_tanh 0.90× of cuBLAS's plain product; session 8, in the epilogue warps: 1.49 ms
+ * against cuBLASLt's bias GEMM 1.41 (0.95×) and eager's GEMM + pass 1.59 (docs/perf-notes.md).
  */
 #include "act_math.cuh"
 #include "cuda_internal.h"
@@ -30,9 +31,11 @@
 constexpr int GM_BM = 128, GM_BN = 256, GM_BK = 64, GM_STAGES = 3, GM_THREADS = 384, GM_GROUP = 16;
 constexpr int GM_A = GM_BM * GM_BK * 2, GM_B = GM_BN * GM_BK * 2, GM_STAGE = GM_A + GM_B;
 constexpr int GM_CHUNK = 64 * 64 * 2; /* one epilogue chunk: 64 rows × 64 columns */
-/* stages, then per consumer warpgroup two sets of pre's and y's chunk (a chunk's stores read
-   one set while the next chunk fills the other) and the tile's bias; + alignment */
-constexpr size_t GM_SMEM = (size_t)GM_STAGES * GM_STAGE + 2 * 2 * 2 * GM_CHUNK + 2 * GM_BN * 2 + 1024;
+constexpr int GM_EPI_THREADS = 96;    /* the producer warpgroup's warps 1–3 */
+/* stages, then the tile's rounded product (pre) as 2 × 4 chunks (one set per consumer
+   warpgroup), two chunks for y (a chunk's store reads one while the next fills the other),
+   the tile's bias per consumer warpgroup; + alignment */
+constexpr size_t GM_SMEM = (size_t)GM_STAGES * GM_STAGE + 8 * GM_CHUNK + 2 * GM_CHUNK + 2 * GM_BN * 2 + 1024;
 
 struct gm_args {
     const void *bias;
@@ -51,60 +54,126 @@ __device__ __forceinline__ void gm_tile(int t, const gm_args &a, int &tr, int &t
 }
 
 __device__ __forceinline__ void wg_sync(int c) { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + c) : "memory"); }
+__device__ __forceinline__ void epi_sync() { asm volatile("bar.sync 3, %0;\n" ::"n"(GM_EPI_THREADS) : "memory"); }
+
+/* y = act(pre) for 8 values (16 bytes) */
+template <typename T, int ACT> __device__ __forceinline__ uint4 act8(uint4 v) {
+    uint32_t *u = reinterpret_cast<uint32_t *>(&v);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        T *e = reinterpret_cast<T *>(&u[i]), o[2];
+        from_acc2<T>(act_value(ACT, to_acc(e[0])), act_value(ACT, to_acc(e[1])), o);
+        u[i] = *reinterpret_cast<uint32_t *>(o);
+    }
+    return v;
+}
 
 /* out[rows, cols] = A·B over a.k, A's tile 128 rows and B's 256 columns. TA / TB 0: the operand
    is stored K-major (A as [rows, k], B as [cols, k]), loaded in one box of 64 K × 128 / 256 rows;
    1: stored MN-major (A as [k, rows], B as [k, cols]), loaded in boxes of 64 MN × 64 K, one per
-   64 rows / columns, side by side (8 KB apart). */
+   64 rows / columns, side by side (8 KB apart).
+   Roles: warp 0's first thread loads the stages; warpgroups 1 and 2 run the products of rows
+   0–63 / 64–127 and leave the tile rounded (+ bias) in shared memory; warps 1–3 store it (pre,
+   or the output itself for ACT none) and compute and store y = act(pre) from there, while the
+   consumers already run the next tile's products. */
 template <typename T, int ACT, int TA, int TB>
 __global__ void __launch_bounds__(GM_THREADS, 1)
     act_gemm_kernel(const __grid_constant__ CUtensorMap mx, const __grid_constant__ CUtensorMap mw,
                     const __grid_constant__ CUtensorMap mpre, const __grid_constant__ CUtensorMap my, gm_args a) {
 #ifdef __CUDA_ARCH_FEAT_SM90_ALL
     extern __shared__ unsigned char raw[];
-    __shared__ __align__(8) uint64_t full[GM_STAGES], empty[GM_STAGES];
+    __shared__ __align__(8) uint64_t full[GM_STAGES], empty[GM_STAGES], epi_full[2], epi_empty[2];
     unsigned char *smem = (unsigned char *)(((uintptr_t)raw + 1023) & ~(uintptr_t)1023);
-    unsigned char *epi = smem + GM_STAGES * GM_STAGE;
+    unsigned char *staged = smem + GM_STAGES * GM_STAGE, *ybuf = staged + 8 * GM_CHUNK;
     const int wg = threadIdx.x / 128, ktiles = (a.k + GM_BK - 1) / GM_BK, tiles = a.tiles_r * a.tiles_c;
     if (threadIdx.x == 0) {
         for (int s = 0; s < GM_STAGES; s++) mbar_init(&full[s], 1), mbar_init(&empty[s], 256);
+        for (int c = 0; c < 2; c++) mbar_init(&epi_full[c], 128), mbar_init(&epi_empty[c], 1);
         mbar_init_fence();
         tma_prefetch_map(&mx);
         tma_prefetch_map(&mw);
     }
     __syncthreads();
-    if (wg == 0) { /* ------------------------------------------------ producer: one thread */
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::);
-        if (threadIdx.x != 0) return;
-        int s = 0;
-        uint32_t ph = 0;
-        for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+    if (wg == 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::);
+        if (threadIdx.x == 0) { /* ------------------------------------------ producer */
+            int s = 0;
+            uint32_t ph = 0;
+            for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+                int tr, tc;
+                gm_tile(t, a, tr, tc);
+                for (int kt = 0; kt < ktiles; kt++) {
+                    mbar_wait(&empty[s], ph ^ 1);
+                    mbar_expect_tx(&full[s], GM_STAGE);
+                    unsigned char *sa = smem + s * GM_STAGE, *sb = sa + GM_A;
+                    if (TA == 0) tma_load_2d(sa, &mx, &full[s], kt * GM_BK, tr * GM_BM);
+                    else
+                        for (int j = 0; j < GM_BM / 64; j++)
+                            tma_load_2d(sa + j * 8192, &mx, &full[s], tr * GM_BM + 64 * j, kt * GM_BK);
+                    if (TB == 0) tma_load_2d(sb, &mw, &full[s], kt * GM_BK, tc * GM_BN);
+                    else
+                        for (int j = 0; j < GM_BN / 64; j++)
+                            tma_load_2d(sb + j * 8192, &mw, &full[s], tc * GM_BN + 64 * j, kt * GM_BK);
+                    if (++s == GM_STAGES) s = 0, ph ^= 1;
+                }
+            }
+            return;
+        }
+        if (threadIdx.x < 32) return;
+        /* ------------------------------------------------------- epilogue: warps 1–3 */
+        const int et = threadIdx.x - 32;
+        uint32_t fph = 0;
+        int slot = 0;
+        for (int t = blockIdx.x; t < tiles; t += gridDim.x, fph ^= 1) {
             int tr, tc;
             gm_tile(t, a, tr, tc);
-            for (int kt = 0; kt < ktiles; kt++) {
-                mbar_wait(&empty[s], ph ^ 1);
-                mbar_expect_tx(&full[s], GM_STAGE);
-                unsigned char *sa = smem + s * GM_STAGE, *sb = sa + GM_A;
-                if (TA == 0) tma_load_2d(sa, &mx, &full[s], kt * GM_BK, tr * GM_BM);
-                else
-                    for (int j = 0; j < GM_BM / 64; j++) tma_load_2d(sa + j * 8192, &mx, &full[s], tr * GM_BM + 64 * j, kt * GM_BK);
-                if (TB == 0) tma_load_2d(sb, &mw, &full[s], kt * GM_BK, tc * GM_BN);
-                else
-                    for (int j = 0; j < GM_BN / 64; j++) tma_load_2d(sb + j * 8192, &mw, &full[s], tc * GM_BN + 64 * j, kt * GM_BK);
-                if (++s == GM_STAGES) s = 0, ph ^= 1;
+            for (int c = 0; c < 2; c++) {
+                mbar_wait(&epi_full[c], fph);
+                unsigned char *pc = staged + c * 4 * GM_CHUNK;
+                const int c1 = tr * GM_BM + c * 64;
+                if (ACT == FG_ACT_NONE || a.write_pre) {
+                    if (et == 0) { /* the rounded product as it is: pre, or the output of ACT none */
+                        for (int q = 0; q < 4; q++) tma_store_2d(ACT == FG_ACT_NONE ? &my : &mpre, pc + q * GM_CHUNK, tc * GM_BN + q * 64, c1);
+                        tma_store_commit();
+                    }
+                }
+                if (ACT != FG_ACT_NONE)
+                    for (int q = 0; q < 4; q++, slot ^= 1) {
+                        unsigned char *yc = ybuf + slot * GM_CHUNK;
+                        if (et == 0) tma_store_wait_read<1>(); /* the store that last read yc is done */
+                        epi_sync();
+                        /* y and pre share the swizzled layout: each 16 bytes map to the same place */
+                        for (int i = et; i < GM_CHUNK / 16; i += GM_EPI_THREADS)
+                            reinterpret_cast<uint4 *>(yc)[i] = act8<T, ACT>(reinterpret_cast<const uint4 *>(pc + q * GM_CHUNK)[i]);
+                        tma_store_fence();
+                        epi_sync();
+                        if (et == 0) {
+                            tma_store_2d(&my, yc, tc * GM_BN + q * 64, c1);
+                            tma_store_commit();
+                        }
+                    }
+                /* pc free once every warp has read it and the stores of it have */
+                epi_sync();
+                if (et == 0) {
+                    if (ACT == FG_ACT_NONE) tma_store_wait_read<0>();
+                    else tma_store_wait_read<2>(); /* (older than y's last two chunks: pc's pre) */
+                    mbar_arrive(&epi_empty[c]);
+                }
             }
         }
+        if (et == 0) tma_store_wait_all();
         return;
     }
     /* ---------------------------------------------- consumers: warpgroup c, rows 64c … 64c + 63 */
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::);
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n" ::);
     const int c = wg - 1, tid = threadIdx.x & 127, lane = threadIdx.x & 31, warp = tid >> 5;
-    T *bsm = reinterpret_cast<T *>(epi + 8 * GM_CHUNK) + c * GM_BN;
+    T *bsm = reinterpret_cast<T *>(ybuf + 2 * GM_CHUNK) + c * GM_BN;
+    unsigned char *pc = staged + c * 4 * GM_CHUNK;
     const T *bias = static_cast<const T *>(a.bias);
     float acc[128];
     int s = 0;
-    uint32_t ph = 0;
-    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+    uint32_t ph = 0, eph = 0;
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x, eph ^= 1) {
         int tr, tc;
         gm_tile(t, a, tr, tc);
         /* this tile's bias (the last epilogue's reads of bsm ended before its last barrier) */
@@ -135,16 +204,14 @@ __global__ void __launch_bounds__(GM_THREADS, 1)
         wgmma_wait<0>();
         acc_fence(acc, 128);
         mbar_arrive(&empty[prev]);
-        /* epilogue, 64 columns at a time: the thread holds rows lr, lr + 8 of the warpgroup's
-           64 and column pairs 8i + 2·(lane % 4); values first, then (the stores of the chunk
-           before last done reading) into this chunk's 128-byte-swizzled buffers, then one TMA
-           store each */
+        /* the rounded product (+ bias) into the 4 swizzled chunks: the thread holds rows lr, lr + 8
+           of the warpgroup's 64 and column pairs 8i + 2·(lane % 4); then the epilogue warps take
+           them (once they have let go of the last tile's) */
         const int lr = warp * 16 + (lane >> 2);
         wg_sync(c); /* bias visible */
+        mbar_wait(&epi_empty[c], eph ^ 1);
 #pragma unroll
-        for (int q = 0; q < GM_BN / 64; q++) {
-            unsigned char *cp = epi + (c * 2 + (q & 1)) * 2 * GM_CHUNK, *cy = cp + GM_CHUNK;
-            uint32_t pv[16], yv[16];
+        for (int q = 0; q < GM_BN / 64; q++)
 #pragma unroll
             for (int ii = 0; ii < 8; ii++) {
                 const int i = q * 8 + ii;
@@ -154,32 +221,14 @@ __global__ void __launch_bounds__(GM_THREADS, 1)
                 for (int h = 0; h < 2; h++) {
                     T v[2];
                     from_acc2<T>(acc[4 * i + 2 * h] + b0, acc[4 * i + 2 * h + 1] + b1, v);
-                    pv[2 * ii + h] = *reinterpret_cast<uint32_t *>(v);
-                    if (ACT != FG_ACT_NONE) from_acc2<T>(act_value(ACT, to_acc(v[0])), act_value(ACT, to_acc(v[1])), v);
-                    yv[2 * ii + h] = *reinterpret_cast<uint32_t *>(v);
-                }
-            }
-            if (tid == 0) tma_store_wait_read<1>();
-            wg_sync(c);
-#pragma unroll
-            for (int ii = 0; ii < 8; ii++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
                     const int row = lr + 8 * h, off = row * 128 + ((ii ^ (row & 7)) << 4) + (lane & 3) * 4;
-                    if (a.write_pre) *reinterpret_cast<uint32_t *>(cp + off) = pv[2 * ii + h];
-                    *reinterpret_cast<uint32_t *>(cy + off) = yv[2 * ii + h];
+                    *reinterpret_cast<uint32_t *>(pc + q * GM_CHUNK + off) = *reinterpret_cast<uint32_t *>(v);
                 }
-            tma_store_fence();
-            wg_sync(c);
-            if (tid == 0) {
-                const int c0 = tc * GM_BN + q * 64, c1 = tr * GM_BM + c * 64;
-                if (a.write_pre) tma_store_2d(&mpre, cp, c0, c1);
-                tma_store_2d(&my, cy, c0, c1);
-                tma_store_commit();
             }
-        }
+        tma_store_fence();
+        mbar_arrive(&epi_full[c]);
+        wg_sync(c); /* every thread's bias reads done before the next tile's bias lands */
     }
-    if (tid == 0) tma_store_wait_all();
 #endif
 }
 
@@ -219,8 +268,8 @@ static int gm_sms(int device) {
  * device; f16 / bf16; every row stride a multiple of 8 elements (TMA's 16-byte strides: the
  * forward's k and cols, GEMM_INPUT's k (g's rows) and cols, GEMM_WEIGHT's rows (g's) and cols);
  * at least one full wave of tiles (fewer: cuBLASLt's smaller tiles fill the GPU better) and a
- * product long enough to pay for the epilogue, which does not yet overlap the next tile's
- * products. Running, every pointer must also be 16-byte aligned. */
+ * product long enough to pay for the fill and the tail (the 6e9 rule was measured before the
+ * epilogue overlapped the products). Running, every pointer must also be 16-byte aligned. */
 extern "C" bool fg_cuda_act_gemm_fits(int device, fg_dtype dtype, fg_act_step step, int64_t rows, int64_t k,
                                       int64_t cols) {
 #ifdef FG_CUDA_HAVE_SM90A

@@ -321,6 +321,9 @@ void th_verify(const char *what, th_operand *o, const double *ref, double tol, c
     double *got = malloc((size_t)(o->n ? o->n : 1) * sizeof(double));
     th_get(&o->buf, &o->t, got);
     double err = th_relerr(got, ref, o->n);
+    static int verbose = -1; /* FG_TEST_VERBOSE=1: every check's error against its tolerance (margins) */
+    if (verbose < 0) verbose = getenv("FG_TEST_VERBOSE") != NULL;
+    if (verbose) printf("  %s %s: relerr %.3g (tol %.3g)\n", what, label, err, tol);
     TH_CHECK(err <= tol, "%s %s: relerr %.3g > tol %.3g", what, label, err, tol);
     if (!(err <= tol) && o->n > 0) { /* where it is worst, to tell a bug from a tail */
         int64_t worst = 0;

@@ -525,7 +525,11 @@ int main(void) {
             problem cap = {64, 16, 515, false, {0}, FG_I64, 0};
             cap.opt.temperature = 0.7, cap.opt.softcap = 4.0, cap.opt.max_tile_elements = 64 * 130;
             run_case(ctx, be, dt, &cap, "temperature+softcap");
-            problem odd = {3, 5, 17, true, {0}, FG_I64, 2};
+            /* D = 37, not 5: a 15-element dh of a bf16 softmax gradient is a few cancelling sums
+               whose norm has a heavy tail (relerr 0.002–0.004, once in ~60 runs 0.011–0.014 from
+               the rounding of dz alone: CI, seed 62510749377598); 111 elements keep the dtype's
+               tolerance without the tail, and the tiles (≤ 7 logits) are as odd */
+            problem odd = {3, 37, 17, true, {0}, FG_I64, 2};
             odd.opt.use_ignore_index = 1, odd.opt.ignore_index = 3, odd.opt.max_tile_elements = 7;
             run_case(ctx, be, dt, &odd, "odd tiles");
             if (dt != FG_F64) determinism(ctx, be, dt);

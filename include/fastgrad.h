@@ -475,7 +475,7 @@ FG_NODISCARD FG_API fg_status fg_linear_act_backward_bias(fg_context *ctx, fg_ac
  * FG_ERR_DEVICE_VALUE from the next fg_context_check() with the first such row — the
  * op itself does not look at the target values on the host.
  * Precision: the logits h·wᵀ + b are rounded to the inputs' dtype before the softmax, as
- * F.linear's output is (in bf16 a logit of size |z| carries up to |z|·2^-9 of absolute
+ * F.linear's output is (in bf16 a logit of size |z| carries up to |z|·2^-8 of absolute
  * error, so each p is off by up to that fraction); the softmax, its sums and the
  * per-row statistics are f32 (f64 for f64).
  * Deterministic: every sum has a fixed order; no floating-point atomics. */

@@ -240,7 +240,8 @@ fg_status fg_cuda_adamw(fg_context *ctx, const fg_adamw_run *r);
  *   GRAD    the tile becomes dz: with p = e^(L−lse),
  *           dL = A·[j == target] + B·p + C·p·(L − lse + H) + E,  rc[6·r] = {A, B, C, E, lse, H}
  *           (all four zero: an ignored row, dz = 0), dz = dL·dL/dz; db_acc (acc type,
- *           global column index) gets the column sums of dz (first: written, else added)
+ *           global column index) gets the column sums of dz before its rounding to the tile's
+ *           dtype (first: written, else added)
  *   REDUCE  *loss_out = Σ loss_rows (fixed order) · (mean ? 1/count : 1)
  *   CAST    dst[i] = src[i] (+ dst[i] when accumulate), acc type → dst_dtype, n elements
  * Targets outside [0, V) that are not ignored make the row NaN and raise

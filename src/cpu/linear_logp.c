@@ -131,33 +131,38 @@ static int64_t rows_step(const fg_context *ctx, const fg_logp_call *c) {
     return bad == INT64_MAX ? -1 : bad;
 }
 
+/* dz of tile element (i, j) from the logit z holds there, row i's coefficients rc */
+static double dz_at(const fg_logp_call *c, const double rc[6], int64_t i, int64_t j) {
+    if (rc[0] == 0.0 && rc[1] == 0.0 && rc[2] == 0.0 && rc[3] == 0.0) return 0.0;
+    const int64_t t = target_at(c, c->r0 + i) - c->v0;
+    double dldz, L = logit(c, fg_load_f64(c->z, c->dtype, i * c->ld + j), &dldz);
+    double p = exp(L - rc[4]);
+    double dL = (j == t ? rc[0] : 0.0) + rc[1] * p + rc[2] * p * (L - rc[4] + rc[5]) + rc[3];
+    return dL * dldz;
+}
+
+static void row_coefs(const fg_logp_call *c, int64_t i, double rc[6]) {
+    for (int k = 0; k < 6; k++) rc[k] = fg_load_f64(c->rc, c->acc, 6 * (c->r0 + i) + k);
+}
+
 static void grad(const fg_context *ctx, const fg_logp_call *c) {
     const int nt = threads(ctx);
+    if (c->db_acc) { /* db first, from the unrounded dz (as the CUDA pass sums them), rows in order */
 #pragma omp parallel for schedule(static) num_threads(nt) if (nt != 1 && c->rows * c->cols > 65536)
-    for (int64_t i = 0; i < c->rows; i++) {
-        const int64_t r = c->r0 + i;
-        double rc[6];
-        for (int k = 0; k < 6; k++) rc[k] = fg_load_f64(c->rc, c->acc, 6 * r + k);
-        const bool zero = rc[0] == 0.0 && rc[1] == 0.0 && rc[2] == 0.0 && rc[3] == 0.0;
-        const int64_t t = target_at(c, r) - c->v0;
         for (int64_t j = 0; j < c->cols; j++) {
-            const int64_t at = i * c->ld + j;
-            double dz = 0.0;
-            if (!zero) {
-                double dldz, L = logit(c, fg_load_f64(c->z, c->dtype, at), &dldz);
-                double p = exp(L - rc[4]);
-                double dL = (j == t ? rc[0] : 0.0) + rc[1] * p + rc[2] * p * (L - rc[4] + rc[5]) + rc[3];
-                dz = dL * dldz;
+            double sum = c->first ? 0.0 : fg_load_f64(c->db_acc, c->acc, c->v0 + j), rc[6];
+            for (int64_t i = 0; i < c->rows; i++) {
+                row_coefs(c, i, rc);
+                sum += dz_at(c, rc, i, j);
             }
-            fg_store_f64(c->z, c->dtype, at, dz);
+            fg_store_f64(c->db_acc, c->acc, c->v0 + j, sum);
         }
     }
-    if (!c->db_acc) return;
 #pragma omp parallel for schedule(static) num_threads(nt) if (nt != 1 && c->rows * c->cols > 65536)
-    for (int64_t j = 0; j < c->cols; j++) {
-        double sum = c->first ? 0.0 : fg_load_f64(c->db_acc, c->acc, c->v0 + j);
-        for (int64_t i = 0; i < c->rows; i++) sum += fg_load_f64(c->z, c->dtype, i * c->ld + j);
-        fg_store_f64(c->db_acc, c->acc, c->v0 + j, sum);
+    for (int64_t i = 0; i < c->rows; i++) {
+        double rc[6];
+        row_coefs(c, i, rc);
+        for (int64_t j = 0; j < c->cols; j++) fg_store_f64(c->z, c->dtype, i * c->ld + j, dz_at(c, rc, i, j));
     }
 }
 

@@ -9,7 +9,8 @@
  *           slabs in order by slab_colsum (no atomics: deterministic)
  * The activation math (f32) is act_math.cuh's. For K ≤ 128 in f16/bf16 the driver runs the
  * fused product + activation tiles of linear_act_tile.cu instead of GEMM + pass; for wide
- * layers on sm_90a the forward is linear_act_gemm.cu's GEMM with the activation in its epilogue.
+ * layers on sm_90a the three products are linear_act_gemm.cu's GEMM (the forward's with the
+ * activation in its epilogue).
  */
 #include "cuda_internal.h"
 #include "act_math.cuh"

@@ -14,9 +14,10 @@
  *            FG_PLAN_CONSUME_PRE), then dx = g·w and dw = gᵀ·x as GEMMs; act none uses dy
  *            as g directly. db's f32 sums borrow the memory of dx or dw, which their GEMMs
  *            write only afterwards.
- *  CUDA, sm_90a, f16 / bf16, wide enough to fill the GPU: the forward is one own GEMM with
- *            the bias and the activation in its epilogue (src/cuda/linear_act_gemm.cu); relu
- *            without a kept pre still asks cuBLASLt's epilogue first.
+ *  CUDA, sm_90a, f16 / bf16, wide enough to fill the GPU: the three products are one own
+ *            GEMM (src/cuda/linear_act_gemm.cu), the forward's with the bias and the activation
+ *            in its epilogue, dx / dw's when they are written, not added to; relu without a
+ *            kept pre still asks cuBLASLt's epilogue first.
  *  CUDA, short K (≤ 128, f16 / bf16): the forward, and the backward's recomputed pre with g,
  *            are one tile kernel each (product + activation, src/cuda/linear_act_tile.cu);
  *            dx and dw stay cuBLASLt GEMMs. With also M ≤ 256, both dx and dw wanted and a

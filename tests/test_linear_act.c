@@ -154,6 +154,9 @@ static const shape_case shapes[] = {
     /* CUDA's one-kernel backward (K ≤ 128, M ≤ 256): M at its limit with a row tail; and
        every pointer misaligned (its plain-load path; the forward falls back to GEMM + pass) */
     {3, {2, 77}, 24, 256, true},   {2, {70}, 24, 40, true, 3},
+    /* its sm_90a version (pre kept, aligned, every activation): K and M at their limits with a
+       row tail (8.25 tiles of 32); partial 64-wide boxes in K and M (short_backward: many tiles) */
+    {2, {264}, 128, 256, true},    {3, {3, 29}, 72, 200, true},
 };
 
 static void run_case(fg_context *ctx, fg_backend be, fg_dtype dt, int act, const shape_case *sc) {
@@ -399,6 +402,65 @@ static void wide_backward(fg_context *ctx, fg_backend be, fg_dtype dt) {
     free(g), free(rdx), free(rdw), free(rdb), free(got), free(sub);
 }
 
+/* CUDA's one-kernel backward over many row tiles (36000 rows: 1125 tiles of 32, ≥ 8 a block,
+ * so the sm_90a kernel's four stages go round at least twice), every activation, accumulate 0
+ * and 1, against f64; and its plan: on a 9.0 device with an sm_90a build a kept pre (aligned)
+ * runs linear_act_bwd90 for every activation but none, no kept pre something else. */
+static void short_backward(fg_context *ctx, fg_backend be, fg_dtype dt) {
+    const int64_t N = 36000, K = 16, M = 64;
+    int64_t xs[2] = {N, K}, ws[2] = {M, K}, bs[1] = {M}, ys[2] = {N, M};
+    th_operand x = th_make(be, dt, 2, xs, 0), w = th_make(be, dt, 2, ws, 0), b = th_make(be, dt, 1, bs, 0);
+    th_operand dy = th_make(be, dt, 2, ys, 0), pre = th_make(be, dt, 2, ys, 0);
+    th_randomize(&x), th_randomize(&w), th_randomize(&b), th_randomize(&dy), th_randomize(&pre);
+    for (int64_t i = 0; i < pre.n; i++) pre.v[i] = (pre.v[i] - 0.25) * 4.0;
+    th_round(dt, pre.v, pre.n);
+    th_put(&pre.buf, &pre.t, pre.v);
+    double *rdx = malloc(sizeof(double) * (size_t)(N * K)), *rdw = malloc(sizeof(double) * (size_t)(M * K));
+    double *rdb = malloc(sizeof(double) * (size_t)M);
+    for (int act = FG_ACT_RELU; act <= FG_ACT_TANH; act++) {
+        memset(rdx, 0, sizeof(double) * (size_t)(N * K));
+        memset(rdw, 0, sizeof(double) * (size_t)(M * K));
+        memset(rdb, 0, sizeof(double) * (size_t)M);
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t m = 0; m < M; m++) {
+                const double g = dy.v[n * M + m] * (double)ref_slope(act, pre.v[n * M + m]);
+                rdb[m] += g;
+                for (int64_t k = 0; k < K; k++) rdx[n * K + k] += g * w.v[m * K + k], rdw[m * K + k] += g * x.v[n * K + k];
+            }
+        char lab[160];
+        snprintf(lab, sizeof lab, "long short-K backward %s %s %s N=%lld K=%lld M=%lld", act_names[act], th_backend_name(be),
+                 fg_dtype_name(dt), (long long)N, (long long)K, (long long)M);
+        for (int acc = 0; acc < 2; acc++) {
+            th_operand dx = th_make(be, dt, 2, xs, 0), dw = th_make(be, dt, 2, ws, 0), db = th_make(be, dt, 1, bs, 0);
+            check_backward(ctx, act, &dy, &pre.t, &x, &w, &b.t, &dx, &dw, &db, rdx, rdw, rdb, acc, th_tol(dt, false), lab);
+            th_drop(&dx), th_drop(&dw), th_drop(&db);
+        }
+    }
+    free(rdx), free(rdw), free(rdb);
+#ifdef FG_TEST_HAVE_SM90A
+    th_operand dx = th_make(be, dt, 2, xs, 0), dw = th_make(be, dt, 2, ws, 0), db = th_make(be, dt, 1, bs, 0);
+    for (int act = FG_ACT_RELU; act <= FG_ACT_TANH; act++)
+        for (int keep = 0; keep < 2; keep++) {
+            fg_plan_desc d;
+            memset(&d, 0, sizeof d);
+            d.op = FG_OP_LINEAR_ACT_BACKWARD, d.kind = act;
+            d.operands[0] = dy.t, d.operands[2] = x.t, d.operands[3] = w.t, d.operands[4] = b.t;
+            if (keep) d.operands[1] = pre.t;
+            d.operands[5] = dx.t, d.operands[6] = dw.t, d.operands[7] = db.t;
+            fg_plan *plan = NULL;
+            fg_plan_info info;
+            TH_OK(fg_plan_create(ctx, &d, &plan));
+            TH_OK(fg_plan_info_get(plan, &info));
+            if (info.arch == 90)
+                TH_CHECK((strstr(info.kernel, "linear_act_bwd90") != NULL) == (keep == 1),
+                         "short backward %s %s keep=%d: the plan runs %s", act_names[act], fg_dtype_name(dt), keep, info.kernel);
+            fg_plan_destroy(plan);
+        }
+    th_drop(&dx), th_drop(&dw), th_drop(&db);
+#endif
+    th_drop(&x), th_drop(&w), th_drop(&b), th_drop(&dy), th_drop(&pre);
+}
+
 /* Batched weights: x [B, L1, L2, K], w [B, M, K], b none / [M] shared / [B, M]; each batch
  * against the 2-D reference, db summed over the batches when b is shared. */
 static void batched_weights(fg_context *ctx, fg_backend be, fg_dtype dt, int act, int bias_kind) {
@@ -614,7 +676,8 @@ int main(void) {
                 for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) run_case(ctx, be, dt, act, &shapes[s]);
             special_values(ctx, be, dt);
             determinism(ctx, be, dt);
-            if (be == FG_BACKEND_CUDA && (dt == FG_F16 || dt == FG_BF16)) wide_forward(ctx, be, dt), wide_backward(ctx, be, dt);
+            if (be == FG_BACKEND_CUDA && (dt == FG_F16 || dt == FG_BF16))
+                wide_forward(ctx, be, dt), wide_backward(ctx, be, dt), short_backward(ctx, be, dt);
             for (int act = 0; act <= FG_ACT_TANH; act += 3) /* relu, gelu_tanh, tanh */
                 for (int bk = 0; bk < 3; bk++) batched_weights(ctx, be, dt, act == 0 ? FG_ACT_RELU : act, bk);
         }

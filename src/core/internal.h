@@ -309,6 +309,10 @@ fg_status fg_cuda_logp(fg_context *ctx, const fg_logp_call *c);
  *                 dx = g·w (+ dx when accumulate), db_acc as GRAD, and dw = gᵀ·x as `parts`
  *                 f32 [cols, k] partials at the start of scratch (CAST sums them; scratch:
  *                 fg_cuda_act_bwd_tile_scratch bytes, which also gives parts)
+ *   TILE_BACKWARD90 the same with pre kept, by an sm_90a kernel (wgmma: the products run beside
+ *                 the activation math, so every activation takes it) where
+ *                 fg_cuda_act_bwd90_fits (a 9.0 device; K, M multiples of 8; pointers 16-byte
+ *                 aligned; rows ≥ 1)
  * and, where fg_cuda_act_gemm_fits (an sm_90a build on a 9.0 device, f16/bf16, row strides
  * multiples of 8, a full wave of 128 × 256 tiles), the three products as one own GEMM
  * (pointers 16-byte aligned, outputs written, never added to):
@@ -322,6 +326,7 @@ typedef enum fg_act_step {
     FG_ACT_STEP_TILE_FORWARD,
     FG_ACT_STEP_TILE_GRAD,
     FG_ACT_STEP_TILE_BACKWARD,
+    FG_ACT_STEP_TILE_BACKWARD90,
     FG_ACT_STEP_GEMM_FORWARD,
     FG_ACT_STEP_GEMM_INPUT,
     FG_ACT_STEP_GEMM_WEIGHT
@@ -366,6 +371,8 @@ fg_status fg_cuda_act_tile(fg_context *ctx, const fg_act_call *c);
 bool fg_cuda_act_bwd_tile_fits(fg_dtype dtype, int act, int64_t k, int64_t cols);
 size_t fg_cuda_act_bwd_tile_scratch(int device, int64_t rows, int64_t k, int64_t cols, int64_t *parts);
 fg_status fg_cuda_act_bwd_tile(fg_context *ctx, const fg_act_call *c);
+bool fg_cuda_act_bwd90_fits(int device, fg_dtype dtype, int64_t k, int64_t cols);
+fg_status fg_cuda_act_bwd90(fg_context *ctx, const fg_act_call *c);
 bool fg_cuda_act_gemm_fits(int device, fg_dtype dtype, fg_act_step step, int64_t rows, int64_t k, int64_t cols);
 fg_status fg_cuda_act_gemm(fg_context *ctx, const fg_act_call *c);
 #endif

@@ -107,6 +107,7 @@ fg_status fg_cpu_act(fg_context *ctx, const fg_act_call *c) {
     case FG_ACT_STEP_TILE_FORWARD: /* CUDA only (the driver asks fg_cuda_act_tile_fits) */
     case FG_ACT_STEP_TILE_GRAD:
     case FG_ACT_STEP_TILE_BACKWARD:
+    case FG_ACT_STEP_TILE_BACKWARD90:
     case FG_ACT_STEP_GEMM_FORWARD:
     case FG_ACT_STEP_GEMM_INPUT:
     case FG_ACT_STEP_GEMM_WEIGHT: break;

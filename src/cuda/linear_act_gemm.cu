@@ -26,8 +26,6 @@
 #include "elem.cuh"
 #include "sm90.cuh"
 
-#include <cudaTypedefs.h>
-
 constexpr int GM_BM = 128, GM_BN = 256, GM_BK = 64, GM_STAGES = 3, GM_THREADS = 384, GM_GROUP = 16;
 constexpr int GM_A = GM_BM * GM_BK * 2, GM_B = GM_BN * GM_BK * 2, GM_STAGE = GM_A + GM_B;
 constexpr int GM_CHUNK = 64 * 64 * 2; /* one epilogue chunk: 64 rows × 64 columns */
@@ -193,7 +191,7 @@ __global__ void __launch_bounds__(GM_THREADS, 1)
             wgmma_fence();
 #pragma unroll
             for (int j = 0; j < GM_BK / 16; j++)
-                wgmma_n256<T>::template run<TA, TB>(acc, da + sta * j, db + stb * j, kt > 0 || j > 0);
+                wgmma_run<GM_BN, T, TA, TB>(acc, da + sta * j, db + stb * j, kt > 0 || j > 0);
             wgmma_commit();
             acc_fence(acc, 128);
             wgmma_wait<1>(); /* the previous slice's products are done: free its stage */
@@ -234,28 +232,10 @@ __global__ void __launch_bounds__(GM_THREADS, 1)
 
 /* ------------------------------------------------------------------ host */
 
-static PFN_cuTensorMapEncodeTiled_v12000 gm_encoder() {
-    static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
-    if (!fn) {
-        void *p = nullptr;
-        cudaDriverEntryPointQueryResult q;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) == cudaSuccess &&
-            q == cudaDriverEntryPointSuccess)
-            fn = (PFN_cuTensorMapEncodeTiled_v12000)p;
-    }
-    return fn;
-}
-
-/* a row-major [rows, cols] f16 / bf16 tensor in boxes of box_rows × 64 columns, 128-byte swizzle
-   (a K-major operand: box_rows of its tile; an MN-major one or an output: 64) */
+/* a row-major [rows, cols] operand or output in boxes of box_rows × 64 (a K-major operand:
+   box_rows of its tile; an MN-major one or an output: 64) */
 static bool gm_map(CUtensorMap *m, const void *base, int64_t rows, int64_t cols, int box_rows, fg_dtype dtype) {
-    PFN_cuTensorMapEncodeTiled_v12000 enc = gm_encoder();
-    if (!enc) return false;
-    cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)cols * 2};
-    cuuint32_t box[2] = {GM_BK, (cuuint32_t)box_rows}, es[2] = {1, 1};
-    return enc(m, dtype == FG_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, (void *)base,
-               dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+    return tma_map_2d(m, base, rows, cols, box_rows, dtype == FG_BF16);
 }
 
 static int gm_sms(int device) {

@@ -110,6 +110,7 @@ typedef struct act_run {
     int64_t B, bi;        /* batched weights: B batches, bi the one running (else 1, 0) */
     int64_t bstride[AB_N]; /* elements from one batch to the next, per operand (0: shared) */
     fg_kernel_info *info;
+    bool misaligned;       /* sizing the path that misaligned pointers take (size_walk) */
 } act_run;
 
 static size_t place(act_run *r, size_t bytes) {
@@ -156,6 +157,7 @@ static const char *step_name(fg_act_step s) {
     case FG_ACT_STEP_TILE_FORWARD: return "linear_act_tile";
     case FG_ACT_STEP_TILE_GRAD: return "linear_act_grad_tile";
     case FG_ACT_STEP_TILE_BACKWARD: return "linear_act_bwd_tile";
+    case FG_ACT_STEP_TILE_BACKWARD90: return "linear_act_bwd90";
     case FG_ACT_STEP_GEMM_FORWARD: return "linear_act_gemm90";
     case FG_ACT_STEP_GEMM_INPUT: return "gemm90_dx";
     case FG_ACT_STEP_GEMM_WEIGHT: return "gemm90_dw";
@@ -326,7 +328,21 @@ static bool use_bwd_tile(const act_run *r, bool want_dx, bool want_dw) {
 #endif
 }
 
-static fg_status backward_tile(act_run *r, bool keep, bool want_db, bool db_over_batches) {
+/* ... or, from a kept pre on an sm_90a device, its wgmma version (every activation) */
+static bool use_bwd90(const act_run *r, bool keep, bool want_dx, bool want_dw) {
+#ifdef FG_HAVE_CUDA
+    return r->ctx->backend == FG_BACKEND_CUDA && !r->misaligned && keep && want_dx && want_dw && r->N >= 1 &&
+           r->d->kind != FG_ACT_NONE &&
+           fg_cuda_act_bwd90_fits(r->ctx->device, r->dtype, r->K, r->M) && aligned16(data_of(r, AB_DY)) &&
+           aligned16(data_of(r, AB_PRE)) && aligned16(data_of(r, AB_X)) && aligned16(data_of(r, AB_W)) &&
+           aligned16(data_of(r, AB_DX));
+#else
+    (void)r, (void)keep, (void)want_dx, (void)want_dw;
+    return false;
+#endif
+}
+
+static fg_status backward_tile(act_run *r, fg_act_step which, bool keep, bool want_db, bool db_over_batches) {
     size_t scratch = 0;
     int64_t parts = 1;
 #ifdef FG_HAVE_CUDA
@@ -335,7 +351,7 @@ static fg_status backward_tile(act_run *r, bool keep, bool want_db, bool db_over
     const size_t scratch_off = place(r, scratch), db_off = place(r, want_db ? (size_t)r->M * r->aes : 0);
     fg_act_call c;
     memset(&c, 0, sizeof c);
-    c.step = FG_ACT_STEP_TILE_BACKWARD;
+    c.step = which;
     c.rows = r->N, c.cols = r->M, c.k = r->K;
     c.x = data_of(r, AB_X), c.w = data_of(r, AB_W), c.b = data_of(r, AB_B);
     c.dy = data_of(r, AB_DY), c.pre = keep ? data_of(r, AB_PRE) : NULL;
@@ -356,7 +372,9 @@ static fg_status backward(act_run *r) {
     const bool consume = (d->flags & FG_PLAN_CONSUME_PRE) != 0;
     /* batched weights with db [M]: db sums over the batches, one f32 sum rounded at the end */
     const bool db_over_batches = want_db && r->B > 1 && d->operands[AB_DB].rank == 1;
-    if (use_bwd_tile(r, want_dx, want_dw)) return backward_tile(r, keep, want_db, db_over_batches);
+    if (use_bwd90(r, keep, want_dx, want_dw))
+        return backward_tile(r, FG_ACT_STEP_TILE_BACKWARD90, keep, want_db, db_over_batches);
+    if (use_bwd_tile(r, want_dx, want_dw)) return backward_tile(r, FG_ACT_STEP_TILE_BACKWARD, keep, want_db, db_over_batches);
     const size_t nm = (size_t)(r->N * r->M);
     const size_t pre_off = place(r, keep || none ? 0 : nm * r->es);
     /* g goes where pre was when pre is the workspace's or the caller gave it up */
@@ -428,6 +446,23 @@ static fg_status backward(act_run *r) {
     return FG_OK;
 }
 
+/* The planning / sizing walk. The backward's path can depend on the pointers' alignment, which
+ * planning does not know: the sm_90a one-kernel backward (aligned) needs less workspace than the
+ * unfused path misaligned pointers take for the gelus, so the workspace covers both walks. */
+static fg_status size_walk(act_run *r, bool fwd) {
+    act_run alt = *r;
+    FG_TRY(fwd ? forward(r) : backward(r));
+    if (fwd) return FG_OK;
+    fg_kernel_info names; /* (the misaligned walk's kernel names are not the plan's) */
+    memset(&names, 0, sizeof names);
+    alt.info = &names;
+    alt.misaligned = true;
+    FG_TRY(backward(&alt));
+    if (alt.total > r->total) r->total = alt.total;
+    if (alt.gemm_bytes > r->gemm_bytes) r->gemm_bytes = alt.gemm_bytes;
+    return FG_OK;
+}
+
 static fg_status driver(fg_context *ctx, const fg_plan_desc *d, const fg_tensor *ops, fg_kernel_info *info, void *ws,
                         size_t ws_bytes, bool run) {
     const bool fwd = d->op == FG_OP_LINEAR_ACT_FORWARD;
@@ -463,14 +498,14 @@ static fg_status driver(fg_context *ctx, const fg_plan_desc *d, const fg_tensor 
                        fwd ? "linear_act_forward" : "linear_act_backward");
     if (!run) {
         info->name[0] = 0;
-        FG_TRY(fwd ? forward(&r) : backward(&r));
+        FG_TRY(size_walk(&r, fwd));
         info->workspace_bytes = r.total + ALIGN_UP(r.gemm_bytes);
         info->deterministic = true;
         info->accumulator = r.acc;
         return FG_OK;
     }
     r.size_only = true;
-    FG_TRY(fwd ? forward(&r) : backward(&r));
+    FG_TRY(size_walk(&r, fwd));
     if (ws_bytes < r.total)
         return fg_fail(FG_ERR_WORKSPACE, "linear_act: workspace of %zu bytes given, more than %zu needed", ws_bytes,
                        r.total);

@@ -15,7 +15,9 @@
  * issue tile t's products and form tile t + 1's g while the tensor cores run them.
  * Machinery (sm90.cuh): w (≤ 64 KiB) loaded once by TMA; one producer thread loads dy, pre and
  * x four tiles deep (TMA boxes of 32 rows × 64 columns, 128-byte swizzled; rows and columns past
- * the tensors read as zeros, so their g is 0); two consumer warpgroups: warpgroup c runs dx's
+ * the tensors read as zeros, so their g is 0); g's math on eleven warps (the consumers' eight and
+ * the producer warpgroup's three spare ones, a named barrier a tile); two consumer warpgroups:
+ * warpgroup c runs dx's
  * columns 64c … 64c + 63 (wgmma m64n64: A = g K-major, B = w MN-major; A's rows 32–63 are the
  * next box's bytes and their results are dropped) and dW's rows 128c … 128c + 127 (two m64n128:
  * A = gᵀ, MN-major from the same g tile; B = x MN-major). g's elementwise math reads and writes
@@ -42,20 +44,27 @@ struct b9_args {
     bool accumulate;
 };
 
-__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
+/* g's math runs on the consumers' eight warps and the producer warpgroup's three spare warps:
+   B9_GW warps, warp w forming rows w, w + 11, w + 22 of each tile */
+constexpr int B9_GW = 11, B9_G_THREADS = 32 * B9_GW;
+/* named barriers (0 is __syncthreads): g of a tile formed (the g warps); end of the walk */
+__device__ __forceinline__ void g_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(B9_G_THREADS) : "memory"); }
+__device__ __forceinline__ void end_sync() { asm volatile("bar.sync 2, %0;\n" ::"n"(B9_G_THREADS) : "memory"); }
 
 /* g = dy ⊙ act′(pre) in place over dy, for the thread's 16-byte column group (box q = lane / 8,
-   columns 64q + 8·(lane % 8) …) in rows cw, cw + 8, cw + 16, cw + 24 of the tile; db's sums of
-   those 8 columns in dbs */
+   columns 64q + 8·(lane % 8) …) in g warp gw's rows of the tile; db's sums of those 8 columns
+   in dbs */
 template <typename T, int ACT>
-__device__ __forceinline__ void form_g(unsigned char *stage, int nmb, int lane, int cw, float *dbs) {
+__device__ __forceinline__ void form_g(unsigned char *stage, int nmb, int lane, int gw, float *dbs) {
     const int q = lane >> 3;
     if (q >= nmb) return;
     unsigned char *dyb = stage + B9_DY + q * B9_BOX;
     const unsigned char *preb = stage + B9_PRE + q * B9_BOX;
 #pragma unroll
-    for (int i = 0; i < B9_ROWS / 8; i++) {
-        const int off = (cw + 8 * i) * 128 + (((lane & 7) ^ cw) << 4); /* (the row's low 3 bits are cw) */
+    for (int i = 0; i < 3; i++) {
+        const int row = gw + B9_GW * i;
+        if (row >= B9_ROWS) break;
+        const int off = row * 128 + (((lane & 7) ^ (row & 7)) << 4);
         uint4 d = *reinterpret_cast<const uint4 *>(dyb + off);
         const uint4 p = *reinterpret_cast<const uint4 *>(preb + off);
         uint32_t *du = reinterpret_cast<uint32_t *>(&d);
@@ -92,46 +101,73 @@ __global__ void __launch_bounds__(B9_THREADS, 1)
         mbar_init_fence();
     }
     __syncthreads();
-    if (wg == 0) { /* ---------------------------------------------- producer: one thread */
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::);
-        if (threadIdx.x != 0) return;
-        /* every box, also those past M or K (zeros: the products run the full 256 × 128 shape
-           with no branch a warpgroup could diverge on) */
-        mbar_expect_tx(&wfull, B9_W);
-        for (int mb = 0; mb < 4; mb++)
-            for (int kb = 0; kb < 2; kb++) tma_load_2d(ws + (mb * 2 + kb) * 8192, &mw, &wfull, 64 * kb, 64 * mb);
-        for (int j = 0; j < n; j++) {
-            const int s = j % B9_STAGES, row = (int)((t0 + j) * B9_ROWS);
-            mbar_wait(&empty[s], ((j / B9_STAGES) & 1) ^ 1);
-            mbar_expect_tx(&full[s], B9_STAGE);
-            unsigned char *st = stages + s * B9_STAGE;
-            for (int q = 0; q < 4; q++) {
-                tma_load_2d(st + B9_DY + q * B9_BOX, &mdy, &full[s], 64 * q, row);
-                tma_load_2d(st + B9_PRE + q * B9_BOX, &mpre, &full[s], 64 * q, row);
+    const int lane = threadIdx.x & 31;
+    float dbs[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) dbs[i] = 0.f;
+    if (wg == 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::);
+        if (threadIdx.x == 0) { /* ---------------------------------------- producer */
+            /* every box, also those past M or K (zeros: the products run the full 256 × 128 shape
+               with no branch a warpgroup could diverge on) */
+            mbar_expect_tx(&wfull, B9_W);
+            for (int mb = 0; mb < 4; mb++)
+                for (int kb = 0; kb < 2; kb++) tma_load_2d(ws + (mb * 2 + kb) * 8192, &mw, &wfull, 64 * kb, 64 * mb);
+            for (int j = 0; j < n; j++) {
+                const int s = j % B9_STAGES, row = (int)((t0 + j) * B9_ROWS);
+                mbar_wait(&empty[s], ((j / B9_STAGES) & 1) ^ 1);
+                mbar_expect_tx(&full[s], B9_STAGE);
+                unsigned char *st = stages + s * B9_STAGE;
+                for (int q = 0; q < 4; q++) {
+                    tma_load_2d(st + B9_DY + q * B9_BOX, &mdy, &full[s], 64 * q, row);
+                    tma_load_2d(st + B9_PRE + q * B9_BOX, &mpre, &full[s], 64 * q, row);
+                }
+                for (int kb = 0; kb < 2; kb++) tma_load_2d(st + B9_X + kb * B9_BOX, &mx, &full[s], 64 * kb, row);
             }
-            for (int kb = 0; kb < 2; kb++) tma_load_2d(st + B9_X + kb * B9_BOX, &mx, &full[s], 64 * kb, row);
+            return;
         }
+        if (threadIdx.x < 32) return;
+        /* ------------------------------------------- g helpers: warps 1–3 as g warps 8–10 */
+        const int gw = 7 + threadIdx.x / 32;
+        if (n > 0) {
+            mbar_wait(&full[0], 0);
+            form_g<T, ACT>(stages, a.nmb, lane, gw, dbs);
+            tma_store_fence();
+        }
+        for (int j = 0; j < n; j++) { /* in step with the consumers' loop */
+            g_sync();
+            if (j + 1 < n) {
+                const int s1 = (j + 1) % B9_STAGES;
+                mbar_wait(&full[s1], ((j + 1) / B9_STAGES) & 1);
+                form_g<T, ACT>(stages + s1 * B9_STAGE, a.nmb, lane, gw, dbs);
+                tma_store_fence();
+            }
+        }
+        end_sync(); /* db's sums: see the end of the consumers' walk */
+        const int q = lane >> 3;
+        if (a.part_b && q < a.nmb)
+#pragma unroll
+            for (int e = 0; e < 8; e++) reinterpret_cast<float *>(stages)[gw * 256 + 64 * q + 8 * (lane & 7) + e] = dbs[e];
+        end_sync();
         return;
     }
     /* -------------------------------------------------------- consumers: warpgroups 1, 2 */
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::);
-    const int c = wg - 1, ct = threadIdx.x - 128, lane = threadIdx.x & 31, cw = ct >> 5, wq = cw & 3;
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n" ::);
+    const int c = wg - 1, ct = threadIdx.x - 128, gw = ct >> 5, wq = gw & 3;
     const bool dx_on = c < a.nkb; /* (its columns exist) */
-    float dbs[8], dxa[32], dwa[128];
-#pragma unroll
-    for (int i = 0; i < 8; i++) dbs[i] = 0.f;
+    float dxa[32], dwa[128];
 #pragma unroll
     for (int i = 0; i < 128; i++) dwa[i] = 0.f;
     mbar_wait(&wfull, 0);
     if (n > 0) {
         mbar_wait(&full[0], 0);
-        form_g<T, ACT>(stages, a.nmb, lane, cw, dbs);
+        form_g<T, ACT>(stages, a.nmb, lane, gw, dbs);
         tma_store_fence(); /* g (generic proxy writes) visible to wgmma (the async proxy) */
     }
     for (int j = 0; j < n; j++) {
         const int s = j % B9_STAGES;
         const unsigned char *st = stages + s * B9_STAGE;
-        consumers_sync(); /* everyone's g of tile j */
+        g_sync(); /* every g warp's rows of tile j */
         acc_fence(dxa, 32);
         acc_fence(dwa, 128);
         wgmma_fence();
@@ -150,7 +186,7 @@ __global__ void __launch_bounds__(B9_THREADS, 1)
         if (j + 1 < n) { /* the next tile's g while the tensor cores run this one's products */
             const int s1 = (j + 1) % B9_STAGES;
             mbar_wait(&full[s1], ((j + 1) / B9_STAGES) & 1);
-            form_g<T, ACT>(stages + s1 * B9_STAGE, a.nmb, lane, cw, dbs);
+            form_g<T, ACT>(stages + s1 * B9_STAGE, a.nmb, lane, gw, dbs);
             tma_store_fence();
         }
         wgmma_wait<0>();
@@ -194,17 +230,18 @@ __global__ void __launch_bounds__(B9_THREADS, 1)
                         make_float2(dwa[64 * h + 4 * i + 2 * hh], dwa[64 * h + 4 * i + 2 * hh + 1]);
             }
         }
-    if (a.part_b) { /* db's slab sums: over the 8 row groups in order, through stage 0's memory */
-        consumers_sync(); /* every product that read the stages is done */
-        float *red = reinterpret_cast<float *>(stages); /* [8 row groups][256 columns] */
-        const int q = lane >> 3;
-        if (q < a.nmb)
+    /* db's slab sums: over the 11 g warps in order, through stage 0's memory */
+    end_sync(); /* every product that read the stages is done (and every g) */
+    float *red = reinterpret_cast<float *>(stages); /* [11 g warps][256 columns] */
+    const int q = lane >> 3;
+    if (a.part_b && q < a.nmb)
 #pragma unroll
-            for (int e = 0; e < 8; e++) red[cw * 256 + 64 * q + 8 * (lane & 7) + e] = dbs[e];
-        consumers_sync();
+        for (int e = 0; e < 8; e++) red[gw * 256 + 64 * q + 8 * (lane & 7) + e] = dbs[e];
+    end_sync();
+    if (a.part_b) {
         if (ct < a.cols) {
             float t = 0.f;
-            for (int g = 0; g < 8; g++) t += red[g * 256 + ct];
+            for (int g = 0; g < B9_GW; g++) t += red[g * 256 + ct];
             a.part_b[(int64_t)blockIdx.x * a.cols + ct] = t;
         }
     }

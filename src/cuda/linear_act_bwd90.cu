@@ -17,8 +17,7 @@
  * x four tiles deep (TMA boxes of 32 rows × 64 columns, 128-byte swizzled; rows and columns past
  * the tensors read as zeros, so their g is 0); g's math on eleven warps (the consumers' eight and
  * the producer warpgroup's three spare ones, a named barrier a tile); two consumer warpgroups:
- * warpgroup c runs dx's
- * columns 64c … 64c + 63 (wgmma m64n64: A = g K-major, B = w MN-major; A's rows 32–63 are the
+ * warpgroup c runs dx's columns 64c … 64c + 63 (wgmma m64n64: A = g K-major, B = w MN-major; A's rows 32–63 are the
  * next box's bytes and their results are dropped) and dW's rows 128c … 128c + 127 (two m64n128:
  * A = gᵀ, MN-major from the same g tile; B = x MN-major). g's elementwise math reads and writes
  * each 16 bytes in place, so the swizzle needs no unscrambling.

@@ -3,7 +3,8 @@
 # run every test driver on the GPU (and the > 2^31-element cases), run the CUDA tests
 # under compute-sanitizer memcheck, run the Python suite against torch when present,
 # run the benchmark, and print a short summary last. Full logs go to $OUT.
-# Knobs for partial runs: TESTS / MEMCHECK (driver lists), SKIP_PYTEST=1, SKIP_COMPARE=1,
+# Knobs for partial runs: TESTS / MEMCHECK (driver lists), SYNCCHECK=1 (compute-sanitizer
+# synccheck and racecheck on bench/sanitize_act.py), SKIP_PYTEST=1, SKIP_COMPARE=1,
 # BENCH_ARGS (e.g. --only-logp), COMPARE_ARGS (passed to bench/compare.py).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -46,6 +47,16 @@ if command -v compute-sanitizer >/dev/null 2>&1; then
   done
 else
   note "memcheck: compute-sanitizer not found"
+fi
+
+if [ -n "${SYNCCHECK:-}" ] && command -v compute-sanitizer >/dev/null 2>&1; then
+  for tool in synccheck racecheck; do  # the sm_90a kernels' barriers (bench/sanitize_act.py)
+    PYTHONPATH="$PWD/python:${PYTHONPATH:-}" FASTGRAD_LIBRARY="$PWD/$build/libfastgrad.so" \
+      compute-sanitizer --tool $tool --error-exitcode 9 python3 bench/sanitize_act.py > "$LOG/$tool.log" 2>&1
+    rc=$?
+    [ $rc -eq 0 ] || status=1
+    note "$tool (sm_90a act kernels): rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOG/$tool.log" | tail -1) $(tail -1 "$LOG/$tool.log")"
+  done
 fi
 
 if [ -d python/tests ] && [ -z "${SKIP_PYTEST:-}" ]; then

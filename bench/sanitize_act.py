@@ -1,0 +1,41 @@
+"""One call of each own sm_90a kernel of linear + activation at small shapes that still take
+them (the GEMM for all three products, the one-kernel short-K backward), checked loosely
+against torch: a short program for compute-sanitizer's racecheck / synccheck, which are too
+slow for the whole test driver (scripts/gpu-check.sh runs it with SYNCCHECK=1).
+
+    PYTHONPATH=python FASTGRAD_LIBRARY=build-gpu/libfastgrad.so \
+        compute-sanitizer --tool synccheck python3 bench/sanitize_act.py
+"""
+import torch
+import torch.nn.functional as F
+
+from fastgrad import ops
+
+
+def rand(*shape):
+    return (torch.rand(shape, device="cuda") * 2 - 1).to(torch.bfloat16)
+
+
+def close(name, got, want):
+    err = ((got.float() - want.float()).norm() / want.float().norm()).item()
+    print(f"{name}: relerr {err:.2e}")
+    assert err < 2e-2, name
+
+
+def case(n, k, m):
+    x, w, b, dy = rand(n, k), rand(m, k), rand(m), rand(n, m)
+    y, pre = ops.linear_act_forward(x, w, b, "gelu_tanh", keep_pre=True)
+    dx, dw, db = ops.linear_act_backward(dy, x, w, b, pre, "gelu_tanh")
+    p = F.linear(x.float(), w.float(), b.float())
+    g = dy.float() * torch.func.grad(lambda t: F.gelu(t, approximate="tanh").sum())(p)
+    close(f"y {n}x{k}x{m}", y, F.gelu(p, approximate="tanh"))
+    close(f"dx {n}x{k}x{m}", dx, g @ w.float())
+    close(f"dw {n}x{k}x{m}", dw, g.t() @ x.float())
+    close(f"db {n}x{k}x{m}", db, g.sum(0))
+
+
+if __name__ == "__main__":
+    case(4224, 1536, 1024)  # 33 × 4 tiles of 128 × 256 (one wave on 132 SMs), 6.6e9 multiply-adds
+    case(20000, 128, 256)   # the short-K backward, 625 tiles of 32 rows
+    torch.cuda.synchronize()
+    print("sanitize_act: ok")

@@ -46,17 +46,12 @@ struct b9_args {
 /* g's math runs on the consumers' eight warps and the producer warpgroup's three spare warps:
    B9_GW warps, warp w forming rows w, w + 11, w + 22 of each tile */
 constexpr int B9_GW = 11, B9_G_THREADS = 32 * B9_GW;
-/* named barriers (0 is __syncthreads): g of a tile formed (the g warps); end of the walk. bar.sync
-   wants each warp converged, and the lanes leave the mbarrier spin loops (mbar_wait) one by one:
-   __syncwarp first (compute-sanitizer synccheck found the warps divergent there without it). */
-__device__ __forceinline__ void g_sync() {
-    __syncwarp();
-    asm volatile("bar.sync 1, %0;\n" ::"n"(B9_G_THREADS) : "memory");
-}
-__device__ __forceinline__ void end_sync() {
-    __syncwarp();
-    asm volatile("bar.sync 2, %0;\n" ::"n"(B9_G_THREADS) : "memory");
-}
+/* named barriers (0 is __syncthreads): g of a tile formed (the g warps); end of the walk. The
+   helpers and the consumers reach them from different branches (different static instructions),
+   so the unaligned form: bar.sync is barrier.sync.aligned, which promises one instruction per
+   barrier generation (compute-sanitizer synccheck reported divergent barriers with it). */
+__device__ __forceinline__ void g_sync() { asm volatile("barrier.sync 1, %0;\n" ::"n"(B9_G_THREADS) : "memory"); }
+__device__ __forceinline__ void end_sync() { asm volatile("barrier.sync 2, %0;\n" ::"n"(B9_G_THREADS) : "memory"); }
 
 /* g = dy ⊙ act′(pre) in place over dy, for the thread's 16-byte column group (box q = lane / 8,
    columns 64q + 8·(lane % 8) …) in g warp gw's rows of the tile; db's sums of those 8 columns

@@ -20,9 +20,11 @@
  *            kept pre still asks cuBLASLt's epilogue first.
  *  CUDA, short K (≤ 128, f16 / bf16): the forward, and the backward's recomputed pre with g,
  *            are one tile kernel each (product + activation, src/cuda/linear_act_tile.cu);
- *            dx and dw stay cuBLASLt GEMMs. With also M ≤ 256, both dx and dw wanted and a
- *            cheap slope (relu, silu, sigmoid, tanh), the whole backward is one kernel
- *            (src/cuda/linear_act_bwd_tile.cu; g stays on chip).
+ *            dx and dw stay cuBLASLt GEMMs. With also M ≤ 256 and both dx and dw wanted, the
+ *            whole backward is one kernel, g kept on chip: from a kept pre on an sm_90a device
+ *            (pointers 16-byte aligned) the wgmma one, any activation
+ *            (src/cuda/linear_act_bwd90.cu), else for a cheap slope (relu, silu, sigmoid, tanh)
+ *            the mma.sync one (src/cuda/linear_act_bwd_tile.cu).
  * The activation math is the backends' (src/cpu/linear_act.c, src/cuda/linear_act.cu).
  * Sums are f32 (f64 for f64) in a fixed order: the same bits on every run.
  */

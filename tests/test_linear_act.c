@@ -134,6 +134,25 @@ static void check_backward(fg_context *ctx, int act, const th_operand *dy, const
     free(rdx), free(rdw), free(rdb);
 }
 
+#ifdef FG_TEST_HAVE_SM90A
+/* the plan of a combined backward (pre NULL: not kept): its info, for the kernels it names */
+static void backward_plan(fg_context *ctx, int act, const th_operand *dy, const fg_tensor *pre, const th_operand *x,
+                          const th_operand *w, const th_operand *b, const th_operand *dx, const th_operand *dw,
+                          const th_operand *db, fg_plan_info *info) {
+    fg_plan_desc d;
+    memset(&d, 0, sizeof d);
+    memset(info, 0, sizeof *info);
+    d.op = FG_OP_LINEAR_ACT_BACKWARD, d.kind = act;
+    d.operands[0] = dy->t, d.operands[2] = x->t, d.operands[3] = w->t, d.operands[4] = b->t;
+    if (pre) d.operands[1] = *pre;
+    d.operands[5] = dx->t, d.operands[6] = dw->t, d.operands[7] = db->t;
+    fg_plan *plan = NULL;
+    TH_OK(fg_plan_create(ctx, &d, &plan));
+    if (plan) TH_OK(fg_plan_info_get(plan, info));
+    fg_plan_destroy(plan);
+}
+#endif
+
 /* ------------------------------------------------------------------ cases */
 
 typedef struct shape_case {
@@ -381,19 +400,11 @@ static void wide_backward(fg_context *ctx, fg_backend be, fg_dtype dt) {
             th_verify("db", &db, rdb, th_tol(dt, false), lab);
 #ifdef FG_TEST_HAVE_SM90A
             if (layout == 0) { /* the path: the plan names its kernels */
-                fg_plan_desc d;
-                memset(&d, 0, sizeof d);
-                d.op = FG_OP_LINEAR_ACT_BACKWARD, d.kind = act;
-                d.operands[0] = dy.t, d.operands[1] = pre.t, d.operands[2] = x.t, d.operands[3] = w.t, d.operands[4] = b.t;
-                d.operands[5] = dx.t, d.operands[6] = dw.t, d.operands[7] = db.t;
-                fg_plan *plan = NULL;
                 fg_plan_info info;
-                TH_OK(fg_plan_create(ctx, &d, &plan));
-                TH_OK(fg_plan_info_get(plan, &info));
+                backward_plan(ctx, act, &dy, &pre.t, &x, &w, &b, &dx, &dw, &db, &info);
                 if (info.arch == 90)
                     TH_CHECK(strstr(info.kernel, "gemm90_dx") != NULL && strstr(info.kernel, "gemm90_dw") != NULL,
                              "%s: the plan runs %s, not the sm_90a GEMMs", lab, info.kernel);
-                fg_plan_destroy(plan);
             }
 #endif
         }
@@ -441,20 +452,11 @@ static void short_backward(fg_context *ctx, fg_backend be, fg_dtype dt) {
     th_operand dx = th_make(be, dt, 2, xs, 0), dw = th_make(be, dt, 2, ws, 0), db = th_make(be, dt, 1, bs, 0);
     for (int act = FG_ACT_RELU; act <= FG_ACT_TANH; act++)
         for (int keep = 0; keep < 2; keep++) {
-            fg_plan_desc d;
-            memset(&d, 0, sizeof d);
-            d.op = FG_OP_LINEAR_ACT_BACKWARD, d.kind = act;
-            d.operands[0] = dy.t, d.operands[2] = x.t, d.operands[3] = w.t, d.operands[4] = b.t;
-            if (keep) d.operands[1] = pre.t;
-            d.operands[5] = dx.t, d.operands[6] = dw.t, d.operands[7] = db.t;
-            fg_plan *plan = NULL;
             fg_plan_info info;
-            TH_OK(fg_plan_create(ctx, &d, &plan));
-            TH_OK(fg_plan_info_get(plan, &info));
+            backward_plan(ctx, act, &dy, keep ? &pre.t : NULL, &x, &w, &b, &dx, &dw, &db, &info);
             if (info.arch == 90)
                 TH_CHECK((strstr(info.kernel, "linear_act_bwd90") != NULL) == (keep == 1),
                          "short backward %s %s keep=%d: the plan runs %s", act_names[act], fg_dtype_name(dt), keep, info.kernel);
-            fg_plan_destroy(plan);
         }
     th_drop(&dx), th_drop(&dw), th_drop(&db);
 #endif

@@ -30,7 +30,7 @@
 
 constexpr int B9_ROWS = 32, B9_STAGES = 4, B9_THREADS = 384, B9_MAX_K = 128, B9_MAX_M = 256;
 constexpr int B9_BOX = B9_ROWS * 128;                        /* one 32-row × 64-column box: 4 KiB */
-constexpr int B9_DY = 0, B9_PRE = 4 * B9_BOX, B9_X = 8 * B9_BOX; /* in a stage */
+enum { B9_DY = 0, B9_PRE = 4 * B9_BOX, B9_X = 8 * B9_BOX }; /* offsets in a stage (an enum: the host pass uses none) */
 constexpr int B9_STAGE = 10 * B9_BOX;                        /* dy (→ g) 4 boxes, pre 4, x 2 */
 constexpr int B9_W = 8 * 8192;                               /* w: 4 × 2 boxes of 64 × 64 */
 constexpr size_t B9_SMEM = (size_t)B9_W + (size_t)B9_STAGES * B9_STAGE + 1024;

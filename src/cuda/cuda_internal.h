@@ -68,4 +68,23 @@ class fg_device_guard {
 /* Turns a CUDA error into FG_ERR_BACKEND with the call named. */
 fg_status fg_cuda_fail(cudaError_t err, const char *what);
 
+/* Whether the device is a 9.0 one (Hopper: what the sm_90a kernels run on). */
+static inline bool fg_cuda_is_sm90(int device) {
+    int major = 0, minor = 0;
+    return cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+           cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess && major == 9 &&
+           minor == 0;
+}
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+/* The short-K backward kernels' slabs (linear_act_bwd_tile.cu, linear_act_bwd90.cu): `rows` in
+   32-row tiles, one slab of `per` consecutive tiles a block; slabs: the SM count, capped by the
+   tiles (0 when there are no rows) */
+void fg_cuda_act_slabs(int device, int64_t rows, int64_t *slabs, int64_t *per);
+#ifdef __cplusplus
+}
+#endif
+
 #endif

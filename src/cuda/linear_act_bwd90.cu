@@ -28,7 +28,7 @@
 #include "sm90.cuh"
 #include "sums.cuh"
 
-constexpr int B9_ROWS = 32, B9_STAGES = 4, B9_THREADS = 384, B9_MAX_K = 128, B9_MAX_M = 256;
+constexpr int B9_ROWS = 32 /* (fg_cuda_act_slabs' tiles) */, B9_STAGES = 4, B9_THREADS = 384, B9_MAX_K = 128, B9_MAX_M = 256;
 constexpr int B9_BOX = B9_ROWS * 128;                        /* one 32-row × 64-column box: 4 KiB */
 enum { B9_DY = 0, B9_PRE = 4 * B9_BOX, B9_X = 8 * B9_BOX }; /* offsets in a stage (an enum: the host pass uses none) */
 constexpr int B9_STAGE = 10 * B9_BOX;                        /* dy (→ g) 4 boxes, pre 4, x 2 */
@@ -85,6 +85,23 @@ __device__ __forceinline__ void form_g(unsigned char *stage, int nmb, int lane, 
     }
 }
 
+/* tile j's g (stage j % 4) once TMA has landed it, fenced for the products */
+template <typename T, int ACT>
+__device__ __forceinline__ void tile_g(unsigned char *stages, uint64_t *full, int j, int nmb, int lane, int gw, float *dbs) {
+    const int s = j % B9_STAGES;
+    mbar_wait(&full[s], (j / B9_STAGES) & 1);
+    form_g<T, ACT>(stages + s * B9_STAGE, nmb, lane, gw, dbs);
+    tma_store_fence(); /* g (generic proxy writes) visible to wgmma (the async proxy) */
+}
+
+/* a g warp's db sums into red [11 g warps][256 columns] (then summed over the warps in order) */
+__device__ __forceinline__ void stash_db(float *red, int nmb, int lane, int gw, const float *dbs) {
+    const int q = lane >> 3;
+    if (q < nmb)
+#pragma unroll
+        for (int e = 0; e < 8; e++) red[gw * 256 + 64 * q + 8 * (lane & 7) + e] = dbs[e];
+}
+
 template <typename T, int ACT>
 __global__ void __launch_bounds__(B9_THREADS, 1)
     act_bwd90_kernel(const __grid_constant__ CUtensorMap mdy, const __grid_constant__ CUtensorMap mpre,
@@ -131,25 +148,13 @@ __global__ void __launch_bounds__(B9_THREADS, 1)
         if (threadIdx.x < 32) return;
         /* ------------------------------------------- g helpers: warps 1–3 as g warps 8–10 */
         const int gw = 7 + threadIdx.x / 32;
-        if (n > 0) {
-            mbar_wait(&full[0], 0);
-            form_g<T, ACT>(stages, a.nmb, lane, gw, dbs);
-            tma_store_fence();
-        }
+        if (n > 0) tile_g<T, ACT>(stages, full, 0, a.nmb, lane, gw, dbs);
         for (int j = 0; j < n; j++) { /* in step with the consumers' loop */
             g_sync();
-            if (j + 1 < n) {
-                const int s1 = (j + 1) % B9_STAGES;
-                mbar_wait(&full[s1], ((j + 1) / B9_STAGES) & 1);
-                form_g<T, ACT>(stages + s1 * B9_STAGE, a.nmb, lane, gw, dbs);
-                tma_store_fence();
-            }
+            if (j + 1 < n) tile_g<T, ACT>(stages, full, j + 1, a.nmb, lane, gw, dbs);
         }
         end_sync(); /* db's sums: see the end of the consumers' walk */
-        const int q = lane >> 3;
-        if (a.part_b && q < a.nmb)
-#pragma unroll
-            for (int e = 0; e < 8; e++) reinterpret_cast<float *>(stages)[gw * 256 + 64 * q + 8 * (lane & 7) + e] = dbs[e];
+        if (a.part_b) stash_db(reinterpret_cast<float *>(stages), a.nmb, lane, gw, dbs);
         end_sync();
         return;
     }
@@ -161,11 +166,7 @@ __global__ void __launch_bounds__(B9_THREADS, 1)
 #pragma unroll
     for (int i = 0; i < 128; i++) dwa[i] = 0.f;
     mbar_wait(&wfull, 0);
-    if (n > 0) {
-        mbar_wait(&full[0], 0);
-        form_g<T, ACT>(stages, a.nmb, lane, gw, dbs);
-        tma_store_fence(); /* g (generic proxy writes) visible to wgmma (the async proxy) */
-    }
+    if (n > 0) tile_g<T, ACT>(stages, full, 0, a.nmb, lane, gw, dbs);
     for (int j = 0; j < n; j++) {
         const int s = j % B9_STAGES;
         const unsigned char *st = stages + s * B9_STAGE;
@@ -185,12 +186,7 @@ __global__ void __launch_bounds__(B9_THREADS, 1)
                 wgmma_run<128, T, 1, 1>(dwa + 64 * h, wgmma_desc_mn_sw128(st + B9_DY + (2 * c + h) * B9_BOX + kk * 2048, 8192),
                                             wgmma_desc_mn_sw128(st + B9_X + kk * 2048, B9_BOX), 1);
         wgmma_commit();
-        if (j + 1 < n) { /* the next tile's g while the tensor cores run this one's products */
-            const int s1 = (j + 1) % B9_STAGES;
-            mbar_wait(&full[s1], ((j + 1) / B9_STAGES) & 1);
-            form_g<T, ACT>(stages + s1 * B9_STAGE, a.nmb, lane, gw, dbs);
-            tma_store_fence();
-        }
+        if (j + 1 < n) tile_g<T, ACT>(stages, full, j + 1, a.nmb, lane, gw, dbs); /* while the tensor cores run */
         wgmma_wait<0>();
         acc_fence(dxa, 32);
         acc_fence(dwa, 128);
@@ -234,11 +230,8 @@ __global__ void __launch_bounds__(B9_THREADS, 1)
         }
     /* db's slab sums: over the 11 g warps in order, through stage 0's memory */
     end_sync(); /* every product that read the stages is done (and every g) */
-    float *red = reinterpret_cast<float *>(stages); /* [11 g warps][256 columns] */
-    const int q = lane >> 3;
-    if (a.part_b && q < a.nmb)
-#pragma unroll
-        for (int e = 0; e < 8; e++) red[gw * 256 + 64 * q + 8 * (lane & 7) + e] = dbs[e];
+    float *red = reinterpret_cast<float *>(stages);
+    if (a.part_b) stash_db(red, a.nmb, lane, gw, dbs);
     end_sync();
     if (a.part_b) {
         if (ct < a.cols) {
@@ -257,13 +250,8 @@ __global__ void __launch_bounds__(B9_THREADS, 1)
  * 16-byte aligned and pre kept (the driver checks both). */
 extern "C" bool fg_cuda_act_bwd90_fits(int device, fg_dtype dtype, int64_t k, int64_t cols) {
 #ifdef FG_CUDA_HAVE_SM90A
-    if ((dtype != FG_F16 && dtype != FG_BF16) || k < 8 || k > B9_MAX_K || k % 8 != 0 || cols < 8 || cols > B9_MAX_M ||
-        cols % 8 != 0)
-        return false;
-    int major = 0, minor = 0;
-    return cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
-           cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess && major == 9 &&
-           minor == 0;
+    return (dtype == FG_F16 || dtype == FG_BF16) && k >= 8 && k <= B9_MAX_K && k % 8 == 0 && cols >= 8 &&
+           cols <= B9_MAX_M && cols % 8 == 0 && fg_cuda_is_sm90(device);
 #else
     (void)device, (void)dtype, (void)k, (void)cols;
     return false;
@@ -288,14 +276,14 @@ extern "C" fg_status fg_cuda_act_bwd90(fg_context *ctx, const fg_act_call *c) {
                        (long long)c->rows, (long long)c->k, (long long)c->cols);
     fg_device_guard guard(ctx->device);
     cudaStream_t s = ctx->cuda->stream;
-    int64_t parts = 0;
-    fg_cuda_act_bwd_tile_scratch(ctx->device, c->rows, c->k, c->cols, &parts);
+    int64_t parts = 0, per = 0; /* (the scratch's layout: fg_cuda_act_bwd_tile_scratch) */
+    fg_cuda_act_slabs(ctx->device, c->rows, &parts, &per);
     b9_args a;
     a.dx = c->dx;
     a.part_w = (float *)c->scratch;
     a.part_b = c->db_acc ? a.part_w + parts * c->cols * c->k : nullptr;
     a.rows = c->rows, a.tiles = (c->rows + B9_ROWS - 1) / B9_ROWS;
-    a.per = (a.tiles + parts - 1) / parts;
+    a.per = per;
     a.k = (int)c->k, a.cols = (int)c->cols, a.nkb = (a.k + 63) / 64, a.nmb = (a.cols + 63) / 64;
     a.accumulate = c->accumulate;
     const bool bf = c->dtype == FG_BF16;

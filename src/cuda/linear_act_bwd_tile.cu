@@ -307,8 +307,7 @@ extern "C" bool fg_cuda_act_bwd_tile_fits(fg_dtype dtype, int act, int64_t k, in
            cols >= 8 && cols <= BT_MAX_M && cols % 8 == 0;
 }
 
-/* slabs: the SM count, capped by the row tiles; per: tiles a slab */
-static void bt_slabs(int device, int64_t rows, int64_t *slabs, int64_t *per) {
+extern "C" void fg_cuda_act_slabs(int device, int64_t rows, int64_t *slabs, int64_t *per) {
     const int64_t tiles = (rows + BT_ROWS - 1) / BT_ROWS;
     int sms = 0;
     if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms < 1) sms = 1;
@@ -319,7 +318,7 @@ static void bt_slabs(int device, int64_t rows, int64_t *slabs, int64_t *per) {
 /* per slab (at least one: with no rows, one of zeros), dW's [cols, k] then db's [cols] sums */
 extern "C" size_t fg_cuda_act_bwd_tile_scratch(int device, int64_t rows, int64_t k, int64_t cols, int64_t *parts) {
     int64_t slabs, per;
-    bt_slabs(device, rows, &slabs, &per);
+    fg_cuda_act_slabs(device, rows, &slabs, &per);
     *parts = slabs > 0 ? slabs : 1;
     return (size_t)*parts * (size_t)(cols * k + cols) * sizeof(float);
 }
@@ -350,7 +349,7 @@ extern "C" fg_status fg_cuda_act_bwd_tile(fg_context *ctx, const fg_act_call *c)
     fg_device_guard guard(ctx->device);
     cudaStream_t s = ctx->cuda->stream;
     int64_t slabs, per;
-    bt_slabs(ctx->device, c->rows, &slabs, &per);
+    fg_cuda_act_slabs(ctx->device, c->rows, &slabs, &per);
     if (slabs == 0) { /* no rows: dW's one partial and db's sums are zero */
         cudaError_t e = cudaMemsetAsync(c->scratch, 0, (size_t)(c->cols * c->k) * sizeof(float), s);
         if (e == cudaSuccess && c->db_acc && c->first) e = cudaMemsetAsync(c->db_acc, 0, (size_t)c->cols * sizeof(float), s);

@@ -258,10 +258,7 @@ extern "C" bool fg_cuda_act_gemm_fits(int device, fg_dtype dtype, fg_act_step st
     if (k < 1 || strided % 8 != 0 || cols % 8 != 0 || rows < 1 || rows > INT32_MAX - GM_BM ||
         cols > INT32_MAX - GM_BN || k > INT32_MAX - GM_BK) /* (TMA coordinates are 32-bit, tiles included) */
         return false;
-    int major = 0, minor = 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess || major != 9 || minor != 0)
-        return false;
+    if (!fg_cuda_is_sm90(device)) return false;
     /* (measured, bench/probe_fwd_shapes.py, H100: against the product + pass it replaces,
        4096 × 256 × 4096 (4.3e9 multiply-adds) ran 0.92×, 8.6e9 and more 1.0–1.23×) */
     if ((double)rows * (double)k * (double)cols < 6e9) return false;

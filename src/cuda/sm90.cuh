@@ -120,28 +120,20 @@ __device__ __forceinline__ void acc_fence(float *d, int n) {
     for (int i = 0; i < n; i++) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-/* The operand lists of wgmma m64nNk16 with f32 accumulators: N/2 registers a thread. */
+/* The accumulator operand lists of wgmma m64nNk16 (f32: N/2 registers a thread), and the one
+   instruction: after the N/2 accumulators come da, db (%N/2, %N/2+1), the scale-d predicate's
+   source (%N/2+2) and the two transpose immediates (%N/2+3, %N/2+4), numbered in OPS / PRED. */
+#define FG_WGMMA(SHAPE, TY, REGS, PRED, OPS, DLIST)                                                           \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " PRED ", 0;\nwgmma.mma_async.sync.aligned." SHAPE ".f32." TY \
+                 "." TY " " REGS ", " OPS ";\n}\n"                                                           \
+                 : DLIST                                                                                     \
+                 : "l"(da), "l"(db), "r"(accumulate), "n"(TA), "n"(TB))
 #define FG_WGMMA_R64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
 #define FG_WGMMA_D64 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-#define FG_WGMMA_N64(TY)                                                                              \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\nwgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY \
-                 " " FG_WGMMA_R64 ", %32, %33, p, 1, 1, %35, %36;\n}\n"                                      \
-                 : FG_WGMMA_D64                                                                     \
-                 : "l"(da), "l"(db), "r"(accumulate), "n"(TA), "n"(TB))
 #define FG_WGMMA_R128 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
 #define FG_WGMMA_D128 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-#define FG_WGMMA_N128(TY)                                                                              \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\nwgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY \
-                 " " FG_WGMMA_R128 ", %64, %65, p, 1, 1, %67, %68;\n}\n"                                      \
-                 : FG_WGMMA_D128                                                                     \
-                 : "l"(da), "l"(db), "r"(accumulate), "n"(TA), "n"(TB))
 #define FG_WGMMA_R256 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}"
 #define FG_WGMMA_D256 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-#define FG_WGMMA_N256(TY)                                                                              \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\nwgmma.mma_async.sync.aligned.m64n256k16.f32." TY "." TY \
-                 " " FG_WGMMA_R256 ", %128, %129, p, 1, 1, %131, %132;\n}\n"                                      \
-                 : FG_WGMMA_D256                                                                     \
-                 : "l"(da), "l"(db), "r"(accumulate), "n"(TA), "n"(TB))
 
 /* D[64 × N] (+)= A[64 × 16] · B[16 × N] for the warpgroup, N 64 / 128 / 256; d: N / 2 f32 a
    thread (row 16·warp + lane / 4 (+ 8), columns 8i + 2·(lane % 4) (+ 1): d[4i + 2h + e]). TA /
@@ -151,16 +143,12 @@ __device__ __forceinline__ void wgmma_run(float *d, uint64_t da, uint64_t db, in
     static_assert(N == 64 || N == 128 || N == 256, "wgmma_run: N is 64, 128 or 256");
     constexpr bool bf = std::is_same<T, __nv_bfloat16>::value;
     static_assert(bf || std::is_same<T, __half>::value, "wgmma_run: f16 or bf16");
-    if constexpr (N == 64) {
-        if constexpr (bf) FG_WGMMA_N64("bf16");
-        else FG_WGMMA_N64("f16");
-    } else if constexpr (N == 128) {
-        if constexpr (bf) FG_WGMMA_N128("bf16");
-        else FG_WGMMA_N128("f16");
-    } else {
-        if constexpr (bf) FG_WGMMA_N256("bf16");
-        else FG_WGMMA_N256("f16");
-    }
+    if constexpr (N == 64 && bf) FG_WGMMA("m64n64k16", "bf16", FG_WGMMA_R64, "%34", "%32, %33, p, 1, 1, %35, %36", FG_WGMMA_D64);
+    else if constexpr (N == 64) FG_WGMMA("m64n64k16", "f16", FG_WGMMA_R64, "%34", "%32, %33, p, 1, 1, %35, %36", FG_WGMMA_D64);
+    else if constexpr (N == 128 && bf) FG_WGMMA("m64n128k16", "bf16", FG_WGMMA_R128, "%66", "%64, %65, p, 1, 1, %67, %68", FG_WGMMA_D128);
+    else if constexpr (N == 128) FG_WGMMA("m64n128k16", "f16", FG_WGMMA_R128, "%66", "%64, %65, p, 1, 1, %67, %68", FG_WGMMA_D128);
+    else if constexpr (bf) FG_WGMMA("m64n256k16", "bf16", FG_WGMMA_R256, "%130", "%128, %129, p, 1, 1, %131, %132", FG_WGMMA_D256);
+    else FG_WGMMA("m64n256k16", "f16", FG_WGMMA_R256, "%130", "%128, %129, p, 1, 1, %131, %132", FG_WGMMA_D256);
 }
 
 #endif

@@ -98,13 +98,14 @@ static void free_ref(ref *r) { free(r->pre), free(r->y), free(r->dx), free(r->dw
  * rounding of 0, and cuBLASLt's bf16 bias epilogue rounds before it adds the bias, so an
  * exact pre would differ there in sign, not in accuracy. */
 static void grads_from_pre(ref *r, int act, const double *pre, const double *x, const double *w, const double *dy,
-                           int64_t N, int64_t K, int64_t M) {
+                           int64_t N, int64_t K, int64_t M, bool given_slope) {
     memset(r->dx, 0, sizeof(double) * (size_t)(N * K));
     memset(r->dw, 0, sizeof(double) * (size_t)(M * K));
     memset(r->db, 0, sizeof(double) * (size_t)M);
     for (int64_t n = 0; n < N; n++)
         for (int64_t m = 0; m < M; m++) {
-            long double g = dy[n * M + m] * ref_slope(act, pre[n * M + m]);
+            /* (the slope form: what pre holds is the slope itself) */
+            long double g = dy[n * M + m] * (given_slope ? (long double)pre[n * M + m] : ref_slope(act, pre[n * M + m]));
             r->db[m] += (double)g;
             for (int64_t k = 0; k < K; k++) {
                 r->dx[n * K + k] += (double)(g * w[m * K + k]);
@@ -118,16 +119,19 @@ static void grads_from_pre(ref *r, int act, const double *pre, const double *x, 
 static void check_backward(fg_context *ctx, int act, const th_operand *dy, const fg_tensor *pre, const th_operand *x,
                            const th_operand *w, const fg_tensor *bt, th_operand *dx, th_operand *dw, th_operand *db,
                            const double *wdx, const double *wdw, const double *wdb, int acc, double tol,
-                           const char *label) {
+                           const char *label, bool slope) {
     double *rdx = malloc(sizeof(double) * (size_t)(dx->n + 1)), *rdw = malloc(sizeof(double) * (size_t)(dw->n + 1)),
            *rdb = malloc(sizeof(double) * (size_t)(db->n + 1));
     memcpy(rdx, wdx, sizeof(double) * (size_t)dx->n);
     memcpy(rdw, wdw, sizeof(double) * (size_t)dw->n);
     memcpy(rdb, wdb, sizeof(double) * (size_t)db->n);
     th_prepare_out(dx, rdx, acc), th_prepare_out(dw, rdw, acc), th_prepare_out(db, rdb, acc);
-    TH_OK(fg_linear_act_backward(ctx, (fg_activation)act, &dy->t, pre, &x->t, &w->t, bt, &dx->t, &dw->t, &db->t, acc));
+    if (slope)
+        TH_OK(fg_linear_act_backward_slope(ctx, (fg_activation)act, &dy->t, pre, &x->t, &w->t, bt, &dx->t, &dw->t, &db->t, acc));
+    else
+        TH_OK(fg_linear_act_backward(ctx, (fg_activation)act, &dy->t, pre, &x->t, &w->t, bt, &dx->t, &dw->t, &db->t, acc));
     char l2[300];
-    snprintf(l2, sizeof l2, "%s keep=%d acc=%d", label, pre != NULL, acc);
+    snprintf(l2, sizeof l2, "%s keep=%d acc=%d%s", label, pre != NULL, acc, slope ? " slope form" : "");
     th_verify("dx", dx, rdx, tol, l2);
     th_verify("dw", dw, rdw, tol, l2);
     th_verify("db", db, rdb, tol, l2);
@@ -213,7 +217,7 @@ static void run_case(fg_context *ctx, fg_backend be, fg_dtype dt, int act, const
     th_verify("y (no pre)", &y2, r.y, tol, lab);
     double *stored = malloc(sizeof(double) * (size_t)(pre.n + 1));
     th_get(&pre.buf, &pre.t, stored);
-    grads_from_pre(&r, act, stored, x.v, w.v, dy.v, N, sc->K, sc->M);
+    grads_from_pre(&r, act, stored, x.v, w.v, dy.v, N, sc->K, sc->M, false);
 
     /* combined backward: pre kept / recomputed, accumulate 0 / 1 */
     int64_t xshape[FG_MAX_RANK];
@@ -223,7 +227,7 @@ static void run_case(fg_context *ctx, fg_backend be, fg_dtype dt, int act, const
             th_operand dx = th_make(be, dt, sc->rank, xshape, sc->layout), dw = th_make(be, dt, 2, wsh, sc->layout);
             th_operand db = th_make(be, dt, 1, bsh, sc->layout);
             check_backward(ctx, act, &dy, keep ? &pre.t : NULL, &x, &w, bt, &dx, &dw, &db, r.dx, r.dw, r.db, acc, tol,
-                           lab);
+                           lab, false);
             /* the split functions, one gradient each */
             if (keep && !acc) {
                 char l2[260];
@@ -265,6 +269,42 @@ static void run_case(fg_context *ctx, fg_backend be, fg_dtype dt, int act, const
         th_verify("dw", &dw, r.dw, tol, l2);
         th_verify("db", &db, r.db, tol, l2);
         th_drop(&dx), th_drop(&dw), th_drop(&db), th_drop(&pc);
+    }
+    {
+        /* the slope form: y as before, s = act′(pre) (rounded) where pre went — against the slope
+           of the pre the op stored above —, then the gradients from the s it stored (g = dy ⊙ s):
+           combined with accumulate 0 / 1, dx alone, dw + db, db alone */
+        th_operand y3 = th_make(be, dt, sc->rank, ys, sc->layout), s = th_make(be, dt, sc->rank, ys, sc->layout);
+        char l2[260];
+        snprintf(l2, sizeof l2, "%s slope form", lab);
+        th_poison(&y3.buf), th_poison(&s.buf);
+        TH_OK(fg_linear_act_forward_slope(ctx, (fg_activation)act, &x.t, &w.t, bt, &y3.t, &s.t));
+        th_verify("y", &y3, r.y, tol, l2);
+        double *rs = malloc(sizeof(double) * (size_t)(s.n + 1));
+        for (int64_t i = 0; i < s.n; i++) rs[i] = (double)ref_slope(act, stored[i]);
+        th_round(dt, rs, s.n);
+        th_verify("slope", &s, rs, tol, l2);
+        th_get(&s.buf, &s.t, rs);
+        grads_from_pre(&r, act, rs, x.v, w.v, dy.v, N, sc->K, sc->M, true);
+        for (int acc = 0; acc < 2; acc++) {
+            th_operand dx = th_make(be, dt, sc->rank, xshape, sc->layout), dw = th_make(be, dt, 2, wsh, sc->layout);
+            th_operand db = th_make(be, dt, 1, bsh, sc->layout);
+            check_backward(ctx, act, &dy, &s.t, &x, &w, bt, &dx, &dw, &db, r.dx, r.dw, r.db, acc, tol, lab, true);
+            if (!acc) {
+                th_poison(&dx.buf), th_poison(&dw.buf), th_poison(&db.buf);
+                TH_OK(fg_linear_act_backward_slope(ctx, (fg_activation)act, &dy.t, &s.t, &x.t, &w.t, bt, &dx.t, NULL, NULL, 0));
+                th_verify("dx alone", &dx, r.dx, tol, l2);
+                TH_OK(fg_linear_act_backward_slope(ctx, (fg_activation)act, &dy.t, &s.t, &x.t, &w.t, bt, NULL, &dw.t, &db.t, 0));
+                th_verify("dw", &dw, r.dw, tol, l2);
+                th_verify("db", &db, r.db, tol, l2);
+                th_poison(&db.buf);
+                TH_OK(fg_linear_act_backward_slope(ctx, (fg_activation)act, &dy.t, &s.t, &x.t, &w.t, bt, NULL, NULL, &db.t, 0));
+                th_verify("db alone", &db, r.db, tol, l2);
+            }
+            th_drop(&dx), th_drop(&dw), th_drop(&db);
+        }
+        free(rs);
+        th_drop(&y3), th_drop(&s);
     }
     free(stored);
     free_ref(&r);
@@ -443,7 +483,8 @@ static void short_backward(fg_context *ctx, fg_backend be, fg_dtype dt) {
                  fg_dtype_name(dt), (long long)N, (long long)K, (long long)M);
         for (int acc = 0; acc < 2; acc++) {
             th_operand dx = th_make(be, dt, 2, xs, 0), dw = th_make(be, dt, 2, ws, 0), db = th_make(be, dt, 1, bs, 0);
-            check_backward(ctx, act, &dy, &pre.t, &x, &w, &b.t, &dx, &dw, &db, rdx, rdw, rdb, acc, th_tol(dt, false), lab);
+            check_backward(ctx, act, &dy, &pre.t, &x, &w, &b.t, &dx, &dw, &db, rdx, rdw, rdb, acc, th_tol(dt, false), lab,
+                           false);
             th_drop(&dx), th_drop(&dw), th_drop(&db);
         }
     }
@@ -492,7 +533,7 @@ static void batched_weights(fg_context *ctx, fg_backend be, fg_dtype dt, int act
         const double *bb = bias_kind == 2 ? b.v + bi * M : bias_kind == 1 ? b.v : NULL;
         ref r = reference(dt, act, xb, wb, bb, dyb, N, K, M);
         memcpy(wy + bi * N * M, r.y, sizeof(double) * (size_t)(N * M));
-        grads_from_pre(&r, act, stored + bi * N * M, xb, wb, dyb, N, K, M);
+        grads_from_pre(&r, act, stored + bi * N * M, xb, wb, dyb, N, K, M, false);
         memcpy(wdx + bi * N * K, r.dx, sizeof(double) * (size_t)(N * K));
         memcpy(wdw + bi * M * K, r.dw, sizeof(double) * (size_t)(M * K));
         for (int64_t m = 0; m < M; m++) wdb[(bias_kind == 2 ? bi * M : 0) + m] += r.db[m];
@@ -504,7 +545,7 @@ static void batched_weights(fg_context *ctx, fg_backend be, fg_dtype dt, int act
             th_operand dx = th_make(be, dt, 4, xs, 0), dw = th_make(be, dt, 3, wsh, 0);
             th_operand db = bias_kind == 2 ? th_make(be, dt, 2, bsh, 0) : th_make(be, dt, 1, m1, 0);
             check_backward(ctx, act, &dy, keep ? &pre.t : NULL, &x, &w, bt, &dx, &dw, &db, wdx, wdw, wdb, acc, tol,
-                           lab);
+                           lab, false);
             th_drop(&dx), th_drop(&dw), th_drop(&db);
         }
     free(stored), free(wy), free(wdx), free(wdw), free(wdb);

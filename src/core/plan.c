@@ -48,7 +48,9 @@ static fg_status plan_init(fg_context *ctx, const fg_plan_desc *desc, struct fg_
     if (!desc) return fg_fail(FG_ERR_NULL_POINTER, "plan_create: desc is NULL");
     const fg_op_entry *e = find_op(desc->op);
     if (!e) return fg_fail(FG_ERR_INVALID_VALUE, "plan_create: desc.op=%d is not an op", (int)desc->op);
-    const uint32_t known = FG_PLAN_ALLOW_TF32 | (desc->op == FG_OP_LINEAR_ACT_BACKWARD ? FG_PLAN_CONSUME_PRE : 0u);
+    const uint32_t known = FG_PLAN_ALLOW_TF32 | (desc->op == FG_OP_LINEAR_ACT_BACKWARD ? FG_PLAN_CONSUME_PRE : 0u) |
+                           (desc->op == FG_OP_LINEAR_ACT_FORWARD || desc->op == FG_OP_LINEAR_ACT_BACKWARD ? FG_PLAN_ACT_SLOPE
+                                                                                                        : 0u);
     if (desc->flags & ~known)
         return fg_fail(FG_ERR_INVALID_VALUE, "%s: unknown flags 0x%x", e->name, desc->flags & ~known);
     if (desc->accumulate != 0 && desc->accumulate != 1)
@@ -276,7 +278,14 @@ fg_status fg_run_once_desc(fg_context *ctx, const fg_plan_desc *base, const fg_t
     struct fg_plan p;
     FG_TRY(plan_init(ctx, &desc, &p));
     FG_TRY(check_run(&p, ops)); /* before the workspace may grow */
+    size_t need = p.info.workspace_bytes;
+    if (e->sizes_by_pointers && p.lowered.driver) { /* the path these very pointers take */
+        fg_kernel_info k;
+        memset(&k, 0, sizeof k);
+        FG_TRY(p.lowered.driver(ctx, &p.desc, ops, &k, NULL, 0, false));
+        if (k.workspace_bytes > need) need = k.workspace_bytes;
+    }
     void *ws = NULL;
-    if (p.info.workspace_bytes) FG_TRY(fg_context_workspace(ctx, p.info.workspace_bytes, &ws));
-    return plan_run(&p, ops, ws, p.info.workspace_bytes);
+    if (need) FG_TRY(fg_context_workspace(ctx, need, &ws));
+    return plan_run(&p, ops, ws, need);
 }

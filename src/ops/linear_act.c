@@ -36,13 +36,14 @@
 enum { AF_X, AF_W, AF_B, AF_Y, AF_PRE, AF_N };
 enum { AB_DY, AB_PRE, AB_X, AB_W, AB_B, AB_DX, AB_DW, AB_DB, AB_N };
 
+#define FG_FUSED_WIP 1 /* the sm_90a GEMM's slope / fused-g modes are being written */
 #define ALIGN_UP(x) (((x) + 255) & ~(size_t)255)
 
 static bool has(const fg_tensor *t) { return t->rank != 0; }
 
 static const char *act_name(int act) {
-    static const char *names[] = {"none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh"};
-    return act >= 0 && act <= FG_ACT_TANH ? names[act] : "?";
+    static const char *names[] = {"none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh", "given_slope"};
+    return act >= 0 && act <= FG_ACT_GIVEN_SLOPE ? names[act] : "?";
 }
 
 /* ------------------------------------------------------------------ validation */
@@ -113,6 +114,9 @@ typedef struct act_run {
     int64_t bstride[AB_N]; /* elements from one batch to the next, per operand (0: shared) */
     fg_kernel_info *info;
     bool misaligned;       /* sizing the path that misaligned pointers take (size_walk) */
+    bool slope;            /* FG_PLAN_ACT_SLOPE: the saved operand is act′(pre) */
+    int act;               /* the steps' act: the backward of the slope form runs GIVEN_SLOPE */
+    bool fused;            /* the backward took the fused path (g formed in the products) */
 } act_run;
 
 static size_t place(act_run *r, size_t bytes) {
@@ -168,7 +172,7 @@ static const char *step_name(fg_act_step s) {
 }
 
 static fg_status step(act_run *r, fg_act_call *c) {
-    c->act = r->d->kind;
+    c->act = r->act;
     c->dtype = r->dtype;
     c->acc = r->acc;
     if (!r->run) {
@@ -223,8 +227,10 @@ static bool use_gemm90(const act_run *r, fg_act_step step, const void *p0, const
 #endif
 }
 
-/* dx = g·w (GEMM_INPUT) or dw = gᵀ·x (GEMM_WEIGHT) by the sm_90a GEMM */
-static fg_status gemm90_grad(act_run *r, fg_act_step which, void *g) {
+/* dx = g·w (GEMM_INPUT) or dw = gᵀ·x (GEMM_WEIGHT) by the sm_90a GEMM; g NULL: formed from
+   dy and the saved pre (relu: y; the slope form: s) as the operands load, with db's partial
+   sums into db_parts (GEMM_WEIGHT, when not NULL) */
+static fg_status gemm90_grad(act_run *r, fg_act_step which, void *g, void *db_parts) {
     fg_act_call c;
     memset(&c, 0, sizeof c);
     c.step = which;
@@ -232,6 +238,7 @@ static fg_status gemm90_grad(act_run *r, fg_act_step which, void *g) {
     c.k = which == FG_ACT_STEP_GEMM_INPUT ? r->M : r->N;
     c.cols = r->K;
     c.g = g, c.w = data_of(r, AB_W), c.x = data_of(r, AB_X);
+    c.dy = data_of(r, AB_DY), c.pre = data_of(r, AB_PRE), c.db_acc = db_parts;
     c.dx = data_of(r, AB_DX), c.dw = data_of(r, AB_DW);
     return step(r, &c);
 }
@@ -275,8 +282,8 @@ static fg_status forward(act_run *r) {
     bool fused = false;
     if (!keep) FG_TRY(act_gemm(r, y, &fused)); /* cuBLASLt's relu epilogue first (the product alone) */
     if (fused) return FG_OK;
-    const bool tile = use_tile(r, data_of(r, AF_X), data_of(r, AF_W), y, keep ? pre : NULL);
-    if (tile || use_gemm90(r, FG_ACT_STEP_GEMM_FORWARD, data_of(r, AF_X), data_of(r, AF_W), y, keep ? pre : NULL)) {
+    const bool tile = !r->slope && use_tile(r, data_of(r, AF_X), data_of(r, AF_W), y, keep ? pre : NULL);
+    if (tile || (!(FG_FUSED_WIP && r->slope) && use_gemm90(r, FG_ACT_STEP_GEMM_FORWARD, data_of(r, AF_X), data_of(r, AF_W), y, keep ? pre : NULL))) {
         fg_act_call c;
         memset(&c, 0, sizeof c);
         c.step = tile ? FG_ACT_STEP_TILE_FORWARD : FG_ACT_STEP_GEMM_FORWARD;
@@ -284,6 +291,7 @@ static fg_status forward(act_run *r) {
         c.x = data_of(r, AF_X), c.w = data_of(r, AF_W), c.b = data_of(r, AF_B);
         c.y = y, c.pre = keep ? pre : NULL;
         c.ld_pre = c.ld_y = r->M;
+        c.slope_out = r->slope;
         return step(r, &c);
     }
     FG_TRY(pre_gemm(r, AF_X, AF_W, AF_B, pre));
@@ -294,6 +302,7 @@ static fg_status forward(act_run *r) {
     c.rows = r->N, c.cols = r->M;
     c.pre = pre, c.y = y;
     c.ld_pre = c.ld_y = r->M;
+    c.slope_out = r->slope;
     return step(r, &c);
 }
 
@@ -323,7 +332,7 @@ static fg_status db_cast(act_run *r, void *db_acc, bool db_over_batches) {
 static bool use_bwd_tile(const act_run *r, bool want_dx, bool want_dw) {
 #ifdef FG_HAVE_CUDA
     return r->ctx->backend == FG_BACKEND_CUDA && want_dx && want_dw &&
-           fg_cuda_act_bwd_tile_fits(r->dtype, r->d->kind, r->K, r->M);
+           fg_cuda_act_bwd_tile_fits(r->dtype, r->act, r->K, r->M);
 #else
     (void)r, (void)want_dx, (void)want_dw;
     return false;
@@ -342,6 +351,27 @@ static bool use_bwd90(const act_run *r, bool keep, bool want_dx, bool want_dw) {
     (void)r, (void)keep, (void)want_dx, (void)want_dw;
     return false;
 #endif
+}
+
+/* CUDA sm_90a, wide layers, one batch, outputs written (not added to), aligned: from relu's y
+ * (or its pre) or the slope form's s, g = dy ⊙ act′ is formed inside dx's and dw's products as
+ * they load their operands — no pass, no N·M buffer; db's sums ride on dw's product (so db
+ * needs dw here). */
+static bool use_fused(const act_run *r, bool keep, bool want_dx, bool want_dw, bool want_db) {
+    if (FG_FUSED_WIP || r->misaligned || !keep || r->B != 1 || r->d->accumulate) return false;
+    if (r->act != FG_ACT_GIVEN_SLOPE && r->act != FG_ACT_RELU) return false;
+    if (!(want_dx || want_dw) || (want_db && !want_dw)) return false;
+    const void *dy = data_of(r, AB_DY), *pre = data_of(r, AB_PRE);
+    if (want_dx && !use_gemm90(r, FG_ACT_STEP_GEMM_INPUT, dy, pre, data_of(r, AB_W), data_of(r, AB_DX))) return false;
+    return !want_dw || use_gemm90(r, FG_ACT_STEP_GEMM_WEIGHT, dy, pre, data_of(r, AB_X), data_of(r, AB_DW));
+}
+
+static fg_status backward_fused(act_run *r, bool want_dx, bool want_dw, bool want_db) {
+    r->fused = true;
+    const size_t db_off = place(r, want_db ? (size_t)FG_ACT_GEMM_DB_PARTS * (size_t)r->M * r->aes : 0);
+    if (want_dw) FG_TRY(gemm90_grad(r, FG_ACT_STEP_GEMM_WEIGHT, NULL, want_db ? at(r, db_off) : NULL));
+    if (want_db) FG_TRY(sum_cast(r, at(r, db_off), FG_ACT_GEMM_DB_PARTS, r->M, data_of(r, AB_DB)));
+    return want_dx ? gemm90_grad(r, FG_ACT_STEP_GEMM_INPUT, NULL, NULL) : FG_OK;
 }
 
 static fg_status backward_tile(act_run *r, fg_act_step which, bool keep, bool want_db, bool db_over_batches) {
@@ -374,6 +404,7 @@ static fg_status backward(act_run *r) {
     const bool consume = (d->flags & FG_PLAN_CONSUME_PRE) != 0;
     /* batched weights with db [M]: db sums over the batches, one f32 sum rounded at the end */
     const bool db_over_batches = want_db && r->B > 1 && d->operands[AB_DB].rank == 1;
+    if (!none && use_fused(r, keep, want_dx, want_dw, want_db)) return backward_fused(r, want_dx, want_dw, want_db);
     if (use_bwd90(r, keep, want_dx, want_dw))
         return backward_tile(r, FG_ACT_STEP_TILE_BACKWARD90, keep, want_db, db_over_batches);
     if (use_bwd_tile(r, want_dx, want_dw)) return backward_tile(r, FG_ACT_STEP_TILE_BACKWARD, keep, want_db, db_over_batches);
@@ -424,12 +455,12 @@ static fg_status backward(act_run *r) {
     if (want_db) FG_TRY(db_cast(r, db_acc, db_over_batches)); /* before the GEMMs: its sums may live in dx's or dw's memory */
     const double beta = d->accumulate ? 1.0 : 0.0;
     if (want_dx && use_gemm90(r, FG_ACT_STEP_GEMM_INPUT, g, data_of(r, AB_W), data_of(r, AB_DX), NULL))
-        FG_TRY(gemm90_grad(r, FG_ACT_STEP_GEMM_INPUT, g));
+        FG_TRY(gemm90_grad(r, FG_ACT_STEP_GEMM_INPUT, g, NULL));
     else if (want_dx) /* dx[N × K] = g[N × M] · w[M × K] */
         FG_TRY(gemm(r, 1, r->N, r->K, r->M, fg_mat_at(g, r->M, 1), fg_mat_at(data_of(r, AB_W), r->K, 1),
                     fg_mat_at(data_of(r, AB_DX), r->K, 1), beta, NULL, false));
     if (want_dw && !parts && use_gemm90(r, FG_ACT_STEP_GEMM_WEIGHT, g, data_of(r, AB_X), data_of(r, AB_DW), NULL))
-        FG_TRY(gemm90_grad(r, FG_ACT_STEP_GEMM_WEIGHT, g));
+        FG_TRY(gemm90_grad(r, FG_ACT_STEP_GEMM_WEIGHT, g, NULL));
     else if (want_dw && !parts) /* dw[M × K] = gᵀ[M × N] · x[N × K] */
         FG_TRY(gemm(r, 1, r->M, r->K, r->N, fg_mat_at(g, 1, r->M), fg_mat_at(data_of(r, AB_X), r->K, 1),
                     fg_mat_at(data_of(r, AB_DW), r->K, 1), beta, NULL, false));
@@ -450,11 +481,14 @@ static fg_status backward(act_run *r) {
 
 /* The planning / sizing walk. The backward's path can depend on the pointers' alignment, which
  * planning does not know: the sm_90a one-kernel backward (aligned) needs less workspace than the
- * unfused path misaligned pointers take for the gelus, so the workspace covers both walks. */
+ * unfused path misaligned pointers take for the gelus, so the workspace covers both walks —
+ * except the fused backward (use_fused), whose whole point is not to need the N·M buffer of g:
+ * its plan assumes aligned pointers, and misaligned ones get FG_ERR_MISALIGNED at run time
+ * (unless the workspace given covers the unfused path). */
 static fg_status size_walk(act_run *r, bool fwd) {
     act_run alt = *r;
     FG_TRY(fwd ? forward(r) : backward(r));
-    if (fwd) return FG_OK;
+    if (fwd || r->fused) return FG_OK;
     fg_kernel_info names; /* (the misaligned walk's kernel names are not the plan's) */
     memset(&names, 0, sizeof names);
     alt.info = &names;
@@ -495,11 +529,14 @@ static fg_status driver(fg_context *ctx, const fg_plan_desc *d, const fg_tensor 
         }
     }
     r.info = info;
+    r.slope = (d->flags & FG_PLAN_ACT_SLOPE) != 0;
+    r.act = r.slope && !fwd && d->kind != FG_ACT_NONE ? FG_ACT_GIVEN_SLOPE : d->kind; /* (none: g = dy, s = 1) */
     if (ctx->backend == FG_BACKEND_CUDA && r.dtype == FG_F64)
         return fg_fail(FG_ERR_UNSUPPORTED, "%s: f64 runs on the CPU backend only",
                        fwd ? "linear_act_forward" : "linear_act_backward");
-    if (!run) {
+    if (!run) { /* (ops given: planned for these pointers, fg_op_entry.sizes_by_pointers) */
         info->name[0] = 0;
+        r.ops = ops;
         FG_TRY(size_walk(&r, fwd));
         info->workspace_bytes = r.total + ALIGN_UP(r.gemm_bytes);
         info->deterministic = true;
@@ -507,7 +544,16 @@ static fg_status driver(fg_context *ctx, const fg_plan_desc *d, const fg_tensor 
         return FG_OK;
     }
     r.size_only = true;
+    const act_run planned = r;
+    FG_TRY(size_walk(&r, fwd)); /* as planned: aligned pointers */
+    const size_t aligned_total = r.total;
+    r = planned;
+    r.ops = ops; /* the path these pointers take */
     FG_TRY(size_walk(&r, fwd));
+    if (ws_bytes < r.total && ws_bytes >= aligned_total)
+        return fg_fail(FG_ERR_MISALIGNED,
+                       "linear_act_backward: dy, pre, x, w, dx, dw must be 16-byte aligned for the fused backward "
+                       "its plan sized (or the workspace must be %zu bytes, for the unfused path)", r.total);
     if (ws_bytes < r.total)
         return fg_fail(FG_ERR_WORKSPACE, "linear_act: workspace of %zu bytes given, more than %zu needed", ws_bytes,
                        r.total);
@@ -533,6 +579,8 @@ static fg_status lower_forward(const fg_plan_desc *d, fg_lowered *out) {
     FG_TRY(check_xwb(op, d->kind, &o[AF_X], &o[AF_W], &o[AF_B], &B, &N, &K, &M));
     FG_TRY(check_like(op, "y", &o[AF_Y], &o[AF_X], M, o[AF_X].dtype));
     if (has(&o[AF_PRE])) FG_TRY(check_like(op, "pre", &o[AF_PRE], &o[AF_X], M, o[AF_X].dtype));
+    else if (d->flags & FG_PLAN_ACT_SLOPE)
+        return fg_fail(FG_ERR_INVALID_VALUE, "%s: flags has FG_PLAN_ACT_SLOPE but pre (where the slope goes) is absent", op);
     out->driver = driver;
     return FG_OK;
 }
@@ -545,6 +593,8 @@ static fg_status lower_backward(const fg_plan_desc *d, fg_lowered *out) {
     const fg_dtype t = o[AB_X].dtype;
     FG_TRY(check_like(op, "dy", &o[AB_DY], &o[AB_X], M, t));
     if (has(&o[AB_PRE])) FG_TRY(check_like(op, "pre", &o[AB_PRE], &o[AB_X], M, t));
+    else if (d->flags & FG_PLAN_ACT_SLOPE)
+        return fg_fail(FG_ERR_INVALID_VALUE, "%s: flags has FG_PLAN_ACT_SLOPE but pre (the saved slope) is absent", op);
     if (has(&o[AB_DX])) FG_TRY(check_like(op, "dx", &o[AB_DX], &o[AB_X], K, t));
     if (has(&o[AB_DW])) FG_TRY(check_like(op, "dw", &o[AB_DW], &o[AB_W], K, t));
     if (has(&o[AB_DB])) { /* b's shape; without b: [M], or [B, M] with batched weights */
@@ -561,10 +611,10 @@ static fg_status lower_backward(const fg_plan_desc *d, fg_lowered *out) {
 
 static const fg_op_entry entries[] = {
     {FG_OP_LINEAR_ACT_FORWARD, "linear_act_forward", AF_N, {"x", "w", "b", "y", "pre"},
-     (1u << AF_Y) | (1u << AF_PRE), (1u << AF_B) | (1u << AF_PRE), lower_forward, false},
+     (1u << AF_Y) | (1u << AF_PRE), (1u << AF_B) | (1u << AF_PRE), lower_forward, false, true},
     {FG_OP_LINEAR_ACT_BACKWARD, "linear_act_backward", AB_N, {"dy", "pre", "x", "w", "b", "dx", "dw", "db"},
      (1u << AB_DX) | (1u << AB_DW) | (1u << AB_DB),
-     (1u << AB_PRE) | (1u << AB_B) | (1u << AB_DX) | (1u << AB_DW) | (1u << AB_DB), lower_backward, false},
+     (1u << AB_PRE) | (1u << AB_B) | (1u << AB_DX) | (1u << AB_DW) | (1u << AB_DB), lower_backward, false, true},
 };
 
 const fg_op_entry *fg_linear_act_op_entry(fg_op op) {
@@ -608,6 +658,32 @@ fg_status fg_linear_act_backward_consume(fg_context *ctx, fg_activation act, con
     d.kind = act;
     d.accumulate = accumulate ? 1 : 0;
     d.flags = FG_PLAN_CONSUME_PRE;
+    return fg_run_once_desc(ctx, &d, ops, AB_N);
+}
+
+fg_status fg_linear_act_forward_slope(fg_context *ctx, fg_activation act, const fg_tensor *x, const fg_tensor *w,
+                                      const fg_tensor *b, const fg_tensor *y, const fg_tensor *slope) {
+    if (!slope) return fg_fail(FG_ERR_NULL_POINTER, "linear_act_forward: slope is NULL (the slope form writes it)");
+    const fg_tensor *ops[AF_N] = {x, w, b, y, slope};
+    fg_plan_desc d;
+    memset(&d, 0, sizeof d);
+    d.op = FG_OP_LINEAR_ACT_FORWARD;
+    d.kind = act;
+    d.flags = FG_PLAN_ACT_SLOPE;
+    return fg_run_once_desc(ctx, &d, ops, AF_N);
+}
+
+fg_status fg_linear_act_backward_slope(fg_context *ctx, fg_activation act, const fg_tensor *dy, const fg_tensor *slope,
+                                       const fg_tensor *x, const fg_tensor *w, const fg_tensor *b, const fg_tensor *dx,
+                                       const fg_tensor *dw, const fg_tensor *db, int accumulate) {
+    if (!slope) return fg_fail(FG_ERR_NULL_POINTER, "linear_act_backward: slope is NULL (the slope form reads it)");
+    const fg_tensor *ops[AB_N] = {dy, slope, x, w, b, dx, dw, db};
+    fg_plan_desc d;
+    memset(&d, 0, sizeof d);
+    d.op = FG_OP_LINEAR_ACT_BACKWARD;
+    d.kind = act;
+    d.accumulate = accumulate ? 1 : 0;
+    d.flags = FG_PLAN_ACT_SLOPE;
     return fg_run_once_desc(ctx, &d, ops, AB_N);
 }
 

@@ -142,11 +142,11 @@ static void check_backward(fg_context *ctx, int act, const th_operand *dy, const
 /* the plan of a combined backward (pre NULL: not kept): its info, for the kernels it names */
 static void backward_plan(fg_context *ctx, int act, const th_operand *dy, const fg_tensor *pre, const th_operand *x,
                           const th_operand *w, const th_operand *b, const th_operand *dx, const th_operand *dw,
-                          const th_operand *db, fg_plan_info *info) {
+                          const th_operand *db, fg_plan_info *info, bool slope) {
     fg_plan_desc d;
     memset(&d, 0, sizeof d);
     memset(info, 0, sizeof *info);
-    d.op = FG_OP_LINEAR_ACT_BACKWARD, d.kind = act;
+    d.op = FG_OP_LINEAR_ACT_BACKWARD, d.kind = act, d.flags = slope ? FG_PLAN_ACT_SLOPE : 0;
     d.operands[0] = dy->t, d.operands[2] = x->t, d.operands[3] = w->t, d.operands[4] = b->t;
     if (pre) d.operands[1] = *pre;
     d.operands[5] = dx->t, d.operands[6] = dw->t, d.operands[7] = db->t;
@@ -323,6 +323,7 @@ static void wide_forward(fg_context *ctx, fg_backend be, fg_dtype dt) {
     for (int64_t n = 0; n < N - 3; n += 37) rows[nr++] = n;
     for (int64_t n = N - 3; n < N; n++) rows[nr++] = n;
     double *rp = malloc(sizeof(double) * (size_t)(nr * M)), *ry = malloc(sizeof(double) * (size_t)(nr * M));
+    double *rs = malloc(sizeof(double) * (size_t)(nr * M));
     double *got = malloc(sizeof(double) * (size_t)(N * M)), *sub = malloc(sizeof(double) * (size_t)(nr * M));
     for (int layout = 0; layout <= 3; layout += 3) {
         int64_t xs[2] = {N, K}, ws[2] = {M, K}, bs[1] = {M}, ys[2] = {N, M};
@@ -346,17 +347,21 @@ static void wide_forward(fg_context *ctx, fg_backend be, fg_dtype dt) {
                 double q = rp[i];
                 th_round(dt, &q, 1);
                 ry[i] = (double)ref_act(act, q);
+                rs[i] = (double)ref_slope(act, q);
             }
-            for (int keep = 0; keep < 2; keep++) {
+            th_round(dt, rs, nr * M);
+            for (int keep = 0; keep < 3; keep++) { /* 2: the slope form (pre receives act′(pre)) */
                 th_poison(&y.buf), th_poison(&pre.buf);
-                TH_OK(fg_linear_act_forward(ctx, (fg_activation)act, &x.t, &w.t, &b.t, &y.t, keep ? &pre.t : NULL));
-                for (int o = 0; o < 1 + keep; o++) {
+                if (keep == 2) TH_OK(fg_linear_act_forward_slope(ctx, (fg_activation)act, &x.t, &w.t, &b.t, &y.t, &pre.t));
+                else TH_OK(fg_linear_act_forward(ctx, (fg_activation)act, &x.t, &w.t, &b.t, &y.t, keep ? &pre.t : NULL));
+                for (int o = 0; o < 1 + (keep > 0); o++) {
                     th_get(o ? &pre.buf : &y.buf, o ? &pre.t : &y.t, got);
                     bool written = true; /* every element, not just the sampled rows (poisoned: NaN) */
                     for (int64_t i = 0; i < N * M && written; i++) written = got[i] == got[i];
                     for (int64_t r = 0; r < nr; r++) memcpy(sub + r * M, got + rows[r] * M, sizeof(double) * (size_t)M);
-                    const double err = th_relerr(sub, o ? rp : ry, nr * M);
-                    TH_CHECK(written && err <= th_tol(dt, false), "%s %s: relerr %.3g (all written: %d)", o ? "pre" : (keep ? "y" : "y (no pre)"),
+                    const double err = th_relerr(sub, o ? (keep == 2 ? rs : rp) : ry, nr * M);
+                    TH_CHECK(written && err <= th_tol(dt, false), "%s %s: relerr %.3g (all written: %d)",
+                             o ? (keep == 2 ? "slope" : "pre") : (keep == 2 ? "y (slope form)" : keep ? "y" : "y (no pre)"),
                              lab, err, (int)written);
                 }
             }
@@ -379,7 +384,7 @@ static void wide_forward(fg_context *ctx, fg_backend be, fg_dtype dt) {
         }
         th_drop(&x), th_drop(&w), th_drop(&b), th_drop(&y), th_drop(&pre);
     }
-    free(rp), free(ry), free(got), free(sub);
+    free(rp), free(ry), free(rs), free(got), free(sub);
 }
 
 /* The backward of a layer large enough for the sm_90a GEMM's dx = g·w and dw = gᵀ·x (each a
@@ -398,7 +403,9 @@ static void wide_backward(fg_context *ctx, fg_backend be, fg_dtype dt) {
     double *g = malloc(sizeof(double) * (size_t)(N * M)), *rdx = malloc(sizeof(double) * (size_t)(nn * K));
     double *rdw = malloc(sizeof(double) * (size_t)(nm * K)), *rdb = malloc(sizeof(double) * (size_t)M);
     double *got = malloc(sizeof(double) * (size_t)(N * K)), *sub = malloc(sizeof(double) * (size_t)(160 * K));
-    const int acts[2] = {FG_ACT_NONE, FG_ACT_SILU};
+    /* none and silu from pre: the gradient pass and the GEMMs; relu from y and silu's slope form:
+       g formed inside the products (the fused backward), whole and split into dx / dw + db */
+    const int acts[4] = {FG_ACT_NONE, FG_ACT_SILU, FG_ACT_RELU, FG_ACT_SILU};
     for (int layout = 0; layout <= 3; layout += 3) {
         int64_t xs[2] = {N, K}, ws[2] = {M, K}, bs[1] = {M}, ys[2] = {N, M};
         th_operand x = th_make(be, dt, 2, xs, layout), w = th_make(be, dt, 2, ws, layout), b = th_make(be, dt, 1, bs, layout);
@@ -408,12 +415,14 @@ static void wide_backward(fg_context *ctx, fg_backend be, fg_dtype dt) {
         for (int64_t i = 0; i < pre.n; i++) pre.v[i] = (pre.v[i] - 0.25) * 4.0;
         th_round(dt, pre.v, pre.n);
         th_put(&pre.buf, &pre.t, pre.v);
-        for (int ai = 0; ai < 2; ai++) {
+        for (int ai = 0; ai < 4; ai++) {
             const int act = acts[ai];
+            const bool slope = ai == 3, fused = ai >= 2;
             char lab[160];
-            snprintf(lab, sizeof lab, "large backward %s %s %s N=%lld K=%lld M=%lld%s", act_names[act], th_backend_name(be),
-                     fg_dtype_name(dt), (long long)N, (long long)K, (long long)M, layout ? " misaligned" : "");
-            for (int64_t i = 0; i < N * M; i++) g[i] = dy.v[i] * (double)ref_slope(act, pre.v[i]);
+            snprintf(lab, sizeof lab, "large backward %s%s %s %s N=%lld K=%lld M=%lld%s", act_names[act],
+                     slope ? " (slope form)" : "", th_backend_name(be), fg_dtype_name(dt), (long long)N, (long long)K,
+                     (long long)M, layout ? " misaligned" : "");
+            for (int64_t i = 0; i < N * M; i++) g[i] = dy.v[i] * (slope ? pre.v[i] : (double)ref_slope(act, pre.v[i]));
             memset(rdx, 0, sizeof(double) * (size_t)(nn * K));
             memset(rdw, 0, sizeof(double) * (size_t)(nm * K));
             memset(rdb, 0, sizeof(double) * (size_t)M);
@@ -425,8 +434,19 @@ static void wide_backward(fg_context *ctx, fg_backend be, fg_dtype dt) {
                 for (int64_t r = 0; r < nm; r++)
                     for (int64_t k = 0; k < K; k++) rdw[r * K + k] += g[n * M + rm[r]] * x.v[n * K + k];
             }
+            for (int part = 0; part < (fused ? 2 : 1); part++) {
             th_poison(&dx.buf), th_poison(&dw.buf), th_poison(&db.buf);
-            TH_OK(fg_linear_act_backward(ctx, (fg_activation)act, &dy.t, &pre.t, &x.t, &w.t, &b.t, &dx.t, &dw.t, &db.t, 0));
+            if (part == 0 && slope)
+                TH_OK(fg_linear_act_backward_slope(ctx, (fg_activation)act, &dy.t, &pre.t, &x.t, &w.t, &b.t, &dx.t, &dw.t, &db.t, 0));
+            else if (part == 0)
+                TH_OK(fg_linear_act_backward(ctx, (fg_activation)act, &dy.t, &pre.t, &x.t, &w.t, &b.t, &dx.t, &dw.t, &db.t, 0));
+            else if (slope) { /* dx alone, then dw + db (the fused path's subsets) */
+                TH_OK(fg_linear_act_backward_slope(ctx, (fg_activation)act, &dy.t, &pre.t, &x.t, &w.t, &b.t, &dx.t, NULL, NULL, 0));
+                TH_OK(fg_linear_act_backward_slope(ctx, (fg_activation)act, &dy.t, &pre.t, &x.t, &w.t, &b.t, NULL, &dw.t, &db.t, 0));
+            } else {
+                TH_OK(fg_linear_act_backward(ctx, (fg_activation)act, &dy.t, &pre.t, &x.t, &w.t, &b.t, &dx.t, NULL, NULL, 0));
+                TH_OK(fg_linear_act_backward(ctx, (fg_activation)act, &dy.t, &pre.t, &x.t, &w.t, &b.t, NULL, &dw.t, &db.t, 0));
+            }
             for (int o = 0; o < 2; o++) {
                 const int64_t rows = o ? M : N, nr = o ? nm : nn, *list = o ? rm : rn;
                 th_get(o ? &dw.buf : &dx.buf, o ? &dw.t : &dx.t, got);
@@ -434,17 +454,19 @@ static void wide_backward(fg_context *ctx, fg_backend be, fg_dtype dt) {
                 for (int64_t i = 0; i < rows * K && written; i++) written = got[i] == got[i];
                 for (int64_t r = 0; r < nr; r++) memcpy(sub + r * K, got + list[r] * K, sizeof(double) * (size_t)K);
                 const double err = th_relerr(sub, o ? rdw : rdx, nr * K);
-                TH_CHECK(written && err <= th_tol(dt, false), "%s %s: relerr %.3g (all written: %d)", o ? "dw" : "dx", lab, err,
-                         (int)written);
+                TH_CHECK(written && err <= th_tol(dt, false), "%s %s%s: relerr %.3g (all written: %d)", o ? "dw" : "dx", lab,
+                         part ? " split" : "", err, (int)written);
             }
             th_verify("db", &db, rdb, th_tol(dt, false), lab);
+            }
 #ifdef FG_TEST_HAVE_SM90A
-            if (layout == 0) { /* the path: the plan names its kernels */
+            if (layout == 0) { /* the path: the plan names its kernels (fused: no gradient pass) */
                 fg_plan_info info;
-                backward_plan(ctx, act, &dy, &pre.t, &x, &w, &b, &dx, &dw, &db, &info);
+                backward_plan(ctx, act, &dy, &pre.t, &x, &w, &b, &dx, &dw, &db, &info, slope);
                 if (info.arch == 90)
-                    TH_CHECK(strstr(info.kernel, "gemm90_dx") != NULL && strstr(info.kernel, "gemm90_dw") != NULL,
-                             "%s: the plan runs %s, not the sm_90a GEMMs", lab, info.kernel);
+                    TH_CHECK(strstr(info.kernel, "gemm90_dx") != NULL && strstr(info.kernel, "gemm90_dw") != NULL &&
+                                 (strstr(info.kernel, "act_grad") == NULL) == fused,
+                             "%s: the plan runs %s, not the sm_90a GEMMs%s", lab, info.kernel, fused ? " alone" : "");
             }
 #endif
         }
@@ -494,7 +516,7 @@ static void short_backward(fg_context *ctx, fg_backend be, fg_dtype dt) {
     for (int act = FG_ACT_RELU; act <= FG_ACT_TANH; act++)
         for (int keep = 0; keep < 2; keep++) {
             fg_plan_info info;
-            backward_plan(ctx, act, &dy, keep ? &pre.t : NULL, &x, &w, &b, &dx, &dw, &db, &info);
+            backward_plan(ctx, act, &dy, keep ? &pre.t : NULL, &x, &w, &b, &dx, &dw, &db, &info, false);
             if (info.arch == 90)
                 TH_CHECK((strstr(info.kernel, "linear_act_bwd90") != NULL) == (keep == 1),
                          "short backward %s %s keep=%d: the plan runs %s", act_names[act], fg_dtype_name(dt), keep, info.kernel);
@@ -695,6 +717,24 @@ static void bad_input(fg_context *ctx, fg_backend be) {
                   fg_linear_act_backward_consume(ctx, FG_ACT_TANH, &y.t, NULL, &x.t, &w.t, NULL, &dx.t, NULL, NULL, 0));
     TH_EXPECT_BAD(FG_ERR_ALIAS, "dx", &x,
                   fg_linear_act_backward(ctx, FG_ACT_TANH, &y.t, NULL, &x.t, &w.t, NULL, &x.t, NULL, NULL, 0));
+    /* the slope form: the saved operand is required */
+    TH_EXPECT_BAD(FG_ERR_NULL_POINTER, "slope is NULL", &y,
+                  fg_linear_act_forward_slope(ctx, FG_ACT_SILU, &x.t, &w.t, NULL, &y.t, NULL));
+    TH_EXPECT_BAD(FG_ERR_NULL_POINTER, "slope is NULL", &dx,
+                  fg_linear_act_backward_slope(ctx, FG_ACT_SILU, &y.t, NULL, &x.t, &w.t, NULL, &dx.t, NULL, NULL, 0));
+    {
+        fg_plan_desc d;
+        memset(&d, 0, sizeof d);
+        d.op = FG_OP_LINEAR_ACT_BACKWARD, d.kind = FG_ACT_SILU, d.flags = FG_PLAN_ACT_SLOPE;
+        d.operands[0] = y.t, d.operands[2] = x.t, d.operands[3] = w.t, d.operands[5] = dx.t;
+        fg_plan *plan = NULL;
+        TH_EXPECT_BAD(FG_ERR_INVALID_VALUE, "FG_PLAN_ACT_SLOPE but pre", &dx, fg_plan_create(ctx, &d, &plan));
+        TH_CHECK(plan == NULL, "a refused plan is NULL");
+        d.op = FG_OP_LINEAR_ACT_FORWARD;
+        memset(d.operands, 0, sizeof d.operands);
+        d.operands[0] = x.t, d.operands[1] = w.t, d.operands[3] = y.t;
+        TH_EXPECT_BAD(FG_ERR_INVALID_VALUE, "FG_PLAN_ACT_SLOPE but pre", &y, fg_plan_create(ctx, &d, &plan));
+    }
     th_drop(&x), th_drop(&w), th_drop(&y), th_drop(&yb), th_drop(&b), th_drop(&wh), th_drop(&dx), th_drop(&ys1);
     xi.t.dtype = FG_F32;
     th_drop(&xi), th_drop(&dxw), th_drop(&b4);

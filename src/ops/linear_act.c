@@ -36,7 +36,6 @@
 enum { AF_X, AF_W, AF_B, AF_Y, AF_PRE, AF_N };
 enum { AB_DY, AB_PRE, AB_X, AB_W, AB_B, AB_DX, AB_DW, AB_DB, AB_N };
 
-#define FG_FUSED_WIP 1 /* the sm_90a GEMM's slope / fused-g modes are being written */
 #define ALIGN_UP(x) (((x) + 255) & ~(size_t)255)
 
 static bool has(const fg_tensor *t) { return t->rank != 0; }
@@ -283,7 +282,7 @@ static fg_status forward(act_run *r) {
     if (!keep) FG_TRY(act_gemm(r, y, &fused)); /* cuBLASLt's relu epilogue first (the product alone) */
     if (fused) return FG_OK;
     const bool tile = !r->slope && use_tile(r, data_of(r, AF_X), data_of(r, AF_W), y, keep ? pre : NULL);
-    if (tile || (!(FG_FUSED_WIP && r->slope) && use_gemm90(r, FG_ACT_STEP_GEMM_FORWARD, data_of(r, AF_X), data_of(r, AF_W), y, keep ? pre : NULL))) {
+    if (tile || use_gemm90(r, FG_ACT_STEP_GEMM_FORWARD, data_of(r, AF_X), data_of(r, AF_W), y, keep ? pre : NULL)) {
         fg_act_call c;
         memset(&c, 0, sizeof c);
         c.step = tile ? FG_ACT_STEP_TILE_FORWARD : FG_ACT_STEP_GEMM_FORWARD;
@@ -358,7 +357,7 @@ static bool use_bwd90(const act_run *r, bool keep, bool want_dx, bool want_dw) {
  * they load their operands — no pass, no N·M buffer; db's sums ride on dw's product (so db
  * needs dw here). */
 static bool use_fused(const act_run *r, bool keep, bool want_dx, bool want_dw, bool want_db) {
-    if (FG_FUSED_WIP || r->misaligned || !keep || r->B != 1 || r->d->accumulate) return false;
+    if (r->misaligned || !keep || r->B != 1 || r->d->accumulate) return false;
     if (r->act != FG_ACT_GIVEN_SLOPE && r->act != FG_ACT_RELU) return false;
     if (!(want_dx || want_dw) || (want_db && !want_dw)) return false;
     const void *dy = data_of(r, AB_DY), *pre = data_of(r, AB_PRE);

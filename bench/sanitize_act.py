@@ -34,8 +34,8 @@ def case(n, k, m):
     close(f"db {n}x{k}x{m}", db, g.sum(0))
 
 
-def fused(n, k, m, act):
-    """the slope form (relu: from y): g formed inside the backward's products, db on dw's"""
+def slope_form(n, k, m, act):
+    """the slope form (the GEMM's epilogue writes y and act′(pre)); relu: its backward from y"""
     x, w, b, dy = rand(n, k), rand(m, k), rand(m), rand(n, m)
     relu = act == "relu"
     y, saved = ops.linear_act_forward(x, w, b, act, keep_pre=not relu, slope=not relu)
@@ -51,8 +51,8 @@ def fused(n, k, m, act):
 
 if __name__ == "__main__":
     case(4224, 1536, 1024)  # 33 × 4 tiles of 128 × 256 (one wave on 132 SMs), 6.6e9 multiply-adds
-    fused(4224, 1536, 2816, "silu")  # dw: 22 × 6 tiles, a wave too
-    fused(4224, 1536, 2816, "relu")
+    slope_form(4224, 1536, 2816, "silu")
+    slope_form(4224, 1536, 2816, "relu")
     case(20000, 128, 256)   # the short-K backward, 625 tiles of 32 rows
     torch.cuda.synchronize()
     print("sanitize_act: ok")

@@ -61,8 +61,7 @@ typedef enum fg_status {
     FG_ERR_SHAPE = 3,            /* ranks or shapes disagree                       */
     FG_ERR_DTYPE = 4,            /* unknown dtype, or dtypes that must match don't */
     FG_ERR_WRONG_DEVICE = 5,     /* memory not reachable from the context's device */
-    FG_ERR_MISALIGNED = 6,       /* data not aligned to its element size, or to the
-                                    16 bytes a fused path its plan sized needs     */
+    FG_ERR_MISALIGNED = 6,       /* data not aligned to its element size           */
     FG_ERR_WORKSPACE = 7,        /* workspace missing or too small                 */
     FG_ERR_OVERFLOW = 8,         /* a size or extent overflows int64               */
     FG_ERR_ALIAS = 9,            /* an output overlaps an input or another output  */

@@ -324,11 +324,7 @@ fg_status fg_cuda_logp(fg_context *ctx, const fg_logp_call *c);
  * (pointers 16-byte aligned, outputs written, never added to):
  *   GEMM_FORWARD  as TILE_FORWARD, any K (slope_out: pre receives act′(pre))
  *   GEMM_INPUT    dx[rows, cols] = g[rows, k]·w[k, cols]      (rows N, k M, cols K)
- *   GEMM_WEIGHT   dw[rows, cols] = g[k, rows]ᵀ·x[k, cols]     (rows M, k N, cols K)
- * where g NULL means g = dy ⊙ act′(pre) formed in the operand loads, never stored, for act
- * RELU (pre: y) or GIVEN_SLOPE (pre: s); then GEMM_WEIGHT also writes db's sums when db_acc
- * is not NULL, as FG_ACT_GEMM_DB_PARTS f32 [cols of g] partials (CAST sums them). */
-#define FG_ACT_GEMM_DB_PARTS 8
+ *   GEMM_WEIGHT   dw[rows, cols] = g[k, rows]ᵀ·x[k, cols]     (rows M, k N, cols K) */
 typedef enum fg_act_step {
     FG_ACT_STEP_FORWARD,
     FG_ACT_STEP_GRAD,
@@ -414,9 +410,6 @@ typedef struct fg_op_entry {
     unsigned optional_mask;  /* bit i: operand i may be absent (rank 0) */
     fg_status (*lower)(const fg_plan_desc *desc, fg_lowered *out);
     bool inplace_ok;         /* an output may be exactly an input when nothing broadcasts */
-    bool sizes_by_pointers;  /* the driver's path (and workspace) depends on the operands'
-                                alignment: run-once calls size it for theirs (the driver
-                                plans with ops given) */
 } fg_op_entry;
 
 const fg_op_entry *fg_linear_op_entry(fg_op op);

@@ -278,14 +278,7 @@ fg_status fg_run_once_desc(fg_context *ctx, const fg_plan_desc *base, const fg_t
     struct fg_plan p;
     FG_TRY(plan_init(ctx, &desc, &p));
     FG_TRY(check_run(&p, ops)); /* before the workspace may grow */
-    size_t need = p.info.workspace_bytes;
-    if (e->sizes_by_pointers && p.lowered.driver) { /* the path these very pointers take */
-        fg_kernel_info k;
-        memset(&k, 0, sizeof k);
-        FG_TRY(p.lowered.driver(ctx, &p.desc, ops, &k, NULL, 0, false));
-        if (k.workspace_bytes > need) need = k.workspace_bytes;
-    }
     void *ws = NULL;
-    if (need) FG_TRY(fg_context_workspace(ctx, need, &ws));
-    return plan_run(&p, ops, ws, need);
+    if (p.info.workspace_bytes) FG_TRY(fg_context_workspace(ctx, p.info.workspace_bytes, &ws));
+    return plan_run(&p, ops, ws, p.info.workspace_bytes);
 }

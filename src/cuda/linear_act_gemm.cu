@@ -27,35 +27,23 @@
 #include "sm90.cuh"
 
 constexpr int GM_BM = 128, GM_BN = 256, GM_BK = 64, GM_STAGES = 3, GM_THREADS = 384, GM_GROUP = 16;
-constexpr int GM_A = GM_BM * GM_BK * 2, GM_B = GM_BN * GM_BK * 2;
+constexpr int GM_A = GM_BM * GM_BK * 2, GM_B = GM_BN * GM_BK * 2, GM_STAGE = GM_A + GM_B;
 constexpr int GM_CHUNK = 64 * 64 * 2; /* one epilogue chunk: 64 rows × 64 columns */
 constexpr int GM_EPI_THREADS = 96;    /* the producer warpgroup's warps 1–3 */
-constexpr int GM_FORM_THREADS = 64;   /* FORM: warps 2–3 form g (warp 1 stores the tiles) */
-static_assert(GM_A / 16 % GM_FORM_THREADS == 0, "form_g: whole 16-byte pieces a thread");
 
 /* What the kernel does besides the product:
-   PLAIN  forward: pre (when kept) and y = act(pre); backward: A is g, as stored
-   SLOPE  forward of the slope form: y = act(pre) and s = act′(pre) where pre would go
-   FORM   backward from dy and the saved tensor (relu: y; the slope form: s): A = g =
-          dy ⊙ act′(saved) formed in shared memory as the stage lands (g never stored); GEMM_WEIGHT
-          also sums db's columns */
-enum { GM_PLAIN, GM_SLOPE, GM_FORM };
+   PLAIN  forward: pre (when kept) and y = act(pre); backward: dx / dw from the stored g
+   SLOPE  forward of the slope form (FG_PLAN_ACT_SLOPE): y = act(pre) and s = act′(pre) where
+          pre would go (measured free: 1.546 against 1.540 ms at 8192 × 4096 × 16384) */
+enum { GM_PLAIN, GM_SLOPE };
 
-/* A stage: A's slice (FORM: dy's, then the saved tensor's), then B's. After the stages:
-   PLAIN / SLOPE: the tile's rounded product (pre) as 2 × 4 chunks (one set per consumer
-   warpgroup), two chunks for y (a chunk's store reads one while the next fills the other), the
-   tile's bias per consumer warpgroup. FORM: one set of 4 chunks, which the consumer warpgroups
-   take in turn (64 KB more stage memory instead: the 227 KB do not hold both). + alignment */
-__host__ __device__ constexpr int gm_stage(int mode) { return (mode == GM_FORM ? 2 : 1) * GM_A + GM_B; }
-__host__ __device__ constexpr size_t gm_smem(int mode) {
-    return (size_t)GM_STAGES * gm_stage(mode) +
-           (mode == GM_FORM ? 4 * GM_CHUNK : 8 * GM_CHUNK + 2 * GM_CHUNK + 2 * GM_BN * 2) + 1024;
-}
-static_assert(gm_smem(GM_FORM) <= 232448 && gm_smem(GM_PLAIN) <= 232448, "shared memory");
+/* stages, then the tile's rounded product (pre) as 2 × 4 chunks (one set per consumer
+   warpgroup), two chunks for y (a chunk's store reads one while the next fills the other),
+   the tile's bias per consumer warpgroup; + alignment */
+constexpr size_t GM_SMEM = (size_t)GM_STAGES * GM_STAGE + 8 * GM_CHUNK + 2 * GM_CHUNK + 2 * GM_BN * 2 + 1024;
 
 struct gm_args {
     const void *bias;
-    float *db_part; /* FORM, GEMM_WEIGHT: FG_ACT_GEMM_DB_PARTS × n f32 partials of db, or null */
     int64_t n, m;
     int k, tiles_r, tiles_c;
     bool write_pre;
@@ -91,39 +79,6 @@ template <typename T, int ACT, bool SLOPE> __device__ __forceinline__ uint4 act8
     return y;
 }
 
-/* FORM: stage A's g = dy ⊙ act′(saved), 16 bytes a step, written over dy's (the two boxes share
-   the swizzled layout, so each 16 bytes maps to the same place); thread ft takes 16-byte pieces
-   ft + 64u. DB (GEMM_WEIGHT's A, two MN-major boxes of 64 rows × 64 columns): the piece's row is
-   ft / 8 + 8(u mod 8) and its place ft % 8, so its logical 8 columns, (ft % 8) ^ (ft / 8), are the
-   same for every u of a box (u < 8: box 0): the thread sums the unrounded g of its 8 columns
-   of each box over rows ≡ ft / 8 (mod 8) in sum[2][8]. */
-template <typename T, int ACT, bool DB>
-__device__ __forceinline__ void form_g(unsigned char *sa, int ft, float (&sum)[2][8]) {
-    uint4 *g = reinterpret_cast<uint4 *>(sa);
-    const uint4 *sv = reinterpret_cast<const uint4 *>(sa + GM_A);
-#pragma unroll
-    for (int box = 0; box < 2; box++)  /* (unrolled: sum's indices static) */
-#pragma unroll 4
-    for (int u = 8 * box; u < 8 * box + 8; u++) {
-        const int i = ft + GM_FORM_THREADS * u;
-        uint4 d = g[i];
-        const uint4 p = sv[i];
-        uint32_t *du = reinterpret_cast<uint32_t *>(&d);
-        const uint32_t *pu = reinterpret_cast<const uint32_t *>(&p);
-#pragma unroll
-        for (int h = 0; h < 4; h++) {
-            T *de = reinterpret_cast<T *>(&du[h]), o[2];
-            const T *pe = reinterpret_cast<const T *>(&pu[h]);
-            const float g0 = to_acc(de[0]) * act_slope(ACT, to_acc(pe[0]));
-            const float g1 = to_acc(de[1]) * act_slope(ACT, to_acc(pe[1]));
-            if constexpr (DB) sum[box][2 * h] += g0, sum[box][2 * h + 1] += g1;
-            from_acc2<T>(g0, g1, o);
-            du[h] = *reinterpret_cast<uint32_t *>(o);
-        }
-        g[i] = d;
-    }
-}
-
 /* out[rows, cols] = A·B over a.k, A's tile 128 rows and B's 256 columns. TA / TB 0: the operand
    is stored K-major (A as [rows, k], B as [cols, k]), loaded in one box of 64 K × 128 / 256 rows;
    1: stored MN-major (A as [k, rows], B as [k, cols]), loaded in boxes of 64 MN × 64 K, one per
@@ -137,16 +92,13 @@ __global__ void __launch_bounds__(GM_THREADS, 1)
     act_gemm_kernel(const __grid_constant__ CUtensorMap mx, const __grid_constant__ CUtensorMap mw,
                     const __grid_constant__ CUtensorMap mpre, const __grid_constant__ CUtensorMap my, gm_args a) {
 #ifdef __CUDA_ARCH_FEAT_SM90_ALL
-    constexpr int STAGE = gm_stage(MODE), B_AT = STAGE - GM_B;
-    constexpr bool FORM = MODE == GM_FORM;
     extern __shared__ unsigned char raw[];
-    __shared__ __align__(8) uint64_t full[GM_STAGES], empty[GM_STAGES], formed[GM_STAGES], epi_full[2], epi_empty[2];
+    __shared__ __align__(8) uint64_t full[GM_STAGES], empty[GM_STAGES], epi_full[2], epi_empty[2];
     unsigned char *smem = (unsigned char *)(((uintptr_t)raw + 1023) & ~(uintptr_t)1023);
-    unsigned char *staged = smem + GM_STAGES * STAGE, *ybuf = staged + 8 * GM_CHUNK;
+    unsigned char *staged = smem + GM_STAGES * GM_STAGE, *ybuf = staged + 8 * GM_CHUNK;
     const int wg = threadIdx.x / 128, ktiles = (a.k + GM_BK - 1) / GM_BK, tiles = a.tiles_r * a.tiles_c;
     if (threadIdx.x == 0) {
-        for (int s = 0; s < GM_STAGES; s++)
-            mbar_init(&full[s], 1), mbar_init(&empty[s], 256), mbar_init(&formed[s], GM_FORM_THREADS);
+        for (int s = 0; s < GM_STAGES; s++) mbar_init(&full[s], 1), mbar_init(&empty[s], 256);
         for (int c = 0; c < 2; c++) mbar_init(&epi_full[c], 128), mbar_init(&epi_empty[c], 1);
         mbar_init_fence();
         tma_prefetch_map(&mx);
@@ -163,16 +115,12 @@ __global__ void __launch_bounds__(GM_THREADS, 1)
                 gm_tile(t, a, tr, tc);
                 for (int kt = 0; kt < ktiles; kt++) {
                     mbar_wait(&empty[s], ph ^ 1);
-                    mbar_expect_tx(&full[s], STAGE);
-                    unsigned char *sa = smem + s * STAGE, *sb = sa + B_AT;
-                    /* (FORM: dy's slice, then the saved tensor's, through the pre map) */
-                    for (int o = 0; o < (FORM ? 2 : 1); o++) {
-                        const CUtensorMap *ma = o ? &mpre : &mx;
-                        if (TA == 0) tma_load_2d(sa + o * GM_A, ma, &full[s], kt * GM_BK, tr * GM_BM);
-                        else
-                            for (int j = 0; j < GM_BM / 64; j++)
-                                tma_load_2d(sa + o * GM_A + j * 8192, ma, &full[s], tr * GM_BM + 64 * j, kt * GM_BK);
-                    }
+                    mbar_expect_tx(&full[s], GM_STAGE);
+                    unsigned char *sa = smem + s * GM_STAGE, *sb = sa + GM_A;
+                    if (TA == 0) tma_load_2d(sa, &mx, &full[s], kt * GM_BK, tr * GM_BM);
+                    else
+                        for (int j = 0; j < GM_BM / 64; j++)
+                            tma_load_2d(sa + j * 8192, &mx, &full[s], tr * GM_BM + 64 * j, kt * GM_BK);
                     if (TB == 0) tma_load_2d(sb, &mw, &full[s], kt * GM_BK, tc * GM_BN);
                     else
                         for (int j = 0; j < GM_BN / 64; j++)
@@ -183,57 +131,6 @@ __global__ void __launch_bounds__(GM_THREADS, 1)
             return;
         }
         if (threadIdx.x < 32) return;
-        if constexpr (FORM) {
-            if (threadIdx.x >= 64) { /* ------------------------------ warps 2–3: form g */
-                const int ft = threadIdx.x - 64;
-                int s = 0;
-                uint32_t ph = 0;
-                for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
-                    int tr, tc;
-                    gm_tile(t, a, tr, tc);
-                    const bool db = TA == 1 && a.db_part && tc == 0; /* (one column tile sums db) */
-                    float sum[2][8];
-#pragma unroll
-                    for (int j = 0; j < 2; j++)
-#pragma unroll
-                        for (int e = 0; e < 8; e++) sum[j][e] = 0.f;
-                    for (int kt = 0; kt < ktiles; kt++) {
-                        mbar_wait(&full[s], ph);
-                        if (TA == 1 && db) form_g<T, ACT, true>(smem + s * STAGE, ft, sum);
-                        else form_g<T, ACT, false>(smem + s * STAGE, ft, sum);
-                        tma_store_fence(); /* g (generic proxy writes) visible to wgmma (the async proxy) */
-                        mbar_arrive(&formed[s]);
-                        if (++s == GM_STAGES) s = 0, ph ^= 1;
-                    }
-                    if (TA == 1 && db) { /* partial ft / 8 of db: rows ≡ ft / 8 (mod 8) */
-                        const int rc = ft / 8, cl = (ft % 8) ^ rc;
-                        for (int j = 0; j < 2; j++)
-                            for (int e = 0; e < 8; e++) {
-                                const int64_t m = (int64_t)tr * GM_BM + 64 * j + 8 * cl + e;
-                                if (m < a.n) a.db_part[rc * a.n + m] = sum[j][e];
-                            }
-                    }
-                }
-                return;
-            }
-            if (threadIdx.x != 32) return;
-            /* ---------- warp 1's first thread: stores the tiles the consumer warpgroups leave in
-               the one set of chunks, warpgroup 1's half then 2's, and frees it for the other */
-            uint32_t fph = 0;
-            for (int t = blockIdx.x; t < tiles; t += gridDim.x, fph ^= 1) {
-                int tr, tc;
-                gm_tile(t, a, tr, tc);
-                for (int c = 0; c < 2; c++) {
-                    mbar_wait(&epi_full[c], fph);
-                    for (int q = 0; q < 4; q++) tma_store_2d(&my, staged + q * GM_CHUNK, tc * GM_BN + q * 64, tr * GM_BM + c * 64);
-                    tma_store_commit();
-                    tma_store_wait_read<0>();
-                    mbar_arrive(&epi_empty[c ^ 1]);
-                }
-            }
-            tma_store_wait_all();
-            return;
-        }
         /* ------------------------------------------------------- epilogue: warps 1–3 */
         const int et = threadIdx.x - 32;
         uint32_t fph = 0;
@@ -286,8 +183,8 @@ __global__ void __launch_bounds__(GM_THREADS, 1)
     /* ---------------------------------------------- consumers: warpgroup c, rows 64c … 64c + 63 */
     asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n" ::);
     const int c = wg - 1, tid = threadIdx.x & 127, lane = threadIdx.x & 31, warp = tid >> 5;
-    T *bsm = reinterpret_cast<T *>(ybuf + 2 * GM_CHUNK) + c * GM_BN; /* (not FORM: no bias there) */
-    unsigned char *pc = staged + (FORM ? 0 : c * 4 * GM_CHUNK);
+    T *bsm = reinterpret_cast<T *>(ybuf + 2 * GM_CHUNK) + c * GM_BN;
+    unsigned char *pc = staged + c * 4 * GM_CHUNK;
     const T *bias = static_cast<const T *>(a.bias);
     float acc[128];
     int s = 0;
@@ -296,17 +193,15 @@ __global__ void __launch_bounds__(GM_THREADS, 1)
         int tr, tc;
         gm_tile(t, a, tr, tc);
         /* this tile's bias (the last epilogue's reads of bsm ended before its last barrier) */
-        if constexpr (!FORM)
-            for (int i = tid; i < GM_BN; i += 128) {
-                const int64_t col = (int64_t)tc * GM_BN + i;
-                bsm[i] = bias && col < a.m ? bias[col] : T(0.f);
-            }
+        for (int i = tid; i < GM_BN; i += 128) {
+            const int64_t col = (int64_t)tc * GM_BN + i;
+            bsm[i] = bias && col < a.m ? bias[col] : T(0.f);
+        }
         int prev = 0;
         for (int kt = 0; kt < ktiles; kt++) {
             mbar_wait(&full[s], ph);
-            if (FORM) mbar_wait(&formed[s], ph);
             /* (a K-major step of 16 is 32 bytes along the row, an MN-major one 16 rows of 128) */
-            const unsigned char *sa = smem + s * STAGE + c * 8192, *sb = smem + s * STAGE + B_AT;
+            const unsigned char *sa = smem + s * GM_STAGE + c * 8192, *sb = smem + s * GM_STAGE + GM_A;
             const uint64_t da = TA ? wgmma_desc_mn_sw128(sa, 8192) : wgmma_desc_sw128(sa);
             const uint64_t db = TB ? wgmma_desc_mn_sw128(sb, 8192) : wgmma_desc_sw128(sb);
             constexpr int sta = TA ? 2048 >> 4 : 32 >> 4, stb = TB ? 2048 >> 4 : 32 >> 4;
@@ -330,20 +225,14 @@ __global__ void __launch_bounds__(GM_THREADS, 1)
            them (once they have let go of the last tile's) */
         const int lr = warp * 16 + (lane >> 2);
         wg_sync(c); /* bias visible */
-        /* (FORM: the one set of chunks goes to warpgroup 1, then 2, tile after tile; the
-           storing thread frees it for the other, so 1 waits for its tile's (count t),
-           2 for the freeing after 1's half of this tile (count t + 1)) */
-        mbar_wait(&epi_empty[c], FORM && c == 1 ? eph : eph ^ 1);
+        mbar_wait(&epi_empty[c], eph ^ 1);
 #pragma unroll
         for (int q = 0; q < GM_BN / 64; q++)
 #pragma unroll
             for (int ii = 0; ii < 8; ii++) {
                 const int i = q * 8 + ii;
-                float b0 = 0.f, b1 = 0.f;
-                if constexpr (!FORM) {
-                    const vec_t<T, 2> bq = *reinterpret_cast<const vec_t<T, 2> *>(bsm + q * 64 + 8 * ii + 2 * (lane & 3));
-                    b0 = to_acc(bq.v[0]), b1 = to_acc(bq.v[1]);
-                }
+                const vec_t<T, 2> bq = *reinterpret_cast<const vec_t<T, 2> *>(bsm + q * 64 + 8 * ii + 2 * (lane & 3));
+                const float b0 = to_acc(bq.v[0]), b1 = to_acc(bq.v[1]);
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
                     T v[2];
@@ -402,29 +291,17 @@ extern "C" bool fg_cuda_act_gemm_fits(int device, fg_dtype dtype, fg_act_step st
 template <typename T, int ACT, int TA, int TB, int MODE>
 static cudaError_t gm_launch(const CUtensorMap *maps, const gm_args &a, int blocks, cudaStream_t s) {
     auto kernel = act_gemm_kernel<T, ACT, TA, TB, MODE>;
-    constexpr int smem = (int)gm_smem(MODE);
-    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GM_SMEM);
     if (e != cudaSuccess) return e;
-    kernel<<<blocks, GM_THREADS, smem, s>>>(maps[0], maps[1], maps[2], maps[3], a);
+    kernel<<<blocks, GM_THREADS, GM_SMEM, s>>>(maps[0], maps[1], maps[2], maps[3], a);
     return cudaGetLastError();
-}
-
-/* the backward's products: g as stored, or formed (relu from y, the slope form from s) */
-template <typename T, int TA>
-static cudaError_t gm_dispatch_grad(bool form, int act, const CUtensorMap *maps, const gm_args &a, int blocks,
-                                    cudaStream_t s) {
-    if (!form) return gm_launch<T, FG_ACT_NONE, TA, 1, GM_PLAIN>(maps, a, blocks, s);
-    if (act == FG_ACT_RELU) return gm_launch<T, FG_ACT_RELU, TA, 1, GM_FORM>(maps, a, blocks, s);
-    if (act == FG_ACT_GIVEN_SLOPE) return gm_launch<T, FG_ACT_GIVEN_SLOPE, TA, 1, GM_FORM>(maps, a, blocks, s);
-    return cudaErrorInvalidValue;
 }
 
 template <typename T>
 static cudaError_t gm_dispatch(const fg_act_call *c, const CUtensorMap *maps, const gm_args &a, int blocks,
                                cudaStream_t s) {
-    const bool form = c->g == nullptr;
-    if (c->step == FG_ACT_STEP_GEMM_INPUT) return gm_dispatch_grad<T, 0>(form, c->act, maps, a, blocks, s);
-    if (c->step == FG_ACT_STEP_GEMM_WEIGHT) return gm_dispatch_grad<T, 1>(form, c->act, maps, a, blocks, s);
+    if (c->step == FG_ACT_STEP_GEMM_INPUT) return gm_launch<T, FG_ACT_NONE, 0, 1, GM_PLAIN>(maps, a, blocks, s);
+    if (c->step == FG_ACT_STEP_GEMM_WEIGHT) return gm_launch<T, FG_ACT_NONE, 1, 1, GM_PLAIN>(maps, a, blocks, s);
     return with_act(c->act, [&](auto f) {
         constexpr int ACT = decltype(f)::value;
         return c->slope_out ? gm_launch<T, ACT, 0, 0, GM_SLOPE>(maps, a, blocks, s)
@@ -433,8 +310,7 @@ static cudaError_t gm_dispatch(const fg_act_call *c, const CUtensorMap *maps, co
 }
 
 /* GEMM_FORWARD: rows N, k K, cols M; GEMM_INPUT: rows N, k M, cols K (g [N, M], w [M, K]);
-   GEMM_WEIGHT: rows M, k N, cols K (g [N, M], x [N, K]); g NULL: formed from dy and pre (the
-   saved tensor), which take g's map geometry */
+   GEMM_WEIGHT: rows M, k N, cols K (g [N, M], x [N, K]) */
 extern "C" fg_status fg_cuda_act_gemm(fg_context *ctx, const fg_act_call *c) {
     if (!fg_cuda_act_gemm_fits(ctx->device, c->dtype, c->step, c->rows, c->k, c->cols))
         return fg_fail(FG_ERR_INTERNAL, "cuda linear_act: the sm_90a GEMM does not take rows=%lld k=%lld cols=%lld",
@@ -443,27 +319,21 @@ extern "C" fg_status fg_cuda_act_gemm(fg_context *ctx, const fg_act_call *c) {
     gm_args a;
     a.n = c->rows, a.m = c->cols, a.k = (int)c->k;
     a.tiles_r = (int)((c->rows + GM_BM - 1) / GM_BM), a.tiles_c = (int)((c->cols + GM_BN - 1) / GM_BN);
-    const bool fwd = c->step == FG_ACT_STEP_GEMM_FORWARD, form = !fwd && c->g == nullptr;
-    if (form && (!c->dy || !c->pre || (c->act != FG_ACT_RELU && c->act != FG_ACT_GIVEN_SLOPE)))
-        return fg_fail(FG_ERR_INTERNAL, "cuda linear_act: the sm_90a GEMM forms g only from dy and relu's y or a slope");
+    const bool fwd = c->step == FG_ACT_STEP_GEMM_FORWARD;
     if (fwd && c->slope_out && !c->pre) return fg_fail(FG_ERR_INTERNAL, "cuda linear_act: the slope form needs pre");
     a.bias = fwd ? c->b : nullptr;
-    a.db_part = form && c->step == FG_ACT_STEP_GEMM_WEIGHT ? (float *)c->db_acc : nullptr;
     a.write_pre = fwd && c->pre != nullptr;
-    const void *ga = form ? c->dy : c->g;
     void *out = fwd ? c->y : c->step == FG_ACT_STEP_GEMM_INPUT ? c->dx : c->dw;
     CUtensorMap maps[4];
     bool ok;
     if (fwd)
         ok = gm_map(&maps[0], c->x, c->rows, c->k, GM_BM, c->dtype) && gm_map(&maps[1], c->w, c->cols, c->k, GM_BN, c->dtype);
     else if (c->step == FG_ACT_STEP_GEMM_INPUT)
-        ok = gm_map(&maps[0], ga, c->rows, c->k, GM_BM, c->dtype) && gm_map(&maps[1], c->w, c->k, c->cols, 64, c->dtype) &&
-             (!form || gm_map(&maps[2], c->pre, c->rows, c->k, GM_BM, c->dtype));
+        ok = gm_map(&maps[0], c->g, c->rows, c->k, GM_BM, c->dtype) && gm_map(&maps[1], c->w, c->k, c->cols, 64, c->dtype);
     else
-        ok = gm_map(&maps[0], ga, c->k, c->rows, 64, c->dtype) && gm_map(&maps[1], c->x, c->k, c->cols, 64, c->dtype) &&
-             (!form || gm_map(&maps[2], c->pre, c->k, c->rows, 64, c->dtype));
+        ok = gm_map(&maps[0], c->g, c->k, c->rows, 64, c->dtype) && gm_map(&maps[1], c->x, c->k, c->cols, 64, c->dtype);
     ok = ok && gm_map(&maps[3], out, c->rows, c->cols, 64, c->dtype) &&
-         (form || gm_map(&maps[2], a.write_pre ? c->pre : out, c->rows, c->cols, 64, c->dtype));
+         gm_map(&maps[2], a.write_pre ? c->pre : out, c->rows, c->cols, 64, c->dtype);
     if (!ok)
         return fg_fail(FG_ERR_BACKEND, "cuda linear_act: cuTensorMapEncodeTiled refused an operand (rows=%lld k=%lld cols=%lld)",
                        (long long)c->rows, (long long)c->k, (long long)c->cols);

@@ -202,15 +202,15 @@ static fg_status lower_binary_backward(const fg_plan_desc *d, fg_lowered *out) {
 }
 
 static const fg_op_entry entries[] = {
-    {FG_OP_UNARY_FORWARD, "unary_forward", 2, {"x", "y"}, 1u << UF_Y, 0, lower_unary_forward, true, false},
+    {FG_OP_UNARY_FORWARD, "unary_forward", 2, {"x", "y"}, 1u << UF_Y, 0, lower_unary_forward, true},
     {FG_OP_UNARY_BACKWARD, "unary_backward", 3, {"dy", "x", "dx"}, 1u << UB_DX, 1u << UB_X, lower_unary_backward,
-     true, false},
+     true},
     {FG_OP_BINARY_FORWARD, "binary_forward", 4, {"a", "b", "w", "y"}, 1u << BF_Y, 1u << BF_W, lower_binary_forward,
-     true, false},
+     true},
     {FG_OP_BINARY_BACKWARD, "binary_backward", 7, {"dy", "a", "b", "w", "da", "db", "dw"},
      (1u << BB_DA) | (1u << BB_DB) | (1u << BB_DW),
      (1u << BB_A) | (1u << BB_B) | (1u << BB_W) | (1u << BB_DA) | (1u << BB_DB) | (1u << BB_DW),
-     lower_binary_backward, true, false},
+     lower_binary_backward, true},
 };
 
 const fg_op_entry *fg_elementwise_op_entry(fg_op op) {

@@ -219,13 +219,13 @@ static fg_status lower_backward_bias(const fg_plan_desc *d, fg_lowered *out) {
 
 static const fg_op_entry entries[] = {
     {FG_OP_LINEAR_FORWARD, "linear_forward", 4, {"x", "w", "b", "y"}, 1u << LF_Y, 1u << LF_B,
-     lower_forward, false, false},
+     lower_forward, false},
     {FG_OP_LINEAR_BACKWARD_INPUT, "linear_backward_input", 3, {"dy", "w", "dx"}, 1u << LBI_DX, 0,
-     lower_backward_input, false, false},
+     lower_backward_input, false},
     {FG_OP_LINEAR_BACKWARD_WEIGHT, "linear_backward_weight", 3, {"dy", "x", "dw"}, 1u << LBW_DW, 0,
-     lower_backward_weight, false, false},
+     lower_backward_weight, false},
     {FG_OP_LINEAR_BACKWARD_BIAS, "linear_backward_bias", 2, {"dy", "db"}, 1u << LBB_DB, 0,
-     lower_backward_bias, false, false},
+     lower_backward_bias, false},
 };
 
 const fg_op_entry *fg_linear_op_entry(fg_op op) {

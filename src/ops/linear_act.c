@@ -115,7 +115,6 @@ typedef struct act_run {
     bool misaligned;       /* sizing the path that misaligned pointers take (size_walk) */
     bool slope;            /* FG_PLAN_ACT_SLOPE: the saved operand is act′(pre) */
     int act;               /* the steps' act: the backward of the slope form runs GIVEN_SLOPE */
-    bool fused;            /* the backward took the fused path (g formed in the products) */
 } act_run;
 
 static size_t place(act_run *r, size_t bytes) {
@@ -226,10 +225,8 @@ static bool use_gemm90(const act_run *r, fg_act_step step, const void *p0, const
 #endif
 }
 
-/* dx = g·w (GEMM_INPUT) or dw = gᵀ·x (GEMM_WEIGHT) by the sm_90a GEMM; g NULL: formed from
-   dy and the saved pre (relu: y; the slope form: s) as the operands load, with db's partial
-   sums into db_parts (GEMM_WEIGHT, when not NULL) */
-static fg_status gemm90_grad(act_run *r, fg_act_step which, void *g, void *db_parts) {
+/* dx = g·w (GEMM_INPUT) or dw = gᵀ·x (GEMM_WEIGHT) by the sm_90a GEMM */
+static fg_status gemm90_grad(act_run *r, fg_act_step which, void *g) {
     fg_act_call c;
     memset(&c, 0, sizeof c);
     c.step = which;
@@ -237,7 +234,6 @@ static fg_status gemm90_grad(act_run *r, fg_act_step which, void *g, void *db_pa
     c.k = which == FG_ACT_STEP_GEMM_INPUT ? r->M : r->N;
     c.cols = r->K;
     c.g = g, c.w = data_of(r, AB_W), c.x = data_of(r, AB_X);
-    c.dy = data_of(r, AB_DY), c.pre = data_of(r, AB_PRE), c.db_acc = db_parts;
     c.dx = data_of(r, AB_DX), c.dw = data_of(r, AB_DW);
     return step(r, &c);
 }
@@ -281,7 +277,7 @@ static fg_status forward(act_run *r) {
     bool fused = false;
     if (!keep) FG_TRY(act_gemm(r, y, &fused)); /* cuBLASLt's relu epilogue first (the product alone) */
     if (fused) return FG_OK;
-    const bool tile = !r->slope && use_tile(r, data_of(r, AF_X), data_of(r, AF_W), y, keep ? pre : NULL);
+    const bool tile = use_tile(r, data_of(r, AF_X), data_of(r, AF_W), y, keep ? pre : NULL);
     if (tile || use_gemm90(r, FG_ACT_STEP_GEMM_FORWARD, data_of(r, AF_X), data_of(r, AF_W), y, keep ? pre : NULL)) {
         fg_act_call c;
         memset(&c, 0, sizeof c);
@@ -352,27 +348,6 @@ static bool use_bwd90(const act_run *r, bool keep, bool want_dx, bool want_dw) {
 #endif
 }
 
-/* CUDA sm_90a, wide layers, one batch, outputs written (not added to), aligned: from relu's y
- * (or its pre) or the slope form's s, g = dy ⊙ act′ is formed inside dx's and dw's products as
- * they load their operands — no pass, no N·M buffer; db's sums ride on dw's product (so db
- * needs dw here). */
-static bool use_fused(const act_run *r, bool keep, bool want_dx, bool want_dw, bool want_db) {
-    if (r->misaligned || !keep || r->B != 1 || r->d->accumulate) return false;
-    if (r->act != FG_ACT_GIVEN_SLOPE && r->act != FG_ACT_RELU) return false;
-    if (!(want_dx || want_dw) || (want_db && !want_dw)) return false;
-    const void *dy = data_of(r, AB_DY), *pre = data_of(r, AB_PRE);
-    if (want_dx && !use_gemm90(r, FG_ACT_STEP_GEMM_INPUT, dy, pre, data_of(r, AB_W), data_of(r, AB_DX))) return false;
-    return !want_dw || use_gemm90(r, FG_ACT_STEP_GEMM_WEIGHT, dy, pre, data_of(r, AB_X), data_of(r, AB_DW));
-}
-
-static fg_status backward_fused(act_run *r, bool want_dx, bool want_dw, bool want_db) {
-    r->fused = true;
-    const size_t db_off = place(r, want_db ? (size_t)FG_ACT_GEMM_DB_PARTS * (size_t)r->M * r->aes : 0);
-    if (want_dw) FG_TRY(gemm90_grad(r, FG_ACT_STEP_GEMM_WEIGHT, NULL, want_db ? at(r, db_off) : NULL));
-    if (want_db) FG_TRY(sum_cast(r, at(r, db_off), FG_ACT_GEMM_DB_PARTS, r->M, data_of(r, AB_DB)));
-    return want_dx ? gemm90_grad(r, FG_ACT_STEP_GEMM_INPUT, NULL, NULL) : FG_OK;
-}
-
 static fg_status backward_tile(act_run *r, fg_act_step which, bool keep, bool want_db, bool db_over_batches) {
     size_t scratch = 0;
     int64_t parts = 1;
@@ -403,7 +378,6 @@ static fg_status backward(act_run *r) {
     const bool consume = (d->flags & FG_PLAN_CONSUME_PRE) != 0;
     /* batched weights with db [M]: db sums over the batches, one f32 sum rounded at the end */
     const bool db_over_batches = want_db && r->B > 1 && d->operands[AB_DB].rank == 1;
-    if (!none && use_fused(r, keep, want_dx, want_dw, want_db)) return backward_fused(r, want_dx, want_dw, want_db);
     if (use_bwd90(r, keep, want_dx, want_dw))
         return backward_tile(r, FG_ACT_STEP_TILE_BACKWARD90, keep, want_db, db_over_batches);
     if (use_bwd_tile(r, want_dx, want_dw)) return backward_tile(r, FG_ACT_STEP_TILE_BACKWARD, keep, want_db, db_over_batches);
@@ -454,12 +428,12 @@ static fg_status backward(act_run *r) {
     if (want_db) FG_TRY(db_cast(r, db_acc, db_over_batches)); /* before the GEMMs: its sums may live in dx's or dw's memory */
     const double beta = d->accumulate ? 1.0 : 0.0;
     if (want_dx && use_gemm90(r, FG_ACT_STEP_GEMM_INPUT, g, data_of(r, AB_W), data_of(r, AB_DX), NULL))
-        FG_TRY(gemm90_grad(r, FG_ACT_STEP_GEMM_INPUT, g, NULL));
+        FG_TRY(gemm90_grad(r, FG_ACT_STEP_GEMM_INPUT, g));
     else if (want_dx) /* dx[N × K] = g[N × M] · w[M × K] */
         FG_TRY(gemm(r, 1, r->N, r->K, r->M, fg_mat_at(g, r->M, 1), fg_mat_at(data_of(r, AB_W), r->K, 1),
                     fg_mat_at(data_of(r, AB_DX), r->K, 1), beta, NULL, false));
     if (want_dw && !parts && use_gemm90(r, FG_ACT_STEP_GEMM_WEIGHT, g, data_of(r, AB_X), data_of(r, AB_DW), NULL))
-        FG_TRY(gemm90_grad(r, FG_ACT_STEP_GEMM_WEIGHT, g, NULL));
+        FG_TRY(gemm90_grad(r, FG_ACT_STEP_GEMM_WEIGHT, g));
     else if (want_dw && !parts) /* dw[M × K] = gᵀ[M × N] · x[N × K] */
         FG_TRY(gemm(r, 1, r->M, r->K, r->N, fg_mat_at(g, 1, r->M), fg_mat_at(data_of(r, AB_X), r->K, 1),
                     fg_mat_at(data_of(r, AB_DW), r->K, 1), beta, NULL, false));
@@ -480,14 +454,11 @@ static fg_status backward(act_run *r) {
 
 /* The planning / sizing walk. The backward's path can depend on the pointers' alignment, which
  * planning does not know: the sm_90a one-kernel backward (aligned) needs less workspace than the
- * unfused path misaligned pointers take for the gelus, so the workspace covers both walks —
- * except the fused backward (use_fused), whose whole point is not to need the N·M buffer of g:
- * its plan assumes aligned pointers, and misaligned ones get FG_ERR_MISALIGNED at run time
- * (unless the workspace given covers the unfused path). */
+ * unfused path misaligned pointers take for the gelus, so the workspace covers both walks. */
 static fg_status size_walk(act_run *r, bool fwd) {
     act_run alt = *r;
     FG_TRY(fwd ? forward(r) : backward(r));
-    if (fwd || r->fused) return FG_OK;
+    if (fwd) return FG_OK;
     fg_kernel_info names; /* (the misaligned walk's kernel names are not the plan's) */
     memset(&names, 0, sizeof names);
     alt.info = &names;
@@ -533,9 +504,8 @@ static fg_status driver(fg_context *ctx, const fg_plan_desc *d, const fg_tensor 
     if (ctx->backend == FG_BACKEND_CUDA && r.dtype == FG_F64)
         return fg_fail(FG_ERR_UNSUPPORTED, "%s: f64 runs on the CPU backend only",
                        fwd ? "linear_act_forward" : "linear_act_backward");
-    if (!run) { /* (ops given: planned for these pointers, fg_op_entry.sizes_by_pointers) */
+    if (!run) {
         info->name[0] = 0;
-        r.ops = ops;
         FG_TRY(size_walk(&r, fwd));
         info->workspace_bytes = r.total + ALIGN_UP(r.gemm_bytes);
         info->deterministic = true;
@@ -543,16 +513,7 @@ static fg_status driver(fg_context *ctx, const fg_plan_desc *d, const fg_tensor 
         return FG_OK;
     }
     r.size_only = true;
-    const act_run planned = r;
-    FG_TRY(size_walk(&r, fwd)); /* as planned: aligned pointers */
-    const size_t aligned_total = r.total;
-    r = planned;
-    r.ops = ops; /* the path these pointers take */
     FG_TRY(size_walk(&r, fwd));
-    if (ws_bytes < r.total && ws_bytes >= aligned_total)
-        return fg_fail(FG_ERR_MISALIGNED,
-                       "linear_act_backward: dy, pre, x, w, dx, dw must be 16-byte aligned for the fused backward "
-                       "its plan sized (or the workspace must be %zu bytes, for the unfused path)", r.total);
     if (ws_bytes < r.total)
         return fg_fail(FG_ERR_WORKSPACE, "linear_act: workspace of %zu bytes given, more than %zu needed", ws_bytes,
                        r.total);
@@ -610,10 +571,10 @@ static fg_status lower_backward(const fg_plan_desc *d, fg_lowered *out) {
 
 static const fg_op_entry entries[] = {
     {FG_OP_LINEAR_ACT_FORWARD, "linear_act_forward", AF_N, {"x", "w", "b", "y", "pre"},
-     (1u << AF_Y) | (1u << AF_PRE), (1u << AF_B) | (1u << AF_PRE), lower_forward, false, true},
+     (1u << AF_Y) | (1u << AF_PRE), (1u << AF_B) | (1u << AF_PRE), lower_forward, false},
     {FG_OP_LINEAR_ACT_BACKWARD, "linear_act_backward", AB_N, {"dy", "pre", "x", "w", "b", "dx", "dw", "db"},
      (1u << AB_DX) | (1u << AB_DW) | (1u << AB_DB),
-     (1u << AB_PRE) | (1u << AB_B) | (1u << AB_DX) | (1u << AB_DW) | (1u << AB_DB), lower_backward, false, true},
+     (1u << AB_PRE) | (1u << AB_B) | (1u << AB_DX) | (1u << AB_DW) | (1u << AB_DB), lower_backward, false},
 };
 
 const fg_op_entry *fg_linear_act_op_entry(fg_op op) {

@@ -587,18 +587,18 @@ static fg_status lower_cross_entropy(const fg_plan_desc *d, fg_lowered *out) {
 static const fg_op_entry entries[] = {
     {FG_OP_LINEAR_LOGP_FORWARD, "linear_logp_forward", LF_N,
      {"h", "w", "b", "target", "logp", "lse", "entropy"},
-     (1u << LF_LOGP) | (1u << LF_LSE) | (1u << LF_ENT), (1u << LF_B) | (1u << LF_ENT), lower_forward, false, false},
+     (1u << LF_LOGP) | (1u << LF_LSE) | (1u << LF_ENT), (1u << LF_B) | (1u << LF_ENT), lower_forward, false},
     {FG_OP_LINEAR_LOGP_BACKWARD, "linear_logp_backward", LB_N,
      {"dlogp", "dentropy", "dlse", "h", "w", "b", "target", "lse", "entropy", "dh", "dw", "db"},
      (1u << LB_DH) | (1u << LB_DW) | (1u << LB_DB),
      (1u << LB_DLOGP) | (1u << LB_DENT) | (1u << LB_DLSE) | (1u << LB_B) | (1u << LB_ENT) | (1u << LB_DH) |
          (1u << LB_DW) | (1u << LB_DB),
-     lower_backward, false, false},
+     lower_backward, false},
     {FG_OP_LINEAR_CROSS_ENTROPY, "linear_cross_entropy", CE_N,
      {"h", "w", "b", "target", "row_weight", "loss", "lse", "dh", "dw", "db"},
      (1u << CE_LOSS) | (1u << CE_LSE) | (1u << CE_DH) | (1u << CE_DW) | (1u << CE_DB),
      (1u << CE_B) | (1u << CE_RW) | (1u << CE_LSE) | (1u << CE_DH) | (1u << CE_DW) | (1u << CE_DB),
-     lower_cross_entropy, false, false},
+     lower_cross_entropy, false},
 };
 
 const fg_op_entry *fg_linear_logp_op_entry(fg_op op) {

@@ -168,11 +168,11 @@ static fg_status lower_backward_other(const fg_plan_desc *d, fg_lowered *out) {
 }
 
 static const fg_op_entry entries[] = {
-    {FG_OP_MATMUL_FORWARD, "matmul_forward", 3, {"a", "b", "c"}, 1u << MF_C, 0, lower_forward, false, false},
+    {FG_OP_MATMUL_FORWARD, "matmul_forward", 3, {"a", "b", "c"}, 1u << MF_C, 0, lower_forward, false},
     {FG_OP_MATMUL_BACKWARD_INPUT, "matmul_backward_input", 3, {"dc", "b", "da"}, 1u << MBI_DA, 0,
-     lower_backward_input, false, false},
+     lower_backward_input, false},
     {FG_OP_MATMUL_BACKWARD_OTHER, "matmul_backward_other", 3, {"a", "dc", "db"}, 1u << MBO_DB, 0,
-     lower_backward_other, false, false},
+     lower_backward_other, false},
 };
 
 const fg_op_entry *fg_matmul_op_entry(fg_op op) {

@@ -131,11 +131,11 @@ static fg_status lower_backward_other(const fg_plan_desc *d, fg_lowered *out) {
 }
 
 static const fg_op_entry entries[] = {
-    {FG_OP_OUTER_FORWARD, "outer_forward", 3, {"x", "y", "z"}, 1u << OF_Z, 0, lower_forward, false, false},
+    {FG_OP_OUTER_FORWARD, "outer_forward", 3, {"x", "y", "z"}, 1u << OF_Z, 0, lower_forward, false},
     {FG_OP_OUTER_BACKWARD_INPUT, "outer_backward_input", 3, {"dz", "y", "dx"}, 1u << OBI_DX, 0,
-     lower_backward_input, false, false},
+     lower_backward_input, false},
     {FG_OP_OUTER_BACKWARD_OTHER, "outer_backward_other", 3, {"dz", "x", "dy"}, 1u << OBO_DY, 0,
-     lower_backward_other, false, false},
+     lower_backward_other, false},
 };
 
 const fg_op_entry *fg_outer_op_entry(fg_op op) {

@@ -61,7 +61,7 @@ __device__ __forceinline__ void gm_tile(int t, const gm_args &a, int &tr, int &t
 __device__ __forceinline__ void wg_sync(int c) { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + c) : "memory"); }
 __device__ __forceinline__ void epi_sync() { asm volatile("bar.sync 3, %0;\n" ::"n"(GM_EPI_THREADS) : "memory"); }
 
-/* y = act(pre) for 8 values (16 bytes); SLOPE: also pre = act′(pre) in place */
+/* y = act(pre) for 8 values (16 bytes); SLOPE: also v = act′(pre) in place (in registers) */
 template <typename T, int ACT, bool SLOPE> __device__ __forceinline__ uint4 act8(uint4 &v) {
     uint4 y = v;
     uint32_t *u = reinterpret_cast<uint32_t *>(&y), *us = reinterpret_cast<uint32_t *>(&v);
@@ -150,29 +150,33 @@ __global__ void __launch_bounds__(GM_THREADS, 1)
                 }
                 if (ACT != FG_ACT_NONE)
                     for (int q = 0; q < 4; q++, slot ^= 1) {
-                        unsigned char *yc = ybuf + slot * GM_CHUNK;
-                        if (et == 0) tma_store_wait_read<1>(); /* the store that last read yc is done */
+                        /* PLAIN: y's chunk alternates between the two buffers; SLOPE: y in the
+                           first, s in the second, both stored before the next chunk's fill */
+                        unsigned char *yc = ybuf + (MODE == GM_SLOPE ? 0 : slot) * GM_CHUNK, *sc = ybuf + GM_CHUNK;
+                        if (et == 0) { /* the store that last read yc (and sc) is done */
+                            if (MODE == GM_SLOPE) tma_store_wait_read<0>();
+                            else tma_store_wait_read<1>();
+                        }
                         epi_sync();
-                        /* y and pre share the swizzled layout: each 16 bytes map to the same place
-                           (SLOPE: s goes over pre's chunk, in place) */
+                        /* y, s and pre share the swizzled layout: each 16 bytes map to the same place */
                         for (int i = et; i < GM_CHUNK / 16; i += GM_EPI_THREADS) {
                             uint4 v = reinterpret_cast<const uint4 *>(pc + q * GM_CHUNK)[i];
                             reinterpret_cast<uint4 *>(yc)[i] = act8<T, ACT, MODE == GM_SLOPE>(v);
-                            if (MODE == GM_SLOPE) reinterpret_cast<uint4 *>(pc + q * GM_CHUNK)[i] = v;
+                            if (MODE == GM_SLOPE) reinterpret_cast<uint4 *>(sc)[i] = v;
                         }
                         tma_store_fence();
                         epi_sync();
                         if (et == 0) {
                             tma_store_2d(&my, yc, tc * GM_BN + q * 64, c1);
-                            if (MODE == GM_SLOPE) tma_store_2d(&mpre, pc + q * GM_CHUNK, tc * GM_BN + q * 64, c1);
+                            if (MODE == GM_SLOPE) tma_store_2d(&mpre, sc, tc * GM_BN + q * 64, c1);
                             tma_store_commit();
                         }
                     }
                 /* pc free once every warp has read it and the stores of it have */
                 epi_sync();
                 if (et == 0) {
-                    if (ACT == FG_ACT_NONE || MODE == GM_SLOPE) tma_store_wait_read<0>();
-                    else tma_store_wait_read<2>(); /* (older than y's last two chunks: pc's pre) */
+                    if (ACT == FG_ACT_NONE) tma_store_wait_read<0>();
+                    else if (MODE == GM_PLAIN) tma_store_wait_read<2>(); /* (older than y's last two chunks: pc's pre) */
                     mbar_arrive(&epi_empty[c]);
                 }
             }

@@ -34,24 +34,8 @@ def case(n, k, m):
     close(f"db {n}x{k}x{m}", db, g.sum(0))
 
 
-def slope_form(n, k, m, act):
-    """the slope form (the GEMM's epilogue writes y and act′(pre)); relu: its backward from y"""
-    x, w, b, dy = rand(n, k), rand(m, k), rand(m), rand(n, m)
-    relu = act == "relu"
-    y, saved = ops.linear_act_forward(x, w, b, act, keep_pre=not relu, slope=not relu)
-    dx, dw, db = ops.linear_act_backward(dy, x, w, b, y if relu else saved, act, slope=not relu)
-    p = F.linear(x.float(), w.float(), b.float())
-    fn = F.relu if relu else F.silu
-    g = dy.float() * torch.func.grad(lambda t: fn(t).sum())(p)
-    close(f"{act} y {n}x{k}x{m}", y, fn(p))
-    close(f"{act} dx {n}x{k}x{m}", dx, g @ w.float())
-    close(f"{act} dw {n}x{k}x{m}", dw, g.t() @ x.float())
-    close(f"{act} db {n}x{k}x{m}", db, g.sum(0))
-
-
 if __name__ == "__main__":
     case(4224, 1536, 1024)  # 33 × 4 tiles of 128 × 256 (one wave on 132 SMs), 6.6e9 multiply-adds
-    slope_form(4224, 1536, 1024, "silu")
     case(20000, 128, 256)   # the short-K backward, 625 tiles of 32 rows
     torch.cuda.synchronize()
     print("sanitize_act: ok")

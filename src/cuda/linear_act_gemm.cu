@@ -30,13 +30,6 @@ constexpr int GM_BM = 128, GM_BN = 256, GM_BK = 64, GM_STAGES = 3, GM_THREADS = 
 constexpr int GM_A = GM_BM * GM_BK * 2, GM_B = GM_BN * GM_BK * 2, GM_STAGE = GM_A + GM_B;
 constexpr int GM_CHUNK = 64 * 64 * 2; /* one epilogue chunk: 64 rows × 64 columns */
 constexpr int GM_EPI_THREADS = 96;    /* the producer warpgroup's warps 1–3 */
-
-/* What the kernel does besides the product:
-   PLAIN  forward: pre (when kept) and y = act(pre); backward: dx / dw from the stored g
-   SLOPE  forward of the slope form (FG_PLAN_ACT_SLOPE): y = act(pre) and s = act′(pre) where
-          pre would go (measured free: 1.546 against 1.540 ms at 8192 × 4096 × 16384) */
-enum { GM_PLAIN, GM_SLOPE };
-
 /* stages, then the tile's rounded product (pre) as 2 × 4 chunks (one set per consumer
    warpgroup), two chunks for y (a chunk's store reads one while the next fills the other),
    the tile's bias per consumer warpgroup; + alignment */
@@ -61,22 +54,16 @@ __device__ __forceinline__ void gm_tile(int t, const gm_args &a, int &tr, int &t
 __device__ __forceinline__ void wg_sync(int c) { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + c) : "memory"); }
 __device__ __forceinline__ void epi_sync() { asm volatile("bar.sync 3, %0;\n" ::"n"(GM_EPI_THREADS) : "memory"); }
 
-/* y = act(pre) for 8 values (16 bytes); SLOPE: also v = act′(pre) in place (in registers) */
-template <typename T, int ACT, bool SLOPE> __device__ __forceinline__ uint4 act8(uint4 &v) {
-    uint4 y = v;
-    uint32_t *u = reinterpret_cast<uint32_t *>(&y), *us = reinterpret_cast<uint32_t *>(&v);
+/* y = act(pre) for 8 values (16 bytes) */
+template <typename T, int ACT> __device__ __forceinline__ uint4 act8(uint4 v) {
+    uint32_t *u = reinterpret_cast<uint32_t *>(&v);
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         T *e = reinterpret_cast<T *>(&u[i]), o[2];
-        const float p0 = to_acc(e[0]), p1 = to_acc(e[1]);
-        from_acc2<T>(act_value(ACT, p0), act_value(ACT, p1), o);
+        from_acc2<T>(act_value(ACT, to_acc(e[0])), act_value(ACT, to_acc(e[1])), o);
         u[i] = *reinterpret_cast<uint32_t *>(o);
-        if constexpr (SLOPE) {
-            from_acc2<T>(act_slope(ACT, p0), act_slope(ACT, p1), o);
-            us[i] = *reinterpret_cast<uint32_t *>(o);
-        }
     }
-    return y;
+    return v;
 }
 
 /* out[rows, cols] = A·B over a.k, A's tile 128 rows and B's 256 columns. TA / TB 0: the operand
@@ -87,7 +74,7 @@ template <typename T, int ACT, bool SLOPE> __device__ __forceinline__ uint4 act8
    0–63 / 64–127 and leave the tile rounded (+ bias) in shared memory; warps 1–3 store it (pre,
    or the output itself for ACT none) and compute and store y = act(pre) from there, while the
    consumers already run the next tile's products. */
-template <typename T, int ACT, int TA, int TB, int MODE>
+template <typename T, int ACT, int TA, int TB>
 __global__ void __launch_bounds__(GM_THREADS, 1)
     act_gemm_kernel(const __grid_constant__ CUtensorMap mx, const __grid_constant__ CUtensorMap mw,
                     const __grid_constant__ CUtensorMap mpre, const __grid_constant__ CUtensorMap my, gm_args a) {
@@ -142,7 +129,7 @@ __global__ void __launch_bounds__(GM_THREADS, 1)
                 mbar_wait(&epi_full[c], fph);
                 unsigned char *pc = staged + c * 4 * GM_CHUNK;
                 const int c1 = tr * GM_BM + c * 64;
-                if (ACT == FG_ACT_NONE || (a.write_pre && MODE != GM_SLOPE)) {
+                if (ACT == FG_ACT_NONE || a.write_pre) {
                     if (et == 0) { /* the rounded product as it is: pre, or the output of ACT none */
                         for (int q = 0; q < 4; q++) tma_store_2d(ACT == FG_ACT_NONE ? &my : &mpre, pc + q * GM_CHUNK, tc * GM_BN + q * 64, c1);
                         tma_store_commit();
@@ -150,25 +137,16 @@ __global__ void __launch_bounds__(GM_THREADS, 1)
                 }
                 if (ACT != FG_ACT_NONE)
                     for (int q = 0; q < 4; q++, slot ^= 1) {
-                        /* PLAIN: y's chunk alternates between the two buffers; SLOPE: y in the
-                           first, s in the second, both stored before the next chunk's fill */
-                        unsigned char *yc = ybuf + (MODE == GM_SLOPE ? 0 : slot) * GM_CHUNK, *sc = ybuf + GM_CHUNK;
-                        if (et == 0) { /* the store that last read yc (and sc) is done */
-                            if (MODE == GM_SLOPE) tma_store_wait_read<0>();
-                            else tma_store_wait_read<1>();
-                        }
+                        unsigned char *yc = ybuf + slot * GM_CHUNK;
+                        if (et == 0) tma_store_wait_read<1>(); /* the store that last read yc is done */
                         epi_sync();
-                        /* y, s and pre share the swizzled layout: each 16 bytes map to the same place */
-                        for (int i = et; i < GM_CHUNK / 16; i += GM_EPI_THREADS) {
-                            uint4 v = reinterpret_cast<const uint4 *>(pc + q * GM_CHUNK)[i];
-                            reinterpret_cast<uint4 *>(yc)[i] = act8<T, ACT, MODE == GM_SLOPE>(v);
-                            if (MODE == GM_SLOPE) reinterpret_cast<uint4 *>(sc)[i] = v;
-                        }
+                        /* y and pre share the swizzled layout: each 16 bytes map to the same place */
+                        for (int i = et; i < GM_CHUNK / 16; i += GM_EPI_THREADS)
+                            reinterpret_cast<uint4 *>(yc)[i] = act8<T, ACT>(reinterpret_cast<const uint4 *>(pc + q * GM_CHUNK)[i]);
                         tma_store_fence();
                         epi_sync();
                         if (et == 0) {
                             tma_store_2d(&my, yc, tc * GM_BN + q * 64, c1);
-                            if (MODE == GM_SLOPE) tma_store_2d(&mpre, sc, tc * GM_BN + q * 64, c1);
                             tma_store_commit();
                         }
                     }
@@ -176,7 +154,7 @@ __global__ void __launch_bounds__(GM_THREADS, 1)
                 epi_sync();
                 if (et == 0) {
                     if (ACT == FG_ACT_NONE) tma_store_wait_read<0>();
-                    else if (MODE == GM_PLAIN) tma_store_wait_read<2>(); /* (older than y's last two chunks: pc's pre) */
+                    else tma_store_wait_read<2>(); /* (older than y's last two chunks: pc's pre) */
                     mbar_arrive(&epi_empty[c]);
                 }
             }
@@ -292,9 +270,9 @@ extern "C" bool fg_cuda_act_gemm_fits(int device, fg_dtype dtype, fg_act_step st
 #endif
 }
 
-template <typename T, int ACT, int TA, int TB, int MODE>
+template <typename T, int ACT, int TA, int TB>
 static cudaError_t gm_launch(const CUtensorMap *maps, const gm_args &a, int blocks, cudaStream_t s) {
-    auto kernel = act_gemm_kernel<T, ACT, TA, TB, MODE>;
+    auto kernel = act_gemm_kernel<T, ACT, TA, TB>;
     const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GM_SMEM);
     if (e != cudaSuccess) return e;
     kernel<<<blocks, GM_THREADS, GM_SMEM, s>>>(maps[0], maps[1], maps[2], maps[3], a);
@@ -302,15 +280,11 @@ static cudaError_t gm_launch(const CUtensorMap *maps, const gm_args &a, int bloc
 }
 
 template <typename T>
-static cudaError_t gm_dispatch(const fg_act_call *c, const CUtensorMap *maps, const gm_args &a, int blocks,
+static cudaError_t gm_dispatch(fg_act_step step, int act, const CUtensorMap *maps, const gm_args &a, int blocks,
                                cudaStream_t s) {
-    if (c->step == FG_ACT_STEP_GEMM_INPUT) return gm_launch<T, FG_ACT_NONE, 0, 1, GM_PLAIN>(maps, a, blocks, s);
-    if (c->step == FG_ACT_STEP_GEMM_WEIGHT) return gm_launch<T, FG_ACT_NONE, 1, 1, GM_PLAIN>(maps, a, blocks, s);
-    return with_act(c->act, [&](auto f) {
-        constexpr int ACT = decltype(f)::value;
-        return c->slope_out ? gm_launch<T, ACT, 0, 0, GM_SLOPE>(maps, a, blocks, s)
-                            : gm_launch<T, ACT, 0, 0, GM_PLAIN>(maps, a, blocks, s);
-    });
+    if (step == FG_ACT_STEP_GEMM_INPUT) return gm_launch<T, FG_ACT_NONE, 0, 1>(maps, a, blocks, s);
+    if (step == FG_ACT_STEP_GEMM_WEIGHT) return gm_launch<T, FG_ACT_NONE, 1, 1>(maps, a, blocks, s);
+    return with_act(act, [&](auto f) { return gm_launch<T, decltype(f)::value, 0, 0>(maps, a, blocks, s); });
 }
 
 /* GEMM_FORWARD: rows N, k K, cols M; GEMM_INPUT: rows N, k M, cols K (g [N, M], w [M, K]);
@@ -324,7 +298,6 @@ extern "C" fg_status fg_cuda_act_gemm(fg_context *ctx, const fg_act_call *c) {
     a.n = c->rows, a.m = c->cols, a.k = (int)c->k;
     a.tiles_r = (int)((c->rows + GM_BM - 1) / GM_BM), a.tiles_c = (int)((c->cols + GM_BN - 1) / GM_BN);
     const bool fwd = c->step == FG_ACT_STEP_GEMM_FORWARD;
-    if (fwd && c->slope_out && !c->pre) return fg_fail(FG_ERR_INTERNAL, "cuda linear_act: the slope form needs pre");
     a.bias = fwd ? c->b : nullptr;
     a.write_pre = fwd && c->pre != nullptr;
     void *out = fwd ? c->y : c->step == FG_ACT_STEP_GEMM_INPUT ? c->dx : c->dw;
@@ -343,7 +316,7 @@ extern "C" fg_status fg_cuda_act_gemm(fg_context *ctx, const fg_act_call *c) {
                        (long long)c->rows, (long long)c->k, (long long)c->cols);
     const int tiles = a.tiles_r * a.tiles_c, sms = gm_sms(ctx->device);
     const int blocks = tiles < sms ? tiles : sms;
-    cudaError_t e = c->dtype == FG_F16 ? gm_dispatch<__half>(c, maps, a, blocks, ctx->cuda->stream)
-                                       : gm_dispatch<__nv_bfloat16>(c, maps, a, blocks, ctx->cuda->stream);
+    cudaError_t e = c->dtype == FG_F16 ? gm_dispatch<__half>(c->step, c->act, maps, a, blocks, ctx->cuda->stream)
+                                       : gm_dispatch<__nv_bfloat16>(c->step, c->act, maps, a, blocks, ctx->cuda->stream);
     return e == cudaSuccess ? FG_OK : fg_cuda_fail(e, "linear_act sm_90a GEMM");
 }

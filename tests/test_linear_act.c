@@ -344,10 +344,17 @@ static void wide_forward(fg_context *ctx, fg_backend be, fg_dtype dt) {
 
 /* The backward of a layer large enough for the sm_90a GEMM's dx = g·w and dw = gᵀ·x (each a
  * full wave of 128 × 256 tiles, ≥ 6e9 multiply-adds; reductions M = 2440 and N = 4200 end in
- * partial 64-wide slices, rows and columns in partial tiles), from a kept pre: acts none and
- * silu, aligned and misaligned (cuBLASLt's products). dx on every 37th row and the last three,
- * dw on every 37th row of its M and the last three, db whole, all against f64; every element
- * of dx and dw written; on a 9.0 device with an sm_90a build the plan must name both kernels. */
+ * partial 64-wide slices, rows and columns in partial tiles). Aligned, every activation from a
+ * kept pre: dx's product forms g itself (GEMM_INPUT_FORM) for all but none; for silu also with
+ * pre consumed (g in pre's memory), with dx alone (no db sums), with pre recomputed (the
+ * reference's pre is then the forward's, as the recomputing backward rounds it too), and twice
+ * with the same bits. Misaligned (cuBLASLt's products and the pass): none and silu. dx on every
+ * 37th row and the last three, dw on every 37th row of its M and the last three, db whole, all
+ * against f64; every element of dx and dw written; on a 9.0 device with an sm_90a build the plan
+ * must name the kernels. */
+enum { WB_KEEP, WB_CONSUME, WB_DX_ONLY, WB_RECOMPUTE, WB_TWICE, WB_MODES };
+static const char *wb_mode_names[WB_MODES] = {"", " pre consumed", " dx only", " pre recomputed", " twice"};
+
 static void wide_backward(fg_context *ctx, fg_backend be, fg_dtype dt) {
     const int64_t N = 4200, K = 1544, M = 2440;
     int64_t rn[160], rm[160], nn = 0, nm = 0;
@@ -358,59 +365,88 @@ static void wide_backward(fg_context *ctx, fg_backend be, fg_dtype dt) {
     double *g = malloc(sizeof(double) * (size_t)(N * M)), *rdx = malloc(sizeof(double) * (size_t)(nn * K));
     double *rdw = malloc(sizeof(double) * (size_t)(nm * K)), *rdb = malloc(sizeof(double) * (size_t)M);
     double *got = malloc(sizeof(double) * (size_t)(N * K)), *sub = malloc(sizeof(double) * (size_t)(160 * K));
-    const int acts[2] = {FG_ACT_NONE, FG_ACT_SILU};
+    double *pv = malloc(sizeof(double) * (size_t)(N * M));
     for (int layout = 0; layout <= 3; layout += 3) {
         int64_t xs[2] = {N, K}, ws[2] = {M, K}, bs[1] = {M}, ys[2] = {N, M};
         th_operand x = th_make(be, dt, 2, xs, layout), w = th_make(be, dt, 2, ws, layout), b = th_make(be, dt, 1, bs, layout);
         th_operand dy = th_make(be, dt, 2, ys, layout), pre = th_make(be, dt, 2, ys, layout);
         th_operand dx = th_make(be, dt, 2, xs, layout), dw = th_make(be, dt, 2, ws, layout), db = th_make(be, dt, 1, bs, layout);
+        th_operand y = th_make(be, dt, 2, ys, layout);
         th_randomize(&x), th_randomize(&w), th_randomize(&b), th_randomize(&dy), th_randomize(&pre);
         for (int64_t i = 0; i < pre.n; i++) pre.v[i] = (pre.v[i] - 0.25) * 4.0;
         th_round(dt, pre.v, pre.n);
-        th_put(&pre.buf, &pre.t, pre.v);
-        for (int ai = 0; ai < 2; ai++) {
-            const int act = acts[ai];
-            char lab[160];
-            snprintf(lab, sizeof lab, "large backward %s %s %s N=%lld K=%lld M=%lld%s", act_names[act], th_backend_name(be),
-                     fg_dtype_name(dt), (long long)N, (long long)K, (long long)M, layout ? " misaligned" : "");
-            for (int64_t i = 0; i < N * M; i++) g[i] = dy.v[i] * (double)ref_slope(act, pre.v[i]);
-            memset(rdx, 0, sizeof(double) * (size_t)(nn * K));
-            memset(rdw, 0, sizeof(double) * (size_t)(nm * K));
-            memset(rdb, 0, sizeof(double) * (size_t)M);
-            for (int64_t r = 0; r < nn; r++)
-                for (int64_t m = 0; m < M; m++)
-                    for (int64_t k = 0; k < K; k++) rdx[r * K + k] += g[rn[r] * M + m] * w.v[m * K + k];
-            for (int64_t n = 0; n < N; n++) {
-                for (int64_t m = 0; m < M; m++) rdb[m] += g[n * M + m];
-                for (int64_t r = 0; r < nm; r++)
-                    for (int64_t k = 0; k < K; k++) rdw[r * K + k] += g[n * M + rm[r]] * x.v[n * K + k];
-            }
-            th_poison(&dx.buf), th_poison(&dw.buf), th_poison(&db.buf);
-            TH_OK(fg_linear_act_backward(ctx, (fg_activation)act, &dy.t, &pre.t, &x.t, &w.t, &b.t, &dx.t, &dw.t, &db.t, 0));
-            for (int o = 0; o < 2; o++) {
-                const int64_t rows = o ? M : N, nr = o ? nm : nn, *list = o ? rm : rn;
-                th_get(o ? &dw.buf : &dx.buf, o ? &dw.t : &dx.t, got);
-                bool written = true; /* every element, not just the sampled rows (poisoned: NaN) */
-                for (int64_t i = 0; i < rows * K && written; i++) written = got[i] == got[i];
-                for (int64_t r = 0; r < nr; r++) memcpy(sub + r * K, got + list[r] * K, sizeof(double) * (size_t)K);
-                const double err = th_relerr(sub, o ? rdw : rdx, nr * K);
-                TH_CHECK(written && err <= th_tol(dt, false), "%s %s: relerr %.3g (all written: %d)", o ? "dw" : "dx", lab, err,
-                         (int)written);
-            }
-            th_verify("db", &db, rdb, th_tol(dt, false), lab);
+        for (int act = 0; act <= FG_ACT_TANH; act++)
+            for (int mode = 0; mode < WB_MODES; mode++) {
+                if (layout ? act != FG_ACT_NONE && act != FG_ACT_SILU || mode != WB_KEEP
+                           : mode != WB_KEEP && act != FG_ACT_SILU)
+                    continue;
+                char lab[200];
+                snprintf(lab, sizeof lab, "large backward %s %s %s N=%lld K=%lld M=%lld%s%s", act_names[act],
+                         th_backend_name(be), fg_dtype_name(dt), (long long)N, (long long)K, (long long)M,
+                         layout ? " misaligned" : "", wb_mode_names[mode]);
+                const double *p = pre.v;
+                if (mode == WB_RECOMPUTE) { /* the forward's pre (the recomputation rounds it as well) */
+                    TH_OK(fg_linear_act_forward(ctx, (fg_activation)act, &x.t, &w.t, &b.t, &y.t, &pre.t));
+                    th_get(&pre.buf, &pre.t, pv);
+                    p = pv;
+                } else
+                    th_put(&pre.buf, &pre.t, pre.v); /* (again: the consuming mode overwrites it) */
+                const bool want_w = mode != WB_DX_ONLY;
+                for (int64_t i = 0; i < N * M; i++) g[i] = dy.v[i] * (double)ref_slope(act, p[i]);
+                memset(rdx, 0, sizeof(double) * (size_t)(nn * K));
+                memset(rdw, 0, sizeof(double) * (size_t)(nm * K));
+                memset(rdb, 0, sizeof(double) * (size_t)M);
+                for (int64_t r = 0; r < nn; r++)
+                    for (int64_t m = 0; m < M; m++)
+                        for (int64_t k = 0; k < K; k++) rdx[r * K + k] += g[rn[r] * M + m] * w.v[m * K + k];
+                for (int64_t n = 0; n < N && want_w; n++) {
+                    for (int64_t m = 0; m < M; m++) rdb[m] += g[n * M + m];
+                    for (int64_t r = 0; r < nm; r++)
+                        for (int64_t k = 0; k < K; k++) rdw[r * K + k] += g[n * M + rm[r]] * x.v[n * K + k];
+                }
+                th_poison(&dx.buf), th_poison(&dw.buf), th_poison(&db.buf);
+                const fg_tensor *tdw = want_w ? &dw.t : NULL, *tdb = want_w ? &db.t : NULL;
+                if (mode == WB_CONSUME)
+                    TH_OK(fg_linear_act_backward_consume(ctx, (fg_activation)act, &dy.t, &pre.t, &x.t, &w.t, &b.t, &dx.t,
+                                                         tdw, tdb, 0));
+                else
+                    TH_OK(fg_linear_act_backward(ctx, (fg_activation)act, &dy.t, mode == WB_RECOMPUTE ? NULL : &pre.t, &x.t,
+                                                 &w.t, &b.t, &dx.t, tdw, tdb, 0));
+                for (int o = 0; o < (want_w ? 2 : 1); o++) {
+                    const int64_t rows = o ? M : N, nr = o ? nm : nn, *list = o ? rm : rn;
+                    th_get(o ? &dw.buf : &dx.buf, o ? &dw.t : &dx.t, got);
+                    bool written = true; /* every element, not just the sampled rows (poisoned: NaN) */
+                    for (int64_t i = 0; i < rows * K && written; i++) written = got[i] == got[i];
+                    for (int64_t r = 0; r < nr; r++) memcpy(sub + r * K, got + list[r] * K, sizeof(double) * (size_t)K);
+                    const double err = th_relerr(sub, o ? rdw : rdx, nr * K);
+                    TH_CHECK(written && err <= th_tol(dt, false), "%s %s: relerr %.3g (all written: %d)", o ? "dw" : "dx", lab,
+                             err, (int)written);
+                }
+                if (want_w) th_verify("db", &db, rdb, th_tol(dt, false), lab);
+                if (mode == WB_TWICE) { /* the same bits again (g's units are handed out as blocks ask) */
+                    void *snap[3] = {th_snapshot(&dx.buf), th_snapshot(&dw.buf), th_snapshot(&db.buf)};
+                    TH_OK(fg_linear_act_backward(ctx, (fg_activation)act, &dy.t, &pre.t, &x.t, &w.t, &b.t, &dx.t, &dw.t,
+                                                 &db.t, 0));
+                    TH_CHECK(th_unchanged(&dx.buf, snap[0]) && th_unchanged(&dw.buf, snap[1]) &&
+                                 th_unchanged(&db.buf, snap[2]),
+                             "%s: a second run gave other bits", lab);
+                    free(snap[0]), free(snap[1]), free(snap[2]);
+                }
 #ifdef FG_TEST_HAVE_SM90A
-            if (layout == 0) { /* the path: the plan names its kernels */
-                fg_plan_info info;
-                backward_plan(ctx, act, &dy, &pre.t, &x, &w, &b, &dx, &dw, &db, &info);
-                if (info.arch == 90)
-                    TH_CHECK(strstr(info.kernel, "gemm90_dx") != NULL && strstr(info.kernel, "gemm90_dw") != NULL,
-                             "%s: the plan runs %s, not the sm_90a GEMMs", lab, info.kernel);
-            }
+                if (layout == 0 && mode == WB_KEEP) { /* the path: the plan names its kernels */
+                    fg_plan_info info;
+                    backward_plan(ctx, act, &dy, &pre.t, &x, &w, &b, &dx, &dw, &db, &info);
+                    const char *dx_kernel = act == FG_ACT_NONE ? "gemm90_dx_none" : "gemm90_dx_formed_g";
+                    if (info.arch == 90)
+                        TH_CHECK(strstr(info.kernel, dx_kernel) != NULL && strstr(info.kernel, "gemm90_dw") != NULL,
+                                 "%s: the plan runs %s, not the sm_90a GEMMs (%s)", lab, info.kernel, dx_kernel);
+                }
 #endif
-        }
+            }
         th_drop(&x), th_drop(&w), th_drop(&b), th_drop(&dy), th_drop(&pre), th_drop(&dx), th_drop(&dw), th_drop(&db);
+        th_drop(&y);
     }
-    free(g), free(rdx), free(rdw), free(rdb), free(got), free(sub);
+    free(g), free(rdx), free(rdw), free(rdb), free(got), free(sub), free(pv);
 }
 
 /* CUDA's one-kernel backward over many row tiles (36000 rows: 1125 tiles of 32, ≥ 8 a block,

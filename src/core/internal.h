@@ -318,7 +318,10 @@ fg_status fg_cuda_logp(fg_context *ctx, const fg_logp_call *c);
  * (pointers 16-byte aligned, outputs written, never added to):
  *   GEMM_FORWARD  as TILE_FORWARD, any K
  *   GEMM_INPUT    dx[rows, cols] = g[rows, k]·w[k, cols]      (rows N, k M, cols K)
- *   GEMM_WEIGHT   dw[rows, cols] = g[k, rows]ᵀ·x[k, cols]     (rows M, k N, cols K) */
+ *   GEMM_WEIGHT   dw[rows, cols] = g[k, rows]ᵀ·x[k, cols]     (rows M, k N, cols K)
+ *   GEMM_INPUT_FORM  GEMM_INPUT with g = dy ⊙ act′(pre) formed inside (written to g, which may
+ *                 be pre; act not none) and db's f32 sums into db_acc (or none); scratch:
+ *                 fg_cuda_act_form_scratch */
 typedef enum fg_act_step {
     FG_ACT_STEP_FORWARD,
     FG_ACT_STEP_GRAD,
@@ -329,7 +332,8 @@ typedef enum fg_act_step {
     FG_ACT_STEP_TILE_BACKWARD90,
     FG_ACT_STEP_GEMM_FORWARD,
     FG_ACT_STEP_GEMM_INPUT,
-    FG_ACT_STEP_GEMM_WEIGHT
+    FG_ACT_STEP_GEMM_WEIGHT,
+    FG_ACT_STEP_GEMM_INPUT_FORM
 } fg_act_step;
 
 typedef struct fg_act_call {
@@ -375,6 +379,8 @@ bool fg_cuda_act_bwd90_fits(int device, fg_dtype dtype, int64_t k, int64_t cols)
 fg_status fg_cuda_act_bwd90(fg_context *ctx, const fg_act_call *c);
 bool fg_cuda_act_gemm_fits(int device, fg_dtype dtype, fg_act_step step, int64_t rows, int64_t k, int64_t cols);
 fg_status fg_cuda_act_gemm(fg_context *ctx, const fg_act_call *c);
+/* GEMM_INPUT_FORM's scratch (rows N, k M): its unit flags, and db's per-row-tile sums */
+size_t fg_cuda_act_form_scratch(int64_t rows, int64_t k, bool want_db);
 #endif
 
 /* ------------------------------------------------------------------ op lowering */

@@ -110,7 +110,8 @@ fg_status fg_cpu_act(fg_context *ctx, const fg_act_call *c) {
     case FG_ACT_STEP_TILE_BACKWARD90:
     case FG_ACT_STEP_GEMM_FORWARD:
     case FG_ACT_STEP_GEMM_INPUT:
-    case FG_ACT_STEP_GEMM_WEIGHT: break;
+    case FG_ACT_STEP_GEMM_WEIGHT:
+    case FG_ACT_STEP_GEMM_INPUT_FORM: break;
     }
     return fg_fail(FG_ERR_INTERNAL, "cpu linear_act: unknown step %d", (int)c->step);
 }

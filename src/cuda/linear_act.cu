@@ -241,7 +241,8 @@ extern "C" fg_status fg_cuda_act(fg_context *ctx, const fg_act_call *c) {
     if (c->step == FG_ACT_STEP_TILE_FORWARD || c->step == FG_ACT_STEP_TILE_GRAD) return fg_cuda_act_tile(ctx, c);
     if (c->step == FG_ACT_STEP_TILE_BACKWARD) return fg_cuda_act_bwd_tile(ctx, c);
     if (c->step == FG_ACT_STEP_TILE_BACKWARD90) return fg_cuda_act_bwd90(ctx, c);
-    if (c->step == FG_ACT_STEP_GEMM_FORWARD || c->step == FG_ACT_STEP_GEMM_INPUT || c->step == FG_ACT_STEP_GEMM_WEIGHT)
+    if (c->step == FG_ACT_STEP_GEMM_FORWARD || c->step == FG_ACT_STEP_GEMM_INPUT || c->step == FG_ACT_STEP_GEMM_WEIGHT ||
+        c->step == FG_ACT_STEP_GEMM_INPUT_FORM)
         return fg_cuda_act_gemm(ctx, c);
     fg_device_guard guard(ctx->device);
     cudaStream_t s = ctx->cuda->stream;

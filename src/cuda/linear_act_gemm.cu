@@ -25,8 +25,15 @@
 #include "cuda_internal.h"
 #include "elem.cuh"
 #include "sm90.cuh"
+#include "sums.cuh"
+
+#include <stdlib.h>
+#include <string.h>
 
 constexpr int GM_BM = 128, GM_BN = 256, GM_BK = 64, GM_STAGES = 3, GM_THREADS = 384, GM_GROUP = 16;
+constexpr int GM_FORM_ROWS = 32;                  /* a g unit's dy / pre boxes: 32 rows × 64 columns */
+constexpr int GM_FORM_BOX = GM_FORM_ROWS * GM_BK * 2;
+static_assert(2 * 2 * GM_FORM_BOX == 2 * 64 * 64 * 2, "the g ring (two stages of a dy and a pre box) fills the two y chunks");
 constexpr int GM_A = GM_BM * GM_BK * 2, GM_B = GM_BN * GM_BK * 2, GM_STAGE = GM_A + GM_B;
 constexpr int GM_CHUNK = 64 * 64 * 2; /* one epilogue chunk: 64 rows × 64 columns */
 constexpr int GM_EPI_THREADS = 96;    /* the producer warpgroup's warps 1–3 */
@@ -38,15 +45,21 @@ constexpr size_t GM_SMEM = (size_t)GM_STAGES * GM_STAGE + 8 * GM_CHUNK + 2 * GM_
 struct gm_args {
     const void *bias;
     int64_t n, m;
-    int k, tiles_r, tiles_c;
+    int k, tiles_r, tiles_c, group;
     bool write_pre;
+    /* GEMM_INPUT_FORM: g = dy ⊙ act′(pre) written here (row stride k) by the blocks' spare
+       warps, unit by unit; a unit's flag (row tile × 64-wide K slice) says it is in memory;
+       `next` hands out units; part: db's per-row-tile column sums (or null) */
+    void *g;
+    int *flags, *next;
+    float *part;
 };
 
 /* tile t of the persistent walk → (row tile, column tile): column-major inside bands of
    GM_GROUP row tiles, so the blocks running at once share x's and w's rows in L2 */
 __device__ __forceinline__ void gm_tile(int t, const gm_args &a, int &tr, int &tc) {
-    const int per = GM_GROUP * a.tiles_c, g = t / per, r0 = g * GM_GROUP;
-    const int gs = min(GM_GROUP, a.tiles_r - r0), in = t - g * per;
+    const int per = a.group * a.tiles_c, g = t / per, r0 = g * a.group;
+    const int gs = min(a.group, a.tiles_r - r0), in = t - g * per;
     tr = r0 + in % gs;
     tc = in / gs;
 }
@@ -66,6 +79,106 @@ template <typename T, int ACT> __device__ __forceinline__ uint4 act8(uint4 v) {
     return v;
 }
 
+/* g unit u in the order the tile walk first needs them: per band of a.group row tiles, K slice
+   by K slice, every row tile of the band at one slice before the next slice */
+__device__ __forceinline__ void gm_unit(int u, int ktiles, const gm_args &a, int &tr, int &ks) {
+    const int per = a.group * ktiles, g = u / per, r0 = g * a.group;
+    const int gs = min(a.group, a.tiles_r - r0), in = u - g * per;
+    tr = r0 + in % gs;
+    ks = in / gs;
+}
+
+/* GEMM_INPUT_FORM's spare warps (the producer warpgroup's warps 1–3, 96 threads) make the
+   product's A operand, g = dy ⊙ act′(pre), while the consumers multiply: units of one row tile
+   × one 64-wide K slice, taken from a.next in the walk's order (any block may take any unit,
+   so no block ever waits for one that is not running); dy's and pre's 32-row boxes come by
+   TMA through a two-stage ring (16 KB, where the forward's y chunks live); g goes to global
+   memory from registers, db's column sums of the unit to a.part (shuffles, then the three
+   warps in order: deterministic), and the unit's flag is released for the producers that wait
+   on it. Nothing here waits on another block. */
+template <typename T, int GACT>
+__device__ __forceinline__ void gm_form(const CUtensorMap *mdy, const CUtensorMap *mps, const gm_args &a, int ktiles,
+                                        unsigned char *ring, uint64_t *hfull, int *hunit, float (*red)[64]) {
+    const int et = threadIdx.x - 32, lane = threadIdx.x & 31, w = et >> 5, ch = et & 7;
+    const int units = a.tiles_r * ktiles;
+    int iu = 0; /* (thread 0: the unit being loaded) */
+    auto issue = [&](int b) { /* box b of this block's sequence (sub-box b % 4 of a unit) into stage b % 2 */
+        const int st = b & 1, sub = b & 3;
+        if (sub == 0) iu = atomicAdd(a.next, 1);
+        if (iu >= units) {
+            hunit[st] = -1;
+            mbar_arrive(&hfull[st]);
+            return;
+        }
+        int tr, ks;
+        gm_unit(iu, ktiles, a, tr, ks);
+        hunit[st] = iu * 4 + sub;
+        unsigned char *dst = ring + st * 2 * GM_FORM_BOX;
+        mbar_expect_tx(&hfull[st], 2 * GM_FORM_BOX);
+        tma_load_2d(dst, mdy, &hfull[st], ks * GM_BK, tr * GM_BM + sub * GM_FORM_ROWS);
+        tma_load_2d(dst + GM_FORM_BOX, mps, &hfull[st], ks * GM_BK, tr * GM_BM + sub * GM_FORM_ROWS);
+    };
+    if (et == 0) issue(0), issue(1);
+    float cs[8];
+#pragma unroll
+    for (int e = 0; e < 8; e++) cs[e] = 0.f;
+    for (int b = 0;; b++) {
+        const int st = b & 1;
+        mbar_wait(&hfull[st], (b >> 1) & 1);
+        const int code = hunit[st];
+        if (code < 0) break;
+        const int sub = code & 3;
+        int tr, ks;
+        gm_unit(code >> 2, ktiles, a, tr, ks);
+        const unsigned char *sd = ring + st * 2 * GM_FORM_BOX, *sp = sd + GM_FORM_BOX;
+        const int64_t col = (int64_t)ks * GM_BK + ch * 8;
+        /* the box's 32 rows × 8 16-byte pieces: thread et takes pieces et, et + 96, et + 192, all
+           in its column piece ch (rows and columns past the tensors are TMA's zeros: they add
+           nothing to the sums and are not stored) */
+#pragma unroll
+        for (int j = 0; j < 3; j++) {
+            const int idx = et + 96 * j;
+            if (idx < GM_FORM_ROWS * 8) {
+                const int r = idx >> 3, off = r * 128 + ((ch ^ (r & 7)) << 4);
+                const int64_t row = (int64_t)tr * GM_BM + sub * GM_FORM_ROWS + r;
+                const uint4 vd = *reinterpret_cast<const uint4 *>(sd + off), vp = *reinterpret_cast<const uint4 *>(sp + off);
+                const T *d = reinterpret_cast<const T *>(&vd), *p = reinterpret_cast<const T *>(&vp);
+                uint4 vo;
+                T *o = reinterpret_cast<T *>(&vo);
+#pragma unroll
+                for (int e = 0; e < 8; e += 2) {
+                    const float g0 = to_acc(d[e]) * act_slope(GACT, to_acc(p[e]));
+                    const float g1 = to_acc(d[e + 1]) * act_slope(GACT, to_acc(p[e + 1]));
+                    cs[e] += g0, cs[e + 1] += g1;
+                    from_acc2<T>(g0, g1, &o[e]);
+                }
+                if (row < a.n && col < a.k) *reinterpret_cast<uint4 *>(static_cast<T *>(a.g) + row * a.k + col) = vo;
+            }
+        }
+        if (sub == 3) { /* the unit's last box: its g in memory, its column sums to red */
+            __threadfence();
+            fence_proxy_global();
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                cs[e] += __shfl_xor_sync(0xffffffffu, cs[e], 8);
+                cs[e] += __shfl_xor_sync(0xffffffffu, cs[e], 16);
+            }
+            if (lane < 8)
+#pragma unroll
+                for (int e = 0; e < 8; e++) red[w][lane * 8 + e] = cs[e];
+#pragma unroll
+            for (int e = 0; e < 8; e++) cs[e] = 0.f;
+        }
+        epi_sync(); /* the stage read by all (and red written) */
+        if (et == 0) issue(b + 2);
+        if (sub == 3) {
+            if (et == 0) flag_release(a.flags + (int64_t)tr * ktiles + ks, 1);
+            const int64_t c = (int64_t)ks * GM_BK + et;
+            if (a.part && et < 64 && c < a.k) a.part[(int64_t)tr * a.k + c] = (red[0][et] + red[1][et]) + red[2][et];
+        }
+    }
+}
+
 /* out[rows, cols] = A·B over a.k, A's tile 128 rows and B's 256 columns. TA / TB 0: the operand
    is stored K-major (A as [rows, k], B as [cols, k]), loaded in one box of 64 K × 128 / 256 rows;
    1: stored MN-major (A as [k, rows], B as [k, cols]), loaded in boxes of 64 MN × 64 K, one per
@@ -73,23 +186,31 @@ template <typename T, int ACT> __device__ __forceinline__ uint4 act8(uint4 v) {
    Roles: warp 0's first thread loads the stages; warpgroups 1 and 2 run the products of rows
    0–63 / 64–127 and leave the tile rounded (+ bias) in shared memory; warps 1–3 store it (pre,
    or the output itself for ACT none) and compute and store y = act(pre) from there, while the
-   consumers already run the next tile's products. */
-template <typename T, int ACT, int TA, int TB>
+   consumers already run the next tile's products.
+   GACT ≥ 0 (GEMM_INPUT_FORM, ACT none, A = g K-major): warps 1–3 form g instead (gm_form), the
+   producer waits for each A slice's unit flag, and the consumers store their own tiles. */
+template <typename T, int ACT, int TA, int TB, int GACT>
 __global__ void __launch_bounds__(GM_THREADS, 1)
     act_gemm_kernel(const __grid_constant__ CUtensorMap mx, const __grid_constant__ CUtensorMap mw,
-                    const __grid_constant__ CUtensorMap mpre, const __grid_constant__ CUtensorMap my, gm_args a) {
+                    const __grid_constant__ CUtensorMap mpre, const __grid_constant__ CUtensorMap my,
+                    const __grid_constant__ CUtensorMap mdy, const __grid_constant__ CUtensorMap mps, gm_args a) {
 #ifdef __CUDA_ARCH_FEAT_SM90_ALL
+    constexpr bool FORM = GACT >= 0;
+    static_assert(!FORM || (ACT == FG_ACT_NONE && TA == 0), "g is formed only for dx's K-major A");
     extern __shared__ unsigned char raw[];
-    __shared__ __align__(8) uint64_t full[GM_STAGES], empty[GM_STAGES], epi_full[2], epi_empty[2];
+    __shared__ __align__(8) uint64_t full[GM_STAGES], empty[GM_STAGES], epi_full[2], epi_empty[2], hfull[2];
+    __shared__ int hunit[2];
+    __shared__ float red[FORM ? 3 : 1][64];
     unsigned char *smem = (unsigned char *)(((uintptr_t)raw + 1023) & ~(uintptr_t)1023);
     unsigned char *staged = smem + GM_STAGES * GM_STAGE, *ybuf = staged + 8 * GM_CHUNK;
     const int wg = threadIdx.x / 128, ktiles = (a.k + GM_BK - 1) / GM_BK, tiles = a.tiles_r * a.tiles_c;
     if (threadIdx.x == 0) {
         for (int s = 0; s < GM_STAGES; s++) mbar_init(&full[s], 1), mbar_init(&empty[s], 256);
-        for (int c = 0; c < 2; c++) mbar_init(&epi_full[c], 128), mbar_init(&epi_empty[c], 1);
+        for (int c = 0; c < 2; c++) mbar_init(&epi_full[c], 128), mbar_init(&epi_empty[c], 1), mbar_init(&hfull[c], 1);
         mbar_init_fence();
         tma_prefetch_map(&mx);
         tma_prefetch_map(&mw);
+        if (FORM) tma_prefetch_map(&mdy), tma_prefetch_map(&mps);
     }
     __syncthreads();
     if (wg == 0) {
@@ -101,6 +222,11 @@ __global__ void __launch_bounds__(GM_THREADS, 1)
                 int tr, tc;
                 gm_tile(t, a, tr, tc);
                 for (int kt = 0; kt < ktiles; kt++) {
+                    if constexpr (FORM) { /* g's slice made and visible */
+                        const int *f = a.flags + (int64_t)tr * ktiles + kt;
+                        while (flag_acquire(f) == 0) __nanosleep(64);
+                        fence_proxy_global();
+                    }
                     mbar_wait(&empty[s], ph ^ 1);
                     mbar_expect_tx(&full[s], GM_STAGE);
                     unsigned char *sa = smem + s * GM_STAGE, *sb = sa + GM_A;
@@ -118,6 +244,10 @@ __global__ void __launch_bounds__(GM_THREADS, 1)
             return;
         }
         if (threadIdx.x < 32) return;
+        if constexpr (FORM) {
+            gm_form<T, GACT>(&mdy, &mps, a, ktiles, ybuf, hfull, hunit, red);
+            return;
+        }
         /* ------------------------------------------------------- epilogue: warps 1–3 */
         const int et = threadIdx.x - 32;
         uint32_t fph = 0;
@@ -204,10 +334,12 @@ __global__ void __launch_bounds__(GM_THREADS, 1)
         mbar_arrive(&empty[prev]);
         /* the rounded product (+ bias) into the 4 swizzled chunks: the thread holds rows lr, lr + 8
            of the warpgroup's 64 and column pairs 8i + 2·(lane % 4); then the epilogue warps take
-           them (once they have let go of the last tile's) */
+           them (once they have let go of the last tile's); FORM: this warpgroup's thread 0 stores
+           them itself, and its last tile's stores have read pc before anyone writes it */
         const int lr = warp * 16 + (lane >> 2);
+        if (FORM && tid == 0) tma_store_wait_read<0>();
         wg_sync(c); /* bias visible */
-        mbar_wait(&epi_empty[c], eph ^ 1);
+        if (!FORM) mbar_wait(&epi_empty[c], eph ^ 1);
 #pragma unroll
         for (int q = 0; q < GM_BN / 64; q++)
 #pragma unroll
@@ -224,9 +356,14 @@ __global__ void __launch_bounds__(GM_THREADS, 1)
                 }
             }
         tma_store_fence();
-        mbar_arrive(&epi_full[c]);
-        wg_sync(c); /* every thread's bias reads done before the next tile's bias lands */
+        if (!FORM) mbar_arrive(&epi_full[c]);
+        wg_sync(c); /* every thread's bias reads done before the next tile's bias lands; FORM: pc written */
+        if (FORM && tid == 0) {
+            for (int q = 0; q < 4; q++) tma_store_2d(&my, pc + q * GM_CHUNK, tc * GM_BN + q * 64, tr * GM_BM + c * 64);
+            tma_store_commit();
+        }
     }
+    if (FORM && tid == 0) tma_store_wait_all();
 #endif
 }
 
@@ -254,6 +391,10 @@ extern "C" bool fg_cuda_act_gemm_fits(int device, fg_dtype dtype, fg_act_step st
                                       int64_t cols) {
 #ifdef FG_CUDA_HAVE_SM90A
     if (dtype != FG_F16 && dtype != FG_BF16) return false;
+    /* GEMM_INPUT_FORM numbers its g units (row tiles × K slices, ×4 sub-boxes) in an int */
+    if (step == FG_ACT_STEP_GEMM_INPUT_FORM &&
+        ((rows + GM_BM - 1) / GM_BM) * ((k + GM_BK - 1) / GM_BK) > INT32_MAX / 8)
+        return false;
     const int64_t strided = step == FG_ACT_STEP_GEMM_WEIGHT ? rows : k;
     if (k < 1 || strided % 8 != 0 || cols % 8 != 0 || rows < 1 || rows > INT32_MAX - GM_BM ||
         cols > INT32_MAX - GM_BN || k > INT32_MAX - GM_BK) /* (TMA coordinates are 32-bit, tiles included) */
@@ -270,12 +411,23 @@ extern "C" bool fg_cuda_act_gemm_fits(int device, fg_dtype dtype, fg_act_step st
 #endif
 }
 
-template <typename T, int ACT, int TA, int TB>
+/* GEMM_INPUT_FORM's scratch: the units' flags and the unit counter (zeroed before each run),
+   then db's per-row-tile column sums when db is wanted */
+static size_t form_flags_bytes(int64_t rows, int64_t k) {
+    const size_t n = (size_t)((rows + GM_BM - 1) / GM_BM) * (size_t)((k + GM_BK - 1) / GM_BK) + 4;
+    return (n * sizeof(int) + 15) & ~(size_t)15;
+}
+
+extern "C" size_t fg_cuda_act_form_scratch(int64_t rows, int64_t k, bool want_db) {
+    return form_flags_bytes(rows, k) + (want_db ? (size_t)((rows + GM_BM - 1) / GM_BM) * (size_t)k * sizeof(float) : 0);
+}
+
+template <typename T, int ACT, int TA, int TB, int GACT = -1>
 static cudaError_t gm_launch(const CUtensorMap *maps, const gm_args &a, int blocks, cudaStream_t s) {
-    auto kernel = act_gemm_kernel<T, ACT, TA, TB>;
+    auto kernel = act_gemm_kernel<T, ACT, TA, TB, GACT>;
     const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GM_SMEM);
     if (e != cudaSuccess) return e;
-    kernel<<<blocks, GM_THREADS, GM_SMEM, s>>>(maps[0], maps[1], maps[2], maps[3], a);
+    kernel<<<blocks, GM_THREADS, GM_SMEM, s>>>(maps[0], maps[1], maps[2], maps[3], maps[4], maps[5], a);
     return cudaGetLastError();
 }
 
@@ -284,39 +436,69 @@ static cudaError_t gm_dispatch(fg_act_step step, int act, const CUtensorMap *map
                                cudaStream_t s) {
     if (step == FG_ACT_STEP_GEMM_INPUT) return gm_launch<T, FG_ACT_NONE, 0, 1>(maps, a, blocks, s);
     if (step == FG_ACT_STEP_GEMM_WEIGHT) return gm_launch<T, FG_ACT_NONE, 1, 1>(maps, a, blocks, s);
+    if (step == FG_ACT_STEP_GEMM_INPUT_FORM)
+        return with_act(act, [&](auto f) {
+            constexpr int G = decltype(f)::value;
+            if constexpr (G == FG_ACT_NONE) return cudaErrorInvalidValue; /* (g is dy: nothing to form) */
+            else return gm_launch<T, FG_ACT_NONE, 0, 1, G>(maps, a, blocks, s);
+        });
     return with_act(act, [&](auto f) { return gm_launch<T, decltype(f)::value, 0, 0>(maps, a, blocks, s); });
 }
 
 /* GEMM_FORWARD: rows N, k K, cols M; GEMM_INPUT: rows N, k M, cols K (g [N, M], w [M, K]);
-   GEMM_WEIGHT: rows M, k N, cols K (g [N, M], x [N, K]) */
+   GEMM_WEIGHT: rows M, k N, cols K (g [N, M], x [N, K]); GEMM_INPUT_FORM: GEMM_INPUT's, with g
+   formed from dy and pre [N, M] inside (g may be pre itself) and db's sums into db_acc */
 extern "C" fg_status fg_cuda_act_gemm(fg_context *ctx, const fg_act_call *c) {
     if (!fg_cuda_act_gemm_fits(ctx->device, c->dtype, c->step, c->rows, c->k, c->cols))
         return fg_fail(FG_ERR_INTERNAL, "cuda linear_act: the sm_90a GEMM does not take rows=%lld k=%lld cols=%lld",
                        (long long)c->rows, (long long)c->k, (long long)c->cols);
     fg_device_guard guard(ctx->device);
+    cudaStream_t stream = ctx->cuda->stream;
     gm_args a;
+    memset(&a, 0, sizeof a);
     a.n = c->rows, a.m = c->cols, a.k = (int)c->k;
     a.tiles_r = (int)((c->rows + GM_BM - 1) / GM_BM), a.tiles_c = (int)((c->cols + GM_BN - 1) / GM_BN);
-    const bool fwd = c->step == FG_ACT_STEP_GEMM_FORWARD;
+    a.group = GM_GROUP;
+    const bool fwd = c->step == FG_ACT_STEP_GEMM_FORWARD, form = c->step == FG_ACT_STEP_GEMM_INPUT_FORM;
+    const bool input = c->step == FG_ACT_STEP_GEMM_INPUT || form;
     a.bias = fwd ? c->b : nullptr;
     a.write_pre = fwd && c->pre != nullptr;
-    void *out = fwd ? c->y : c->step == FG_ACT_STEP_GEMM_INPUT ? c->dx : c->dw;
-    CUtensorMap maps[4];
+    void *out = fwd ? c->y : input ? c->dx : c->dw;
+    CUtensorMap maps[6];
     bool ok;
     if (fwd)
         ok = gm_map(&maps[0], c->x, c->rows, c->k, GM_BM, c->dtype) && gm_map(&maps[1], c->w, c->cols, c->k, GM_BN, c->dtype);
-    else if (c->step == FG_ACT_STEP_GEMM_INPUT)
+    else if (input)
         ok = gm_map(&maps[0], c->g, c->rows, c->k, GM_BM, c->dtype) && gm_map(&maps[1], c->w, c->k, c->cols, 64, c->dtype);
     else
         ok = gm_map(&maps[0], c->g, c->k, c->rows, 64, c->dtype) && gm_map(&maps[1], c->x, c->k, c->cols, 64, c->dtype);
     ok = ok && gm_map(&maps[3], out, c->rows, c->cols, 64, c->dtype) &&
          gm_map(&maps[2], a.write_pre ? c->pre : out, c->rows, c->cols, 64, c->dtype);
+    if (form) /* dy's and pre's boxes of GM_FORM_ROWS rows */
+        ok = ok && gm_map(&maps[4], c->dy, c->rows, c->k, GM_FORM_ROWS, c->dtype) &&
+             gm_map(&maps[5], c->pre, c->rows, c->k, GM_FORM_ROWS, c->dtype);
+    else
+        maps[4] = maps[3], maps[5] = maps[3];
     if (!ok)
         return fg_fail(FG_ERR_BACKEND, "cuda linear_act: cuTensorMapEncodeTiled refused an operand (rows=%lld k=%lld cols=%lld)",
                        (long long)c->rows, (long long)c->k, (long long)c->cols);
+    cudaError_t e = cudaSuccess;
+    if (form) {
+        const size_t flags = form_flags_bytes(c->rows, c->k);
+        if (!c->scratch || c->scratch_bytes < fg_cuda_act_form_scratch(c->rows, c->k, c->db_acc != nullptr))
+            return fg_fail(FG_ERR_INTERNAL, "cuda linear_act: GEMM_INPUT_FORM's scratch is short");
+        a.g = c->g;
+        a.flags = static_cast<int *>(c->scratch);
+        a.next = a.flags + (size_t)a.tiles_r * (size_t)((c->k + GM_BK - 1) / GM_BK);
+        a.part = c->db_acc ? reinterpret_cast<float *>(static_cast<char *>(c->scratch) + flags) : nullptr;
+        if (const char *gs = getenv("FG_PROBE_FORM_GROUP")) a.group = atoi(gs) > 0 ? atoi(gs) : GM_GROUP; /* PROBE */
+        e = cudaMemsetAsync(c->scratch, 0, flags, stream);
+    }
     const int tiles = a.tiles_r * a.tiles_c, sms = gm_sms(ctx->device);
     const int blocks = tiles < sms ? tiles : sms;
-    cudaError_t e = c->dtype == FG_F16 ? gm_dispatch<__half>(c->step, c->act, maps, a, blocks, ctx->cuda->stream)
-                                       : gm_dispatch<__nv_bfloat16>(c->step, c->act, maps, a, blocks, ctx->cuda->stream);
+    if (e == cudaSuccess)
+        e = c->dtype == FG_F16 ? gm_dispatch<__half>(c->step, c->act, maps, a, blocks, stream)
+                               : gm_dispatch<__nv_bfloat16>(c->step, c->act, maps, a, blocks, stream);
+    if (e == cudaSuccess && form && a.part) e = slab_colsum(a.part, a.tiles_r, c->k, (float *)c->db_acc, c->first, stream);
     return e == cudaSuccess ? FG_OK : fg_cuda_fail(e, "linear_act sm_90a GEMM");
 }

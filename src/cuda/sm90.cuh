@@ -67,6 +67,19 @@ __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap *map) {
     asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)map) : "memory");
 }
 
+/* ---- flags between blocks: a producer's generic stores made visible (release, gpu scope) and
+   a consumer that acquires the flag before it reads that memory by TMA (the async proxy,
+   hence the proxy fence on both sides) */
+__device__ __forceinline__ int flag_acquire(const int *p) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void flag_release(int *p, int v) {
+    asm volatile("st.release.gpu.global.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ void fence_proxy_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
+
 /* ---- host: the tensor map of a row-major [rows, cols] f16 / bf16 tensor, read or written in
    boxes of box_rows × 64 columns with 128-byte swizzling (each box row one 128-byte line);
    false when the driver has no encoder or refuses (e.g. a base not 16-byte aligned, a row

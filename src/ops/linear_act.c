@@ -31,6 +31,7 @@
 #include "../core/internal.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 enum { AF_X, AF_W, AF_B, AF_Y, AF_PRE, AF_N };
@@ -163,6 +164,7 @@ static const char *step_name(fg_act_step s) {
     case FG_ACT_STEP_GEMM_FORWARD: return "linear_act_gemm90";
     case FG_ACT_STEP_GEMM_INPUT: return "gemm90_dx";
     case FG_ACT_STEP_GEMM_WEIGHT: return "gemm90_dw";
+    case FG_ACT_STEP_GEMM_INPUT_FORM: return "gemm90_dx_formed_g";
     default: return "cast";
     }
 }
@@ -212,13 +214,28 @@ static bool use_gemm90(const act_run *r, fg_act_step step, const void *p0, const
 #ifdef FG_HAVE_CUDA
     if (r->ctx->backend != FG_BACKEND_CUDA) return false;
     if (step == FG_ACT_STEP_GEMM_FORWARD ? r->d->kind == FG_ACT_NONE : r->d->accumulate != 0) return false;
+    const bool input = step == FG_ACT_STEP_GEMM_INPUT || step == FG_ACT_STEP_GEMM_INPUT_FORM;
     const int64_t rows = step == FG_ACT_STEP_GEMM_WEIGHT ? r->M : r->N;
-    const int64_t k = step == FG_ACT_STEP_GEMM_FORWARD ? r->K : step == FG_ACT_STEP_GEMM_INPUT ? r->M : r->N;
+    const int64_t k = step == FG_ACT_STEP_GEMM_FORWARD ? r->K : input ? r->M : r->N;
     const int64_t cols = step == FG_ACT_STEP_GEMM_FORWARD ? r->M : r->K;
     if (!fg_cuda_act_gemm_fits(r->ctx->device, r->dtype, step, rows, k, cols)) return false;
     return aligned16(p0) && aligned16(p1) && aligned16(p2) && aligned16(p3);
 #else
     (void)r, (void)step, (void)p0, (void)p1, (void)p2, (void)p3;
+    return false;
+#endif
+}
+
+/* ... and dx's with g = dy ⊙ act′(pre) formed inside it (GEMM_INPUT_FORM): the gradient pass's
+ * bytes move on the product's spare warps while it multiplies (pre, dy, g 16-byte aligned; the
+ * misaligned sizing walk takes the pass) */
+static bool use_form(const act_run *r, bool want_dx, const void *pre, const void *g) {
+#ifdef FG_HAVE_CUDA
+    if (getenv("FG_PROBE_NO_FORM")) return false; /* PROBE */
+    return want_dx && !r->misaligned && r->d->kind != FG_ACT_NONE && aligned16(pre) && aligned16(data_of(r, AB_DY)) &&
+           use_gemm90(r, FG_ACT_STEP_GEMM_INPUT_FORM, g, data_of(r, AB_W), data_of(r, AB_DX), NULL);
+#else
+    (void)r, (void)want_dx, (void)pre, (void)g;
     return false;
 #endif
 }
@@ -383,31 +400,46 @@ static fg_status backward(act_run *r) {
     const bool g_in_pre = !none && (!keep || consume);
     const size_t g_off = place(r, none || g_in_pre || !(want_dx || want_dw) ? 0 : nm * r->es);
     const int64_t parts = want_dw ? dw_parts(r) : 0, per = parts ? r->N / parts : 0, tail = parts ? r->N - parts * per : 0;
-    /* db's f32 sums and their per-slab partials: in the memory of dx or dw (written only
+    void *pre = keep ? data_of(r, AB_PRE) : at(r, pre_off);
+    void *g = none ? data_of(r, AB_DY) : (want_dx || want_dw ? (g_in_pre ? pre : at(r, g_off)) : NULL);
+    /* no kept pre: recomputed inside the gradient's tile kernel where it can be, else by a GEMM */
+    const bool tile = !keep && !none && use_tile(r, data_of(r, AB_X), data_of(r, AB_W), data_of(r, AB_DY), g);
+    /* or g made inside dx's product */
+    const bool form = !tile && use_form(r, want_dx, pre, g);
+    /* db's f32 sums, then the step's scratch (the pass's per-slab partials, or the formed
+       product's unit flags and per-row-tile partials): in the memory of dx or dw (written only
        later, by their GEMMs) when one of them is big enough, else in the workspace */
-    size_t sums_bytes = 0;
+    size_t scratch_bytes = 0;
 #ifdef FG_HAVE_CUDA
-    if (want_db && r->ctx->backend == FG_BACKEND_CUDA) sums_bytes = fg_cuda_act_scratch(r->dtype, r->N, r->M);
+    if (form) scratch_bytes = fg_cuda_act_form_scratch(r->N, r->M, want_db);
+    else if (want_db && r->ctx->backend == FG_BACKEND_CUDA) scratch_bytes = fg_cuda_act_scratch(r->dtype, r->N, r->M);
 #endif
-    if (want_db) sums_bytes += ALIGN_UP((size_t)r->M * r->aes);
+    const size_t db_bytes = want_db ? ALIGN_UP((size_t)r->M * r->aes) : 0, sums_bytes = db_bytes + scratch_bytes;
     int home = -1; /* the output that lends its memory */
-    if (want_db && !d->accumulate && r->B == 1) { /* (+16: the sums start at the first 16-byte boundary) */
-        if (want_dx && (size_t)(r->N * r->K) * r->es >= sums_bytes + 16) home = AB_DX;
+    if (sums_bytes && !d->accumulate && r->B == 1) { /* (+16: the sums start at the first 16-byte boundary) */
+        if (want_dx && !form && (size_t)(r->N * r->K) * r->es >= sums_bytes + 16) home = AB_DX;
         else if (want_dw && !parts && (size_t)(r->M * r->K) * r->es >= sums_bytes + 16) home = AB_DW;
     }
     const size_t sums_off = place(r, home < 0 ? sums_bytes : 0);
     const size_t parts_off = place(r, parts ? (size_t)((parts + 1) * r->M * r->K) * r->aes : 0);
     if (!want_dx && !want_dw && !want_db) return FG_OK;
 
-    void *pre = keep ? data_of(r, AB_PRE) : at(r, pre_off);
-    void *g = none ? data_of(r, AB_DY) : (want_dx || want_dw ? (g_in_pre ? pre : at(r, g_off)) : NULL);
-    /* no kept pre: recomputed inside the gradient's tile kernel where it can be, else by a GEMM */
-    const bool tile = !keep && !none && use_tile(r, data_of(r, AB_X), data_of(r, AB_W), data_of(r, AB_DY), g);
     if (!keep && !none && !tile) FG_TRY(pre_gemm(r, AB_X, AB_W, AB_B, pre));
     char *sums = home >= 0 ? (char *)data_of(r, home) : (char *)at(r, sums_off);
     if (home >= 0 && sums) sums += (16 - (uintptr_t)sums % 16) % 16; /* f32 sums need f32 alignment */
-    void *db_acc = sums, *scratch = sums ? sums + ALIGN_UP((size_t)r->M * r->aes) : NULL;
-    if (!none || want_db) {
+    void *db_acc = want_db ? sums : NULL, *scratch = sums ? sums + db_bytes : NULL;
+    if (form) { /* g = dy ⊙ act′(pre) and db's sums made by dx's product itself */
+        fg_act_call c;
+        memset(&c, 0, sizeof c);
+        c.step = FG_ACT_STEP_GEMM_INPUT_FORM;
+        c.rows = r->N, c.k = r->M, c.cols = r->K;
+        c.dy = data_of(r, AB_DY), c.pre = pre, c.g = g;
+        c.w = data_of(r, AB_W), c.dx = data_of(r, AB_DX);
+        c.db_acc = db_acc;
+        c.first = !db_over_batches || r->bi == 0;
+        c.scratch = scratch, c.scratch_bytes = scratch_bytes;
+        FG_TRY(step(r, &c));
+    } else if (!none || want_db) {
         fg_act_call c;
         memset(&c, 0, sizeof c);
         c.step = tile ? FG_ACT_STEP_TILE_GRAD : FG_ACT_STEP_GRAD;
@@ -416,14 +448,15 @@ static fg_status backward(act_run *r) {
         c.dy = data_of(r, AB_DY), c.pre = none ? c.dy : tile ? NULL : pre;
         c.g = none ? NULL : g; /* none: g is dy itself, only db's sums are wanted */
         c.ld_dy = c.ld_pre = c.ld_g = r->M;
-        c.db_acc = want_db ? db_acc : NULL;
+        c.db_acc = db_acc;
         c.first = !db_over_batches || r->bi == 0;
-        c.scratch = scratch, c.scratch_bytes = want_db ? sums_bytes - ALIGN_UP((size_t)r->M * r->aes) : 0;
+        c.scratch = scratch, c.scratch_bytes = scratch_bytes;
         FG_TRY(step(r, &c));
     }
     if (want_db) FG_TRY(db_cast(r, db_acc, db_over_batches)); /* before the GEMMs: its sums may live in dx's or dw's memory */
     const double beta = d->accumulate ? 1.0 : 0.0;
-    if (want_dx && use_gemm90(r, FG_ACT_STEP_GEMM_INPUT, g, data_of(r, AB_W), data_of(r, AB_DX), NULL))
+    if (form) /* (dx done) */;
+    else if (want_dx && use_gemm90(r, FG_ACT_STEP_GEMM_INPUT, g, data_of(r, AB_W), data_of(r, AB_DX), NULL))
         FG_TRY(gemm90_grad(r, FG_ACT_STEP_GEMM_INPUT, g));
     else if (want_dx) /* dx[N × K] = g[N × M] · w[M × K] */
         FG_TRY(gemm(r, 1, r->N, r->K, r->M, fg_mat_at(g, r->M, 1), fg_mat_at(data_of(r, AB_W), r->K, 1),

@@ -31,6 +31,7 @@
 #include <string.h>
 
 constexpr int GM_BM = 128, GM_BN = 256, GM_BK = 64, GM_STAGES = 3, GM_THREADS = 384, GM_GROUP = 16;
+constexpr int GM_GROUP_FORM = 8; /* (forming g: a wave's blocks need 8 row tiles' g, not 16: measured, session 11) */
 constexpr int GM_FORM_ROWS = 32;                  /* a g unit's dy / pre boxes: 32 rows × 64 columns */
 constexpr int GM_FORM_BOX = GM_FORM_ROWS * GM_BK * 2;
 static_assert(2 * 2 * GM_FORM_BOX == 2 * 64 * 64 * 2, "the g ring (two stages of a dy and a pre box) fills the two y chunks");
@@ -101,10 +102,16 @@ __device__ __forceinline__ void gm_form(const CUtensorMap *mdy, const CUtensorMa
                                         unsigned char *ring, uint64_t *hfull, int *hunit, float (*red)[64]) {
     const int et = threadIdx.x - 32, lane = threadIdx.x & 31, w = et >> 5, ch = et & 7;
     const int units = a.tiles_r * ktiles;
-    int iu = 0; /* (thread 0: the unit being loaded) */
+    /* (thread 0: the unit being loaded, and the next one, asked for a unit ahead so that the
+       counter's round trip is off the ring's path) */
+    int iu = 0, nu = 0;
+    if (et == 0) nu = atomicAdd(a.next, 1);
     auto issue = [&](int b) { /* box b of this block's sequence (sub-box b % 4 of a unit) into stage b % 2 */
         const int st = b & 1, sub = b & 3;
-        if (sub == 0) iu = atomicAdd(a.next, 1);
+        if (sub == 0) {
+            iu = nu;
+            if (iu < units) nu = atomicAdd(a.next, 1);
+        }
         if (iu >= units) {
             hunit[st] = -1;
             mbar_arrive(&hfull[st]);
@@ -155,9 +162,7 @@ __device__ __forceinline__ void gm_form(const CUtensorMap *mdy, const CUtensorMa
                 if (row < a.n && col < a.k) *reinterpret_cast<uint4 *>(static_cast<T *>(a.g) + row * a.k + col) = vo;
             }
         }
-        if (sub == 3) { /* the unit's last box: its g in memory, its column sums to red */
-            __threadfence();
-            fence_proxy_global();
+        if (sub == 3) { /* the unit's last box: its column sums to red */
 #pragma unroll
             for (int e = 0; e < 8; e++) {
                 cs[e] += __shfl_xor_sync(0xffffffffu, cs[e], 8);
@@ -172,7 +177,13 @@ __device__ __forceinline__ void gm_form(const CUtensorMap *mdy, const CUtensorMa
         epi_sync(); /* the stage read by all (and red written) */
         if (et == 0) issue(b + 2);
         if (sub == 3) {
-            if (et == 0) flag_release(a.flags + (int64_t)tr * ktiles + ks, 1);
+            /* every helper's g stores precede the barrier; thread 0's fence and release make
+               them visible to whoever acquires the flag (cumulativity through the barrier) */
+            if (et == 0) {
+                __threadfence();
+                fence_proxy_global();
+                flag_release(a.flags + (int64_t)tr * ktiles + ks, 1);
+            }
             const int64_t c = (int64_t)ks * GM_BK + et;
             if (a.part && et < 64 && c < a.k) a.part[(int64_t)tr * a.k + c] = (red[0][et] + red[1][et]) + red[2][et];
         }
@@ -213,8 +224,12 @@ __global__ void __launch_bounds__(GM_THREADS, 1)
         if (FORM) tma_prefetch_map(&mdy), tma_prefetch_map(&mps);
     }
     __syncthreads();
+    /* registers a thread: the producer warpgroup's and the consumers' (65536 in all); forming g
+       wants more in the helpers (its slope chains in flight side by side) */
+    constexpr int REG_LOW = FORM ? 104 : 56, REG_HIGH = FORM ? 200 : 224;
+    static_assert(128 * REG_LOW + 256 * REG_HIGH <= 65536, "the register file");
     if (wg == 0) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::);
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REG_LOW));
         if (threadIdx.x == 0) { /* ------------------------------------------ producer */
             int s = 0;
             uint32_t ph = 0;
@@ -293,7 +308,7 @@ __global__ void __launch_bounds__(GM_THREADS, 1)
         return;
     }
     /* ---------------------------------------------- consumers: warpgroup c, rows 64c … 64c + 63 */
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n" ::);
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REG_HIGH));
     const int c = wg - 1, tid = threadIdx.x & 127, lane = threadIdx.x & 31, warp = tid >> 5;
     T *bsm = reinterpret_cast<T *>(ybuf + 2 * GM_CHUNK) + c * GM_BN;
     unsigned char *pc = staged + c * 4 * GM_CHUNK;
@@ -458,7 +473,7 @@ extern "C" fg_status fg_cuda_act_gemm(fg_context *ctx, const fg_act_call *c) {
     memset(&a, 0, sizeof a);
     a.n = c->rows, a.m = c->cols, a.k = (int)c->k;
     a.tiles_r = (int)((c->rows + GM_BM - 1) / GM_BM), a.tiles_c = (int)((c->cols + GM_BN - 1) / GM_BN);
-    a.group = GM_GROUP;
+    a.group = c->step == FG_ACT_STEP_GEMM_INPUT_FORM ? GM_GROUP_FORM : GM_GROUP;
     const bool fwd = c->step == FG_ACT_STEP_GEMM_FORWARD, form = c->step == FG_ACT_STEP_GEMM_INPUT_FORM;
     const bool input = c->step == FG_ACT_STEP_GEMM_INPUT || form;
     a.bias = fwd ? c->b : nullptr;

@@ -84,11 +84,17 @@ __device__ __forceinline__ float act_slope(int act, float x) {
     switch (act) {
     case FG_ACT_RELU: return x > 0.f ? 1.f : (x == x ? 0.f : x);
     case FG_ACT_GELU: return 0.5f * erfcf(-x * 0.70710678f) + x * 0.39894228f * exp_neg(-0.5f * x * x);
-    case FG_ACT_GELU_TANH:
-        if (fabsf(x) > 10.f) return x > 0.f ? 1.f : 0.f;
-        x2 = x * x;
-        sigmoid_pair_l2(gelu_t_l2(x, x2), &s, &ds); /* d(2u)/dx = c1 + 3·c2·x² */
-        return fmaf(x * ds, fmaf(0.21406444881780073f, x2, 1.5957691216057308f), s);
+    case FG_ACT_GELU_TANH: {
+        /* past |x| = 10 the slope is 1 or 0 (and x² would overflow into 0·∞): the formula runs
+           on the clamped value and selects pick the answer — no branch, so a thread's elements
+           interleave (a branch per element ran the g-forming warps at a quarter of the issue
+           rate, session 11); NaN in, NaN out */
+        const float xc = fminf(fmaxf(x, -10.f), 10.f);
+        x2 = xc * xc;
+        sigmoid_pair_l2(gelu_t_l2(xc, x2), &s, &ds); /* d(2u)/dx = c1 + 3·c2·x² */
+        const float r = fmaf(xc * ds, fmaf(0.21406444881780073f, x2, 1.5957691216057308f), s);
+        return x != x ? x : fabsf(x) > 10.f ? (x > 0.f ? 1.f : 0.f) : r;
+    }
     case FG_ACT_SILU: sigmoid_pair(x, &s, &ds); return s + x * ds;
     case FG_ACT_SIGMOID: sigmoid_pair(x, &s, &ds); return x == x ? ds : x;
     case FG_ACT_TANH: /* 1 − tanh² = 4σ′(2x) */

@@ -148,18 +148,17 @@ __device__ __forceinline__ void gm_form(const CUtensorMap *mdy, const CUtensorMa
             if (idx < GM_FORM_ROWS * 8) {
                 const int r = idx >> 3, off = r * 128 + ((ch ^ (r & 7)) << 4);
                 const int64_t row = (int64_t)tr * GM_BM + sub * GM_FORM_ROWS + r;
-                const uint4 vd = *reinterpret_cast<const uint4 *>(sd + off), vp = *reinterpret_cast<const uint4 *>(sp + off);
+                const uint4 vd = lds128(sd + off), vp = lds128(sp + off);
                 const T *d = reinterpret_cast<const T *>(&vd), *p = reinterpret_cast<const T *>(&vp);
-                uint4 vo;
-                T *o = reinterpret_cast<T *>(&vo);
+                vec_t<T, 8> o;
 #pragma unroll
                 for (int e = 0; e < 8; e += 2) {
                     const float g0 = to_acc(d[e]) * act_slope(GACT, to_acc(p[e]));
                     const float g1 = to_acc(d[e + 1]) * act_slope(GACT, to_acc(p[e + 1]));
                     cs[e] += g0, cs[e + 1] += g1;
-                    from_acc2<T>(g0, g1, &o[e]);
+                    from_acc2<T>(g0, g1, &o.v[e]);
                 }
-                if (row < a.n && col < a.k) *reinterpret_cast<uint4 *>(static_cast<T *>(a.g) + row * a.k + col) = vo;
+                if (row < a.n && col < a.k) store_vec<T, 8>(static_cast<T *>(a.g) + row * a.k + col, o);
             }
         }
         if (sub == 3) { /* the unit's last box: its column sums to red */

@@ -67,6 +67,14 @@ __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap *map) {
     asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)map) : "memory");
 }
 
+/* 16 bytes of shared memory through a generic pointer into it (a pointer rounded up as an
+   integer no longer tells the compiler its space: it would issue a generic load) */
+__device__ __forceinline__ uint4 lds128(const void *p) {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(sm90_smem(p)));
+    return v;
+}
+
 /* ---- flags between blocks: a producer's generic stores made visible (release, gpu scope) and
    a consumer that acquires the flag before it reads that memory by TMA (the async proxy,
    hence the proxy fence on both sides) */

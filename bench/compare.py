@@ -224,7 +224,7 @@ def adamw_case(total, count):
 
 
 _ACTS = {"relu": F.relu, "gelu_tanh": lambda p: F.gelu(p, approximate="tanh"), "silu": F.silu,
-         "gelu": F.gelu}
+         "gelu": F.gelu, "sigmoid": torch.sigmoid, "tanh": torch.tanh}
 
 
 def linact_case(n, k, m, act, dtype=torch.bfloat16, recompute=False):

@@ -4,7 +4,6 @@ shapes, and the bare products (ours vs torch) timed alone.
 
     PYTHONPATH=python FASTGRAD_LIBRARY=build-gpu/libfastgrad.so python3 bench/probe_act.py
 """
-import os
 import sys
 
 import torch
@@ -17,7 +16,7 @@ from fastgrad import ops
 
 KERNELS = 3  # how many of fastgrad / eager / compile get a kernel table
 ONLY_OURS = False  # argv[1] == "ours" / "small": fastgrad alone (no compile: quick); "large": the large shape
-ACTS = {"relu": F.relu, "gelu_tanh": lambda p: F.gelu(p, approximate="tanh"), "silu": F.silu}
+ACTS = compare._ACTS
 
 
 def rand(shape, dtype=torch.bfloat16, grad=False):
@@ -114,56 +113,6 @@ def products(n, k, m):
     print(f"  db   Σ g    : {timed(lambda: ops.linear_backward_bias(g)):.4f} / {timed(lambda: g.sum(0)):.4f}")
 
 
-def with_env(fn, **env):
-    """fn run with environment variables set (None: unset) for its host call — the library's
-    probe knobs are read when a call runs"""
-    def run():
-        old = {k: os.environ.get(k) for k in env}
-        for k, v in env.items():
-            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
-        try:
-            return fn()
-        finally:
-            for k, v in old.items():
-                os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
-    return run
-
-
-def form_case(n, k, m, act):
-    """dx's product forming g itself (GEMM_INPUT_FORM, walk bands of 16 or 8 row tiles) against
-    the gradient pass + plain product, eager and compile, interleaved; kernel tables."""
-    x, w, b, dy = rand((n, k), grad=True), rand((m, k), grad=True), rand((m,), grad=True), rand((n, m))
-    fn = ACTS[act]
-    ours_of = compare.linact_case(n, k, m, act)["ours"]
-    ours = lambda: ours_of(x, w, b, dy)
-    impls = [(with_env(ours, FG_PROBE_NO_FORM=None, FG_PROBE_FORM_GROUP="16"), "form16"),
-             (with_env(ours, FG_PROBE_NO_FORM=None, FG_PROBE_FORM_GROUP="8"), "form8"),
-             (with_env(ours, FG_PROBE_NO_FORM="1"), "pass")]
-
-    def eager():
-        out = fn(F.linear(x, w, b))
-        return (out,) + torch.autograd.grad(out, (x, w, b), dy)
-
-    cfn = torch.compile(lambda x, w, b: fn(F.linear(x, w, b)))
-
-    def compiled():
-        out = cfn(x, w, b)
-        return (out,) + torch.autograd.grad(out, (x, w, b), dy)
-
-    impls += [(eager, "eager"), (compiled, "compile")]
-    # the results agree (form against pass), to the dtype's rounding
-    a, c = impls[0][0](), impls[2][0]()
-    diffs = [((u.float() - v.float()).norm() / v.float().norm()).item() for u, v in zip(a[1:], c[1:]) if u is not None]
-    ms = timed_together([f for f, _ in impls], [()])
-    t = {lab: v for (_, lab), v in zip(impls, ms)}
-    mem = {lab: peak(f) for f, lab in impls}
-    print(f"== FORM N={n} K={k} M={m} {act}: " + ", ".join(f"{lab} {t[lab]:.4f} ms {mem[lab]:.0f} MiB" for lab in t)
-          + f"; form16 {t['eager'] / t['form16']:.3f}x eager {t['compile'] / t['form16']:.3f}x compile; form8 "
-          f"{t['eager'] / t['form8']:.3f}x eager; pass {t['eager'] / t['pass']:.3f}x eager; rel diff form/pass {diffs}")
-    for f, lab in impls[:3]:
-        kernels(f, lab)
-
-
 if __name__ == "__main__":
     which = sys.argv[1] if len(sys.argv) > 1 else "all"
     KERNELS = int(sys.argv[2]) if len(sys.argv) > 2 else 3
@@ -175,11 +124,8 @@ if __name__ == "__main__":
     if which == "all":
         for shape in ((8192, 4096, 16384), (172032, 128, 256)):
             products(*shape)
-    if which == "form":  # dx's product forming g (session 11)
-        for act in ("gelu_tanh", "relu", "silu"):
-            form_case(8192, 4096, 16384, act)
     if which == "large":  # the large shape alone: where the step's time goes, kernel by kernel
-        for act in ("gelu_tanh", "silu"):
+        for act in sys.argv[3].split(",") if len(sys.argv) > 3 else ("gelu_tanh", "silu"):
             case(8192, 4096, 16384, act)
     if which in ("all", "ours"):
         for shape in ((8192, 4096, 16384), (172032, 128, 256)):

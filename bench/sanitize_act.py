@@ -1,5 +1,5 @@
 """One call of each own sm_90a kernel of linear + activation at small shapes that still take
-them (the GEMM for all three products, the one-kernel short-K backward), checked loosely
+them (the GEMM for all three products, dx's also forming g, the one-kernel short-K backward), checked loosely
 against torch: a short program for compute-sanitizer's racecheck / synccheck, which are too
 slow for the whole test driver (scripts/gpu-check.sh runs it with SYNCCHECK=1).
 
@@ -22,13 +22,16 @@ def close(name, got, want):
     assert err < 2e-2, name
 
 
-def case(n, k, m):
+ACTS = {"gelu_tanh": lambda t: F.gelu(t, approximate="tanh"), "silu": F.silu}
+
+
+def case(n, k, m, act="gelu_tanh"):
     x, w, b, dy = rand(n, k), rand(m, k), rand(m), rand(n, m)
-    y, pre = ops.linear_act_forward(x, w, b, "gelu_tanh", keep_pre=True)
-    dx, dw, db = ops.linear_act_backward(dy, x, w, b, pre, "gelu_tanh")
+    y, pre = ops.linear_act_forward(x, w, b, act, keep_pre=True)
+    dx, dw, db = ops.linear_act_backward(dy, x, w, b, pre, act)
     p = F.linear(x.float(), w.float(), b.float())
-    g = dy.float() * torch.func.grad(lambda t: F.gelu(t, approximate="tanh").sum())(p)
-    close(f"y {n}x{k}x{m}", y, F.gelu(p, approximate="tanh"))
+    g = dy.float() * torch.func.grad(lambda t: ACTS[act](t).sum())(p)
+    close(f"y {n}x{k}x{m}", y, ACTS[act](p))
     close(f"dx {n}x{k}x{m}", dx, g @ w.float())
     close(f"dw {n}x{k}x{m}", dw, g.t() @ x.float())
     close(f"db {n}x{k}x{m}", db, g.sum(0))
@@ -36,6 +39,7 @@ def case(n, k, m):
 
 if __name__ == "__main__":
     case(4224, 1536, 1024)  # 33 × 4 tiles of 128 × 256 (one wave on 132 SMs), 6.6e9 multiply-adds
+    case(4224, 1536, 1024, "silu")  # the same with dx's product forming g itself
     case(20000, 128, 256)   # the short-K backward, 625 tiles of 32 rows
     torch.cuda.synchronize()
     print("sanitize_act: ok")

@@ -345,7 +345,8 @@ static void wide_forward(fg_context *ctx, fg_backend be, fg_dtype dt) {
 /* The backward of a layer large enough for the sm_90a GEMM's dx = g·w and dw = gᵀ·x (each a
  * full wave of 128 × 256 tiles, ≥ 6e9 multiply-adds; reductions M = 2440 and N = 4200 end in
  * partial 64-wide slices, rows and columns in partial tiles). Aligned, every activation from a
- * kept pre: dx's product forms g itself (GEMM_INPUT_FORM) for all but none; for silu also with
+ * kept pre: dx's product forms g itself (GEMM_INPUT_FORM) for relu, silu, sigmoid and tanh,
+ * the others take the gradient pass; for silu also with
  * pre consumed (g in pre's memory), with dx alone (no db sums), with pre recomputed (the
  * reference's pre is then the forward's, as the recomputing backward rounds it too), and twice
  * with the same bits. Misaligned (cuBLASLt's products and the pass): none and silu. dx on every
@@ -436,10 +437,11 @@ static void wide_backward(fg_context *ctx, fg_backend be, fg_dtype dt) {
                 if (layout == 0 && mode == WB_KEEP) { /* the path: the plan names its kernels */
                     fg_plan_info info;
                     backward_plan(ctx, act, &dy, &pre.t, &x, &w, &b, &dx, &dw, &db, &info);
-                    const char *dx_kernel = act == FG_ACT_NONE ? "gemm90_dx_none" : "gemm90_dx_formed_g";
+                    const bool formed = act == FG_ACT_RELU || act == FG_ACT_SILU || act == FG_ACT_SIGMOID || act == FG_ACT_TANH;
                     if (info.arch == 90)
-                        TH_CHECK(strstr(info.kernel, dx_kernel) != NULL && strstr(info.kernel, "gemm90_dw") != NULL,
-                                 "%s: the plan runs %s, not the sm_90a GEMMs (%s)", lab, info.kernel, dx_kernel);
+                        TH_CHECK(strstr(info.kernel, "gemm90_dx") != NULL && strstr(info.kernel, "gemm90_dw") != NULL &&
+                                     (strstr(info.kernel, "gemm90_dx_formed_g") != NULL) == formed,
+                                 "%s: the plan runs %s, not the sm_90a GEMMs (dx forming g: %d)", lab, info.kernel, (int)formed);
                 }
 #endif
             }

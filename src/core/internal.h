@@ -379,8 +379,10 @@ bool fg_cuda_act_bwd90_fits(int device, fg_dtype dtype, int64_t k, int64_t cols)
 fg_status fg_cuda_act_bwd90(fg_context *ctx, const fg_act_call *c);
 bool fg_cuda_act_gemm_fits(int device, fg_dtype dtype, fg_act_step step, int64_t rows, int64_t k, int64_t cols);
 fg_status fg_cuda_act_gemm(fg_context *ctx, const fg_act_call *c);
-/* GEMM_INPUT_FORM's scratch (rows N, k M): its unit flags, and db's per-row-tile sums */
+/* GEMM_INPUT_FORM's scratch (rows N, k M): its unit flags, and db's per-row-tile sums; and the
+ * activations it forms g for (where it beats the gradient pass + plain product) */
 size_t fg_cuda_act_form_scratch(int64_t rows, int64_t k, bool want_db);
+bool fg_cuda_act_form_takes(int act);
 #endif
 
 /* ------------------------------------------------------------------ op lowering */

@@ -4,6 +4,12 @@
  *  GEMM_FORWARD  pre = round(x·wᵀ + b) (stored when kept), y = act(pre)
  *  GEMM_INPUT    dx = g·w   (w read N-major: the transposed B operand)
  *  GEMM_WEIGHT   dw = gᵀ·x  (g read M-major, x N-major)
+ *  GEMM_INPUT_FORM  dx = g·w with g = dy ⊙ act′(pre) made by the blocks' spare warps while the
+ *                consumers multiply (gm_form): the gradient pass's 768 MB at the FFN shape move
+ *                under the product instead of before it; units of one row tile × one 64-wide K
+ *                slice go to whichever block asks next, a released flag per unit tells the
+ *                producers it is in memory (so no block waits on one that is not running); db's
+ *                sums per row tile, finished in order by slab_colsum (deterministic)
  * The forward has the activation in the product's epilogue, so y (and pre) leave the chip once
  * and no pass reads them back. cuBLASLt has epilogues for relu and gelu only, and its gelu
  * misses this library's accuracy contract (docs/perf-notes.md, session 4). The backward's
@@ -19,7 +25,8 @@
  * copy engine. Each output element is one block's sum in a fixed K order: deterministic.
  * Measured (H100, bf16, 8192 × 4096 × 16384): session 7, the epilogue in the consumers: silu
  * 0.99×, gelu_tanh 0.90× of cuBLAS's plain product; session 8, in the epilogue warps: 1.49 ms
- * against cuBLASLt's bias GEMM 1.41 (0.95×) and eager's GEMM + pass 1.59 (docs/perf-notes.md).
+ * against cuBLASLt's bias GEMM 1.41 (0.95×) and eager's GEMM + pass 1.59 (docs/perf-notes.md);
+ * session 11, dx forming g: 1.45 ms (relu) against the pass + product's 0.28 + 1.30.
  */
 #include "act_math.cuh"
 #include "cuda_internal.h"
@@ -436,6 +443,15 @@ extern "C" size_t fg_cuda_act_form_scratch(int64_t rows, int64_t k, bool want_db
     return form_flags_bytes(rows, k) + (want_db ? (size_t)((rows + GM_BM - 1) / GM_BM) * (size_t)k * sizeof(float) : 0);
 }
 
+/* Measured (H100, bf16, 8192 × 4096 × 16384, the whole step against the gradient pass + plain
+   product, interleaved, session 11): relu 4.80 vs 5.00 ms, sigmoid 4.91 vs 5.14, tanh 4.64 vs
+   4.85, silu 4.88 vs 4.93 (4.96 vs 5.14 in another run); gelu_tanh 5.01 vs 4.94 and gelu (erf)
+   5.58 vs 5.43: their slopes are too long for the three spare warps, which then hold the
+   product back — those keep the pass. */
+extern "C" bool fg_cuda_act_form_takes(int act) {
+    return act == FG_ACT_RELU || act == FG_ACT_SILU || act == FG_ACT_SIGMOID || act == FG_ACT_TANH;
+}
+
 template <typename T, int ACT, int TA, int TB, int GACT = -1>
 static cudaError_t gm_launch(const CUtensorMap *maps, const gm_args &a, int blocks, cudaStream_t s) {
     auto kernel = act_gemm_kernel<T, ACT, TA, TB, GACT>;
@@ -453,8 +469,9 @@ static cudaError_t gm_dispatch(fg_act_step step, int act, const CUtensorMap *map
     if (step == FG_ACT_STEP_GEMM_INPUT_FORM)
         return with_act(act, [&](auto f) {
             constexpr int G = decltype(f)::value;
-            if constexpr (G == FG_ACT_NONE) return cudaErrorInvalidValue; /* (g is dy: nothing to form) */
-            else return gm_launch<T, FG_ACT_NONE, 0, 1, G>(maps, a, blocks, s);
+            if constexpr (G == FG_ACT_RELU || G == FG_ACT_SILU || G == FG_ACT_SIGMOID || G == FG_ACT_TANH)
+                return gm_launch<T, FG_ACT_NONE, 0, 1, G>(maps, a, blocks, s);
+            else return cudaErrorInvalidValue; /* (fg_cuda_act_form_takes says no) */
         });
     return with_act(act, [&](auto f) { return gm_launch<T, decltype(f)::value, 0, 0>(maps, a, blocks, s); });
 }
@@ -505,7 +522,6 @@ extern "C" fg_status fg_cuda_act_gemm(fg_context *ctx, const fg_act_call *c) {
         a.flags = static_cast<int *>(c->scratch);
         a.next = a.flags + (size_t)a.tiles_r * (size_t)((c->k + GM_BK - 1) / GM_BK);
         a.part = c->db_acc ? reinterpret_cast<float *>(static_cast<char *>(c->scratch) + flags) : nullptr;
-        if (const char *gs = getenv("FG_PROBE_FORM_GROUP")) a.group = atoi(gs) > 0 ? atoi(gs) : GM_GROUP; /* PROBE */
         e = cudaMemsetAsync(c->scratch, 0, flags, stream);
     }
     const int tiles = a.tiles_r * a.tiles_c, sms = gm_sms(ctx->device);

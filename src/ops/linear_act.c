@@ -17,7 +17,10 @@
  *  CUDA, sm_90a, f16 / bf16, wide enough to fill the GPU: the three products are one own
  *            GEMM (src/cuda/linear_act_gemm.cu), the forward's with the bias and the activation
  *            in its epilogue, dx / dw's when they are written, not added to; relu without a
- *            kept pre still asks cuBLASLt's epilogue first.
+ *            kept pre still asks cuBLASLt's epilogue first. For relu, silu, sigmoid and tanh
+ *            dx's product also forms g itself on its spare warps (no gradient pass; db's sums
+ *            come with it); gelu and gelu_tanh keep the pass (their slopes are too long for
+ *            those warps: measured, docs/perf-notes.md session 11).
  *  CUDA, short K (≤ 128, f16 / bf16): the forward, and the backward's recomputed pre with g,
  *            are one tile kernel each (product + activation, src/cuda/linear_act_tile.cu);
  *            dx and dw stay cuBLASLt GEMMs. With also M ≤ 256 and both dx and dw wanted, the
@@ -31,7 +34,6 @@
 #include "../core/internal.h"
 
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 enum { AF_X, AF_W, AF_B, AF_Y, AF_PRE, AF_N };
@@ -227,13 +229,13 @@ static bool use_gemm90(const act_run *r, fg_act_step step, const void *p0, const
 }
 
 /* ... and dx's with g = dy ⊙ act′(pre) formed inside it (GEMM_INPUT_FORM): the gradient pass's
- * bytes move on the product's spare warps while it multiplies (pre, dy, g 16-byte aligned; the
- * misaligned sizing walk takes the pass) */
+ * bytes move on the product's spare warps while it multiplies, for the activations whose slope
+ * those warps keep up with (pre, dy, g 16-byte aligned; the misaligned sizing walk takes the
+ * pass) */
 static bool use_form(const act_run *r, bool want_dx, const void *pre, const void *g) {
 #ifdef FG_HAVE_CUDA
-    if (getenv("FG_PROBE_NO_FORM")) return false; /* PROBE */
-    return want_dx && !r->misaligned && r->d->kind != FG_ACT_NONE && aligned16(pre) && aligned16(data_of(r, AB_DY)) &&
-           use_gemm90(r, FG_ACT_STEP_GEMM_INPUT_FORM, g, data_of(r, AB_W), data_of(r, AB_DX), NULL);
+    return want_dx && !r->misaligned && fg_cuda_act_form_takes(r->d->kind) && aligned16(pre) &&
+           aligned16(data_of(r, AB_DY)) && use_gemm90(r, FG_ACT_STEP_GEMM_INPUT_FORM, g, data_of(r, AB_W), data_of(r, AB_DX), NULL);
 #else
     (void)r, (void)want_dx, (void)pre, (void)g;
     return false;

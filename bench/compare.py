@@ -227,22 +227,24 @@ _ACTS = {"relu": F.relu, "gelu_tanh": lambda p: F.gelu(p, approximate="tanh"), "
          "gelu": F.gelu, "sigmoid": torch.sigmoid, "tanh": torch.tanh}
 
 
-def linact_case(n, k, m, act, dtype=torch.bfloat16, recompute=False):
+def linact_case(n, k, m, act, dtype=torch.bfloat16, recompute=False, slope=False):
     """y = act(x·wᵀ + b), forward and every gradient. Ours keeps pre (relu: y) and the backward
-    consumes it, or (recompute) keeps nothing and the backward recomputes pre."""
+    consumes it, or (recompute) keeps nothing and the backward recomputes pre, or (slope) keeps
+    act′(pre) and the backward forms g = dy ⊙ it (on sm_90a inside its products)."""
     def make():
         return (rand((n, k), dtype, True), rand((m, k), dtype, True), rand((m,), dtype, True), rand((n, m), dtype))
 
     def ours(x, w, b, dy):
         relu = act == "relu"
-        y, pre = ops.linear_act_forward(x.detach(), w.detach(), b.detach(), act, keep_pre=not (relu or recompute))
+        y, pre = ops.linear_act_forward(x.detach(), w.detach(), b.detach(), act, keep_pre=not (relu or recompute),
+                                        slope=slope)
         saved = None if recompute else y if relu else pre
         return (y,) + ops.linear_act_backward(dy, x.detach(), w.detach(), b.detach(), saved, act,
-                                              consume_pre=not (relu or recompute))
+                                              consume_pre=not (relu or recompute), slope=slope)
 
     fn = _ACTS[act]
     theirs = backward_of(lambda x, w, b: fn(F.linear(x, w, b)), 3)
-    name = f"linear+{act} fwd+bwd" + (" (recompute)" if recompute else "")
+    name = f"linear+{act} fwd+bwd" + (" (recompute)" if recompute else "") + (" (slope form)" if slope else "")
     return dict(family="LinearAct", name=name, shape=f"N={n} K={k} M={m}", dtype=dtype, make=make,
                 ours=ours, theirs=theirs, flops=6.0 * n * k * m, bytes=0)
 
@@ -251,9 +253,12 @@ ACT_CASES = [
     lambda: linact_case(8192, 4096, 16384, "gelu_tanh"),
     lambda: linact_case(8192, 4096, 16384, "relu"),
     lambda: linact_case(8192, 4096, 16384, "silu"),
+    lambda: linact_case(8192, 4096, 16384, "gelu_tanh", slope=True),
+    lambda: linact_case(8192, 4096, 16384, "silu", slope=True),
     lambda: linact_case(172032, 128, 256, "gelu_tanh"),
     lambda: linact_case(172032, 128, 256, "relu"),
     lambda: linact_case(172032, 128, 256, "silu"),
+    lambda: linact_case(172032, 128, 256, "gelu_tanh", slope=True),
     lambda: linact_case(172032, 128, 256, "gelu_tanh", recompute=True),
     lambda: linact_case(172032, 128, 256, "relu", recompute=True),
     lambda: linact_case(172032, 128, 256, "silu", recompute=True),

@@ -408,6 +408,7 @@ typedef struct copy_args {
     void *src, *dst;
     size_t bytes;
 } copy_args;
+#endif
 
 /* ------------------------------------------------------------------ linear + activation */
 
@@ -584,6 +585,7 @@ static void bench_linear_logp(fg_dtype dt, int64_t n, int64_t d, int64_t v, doub
     release(a.loss.data), release(a.dh.data), release(a.dw.data), release(tdev);
 }
 
+#ifdef FG_BENCH_HAVE_CUDA
 static fg_status copy_run(void *p, int s) {
     copy_args *a = p;
     (void)s;

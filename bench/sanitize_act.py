@@ -37,9 +37,25 @@ def case(n, k, m, act="gelu_tanh"):
     close(f"db {n}x{k}x{m}", db, g.sum(0))
 
 
+def slope_form(n, k, m, act):
+    """the slope form: the GEMM's epilogue writes y and s = act′(pre), dx's product forms g = dy ⊙ s
+    (in s's memory: consumed)"""
+    x, w, b, dy = rand(n, k), rand(m, k), rand(m), rand(n, m)
+    y, s = ops.linear_act_forward(x, w, b, act, slope=True)
+    p = F.linear(x.float(), w.float(), b.float())
+    g = dy.float() * torch.func.grad(lambda t: ACTS[act](t).sum())(p)
+    close(f"{act} s {n}x{k}x{m}", s, torch.func.grad(lambda t: ACTS[act](t).sum())(p))
+    dx, dw, db = ops.linear_act_backward(dy, x, w, b, s, act, consume_pre=True, slope=True)
+    close(f"{act} y {n}x{k}x{m}", y, ACTS[act](p))
+    close(f"{act} dx {n}x{k}x{m}", dx, g @ w.float())
+    close(f"{act} dw {n}x{k}x{m}", dw, g.t() @ x.float())
+    close(f"{act} db {n}x{k}x{m}", db, g.sum(0))
+
+
 if __name__ == "__main__":
     case(4224, 1536, 1024)  # 33 × 4 tiles of 128 × 256 (one wave on 132 SMs), 6.6e9 multiply-adds
     case(4224, 1536, 1024, "silu")  # the same with dx's product forming g itself
+    slope_form(4224, 1536, 1024, "gelu_tanh")  # the slope form: the epilogue writes y and s, dx forms g = dy ⊙ s
     case(20000, 128, 256)   # the short-K backward, 625 tiles of 32 rows
     torch.cuda.synchronize()
     print("sanitize_act: ok")

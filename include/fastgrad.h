@@ -280,6 +280,11 @@ typedef struct fg_logp_options {
 #define FG_PLAN_CONSUME_PRE 2u  /* linear_act backward: pre may be overwritten (it holds g =
                                    dy ⊙ act′(pre) afterwards), which saves the N·M buffer g
                                    would take — for a pre saved only for this backward */
+#define FG_PLAN_ACT_SLOPE 4u    /* linear_act: the saved operand (pre) holds the slope
+                                   s = act′(pre), rounded to the dtype, instead of pre: the
+                                   forward writes it (pre must be given), the backward forms
+                                   g = dy ⊙ s (pre must be given) — one multiply, which the
+                                   backward's products can do as they load their operands */
 
 typedef struct fg_plan_desc {
     fg_op op;
@@ -449,6 +454,19 @@ FG_NODISCARD FG_API fg_status fg_linear_act_backward_consume(fg_context *ctx, fg
                                                              const fg_tensor *w, const fg_tensor *b,
                                                              const fg_tensor *dx, const fg_tensor *dw,
                                                              const fg_tensor *db, int accumulate);
+/* The slope form (FG_PLAN_ACT_SLOPE): the forward saves s = act′(x·wᵀ + b) (rounded to the
+ * dtype; same shape and dtype as y) instead of the pre-activation, and the backward takes it
+ * in pre's place: g = dy ⊙ s. The same memory as keeping pre, and a backward without the
+ * activation's math: on CUDA (sm_90a, wide layers) g is formed inside the dx and dw products'
+ * operand loads and never stored, and db's sums ride on dw's product. The price: s is rounded
+ * once more than the pre it comes from (one more rounding of the dtype in g). */
+FG_NODISCARD FG_API fg_status fg_linear_act_forward_slope(fg_context *ctx, fg_activation act, const fg_tensor *x,
+                                                          const fg_tensor *w, const fg_tensor *b, const fg_tensor *y,
+                                                          const fg_tensor *slope);
+FG_NODISCARD FG_API fg_status fg_linear_act_backward_slope(fg_context *ctx, fg_activation act, const fg_tensor *dy,
+                                                           const fg_tensor *slope, const fg_tensor *x,
+                                                           const fg_tensor *w, const fg_tensor *b, const fg_tensor *dx,
+                                                           const fg_tensor *dw, const fg_tensor *db, int accumulate);
 /* One gradient each (the split form of Linear); each forms g itself. */
 FG_NODISCARD FG_API fg_status fg_linear_act_backward_input(fg_context *ctx, fg_activation act, const fg_tensor *dy,
                                                            const fg_tensor *pre, const fg_tensor *x,

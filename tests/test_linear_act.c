@@ -98,13 +98,14 @@ static void free_ref(ref *r) { free(r->pre), free(r->y), free(r->dx), free(r->dw
  * rounding of 0, and cuBLASLt's bf16 bias epilogue rounds before it adds the bias, so an
  * exact pre would differ there in sign, not in accuracy. */
 static void grads_from_pre(ref *r, int act, const double *pre, const double *x, const double *w, const double *dy,
-                           int64_t N, int64_t K, int64_t M) {
+                           int64_t N, int64_t K, int64_t M, bool given_slope) {
     memset(r->dx, 0, sizeof(double) * (size_t)(N * K));
     memset(r->dw, 0, sizeof(double) * (size_t)(M * K));
     memset(r->db, 0, sizeof(double) * (size_t)M);
     for (int64_t n = 0; n < N; n++)
         for (int64_t m = 0; m < M; m++) {
-            long double g = dy[n * M + m] * ref_slope(act, pre[n * M + m]);
+            /* (the slope form: what pre holds is the slope itself) */
+            long double g = dy[n * M + m] * (given_slope ? (long double)pre[n * M + m] : ref_slope(act, pre[n * M + m]));
             r->db[m] += (double)g;
             for (int64_t k = 0; k < K; k++) {
                 r->dx[n * K + k] += (double)(g * w[m * K + k]);
@@ -118,16 +119,19 @@ static void grads_from_pre(ref *r, int act, const double *pre, const double *x, 
 static void check_backward(fg_context *ctx, int act, const th_operand *dy, const fg_tensor *pre, const th_operand *x,
                            const th_operand *w, const fg_tensor *bt, th_operand *dx, th_operand *dw, th_operand *db,
                            const double *wdx, const double *wdw, const double *wdb, int acc, double tol,
-                           const char *label) {
+                           const char *label, bool slope) {
     double *rdx = malloc(sizeof(double) * (size_t)(dx->n + 1)), *rdw = malloc(sizeof(double) * (size_t)(dw->n + 1)),
            *rdb = malloc(sizeof(double) * (size_t)(db->n + 1));
     memcpy(rdx, wdx, sizeof(double) * (size_t)dx->n);
     memcpy(rdw, wdw, sizeof(double) * (size_t)dw->n);
     memcpy(rdb, wdb, sizeof(double) * (size_t)db->n);
     th_prepare_out(dx, rdx, acc), th_prepare_out(dw, rdw, acc), th_prepare_out(db, rdb, acc);
-    TH_OK(fg_linear_act_backward(ctx, (fg_activation)act, &dy->t, pre, &x->t, &w->t, bt, &dx->t, &dw->t, &db->t, acc));
+    if (slope)
+        TH_OK(fg_linear_act_backward_slope(ctx, (fg_activation)act, &dy->t, pre, &x->t, &w->t, bt, &dx->t, &dw->t, &db->t, acc));
+    else
+        TH_OK(fg_linear_act_backward(ctx, (fg_activation)act, &dy->t, pre, &x->t, &w->t, bt, &dx->t, &dw->t, &db->t, acc));
     char l2[300];
-    snprintf(l2, sizeof l2, "%s keep=%d acc=%d", label, pre != NULL, acc);
+    snprintf(l2, sizeof l2, "%s keep=%d acc=%d%s", label, pre != NULL, acc, slope ? " slope form" : "");
     th_verify("dx", dx, rdx, tol, l2);
     th_verify("dw", dw, rdw, tol, l2);
     th_verify("db", db, rdb, tol, l2);
@@ -138,11 +142,11 @@ static void check_backward(fg_context *ctx, int act, const th_operand *dy, const
 /* the plan of a combined backward (pre NULL: not kept): its info, for the kernels it names */
 static void backward_plan(fg_context *ctx, int act, const th_operand *dy, const fg_tensor *pre, const th_operand *x,
                           const th_operand *w, const th_operand *b, const th_operand *dx, const th_operand *dw,
-                          const th_operand *db, fg_plan_info *info) {
+                          const th_operand *db, fg_plan_info *info, bool slope) {
     fg_plan_desc d;
     memset(&d, 0, sizeof d);
     memset(info, 0, sizeof *info);
-    d.op = FG_OP_LINEAR_ACT_BACKWARD, d.kind = act;
+    d.op = FG_OP_LINEAR_ACT_BACKWARD, d.kind = act, d.flags = slope ? FG_PLAN_ACT_SLOPE : 0;
     d.operands[0] = dy->t, d.operands[2] = x->t, d.operands[3] = w->t, d.operands[4] = b->t;
     if (pre) d.operands[1] = *pre;
     d.operands[5] = dx->t, d.operands[6] = dw->t, d.operands[7] = db->t;
@@ -213,7 +217,7 @@ static void run_case(fg_context *ctx, fg_backend be, fg_dtype dt, int act, const
     th_verify("y (no pre)", &y2, r.y, tol, lab);
     double *stored = malloc(sizeof(double) * (size_t)(pre.n + 1));
     th_get(&pre.buf, &pre.t, stored);
-    grads_from_pre(&r, act, stored, x.v, w.v, dy.v, N, sc->K, sc->M);
+    grads_from_pre(&r, act, stored, x.v, w.v, dy.v, N, sc->K, sc->M, false);
 
     /* combined backward: pre kept / recomputed, accumulate 0 / 1 */
     int64_t xshape[FG_MAX_RANK];
@@ -223,7 +227,7 @@ static void run_case(fg_context *ctx, fg_backend be, fg_dtype dt, int act, const
             th_operand dx = th_make(be, dt, sc->rank, xshape, sc->layout), dw = th_make(be, dt, 2, wsh, sc->layout);
             th_operand db = th_make(be, dt, 1, bsh, sc->layout);
             check_backward(ctx, act, &dy, keep ? &pre.t : NULL, &x, &w, bt, &dx, &dw, &db, r.dx, r.dw, r.db, acc, tol,
-                           lab);
+                           lab, false);
             /* the split functions, one gradient each */
             if (keep && !acc) {
                 char l2[260];
@@ -266,6 +270,42 @@ static void run_case(fg_context *ctx, fg_backend be, fg_dtype dt, int act, const
         th_verify("db", &db, r.db, tol, l2);
         th_drop(&dx), th_drop(&dw), th_drop(&db), th_drop(&pc);
     }
+    {
+        /* the slope form: y as before, s = act′(pre) (rounded) where pre went — against the slope
+           of the pre the op stored above —, then the gradients from the s it stored (g = dy ⊙ s):
+           combined with accumulate 0 / 1, dx alone, dw + db, db alone */
+        th_operand y3 = th_make(be, dt, sc->rank, ys, sc->layout), s = th_make(be, dt, sc->rank, ys, sc->layout);
+        char l2[260];
+        snprintf(l2, sizeof l2, "%s slope form", lab);
+        th_poison(&y3.buf), th_poison(&s.buf);
+        TH_OK(fg_linear_act_forward_slope(ctx, (fg_activation)act, &x.t, &w.t, bt, &y3.t, &s.t));
+        th_verify("y", &y3, r.y, tol, l2);
+        double *rs = malloc(sizeof(double) * (size_t)(s.n + 1));
+        for (int64_t i = 0; i < s.n; i++) rs[i] = (double)ref_slope(act, stored[i]);
+        th_round(dt, rs, s.n);
+        th_verify("slope", &s, rs, tol, l2);
+        th_get(&s.buf, &s.t, rs);
+        grads_from_pre(&r, act, rs, x.v, w.v, dy.v, N, sc->K, sc->M, true);
+        for (int acc = 0; acc < 2; acc++) {
+            th_operand dx = th_make(be, dt, sc->rank, xshape, sc->layout), dw = th_make(be, dt, 2, wsh, sc->layout);
+            th_operand db = th_make(be, dt, 1, bsh, sc->layout);
+            check_backward(ctx, act, &dy, &s.t, &x, &w, bt, &dx, &dw, &db, r.dx, r.dw, r.db, acc, tol, lab, true);
+            if (!acc) {
+                th_poison(&dx.buf), th_poison(&dw.buf), th_poison(&db.buf);
+                TH_OK(fg_linear_act_backward_slope(ctx, (fg_activation)act, &dy.t, &s.t, &x.t, &w.t, bt, &dx.t, NULL, NULL, 0));
+                th_verify("dx alone", &dx, r.dx, tol, l2);
+                TH_OK(fg_linear_act_backward_slope(ctx, (fg_activation)act, &dy.t, &s.t, &x.t, &w.t, bt, NULL, &dw.t, &db.t, 0));
+                th_verify("dw", &dw, r.dw, tol, l2);
+                th_verify("db", &db, r.db, tol, l2);
+                th_poison(&db.buf);
+                TH_OK(fg_linear_act_backward_slope(ctx, (fg_activation)act, &dy.t, &s.t, &x.t, &w.t, bt, NULL, NULL, &db.t, 0));
+                th_verify("db alone", &db, r.db, tol, l2);
+            }
+            th_drop(&dx), th_drop(&dw), th_drop(&db);
+        }
+        free(rs);
+        th_drop(&y3), th_drop(&s);
+    }
     free(stored);
     free_ref(&r);
     th_drop(&x), th_drop(&w), th_drop(&y), th_drop(&y2), th_drop(&pre), th_drop(&dy);
@@ -283,6 +323,7 @@ static void wide_forward(fg_context *ctx, fg_backend be, fg_dtype dt) {
     for (int64_t n = 0; n < N - 3; n += 37) rows[nr++] = n;
     for (int64_t n = N - 3; n < N; n++) rows[nr++] = n;
     double *rp = malloc(sizeof(double) * (size_t)(nr * M)), *ry = malloc(sizeof(double) * (size_t)(nr * M));
+    double *rs = malloc(sizeof(double) * (size_t)(nr * M));
     double *got = malloc(sizeof(double) * (size_t)(N * M)), *sub = malloc(sizeof(double) * (size_t)(nr * M));
     for (int layout = 0; layout <= 3; layout += 3) {
         int64_t xs[2] = {N, K}, ws[2] = {M, K}, bs[1] = {M}, ys[2] = {N, M};
@@ -306,17 +347,21 @@ static void wide_forward(fg_context *ctx, fg_backend be, fg_dtype dt) {
                 double q = rp[i];
                 th_round(dt, &q, 1);
                 ry[i] = (double)ref_act(act, q);
+                rs[i] = (double)ref_slope(act, q);
             }
-            for (int keep = 0; keep < 2; keep++) {
+            th_round(dt, rs, nr * M);
+            for (int keep = 0; keep < 3; keep++) { /* 2: the slope form (pre receives act′(pre)) */
                 th_poison(&y.buf), th_poison(&pre.buf);
-                TH_OK(fg_linear_act_forward(ctx, (fg_activation)act, &x.t, &w.t, &b.t, &y.t, keep ? &pre.t : NULL));
-                for (int o = 0; o < 1 + keep; o++) {
+                if (keep == 2) TH_OK(fg_linear_act_forward_slope(ctx, (fg_activation)act, &x.t, &w.t, &b.t, &y.t, &pre.t));
+                else TH_OK(fg_linear_act_forward(ctx, (fg_activation)act, &x.t, &w.t, &b.t, &y.t, keep ? &pre.t : NULL));
+                for (int o = 0; o < 1 + (keep > 0); o++) {
                     th_get(o ? &pre.buf : &y.buf, o ? &pre.t : &y.t, got);
                     bool written = true; /* every element, not just the sampled rows (poisoned: NaN) */
                     for (int64_t i = 0; i < N * M && written; i++) written = got[i] == got[i];
                     for (int64_t r = 0; r < nr; r++) memcpy(sub + r * M, got + rows[r] * M, sizeof(double) * (size_t)M);
-                    const double err = th_relerr(sub, o ? rp : ry, nr * M);
-                    TH_CHECK(written && err <= th_tol(dt, false), "%s %s: relerr %.3g (all written: %d)", o ? "pre" : (keep ? "y" : "y (no pre)"),
+                    const double err = th_relerr(sub, o ? (keep == 2 ? rs : rp) : ry, nr * M);
+                    TH_CHECK(written && err <= th_tol(dt, false), "%s %s: relerr %.3g (all written: %d)",
+                             o ? (keep == 2 ? "slope" : "pre") : (keep == 2 ? "y (slope form)" : keep ? "y" : "y (no pre)"),
                              lab, err, (int)written);
                 }
             }
@@ -339,7 +384,7 @@ static void wide_forward(fg_context *ctx, fg_backend be, fg_dtype dt) {
         }
         th_drop(&x), th_drop(&w), th_drop(&b), th_drop(&y), th_drop(&pre);
     }
-    free(rp), free(ry), free(got), free(sub);
+    free(rp), free(ry), free(rs), free(got), free(sub);
 }
 
 /* The backward of a layer large enough for the sm_90a GEMM's dx = g·w and dw = gᵀ·x (each a
@@ -353,8 +398,30 @@ static void wide_forward(fg_context *ctx, fg_backend be, fg_dtype dt) {
  * 37th row and the last three, dw on every 37th row of its M and the last three, db whole, all
  * against f64; every element of dx and dw written; on a 9.0 device with an sm_90a build the plan
  * must name the kernels. */
-enum { WB_KEEP, WB_CONSUME, WB_DX_ONLY, WB_RECOMPUTE, WB_TWICE, WB_MODES };
-static const char *wb_mode_names[WB_MODES] = {"", " pre consumed", " dx only", " pre recomputed", " twice"};
+enum { WB_KEEP, WB_CONSUME, WB_DX_ONLY, WB_RECOMPUTE, WB_TWICE, WB_SLOPE, WB_SLOPE_CONSUME, WB_MODES };
+static const char *wb_mode_names[WB_MODES] = {"",       " pre consumed", " dx only", " pre recomputed", " twice",
+                                              " slope form", " slope form consumed"};
+
+/* the slope form's backward with its saved slope consumed (g formed in its memory): through a
+   plan, the one way to give both flags */
+static void backward_slope_consumed(fg_context *ctx, fg_backend be, int act, const th_operand *dy, const th_operand *s,
+                                    const th_operand *x, const th_operand *w, const th_operand *b, const th_operand *dx,
+                                    const th_operand *dw, const th_operand *db) {
+    fg_plan_desc d;
+    memset(&d, 0, sizeof d);
+    d.op = FG_OP_LINEAR_ACT_BACKWARD, d.kind = act, d.flags = FG_PLAN_ACT_SLOPE | FG_PLAN_CONSUME_PRE;
+    const fg_tensor ops[8] = {dy->t, s->t, x->t, w->t, b->t, dx->t, dw->t, db->t};
+    memcpy(d.operands, ops, sizeof ops);
+    fg_plan *plan = NULL;
+    TH_OK(fg_plan_create(ctx, &d, &plan));
+    if (!plan) return;
+    size_t need = 0;
+    TH_OK(fg_plan_workspace_size(plan, &need));
+    th_buf ws = th_alloc(be, FG_F32, (int64_t)(need / 4 + 1));
+    TH_OK(fg_plan_run(plan, ops, need ? ws.ptr : NULL, need));
+    th_free(&ws);
+    fg_plan_destroy(plan);
+}
 
 static void wide_backward(fg_context *ctx, fg_backend be, fg_dtype dt) {
     const int64_t N = 4200, K = 1544, M = 2440;
@@ -378,8 +445,11 @@ static void wide_backward(fg_context *ctx, fg_backend be, fg_dtype dt) {
         th_round(dt, pre.v, pre.n);
         for (int act = 0; act <= FG_ACT_TANH; act++)
             for (int mode = 0; mode < WB_MODES; mode++) {
+                /* misaligned: none and silu kept; aligned: every act kept, silu in every mode, the
+                   slope form (whose backward does not depend on act) for gelu_tanh too */
+                const bool slope = mode == WB_SLOPE || mode == WB_SLOPE_CONSUME;
                 if (layout ? act != FG_ACT_NONE && act != FG_ACT_SILU || mode != WB_KEEP
-                           : mode != WB_KEEP && act != FG_ACT_SILU)
+                           : mode != WB_KEEP && act != FG_ACT_SILU && !(slope && act == FG_ACT_GELU_TANH))
                     continue;
                 char lab[200];
                 snprintf(lab, sizeof lab, "large backward %s %s %s N=%lld K=%lld M=%lld%s%s", act_names[act],
@@ -393,7 +463,8 @@ static void wide_backward(fg_context *ctx, fg_backend be, fg_dtype dt) {
                 } else
                     th_put(&pre.buf, &pre.t, pre.v); /* (again: the consuming mode overwrites it) */
                 const bool want_w = mode != WB_DX_ONLY;
-                for (int64_t i = 0; i < N * M; i++) g[i] = dy.v[i] * (double)ref_slope(act, p[i]);
+                /* (the slope form: pre's values are taken as the saved slopes) */
+                for (int64_t i = 0; i < N * M; i++) g[i] = dy.v[i] * (slope ? p[i] : (double)ref_slope(act, p[i]));
                 memset(rdx, 0, sizeof(double) * (size_t)(nn * K));
                 memset(rdw, 0, sizeof(double) * (size_t)(nm * K));
                 memset(rdb, 0, sizeof(double) * (size_t)M);
@@ -407,7 +478,12 @@ static void wide_backward(fg_context *ctx, fg_backend be, fg_dtype dt) {
                 }
                 th_poison(&dx.buf), th_poison(&dw.buf), th_poison(&db.buf);
                 const fg_tensor *tdw = want_w ? &dw.t : NULL, *tdb = want_w ? &db.t : NULL;
-                if (mode == WB_CONSUME)
+                if (mode == WB_SLOPE)
+                    TH_OK(fg_linear_act_backward_slope(ctx, (fg_activation)act, &dy.t, &pre.t, &x.t, &w.t, &b.t, &dx.t, tdw,
+                                                       tdb, 0));
+                else if (mode == WB_SLOPE_CONSUME)
+                    backward_slope_consumed(ctx, be, act, &dy, &pre, &x, &w, &b, &dx, &dw, &db);
+                else if (mode == WB_CONSUME)
                     TH_OK(fg_linear_act_backward_consume(ctx, (fg_activation)act, &dy.t, &pre.t, &x.t, &w.t, &b.t, &dx.t,
                                                          tdw, tdb, 0));
                 else
@@ -434,10 +510,11 @@ static void wide_backward(fg_context *ctx, fg_backend be, fg_dtype dt) {
                     free(snap[0]), free(snap[1]), free(snap[2]);
                 }
 #ifdef FG_TEST_HAVE_SM90A
-                if (layout == 0 && mode == WB_KEEP) { /* the path: the plan names its kernels */
+                if (layout == 0 && (mode == WB_KEEP || mode == WB_SLOPE)) { /* the path: the plan names its kernels */
                     fg_plan_info info;
-                    backward_plan(ctx, act, &dy, &pre.t, &x, &w, &b, &dx, &dw, &db, &info);
-                    const bool formed = act == FG_ACT_RELU || act == FG_ACT_SILU || act == FG_ACT_SIGMOID || act == FG_ACT_TANH;
+                    backward_plan(ctx, act, &dy, &pre.t, &x, &w, &b, &dx, &dw, &db, &info, slope);
+                    const bool formed = slope || act == FG_ACT_RELU || act == FG_ACT_SILU || act == FG_ACT_SIGMOID ||
+                                        act == FG_ACT_TANH;
                     if (info.arch == 90)
                         TH_CHECK(strstr(info.kernel, "gemm90_dx") != NULL && strstr(info.kernel, "gemm90_dw") != NULL &&
                                      (strstr(info.kernel, "gemm90_dx_formed_g") != NULL) == formed,
@@ -481,7 +558,8 @@ static void short_backward(fg_context *ctx, fg_backend be, fg_dtype dt) {
                  fg_dtype_name(dt), (long long)N, (long long)K, (long long)M);
         for (int acc = 0; acc < 2; acc++) {
             th_operand dx = th_make(be, dt, 2, xs, 0), dw = th_make(be, dt, 2, ws, 0), db = th_make(be, dt, 1, bs, 0);
-            check_backward(ctx, act, &dy, &pre.t, &x, &w, &b.t, &dx, &dw, &db, rdx, rdw, rdb, acc, th_tol(dt, false), lab);
+            check_backward(ctx, act, &dy, &pre.t, &x, &w, &b.t, &dx, &dw, &db, rdx, rdw, rdb, acc, th_tol(dt, false), lab,
+                           false);
             th_drop(&dx), th_drop(&dw), th_drop(&db);
         }
     }
@@ -491,7 +569,7 @@ static void short_backward(fg_context *ctx, fg_backend be, fg_dtype dt) {
     for (int act = FG_ACT_RELU; act <= FG_ACT_TANH; act++)
         for (int keep = 0; keep < 2; keep++) {
             fg_plan_info info;
-            backward_plan(ctx, act, &dy, keep ? &pre.t : NULL, &x, &w, &b, &dx, &dw, &db, &info);
+            backward_plan(ctx, act, &dy, keep ? &pre.t : NULL, &x, &w, &b, &dx, &dw, &db, &info, false);
             if (info.arch == 90)
                 TH_CHECK((strstr(info.kernel, "linear_act_bwd90") != NULL) == (keep == 1),
                          "short backward %s %s keep=%d: the plan runs %s", act_names[act], fg_dtype_name(dt), keep, info.kernel);
@@ -530,7 +608,7 @@ static void batched_weights(fg_context *ctx, fg_backend be, fg_dtype dt, int act
         const double *bb = bias_kind == 2 ? b.v + bi * M : bias_kind == 1 ? b.v : NULL;
         ref r = reference(dt, act, xb, wb, bb, dyb, N, K, M);
         memcpy(wy + bi * N * M, r.y, sizeof(double) * (size_t)(N * M));
-        grads_from_pre(&r, act, stored + bi * N * M, xb, wb, dyb, N, K, M);
+        grads_from_pre(&r, act, stored + bi * N * M, xb, wb, dyb, N, K, M, false);
         memcpy(wdx + bi * N * K, r.dx, sizeof(double) * (size_t)(N * K));
         memcpy(wdw + bi * M * K, r.dw, sizeof(double) * (size_t)(M * K));
         for (int64_t m = 0; m < M; m++) wdb[(bias_kind == 2 ? bi * M : 0) + m] += r.db[m];
@@ -542,7 +620,7 @@ static void batched_weights(fg_context *ctx, fg_backend be, fg_dtype dt, int act
             th_operand dx = th_make(be, dt, 4, xs, 0), dw = th_make(be, dt, 3, wsh, 0);
             th_operand db = bias_kind == 2 ? th_make(be, dt, 2, bsh, 0) : th_make(be, dt, 1, m1, 0);
             check_backward(ctx, act, &dy, keep ? &pre.t : NULL, &x, &w, bt, &dx, &dw, &db, wdx, wdw, wdb, acc, tol,
-                           lab);
+                           lab, false);
             th_drop(&dx), th_drop(&dw), th_drop(&db);
         }
     free(stored), free(wy), free(wdx), free(wdw), free(wdb);
@@ -692,6 +770,24 @@ static void bad_input(fg_context *ctx, fg_backend be) {
                   fg_linear_act_backward_consume(ctx, FG_ACT_TANH, &y.t, NULL, &x.t, &w.t, NULL, &dx.t, NULL, NULL, 0));
     TH_EXPECT_BAD(FG_ERR_ALIAS, "dx", &x,
                   fg_linear_act_backward(ctx, FG_ACT_TANH, &y.t, NULL, &x.t, &w.t, NULL, &x.t, NULL, NULL, 0));
+    /* the slope form: the saved operand is required */
+    TH_EXPECT_BAD(FG_ERR_NULL_POINTER, "slope is NULL", &y,
+                  fg_linear_act_forward_slope(ctx, FG_ACT_SILU, &x.t, &w.t, NULL, &y.t, NULL));
+    TH_EXPECT_BAD(FG_ERR_NULL_POINTER, "slope is NULL", &dx,
+                  fg_linear_act_backward_slope(ctx, FG_ACT_SILU, &y.t, NULL, &x.t, &w.t, NULL, &dx.t, NULL, NULL, 0));
+    {
+        fg_plan_desc d;
+        memset(&d, 0, sizeof d);
+        d.op = FG_OP_LINEAR_ACT_BACKWARD, d.kind = FG_ACT_SILU, d.flags = FG_PLAN_ACT_SLOPE;
+        d.operands[0] = y.t, d.operands[2] = x.t, d.operands[3] = w.t, d.operands[5] = dx.t;
+        fg_plan *plan = NULL;
+        TH_EXPECT_BAD(FG_ERR_INVALID_VALUE, "FG_PLAN_ACT_SLOPE but pre", &dx, fg_plan_create(ctx, &d, &plan));
+        TH_CHECK(plan == NULL, "a refused plan is NULL");
+        d.op = FG_OP_LINEAR_ACT_FORWARD;
+        memset(d.operands, 0, sizeof d.operands);
+        d.operands[0] = x.t, d.operands[1] = w.t, d.operands[3] = y.t;
+        TH_EXPECT_BAD(FG_ERR_INVALID_VALUE, "FG_PLAN_ACT_SLOPE but pre", &y, fg_plan_create(ctx, &d, &plan));
+    }
     th_drop(&x), th_drop(&w), th_drop(&y), th_drop(&yb), th_drop(&b), th_drop(&wh), th_drop(&dx), th_drop(&ys1);
     xi.t.dtype = FG_F32;
     th_drop(&xi), th_drop(&dxw), th_drop(&b4);

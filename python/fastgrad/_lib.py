@@ -17,6 +17,7 @@ F32, F16, BF16, F64, I32, I64 = 0, 1, 2, 3, 4, 5
 BACKEND_CPU, BACKEND_CUDA = 0, 1
 PLAN_ALLOW_TF32 = 1
 PLAN_CONSUME_PRE = 2
+PLAN_ACT_SLOPE = 4
 
 OP = {
     "linear_forward": 1,

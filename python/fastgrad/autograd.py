@@ -446,13 +446,16 @@ class LinearActFunction(torch.autograd.Function):
     recomputing it in the backward (one more product); relu keeps nothing but y (its
     backward reads the mask off y). The backward forms g in the saved pre's memory (it is
     dead after the backward); a second backward through the same graph (retain_graph)
-    recomputes pre instead."""
+    recomputes pre instead. save_pre="slope" keeps act′(pre) instead of pre (the slope form:
+    the same memory, and on CUDA a backward whose products form g themselves)."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, act, save_pre):
         relu = act == "relu"
-        y, pre = _call(ops.linear_act_forward, x, weight, bias, act, save_pre and not relu)
-        ctx.act, ctx.has_bias, ctx.relu, ctx.consumed = act, bias is not None, relu and save_pre, False
+        slope = save_pre == "slope" and not relu
+        y, pre = _call(ops.linear_act_forward, x, weight, bias, act, bool(save_pre) and not relu, slope=slope)
+        ctx.act, ctx.has_bias, ctx.relu, ctx.consumed = act, bias is not None, relu and bool(save_pre), False
+        ctx.slope = slope
         ctx.save_for_backward(x, weight, bias, y if ctx.relu else pre)
         return y
 
@@ -464,15 +467,19 @@ class LinearActFunction(torch.autograd.Function):
         if ctx.consumed:  # pre holds the first backward's g: recompute it
             pre, consume = None, False
         dx, dw, db = _call(ops.linear_act_backward, dy.contiguous(), x.contiguous(), weight.contiguous(), bias,
-                           pre, ctx.act, need=(need[0], need[1], ctx.has_bias and need[2]), consume_pre=consume)
+                           pre, ctx.act, need=(need[0], need[1], ctx.has_bias and need[2]), consume_pre=consume,
+                           slope=ctx.slope and pre is not None)
         ctx.consumed = ctx.consumed or consume
         return dx, dw, db, None, None
 
 
 def linear_act(x, weight, bias=None, act="gelu_tanh", save_pre=True):
     """act(x·wᵀ + b) with its fused backward; act in none, relu, gelu, gelu_tanh, silu,
-    sigmoid, tanh."""
-    return LinearActFunction.apply(x, weight, bias, act, bool(save_pre))
+    sigmoid, tanh. save_pre: True keeps the pre-activation, False recomputes it, "slope"
+    keeps act′(pre) instead (LinearActFunction says more)."""
+    if save_pre not in (True, False, "slope"):
+        raise ValueError(f"fastgrad: save_pre must be True, False or 'slope', not {save_pre!r}")
+    return LinearActFunction.apply(x, weight, bias, act, "slope" if save_pre == "slope" else bool(save_pre))
 
 
 class LinearAct(Linear):

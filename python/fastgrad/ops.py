@@ -339,29 +339,35 @@ def _act_code(act):
     return _lib.ACT[act]
 
 
-def linear_act_forward(x, w, b=None, act="gelu_tanh", keep_pre=True, out=None):
+def linear_act_forward(x, w, b=None, act="gelu_tanh", keep_pre=True, out=None, slope=False):
     """(y, pre or None): y = act(x·wᵀ + b); x [..., K], w [M, K] (or batched weights: x [B, ..., K],
     w [B, M, K], b [M] or [B, M]); pre is the saved
     pre-activation (keep_pre=False: the backward recomputes it; relu needs none, its
-    backward takes y as pre)."""
+    backward takes y as pre). slope=True (the slope form): the saved tensor is act′(pre)
+    instead, for linear_act_backward(..., slope=True)."""
     shape = tuple(x.shape[:-1]) + (w.shape[-2],)
     y = out if out is not None else _empty_like_family(x, shape)
-    pre = _empty_like_family(x, shape) if keep_pre else None
-    run("linear_act_forward", [x, w, b, y, pre], ["x", "w", "b", "y", "pre"], kind=_act_code(act))
+    pre = _empty_like_family(x, shape) if keep_pre or slope else None
+    run("linear_act_forward", [x, w, b, y, pre], ["x", "w", "b", "y", "pre"], kind=_act_code(act),
+        flags=_lib.PLAN_ACT_SLOPE if slope else 0)
     return y, pre
 
 
 def linear_act_backward(dy, x, w, b=None, pre=None, act="gelu_tanh", need=(True, True, True), accumulate=False,
-                        out=(None, None, None), consume_pre=False):
+                        out=(None, None, None), consume_pre=False, slope=False):
     """(dx, dw, db) through the activation, g = dy ⊙ act′(pre) formed once; None where not
     needed (db only with a bias unless out supplies one). pre None: recomputed; for relu, y
     may stand in for pre. consume_pre: pre's memory may be overwritten (g is formed there
-    instead of in a new N·M buffer)."""
+    instead of in a new N·M buffer). slope=True: pre is the saved slope act′(pre) of the
+    slope form (g = dy ⊙ pre)."""
+    if slope and pre is None:
+        raise ValueError("fastgrad: the slope form's backward needs the saved slope (pre)")
     shapes = [tuple(x.shape), tuple(w.shape), tuple(b.shape) if b is not None else (w.shape[-2],)]
     want = [need[0], need[1], need[2] and (b is not None or out[2] is not None)]
     outs = [(o if o is not None else _empty_like_family(dy, s)) if k else None for o, k, s in zip(out, want, shapes)]
     run("linear_act_backward", [dy, pre, x, w, b] + outs, ["dy", "pre", "x", "w", "b", "dx", "dw", "db"], accumulate,
-        kind=_act_code(act), flags=_lib.PLAN_CONSUME_PRE if consume_pre and pre is not None else 0)
+        kind=_act_code(act), flags=(_lib.PLAN_CONSUME_PRE if consume_pre and pre is not None else 0) |
+        (_lib.PLAN_ACT_SLOPE if slope else 0))
     return tuple(outs)
 
 

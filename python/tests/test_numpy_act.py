@@ -50,6 +50,14 @@ def test_linear_act(rng, act, lead, k, m, bias):
         assert relerr(dw, g.reshape(-1, m).T @ x.reshape(-1, k)) < 1e-12
         if bias:
             assert relerr(db, g.reshape(-1, m).sum(0)) < 1e-12
+    # the slope form: act′(pre) saved instead of pre, g = dy ⊙ it
+    y3, s = fg.linear_act_forward(x, w, b, act, slope=True)
+    assert relerr(y3, ry) < 1e-12 and relerr(s, rs) < 1e-12
+    dx, dw, db = fg.linear_act_backward(dy, x, w, b, s, act, slope=True)
+    assert relerr(dx, g @ w) < 1e-12
+    assert relerr(dw, g.reshape(-1, m).T @ x.reshape(-1, k)) < 1e-12
+    if bias:
+        assert relerr(db, g.reshape(-1, m).sum(0)) < 1e-12
 
 
 def test_errors(rng):

@@ -21,7 +21,8 @@ ACTS = {"none": lambda p: p, "relu": F.relu, "gelu": F.gelu, "gelu_tanh": lambda
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("act", list(ACTS))
 @pytest.mark.parametrize("lead,k,m,bias,save", [((5, 7), 64, 96, True, True), ((129,), 33, 200, False, False),
-                                                ((3, 50), 128, 72, True, False)])  # CUDA: K <= 128 tiles
+                                                ((3, 50), 128, 72, True, False),  # CUDA: K <= 128 tiles
+                                                ((5, 7), 64, 96, True, "slope"), ((129,), 33, 200, False, "slope")])
 def test_linear_act(rng, device, dtype, act, lead, k, m, bias, save):
     if device == "cuda" and dtype == torch.float64:
         pytest.skip("f64 runs on the CPU backend only")

@@ -292,9 +292,15 @@ fg_status fg_cuda_logp(fg_context *ctx, const fg_logp_call *c);
 
 /* ------------------------------------------------------------------ linear + activation steps */
 
+/* The slope form (FG_PLAN_ACT_SLOPE): the backward's steps run with act = FG_ACT_GIVEN_SLOPE,
+ * whose "pre" is the saved slope s and whose slope is s itself (g = dy ⊙ s); the forward's
+ * steps keep the real act and set slope_out (pre receives act′(pre) instead of pre). */
+#define FG_ACT_GIVEN_SLOPE 7
+
 /* The two elementwise steps of the linear + activation driver (src/ops/linear_act.c),
  * over an [rows, cols] row-major block (row strides in elements):
- *   FORWARD  y = act(pre)                      (y may be pre: in place)
+ *   FORWARD  y = act(pre)                      (y may be pre: in place); slope_out: then
+ *            pre = act′(pre) in place
  *   GRAD     g = dy ⊙ act′(pre); db_acc (acc type, [cols]) gets the column sums of g
  *            (first: written, else added) when db_acc is not NULL
  *   CAST     dst = Σ_{p < parts} src[p·cols + j] (+ dst when accumulate), acc type → dtype,
@@ -316,7 +322,7 @@ fg_status fg_cuda_logp(fg_context *ctx, const fg_logp_call *c);
  * and, where fg_cuda_act_gemm_fits (an sm_90a build on a 9.0 device, f16/bf16, row strides
  * multiples of 8, a full wave of 128 × 256 tiles), the three products as one own GEMM
  * (pointers 16-byte aligned, outputs written, never added to):
- *   GEMM_FORWARD  as TILE_FORWARD, any K
+ *   GEMM_FORWARD  as TILE_FORWARD, any K (slope_out: pre receives act′(pre))
  *   GEMM_INPUT    dx[rows, cols] = g[rows, k]·w[k, cols]      (rows N, k M, cols K)
  *   GEMM_WEIGHT   dw[rows, cols] = g[k, rows]ᵀ·x[k, cols]     (rows M, k N, cols K)
  *   GEMM_INPUT_FORM  GEMM_INPUT with g = dy ⊙ act′(pre) formed inside (written to g, which may
@@ -355,6 +361,7 @@ typedef struct fg_act_call {
     const void *x, *w, *b;   /* TILE steps: the product's operands, k their inner size */
     int64_t k;
     void *dx, *dw;           /* TILE_BACKWARD's and GEMM_INPUT's / GEMM_WEIGHT's outputs */
+    bool slope_out;          /* FORWARD, GEMM_FORWARD: pre receives act′(pre) (slope form) */
 } fg_act_call;
 
 /* The activations and their derivatives in f64: the CPU backend's math (src/cpu/linear_act.c). */

@@ -48,7 +48,9 @@ static fg_status plan_init(fg_context *ctx, const fg_plan_desc *desc, struct fg_
     if (!desc) return fg_fail(FG_ERR_NULL_POINTER, "plan_create: desc is NULL");
     const fg_op_entry *e = find_op(desc->op);
     if (!e) return fg_fail(FG_ERR_INVALID_VALUE, "plan_create: desc.op=%d is not an op", (int)desc->op);
-    const uint32_t known = FG_PLAN_ALLOW_TF32 | (desc->op == FG_OP_LINEAR_ACT_BACKWARD ? FG_PLAN_CONSUME_PRE : 0u);
+    const uint32_t known = FG_PLAN_ALLOW_TF32 | (desc->op == FG_OP_LINEAR_ACT_BACKWARD ? FG_PLAN_CONSUME_PRE : 0u) |
+                           (desc->op == FG_OP_LINEAR_ACT_FORWARD || desc->op == FG_OP_LINEAR_ACT_BACKWARD ? FG_PLAN_ACT_SLOPE
+                                                                                                        : 0u);
     if (desc->flags & ~known)
         return fg_fail(FG_ERR_INVALID_VALUE, "%s: unknown flags 0x%x", e->name, desc->flags & ~known);
     if (desc->accumulate != 0 && desc->accumulate != 1)

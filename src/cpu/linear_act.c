@@ -55,6 +55,7 @@ double fg_act_slope(int act, double x) {
         double e = exp(-2.0 * fabs(x));
         return 4.0 * e / ((1.0 + e) * (1.0 + e));
     }
+    case FG_ACT_GIVEN_SLOPE: return x; /* the saved slope itself (the slope form's backward) */
     default: return x == x ? 1.0 : x;
     }
 }
@@ -68,8 +69,11 @@ fg_status fg_cpu_act(fg_context *ctx, const fg_act_call *c) {
     case FG_ACT_STEP_FORWARD:
 #pragma omp parallel for schedule(static) num_threads(nt) if (nt != 1 && c->rows * c->cols > 65536)
         for (int64_t i = 0; i < c->rows; i++)
-            for (int64_t j = 0; j < c->cols; j++)
-                fg_store_f64(c->y, t, i * c->ld_y + j, fg_act_value(c->act, fg_load_f64(c->pre, t, i * c->ld_pre + j)));
+            for (int64_t j = 0; j < c->cols; j++) {
+                const double p = fg_load_f64(c->pre, t, i * c->ld_pre + j);
+                fg_store_f64(c->y, t, i * c->ld_y + j, fg_act_value(c->act, p));
+                if (c->slope_out) fg_store_f64((void *)c->pre, t, i * c->ld_pre + j, fg_act_slope(c->act, p));
+            }
         return FG_OK;
     case FG_ACT_STEP_GRAD:
         /* db first: g may overwrite pre in place */

@@ -27,6 +27,12 @@ template <typename F> static auto with_act(int act, F &&f) {
     }
 }
 
+/* ... and for the kernels that form g, also the slope form's GIVEN_SLOPE (g = dy · s) */
+template <typename F> static auto with_grad_act(int act, F &&f) {
+    if (act == FG_ACT_GIVEN_SLOPE) return f(std::integral_constant<int, FG_ACT_GIVEN_SLOPE>{});
+    return with_act(act, f);
+}
+
 /* exp of a non-positive argument through ex2.approx (relative error ~2⁻²²; the rounding of
  * x·log2 e adds |x|·2⁻²⁴, far under the f32 tolerance where the term still matters) */
 __device__ __forceinline__ float exp_neg(float x) {
@@ -100,8 +106,15 @@ __device__ __forceinline__ float act_slope(int act, float x) {
     case FG_ACT_TANH: /* 1 − tanh² = 4σ′(2x) */
         sigmoid_pair_l2(x * 2.8853900817779268f, &s, &ds);
         return x == x ? 4.f * ds : x;
+    case FG_ACT_GIVEN_SLOPE: return x; /* the saved slope itself */
     default: return x == x ? 1.f : x;
     }
+}
+
+/* y = act(x) and s = act′(x) together (the slope form's forward) */
+__device__ __forceinline__ void act_value_slope(int act, float x, float *y, float *s) {
+    *y = act_value(act, x);
+    *s = act_slope(act, x);
 }
 
 #endif

@@ -22,11 +22,21 @@ constexpr int THREADS = 256;
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 /* Each thread takes FWD_UNROLL vectors a block-width apart per round, loads first. Plain
- * loads: y may be pre itself. */
+ * loads: y may be pre itself. SLOPE (the slope form): pre = act′(pre) in place as well. */
 constexpr int FWD_UNROLL = 4;
 
-template <typename T, int VEC, int ACT>
-__global__ void __launch_bounds__(THREADS) act_forward_kernel(const T *pre, T *y, int64_t n) {
+template <typename T, int VEC, int ACT, bool SLOPE>
+__device__ __forceinline__ void slope_vec(T *pre, int64_t at, const vec_t<T, VEC> &a) {
+    if constexpr (SLOPE) {
+        vec_t<T, VEC> o;
+#pragma unroll
+        for (int k = 0; k < VEC; k++) o.v[k] = from_acc<T>(act_slope(ACT, to_acc(a.v[k])));
+        store_vec<T, VEC>(pre + at, o);
+    }
+}
+
+template <typename T, int VEC, int ACT, bool SLOPE>
+__global__ void __launch_bounds__(THREADS) act_forward_kernel(T *pre, T *y, int64_t n) {
     constexpr int act = ACT;
     const int64_t nvec = n / VEC, stride = (int64_t)gridDim.x * THREADS * FWD_UNROLL;
     int64_t v = blockIdx.x * (int64_t)THREADS * FWD_UNROLL + threadIdx.x;
@@ -46,16 +56,21 @@ __global__ void __launch_bounds__(THREADS) act_forward_kernel(const T *pre, T *y
                 for (int k = 0; k < VEC; k++) o.v[k] = from_acc<T>(act_value(act, to_acc(a[u].v[k])));
             }
             store_vec<T, VEC>(y + (v + u * THREADS) * VEC, o);
+            slope_vec<T, VEC, ACT, SLOPE>(pre, (v + u * THREADS) * VEC, a[u]);
         }
     }
     for (; v < nvec; v += THREADS) { /* the last round: what is left, a block-width at a time */
-        vec_t<T, VEC> a = *reinterpret_cast<const vec_t<T, VEC> *>(pre + v * VEC);
+        vec_t<T, VEC> a = *reinterpret_cast<const vec_t<T, VEC> *>(pre + v * VEC), o;
 #pragma unroll
-        for (int k = 0; k < VEC; k++) a.v[k] = from_acc<T>(act_value(act, to_acc(a.v[k])));
-        store_vec<T, VEC>(y + v * VEC, a);
+        for (int k = 0; k < VEC; k++) o.v[k] = from_acc<T>(act_value(act, to_acc(a.v[k])));
+        store_vec<T, VEC>(y + v * VEC, o);
+        slope_vec<T, VEC, ACT, SLOPE>(pre, v * VEC, a);
     }
-    for (int64_t i = nvec * VEC + blockIdx.x * (int64_t)THREADS + threadIdx.x; i < n; i += stride)
-        y[i] = from_acc<T>(act_value(act, to_acc(pre[i])));
+    for (int64_t i = nvec * VEC + blockIdx.x * (int64_t)THREADS + threadIdx.x; i < n; i += stride) {
+        const float p = to_acc(pre[i]);
+        y[i] = from_acc<T>(act_value(act, p));
+        if (SLOPE) pre[i] = from_acc<T>(act_slope(act, p));
+    }
 }
 
 /* GRAD geometry, from the shape alone (so the order of db's sums never depends on the data's
@@ -192,10 +207,15 @@ template <typename T, int ACT> static cudaError_t forward_pass(const fg_act_call
     if (n == 0) return cudaSuccess;
     const int64_t per = (int64_t)THREADS * VEC * FWD_UNROLL;
     const unsigned blocks = (unsigned)(cdiv(n, per) < 65536 ? cdiv(n, per) : 65536);
-    if (aligned(c->pre) && aligned(c->y))
-        act_forward_kernel<T, VEC, ACT><<<blocks, THREADS, 0, s>>>((const T *)c->pre, (T *)c->y, n);
-    else
-        act_forward_kernel<T, 1, ACT><<<blocks, THREADS, 0, s>>>((const T *)c->pre, (T *)c->y, n);
+    T *pre = (T *)c->pre, *y = (T *)c->y;
+    const bool vec = aligned(c->pre) && aligned(c->y);
+    if (c->slope_out) {
+        if (vec) act_forward_kernel<T, VEC, ACT, true><<<blocks, THREADS, 0, s>>>(pre, y, n);
+        else act_forward_kernel<T, 1, ACT, true><<<blocks, THREADS, 0, s>>>(pre, y, n);
+    } else {
+        if (vec) act_forward_kernel<T, VEC, ACT, false><<<blocks, THREADS, 0, s>>>(pre, y, n);
+        else act_forward_kernel<T, 1, ACT, false><<<blocks, THREADS, 0, s>>>(pre, y, n);
+    }
     return cudaGetLastError();
 }
 
@@ -224,11 +244,10 @@ template <typename T, int ACT> static cudaError_t grad_pass(const fg_act_call *c
 }
 
 template <typename T> static cudaError_t run_step(const fg_act_call *c, cudaStream_t s) {
-    if (c->step != FG_ACT_STEP_CAST)
-        return with_act(c->act, [&](auto act) {
-            constexpr int ACT = decltype(act)::value;
-            return c->step == FG_ACT_STEP_FORWARD ? forward_pass<T, ACT>(c, s) : grad_pass<T, ACT>(c, s);
-        });
+    if (c->step == FG_ACT_STEP_FORWARD)
+        return with_act(c->act, [&](auto act) { return forward_pass<T, decltype(act)::value>(c, s); });
+    if (c->step == FG_ACT_STEP_GRAD)
+        return with_grad_act(c->act, [&](auto act) { return grad_pass<T, decltype(act)::value>(c, s); });
     /* CAST */
     if (c->cols == 0) return cudaSuccess;
     const unsigned blocks = (unsigned)(cdiv(c->cols, 256) < 65536 ? cdiv(c->cols, 256) : 65536);

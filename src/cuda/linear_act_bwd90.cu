@@ -292,7 +292,7 @@ extern "C" fg_status fg_cuda_act_bwd90(fg_context *ctx, const fg_act_call *c) {
         !tma_map_2d(&maps[2], c->x, c->rows, c->k, B9_ROWS, bf) || !tma_map_2d(&maps[3], c->w, c->cols, c->k, 64, bf))
         return fg_fail(FG_ERR_BACKEND, "cuda linear_act: cuTensorMapEncodeTiled refused an operand (rows=%lld K=%lld M=%lld)",
                        (long long)c->rows, (long long)c->k, (long long)c->cols);
-    cudaError_t e = with_act(c->act, [&](auto f) {
+    cudaError_t e = with_grad_act(c->act, [&](auto f) {
         constexpr int ACT = decltype(f)::value;
         if constexpr (ACT == FG_ACT_NONE) return cudaErrorInvalidValue; /* (none: the driver runs plain GEMMs) */
         else return bf ? b9_launch<__nv_bfloat16, ACT>(maps, a, parts, s) : b9_launch<__half, ACT>(maps, a, parts, s);

@@ -299,7 +299,8 @@ __global__ void __launch_bounds__(BT_THREADS, 1) act_bwd_tile_kernel(bt_args a) 
  * the gradient pass and two cuBLASLt products; silu 0.173 against 0.20; docs/perf-notes.md).
  * (With a kept pre on sm_90a, linear_act_bwd90.cu runs instead, the gelus included.) */
 static bool bt_act(int act) {
-    return act == FG_ACT_RELU || act == FG_ACT_SILU || act == FG_ACT_SIGMOID || act == FG_ACT_TANH;
+    return act == FG_ACT_RELU || act == FG_ACT_SILU || act == FG_ACT_SIGMOID || act == FG_ACT_TANH ||
+           act == FG_ACT_GIVEN_SLOPE; /* (the slope form: s is always kept) */
 }
 
 extern "C" bool fg_cuda_act_bwd_tile_fits(fg_dtype dtype, int act, int64_t k, int64_t cols) {
@@ -333,9 +334,10 @@ template <typename T, int ACT, bool KEPT> static cudaError_t bt_launch(const bt_
 }
 
 template <typename T> static cudaError_t bt_dispatch(int act, bool kept, const bt_args &a, int64_t slabs, cudaStream_t s) {
-    return with_act(act, [&](auto f) {
+    return with_grad_act(act, [&](auto f) {
         constexpr int ACT = decltype(f)::value;
         if constexpr (ACT == FG_ACT_NONE) return cudaErrorInvalidValue; /* (none: the driver runs plain GEMMs) */
+        else if constexpr (ACT == FG_ACT_GIVEN_SLOPE) return kept ? bt_launch<T, ACT, true>(a, slabs, s) : cudaErrorInvalidValue;
         else return kept ? bt_launch<T, ACT, true>(a, slabs, s) : bt_launch<T, ACT, false>(a, slabs, s);
     });
 }

@@ -45,6 +45,7 @@ static_assert(2 * 2 * GM_FORM_BOX == 2 * 64 * 64 * 2, "the g ring (two stages of
 constexpr int GM_A = GM_BM * GM_BK * 2, GM_B = GM_BN * GM_BK * 2, GM_STAGE = GM_A + GM_B;
 constexpr int GM_CHUNK = 64 * 64 * 2; /* one epilogue chunk: 64 rows × 64 columns */
 constexpr int GM_EPI_THREADS = 96;    /* the producer warpgroup's warps 1–3 */
+
 /* stages, then the tile's rounded product (pre) as 2 × 4 chunks (one set per consumer
    warpgroup), two chunks for y (a chunk's store reads one while the next fills the other),
    the tile's bias per consumer warpgroup; + alignment */
@@ -75,16 +76,22 @@ __device__ __forceinline__ void gm_tile(int t, const gm_args &a, int &tr, int &t
 __device__ __forceinline__ void wg_sync(int c) { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + c) : "memory"); }
 __device__ __forceinline__ void epi_sync() { asm volatile("bar.sync 3, %0;\n" ::"n"(GM_EPI_THREADS) : "memory"); }
 
-/* y = act(pre) for 8 values (16 bytes) */
-template <typename T, int ACT> __device__ __forceinline__ uint4 act8(uint4 v) {
-    uint32_t *u = reinterpret_cast<uint32_t *>(&v);
+/* y = act(pre) for 8 values (16 bytes); SLOPE: also v = act′(pre) in place (in registers) */
+template <typename T, int ACT, bool SLOPE> __device__ __forceinline__ uint4 act8(uint4 &v) {
+    uint4 y = v;
+    uint32_t *u = reinterpret_cast<uint32_t *>(&y), *us = reinterpret_cast<uint32_t *>(&v);
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         T *e = reinterpret_cast<T *>(&u[i]), o[2];
-        from_acc2<T>(act_value(ACT, to_acc(e[0])), act_value(ACT, to_acc(e[1])), o);
+        const float p0 = to_acc(e[0]), p1 = to_acc(e[1]);
+        from_acc2<T>(act_value(ACT, p0), act_value(ACT, p1), o);
         u[i] = *reinterpret_cast<uint32_t *>(o);
+        if constexpr (SLOPE) {
+            from_acc2<T>(act_slope(ACT, p0), act_slope(ACT, p1), o);
+            us[i] = *reinterpret_cast<uint32_t *>(o);
+        }
     }
-    return v;
+    return y;
 }
 
 /* g unit u in the order the tile walk first needs them: per band of a.group row tiles, K slice
@@ -206,7 +213,7 @@ __device__ __forceinline__ void gm_form(const CUtensorMap *mdy, const CUtensorMa
    consumers already run the next tile's products.
    GACT ≥ 0 (GEMM_INPUT_FORM, ACT none, A = g K-major): warps 1–3 form g instead (gm_form), the
    producer waits for each A slice's unit flag, and the consumers store their own tiles. */
-template <typename T, int ACT, int TA, int TB, int GACT>
+template <typename T, int ACT, int TA, int TB, int GACT, bool SLOPE>
 __global__ void __launch_bounds__(GM_THREADS, 1)
     act_gemm_kernel(const __grid_constant__ CUtensorMap mx, const __grid_constant__ CUtensorMap mw,
                     const __grid_constant__ CUtensorMap mpre, const __grid_constant__ CUtensorMap my,
@@ -280,7 +287,7 @@ __global__ void __launch_bounds__(GM_THREADS, 1)
                 mbar_wait(&epi_full[c], fph);
                 unsigned char *pc = staged + c * 4 * GM_CHUNK;
                 const int c1 = tr * GM_BM + c * 64;
-                if (ACT == FG_ACT_NONE || a.write_pre) {
+                if (ACT == FG_ACT_NONE || (a.write_pre && !SLOPE)) {
                     if (et == 0) { /* the rounded product as it is: pre, or the output of ACT none */
                         for (int q = 0; q < 4; q++) tma_store_2d(ACT == FG_ACT_NONE ? &my : &mpre, pc + q * GM_CHUNK, tc * GM_BN + q * 64, c1);
                         tma_store_commit();
@@ -288,16 +295,25 @@ __global__ void __launch_bounds__(GM_THREADS, 1)
                 }
                 if (ACT != FG_ACT_NONE)
                     for (int q = 0; q < 4; q++, slot ^= 1) {
-                        unsigned char *yc = ybuf + slot * GM_CHUNK;
-                        if (et == 0) tma_store_wait_read<1>(); /* the store that last read yc is done */
+                        /* PLAIN: y's chunk alternates between the two buffers; SLOPE: y in the
+                           first, s in the second, both stored before the next chunk's fill */
+                        unsigned char *yc = ybuf + (SLOPE ? 0 : slot) * GM_CHUNK, *sc = ybuf + GM_CHUNK;
+                        if (et == 0) { /* the store that last read yc (and sc) is done */
+                            if (SLOPE) tma_store_wait_read<0>();
+                            else tma_store_wait_read<1>();
+                        }
                         epi_sync();
-                        /* y and pre share the swizzled layout: each 16 bytes map to the same place */
-                        for (int i = et; i < GM_CHUNK / 16; i += GM_EPI_THREADS)
-                            reinterpret_cast<uint4 *>(yc)[i] = act8<T, ACT>(reinterpret_cast<const uint4 *>(pc + q * GM_CHUNK)[i]);
+                        /* y, s and pre share the swizzled layout: each 16 bytes map to the same place */
+                        for (int i = et; i < GM_CHUNK / 16; i += GM_EPI_THREADS) {
+                            uint4 v = reinterpret_cast<const uint4 *>(pc + q * GM_CHUNK)[i];
+                            reinterpret_cast<uint4 *>(yc)[i] = act8<T, ACT, SLOPE>(v);
+                            if (SLOPE) reinterpret_cast<uint4 *>(sc)[i] = v;
+                        }
                         tma_store_fence();
                         epi_sync();
                         if (et == 0) {
                             tma_store_2d(&my, yc, tc * GM_BN + q * 64, c1);
+                            if (SLOPE) tma_store_2d(&mpre, sc, tc * GM_BN + q * 64, c1);
                             tma_store_commit();
                         }
                     }
@@ -305,7 +321,7 @@ __global__ void __launch_bounds__(GM_THREADS, 1)
                 epi_sync();
                 if (et == 0) {
                     if (ACT == FG_ACT_NONE) tma_store_wait_read<0>();
-                    else tma_store_wait_read<2>(); /* (older than y's last two chunks: pc's pre) */
+                    else if (!SLOPE) tma_store_wait_read<2>(); /* (older than y's last two chunks: pc's pre) */
                     mbar_arrive(&epi_empty[c]);
                 }
             }
@@ -449,12 +465,13 @@ extern "C" size_t fg_cuda_act_form_scratch(int64_t rows, int64_t k, bool want_db
    5.58 vs 5.43: their slopes are too long for the three spare warps, which then hold the
    product back — those keep the pass. */
 extern "C" bool fg_cuda_act_form_takes(int act) {
-    return act == FG_ACT_RELU || act == FG_ACT_SILU || act == FG_ACT_SIGMOID || act == FG_ACT_TANH;
+    return act == FG_ACT_RELU || act == FG_ACT_SILU || act == FG_ACT_SIGMOID || act == FG_ACT_TANH ||
+           act == FG_ACT_GIVEN_SLOPE;
 }
 
-template <typename T, int ACT, int TA, int TB, int GACT = -1>
+template <typename T, int ACT, int TA, int TB, int GACT = -1, bool SLOPE = false>
 static cudaError_t gm_launch(const CUtensorMap *maps, const gm_args &a, int blocks, cudaStream_t s) {
-    auto kernel = act_gemm_kernel<T, ACT, TA, TB, GACT>;
+    auto kernel = act_gemm_kernel<T, ACT, TA, TB, GACT, SLOPE>;
     const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GM_SMEM);
     if (e != cudaSuccess) return e;
     kernel<<<blocks, GM_THREADS, GM_SMEM, s>>>(maps[0], maps[1], maps[2], maps[3], maps[4], maps[5], a);
@@ -462,18 +479,24 @@ static cudaError_t gm_launch(const CUtensorMap *maps, const gm_args &a, int bloc
 }
 
 template <typename T>
-static cudaError_t gm_dispatch(fg_act_step step, int act, const CUtensorMap *maps, const gm_args &a, int blocks,
+static cudaError_t gm_dispatch(const fg_act_call *c, const CUtensorMap *maps, const gm_args &a, int blocks,
                                cudaStream_t s) {
-    if (step == FG_ACT_STEP_GEMM_INPUT) return gm_launch<T, FG_ACT_NONE, 0, 1>(maps, a, blocks, s);
-    if (step == FG_ACT_STEP_GEMM_WEIGHT) return gm_launch<T, FG_ACT_NONE, 1, 1>(maps, a, blocks, s);
-    if (step == FG_ACT_STEP_GEMM_INPUT_FORM)
-        return with_act(act, [&](auto f) {
+    if (c->step == FG_ACT_STEP_GEMM_INPUT) return gm_launch<T, FG_ACT_NONE, 0, 1>(maps, a, blocks, s);
+    if (c->step == FG_ACT_STEP_GEMM_WEIGHT) return gm_launch<T, FG_ACT_NONE, 1, 1>(maps, a, blocks, s);
+    if (c->step == FG_ACT_STEP_GEMM_INPUT_FORM)
+        return with_grad_act(c->act, [&](auto f) {
             constexpr int G = decltype(f)::value;
-            if constexpr (G == FG_ACT_RELU || G == FG_ACT_SILU || G == FG_ACT_SIGMOID || G == FG_ACT_TANH)
+            if constexpr (G == FG_ACT_RELU || G == FG_ACT_SILU || G == FG_ACT_SIGMOID || G == FG_ACT_TANH ||
+                          G == FG_ACT_GIVEN_SLOPE)
                 return gm_launch<T, FG_ACT_NONE, 0, 1, G>(maps, a, blocks, s);
             else return cudaErrorInvalidValue; /* (fg_cuda_act_form_takes says no) */
         });
-    return with_act(act, [&](auto f) { return gm_launch<T, decltype(f)::value, 0, 0>(maps, a, blocks, s); });
+    return with_act(c->act, [&](auto f) {
+        constexpr int ACT = decltype(f)::value;
+        if constexpr (ACT != FG_ACT_NONE) /* (none has no slope form: its slope is 1) */
+            if (c->slope_out) return gm_launch<T, ACT, 0, 0, -1, true>(maps, a, blocks, s);
+        return gm_launch<T, ACT, 0, 0>(maps, a, blocks, s);
+    });
 }
 
 /* GEMM_FORWARD: rows N, k K, cols M; GEMM_INPUT: rows N, k M, cols K (g [N, M], w [M, K]);
@@ -492,6 +515,7 @@ extern "C" fg_status fg_cuda_act_gemm(fg_context *ctx, const fg_act_call *c) {
     a.group = c->step == FG_ACT_STEP_GEMM_INPUT_FORM ? GM_GROUP_FORM : GM_GROUP;
     const bool fwd = c->step == FG_ACT_STEP_GEMM_FORWARD, form = c->step == FG_ACT_STEP_GEMM_INPUT_FORM;
     const bool input = c->step == FG_ACT_STEP_GEMM_INPUT || form;
+    if (fwd && c->slope_out && !c->pre) return fg_fail(FG_ERR_INTERNAL, "cuda linear_act: the slope form needs pre");
     a.bias = fwd ? c->b : nullptr;
     a.write_pre = fwd && c->pre != nullptr;
     void *out = fwd ? c->y : input ? c->dx : c->dw;
@@ -527,8 +551,7 @@ extern "C" fg_status fg_cuda_act_gemm(fg_context *ctx, const fg_act_call *c) {
     const int tiles = a.tiles_r * a.tiles_c, sms = gm_sms(ctx->device);
     const int blocks = tiles < sms ? tiles : sms;
     if (e == cudaSuccess)
-        e = c->dtype == FG_F16 ? gm_dispatch<__half>(c->step, c->act, maps, a, blocks, stream)
-                               : gm_dispatch<__nv_bfloat16>(c->step, c->act, maps, a, blocks, stream);
+        e = c->dtype == FG_F16 ? gm_dispatch<__half>(c, maps, a, blocks, stream) : gm_dispatch<__nv_bfloat16>(c, maps, a, blocks, stream);
     if (e == cudaSuccess && form && a.part) e = slab_colsum(a.part, a.tiles_r, c->k, (float *)c->db_acc, c->first, stream);
     return e == cudaSuccess ? FG_OK : fg_cuda_fail(e, "linear_act sm_90a GEMM");
 }

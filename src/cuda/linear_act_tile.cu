@@ -2,7 +2,8 @@
  * linear_act_tile.cu — linear + activation with a short reduction (K ≤ 128, f16 / bf16):
  * the product and the activation in one kernel per direction, on tensor cores (mma.sync
  * m16n8k16, f32 accumulators).
- *  TILE_FORWARD  pre = round(x·wᵀ + b) (stored when kept), y = act(pre)
+ *  TILE_FORWARD  pre = round(x·wᵀ + b) (stored when kept; the slope form stores act′(pre)
+ *                there instead), y = act(pre)
  *  TILE_GRAD     pre recomputed the same way — the same bits as the forward's —, then
  *                g = dy ⊙ act′(pre) (stored when wanted) and db's column sums per row tile,
  *                added over the tiles in order by slab_colsum (deterministic whatever the grid)
@@ -35,6 +36,7 @@ struct tile_args {
     int64_t rows, tiles;
     int k, cols;
     bool first;
+    bool slope; /* TILE_FORWARD: pre receives act′(pre) (the slope form) */
 };
 
 /* Shared memory: w's tile (TILE_COLS rows) then two x tiles (TILE_ROWS rows each), rows of
@@ -152,7 +154,14 @@ __global__ void __launch_bounds__(TILE_THREADS, tile_blocks<GRAD>()) act_tile_ke
                     }
                     if (a.g) store_vec<T, 8>(static_cast<T *>(a.g) + at, o);
                 } else {
-                    if (a.pre) store_vec<T, 8>(static_cast<T *>(a.pre) + at, p);
+                    if (a.pre && a.slope) {
+#pragma unroll
+                        for (int c = 0; c < 8; c += 2)
+                            from_acc2<T>(act_slope(ACT, to_acc(p.v[c])), act_slope(ACT, to_acc(p.v[c + 1])), &o.v[c]);
+                        store_vec<T, 8>(static_cast<T *>(a.pre) + at, o);
+                    } else if (a.pre) {
+                        store_vec<T, 8>(static_cast<T *>(a.pre) + at, p);
+                    }
 #pragma unroll
                     for (int c = 0; c < 8; c += 2)
                         from_acc2<T>(act_value(ACT, to_acc(p.v[c])), act_value(ACT, to_acc(p.v[c + 1])), &o.v[c]);
@@ -230,6 +239,7 @@ extern "C" fg_status fg_cuda_act_tile(fg_context *ctx, const fg_act_call *c) {
     a.x = c->x, a.w = c->w, a.b = c->b, a.dy = c->dy;
     a.y = c->y, a.pre = grad ? nullptr : (void *)c->pre, a.g = c->g;
     a.rows = c->rows, a.k = (int)c->k, a.cols = (int)c->cols, a.first = c->first;
+    a.slope = !grad && c->slope_out;
     a.tiles = (c->rows + TILE_ROWS - 1) / TILE_ROWS;
     a.part = nullptr, a.db = nullptr;
     if (grad && c->db_acc) {

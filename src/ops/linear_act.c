@@ -44,8 +44,8 @@ enum { AB_DY, AB_PRE, AB_X, AB_W, AB_B, AB_DX, AB_DW, AB_DB, AB_N };
 static bool has(const fg_tensor *t) { return t->rank != 0; }
 
 static const char *act_name(int act) {
-    static const char *names[] = {"none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh"};
-    return act >= 0 && act <= FG_ACT_TANH ? names[act] : "?";
+    static const char *names[] = {"none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh", "given_slope"};
+    return act >= 0 && act <= FG_ACT_GIVEN_SLOPE ? names[act] : "?";
 }
 
 /* ------------------------------------------------------------------ validation */
@@ -116,6 +116,8 @@ typedef struct act_run {
     int64_t bstride[AB_N]; /* elements from one batch to the next, per operand (0: shared) */
     fg_kernel_info *info;
     bool misaligned;       /* sizing the path that misaligned pointers take (size_walk) */
+    bool slope;            /* FG_PLAN_ACT_SLOPE: the saved operand is act′(pre) */
+    int act;               /* the steps' act: the backward of the slope form runs GIVEN_SLOPE */
 } act_run;
 
 static size_t place(act_run *r, size_t bytes) {
@@ -172,7 +174,7 @@ static const char *step_name(fg_act_step s) {
 }
 
 static fg_status step(act_run *r, fg_act_call *c) {
-    c->act = r->d->kind;
+    c->act = r->act;
     c->dtype = r->dtype;
     c->acc = r->acc;
     if (!r->run) {
@@ -234,7 +236,7 @@ static bool use_gemm90(const act_run *r, fg_act_step step, const void *p0, const
  * pass) */
 static bool use_form(const act_run *r, bool want_dx, const void *pre, const void *g) {
 #ifdef FG_HAVE_CUDA
-    return want_dx && !r->misaligned && fg_cuda_act_form_takes(r->d->kind) && aligned16(pre) &&
+    return want_dx && !r->misaligned && fg_cuda_act_form_takes(r->act) && aligned16(pre) &&
            aligned16(data_of(r, AB_DY)) && use_gemm90(r, FG_ACT_STEP_GEMM_INPUT_FORM, g, data_of(r, AB_W), data_of(r, AB_DX), NULL);
 #else
     (void)r, (void)want_dx, (void)pre, (void)g;
@@ -303,6 +305,7 @@ static fg_status forward(act_run *r) {
         c.x = data_of(r, AF_X), c.w = data_of(r, AF_W), c.b = data_of(r, AF_B);
         c.y = y, c.pre = keep ? pre : NULL;
         c.ld_pre = c.ld_y = r->M;
+        c.slope_out = r->slope;
         return step(r, &c);
     }
     FG_TRY(pre_gemm(r, AF_X, AF_W, AF_B, pre));
@@ -313,6 +316,7 @@ static fg_status forward(act_run *r) {
     c.rows = r->N, c.cols = r->M;
     c.pre = pre, c.y = y;
     c.ld_pre = c.ld_y = r->M;
+    c.slope_out = r->slope;
     return step(r, &c);
 }
 
@@ -342,7 +346,7 @@ static fg_status db_cast(act_run *r, void *db_acc, bool db_over_batches) {
 static bool use_bwd_tile(const act_run *r, bool want_dx, bool want_dw) {
 #ifdef FG_HAVE_CUDA
     return r->ctx->backend == FG_BACKEND_CUDA && want_dx && want_dw &&
-           fg_cuda_act_bwd_tile_fits(r->dtype, r->d->kind, r->K, r->M);
+           fg_cuda_act_bwd_tile_fits(r->dtype, r->act, r->K, r->M);
 #else
     (void)r, (void)want_dx, (void)want_dw;
     return false;
@@ -353,7 +357,7 @@ static bool use_bwd_tile(const act_run *r, bool want_dx, bool want_dw) {
 static bool use_bwd90(const act_run *r, bool keep, bool want_dx, bool want_dw) {
 #ifdef FG_HAVE_CUDA
     return r->ctx->backend == FG_BACKEND_CUDA && !r->misaligned && keep && want_dx && want_dw && r->N >= 1 &&
-           r->d->kind != FG_ACT_NONE &&
+           r->act != FG_ACT_NONE &&
            fg_cuda_act_bwd90_fits(r->ctx->device, r->dtype, r->K, r->M) && aligned16(data_of(r, AB_DY)) &&
            aligned16(data_of(r, AB_PRE)) && aligned16(data_of(r, AB_X)) && aligned16(data_of(r, AB_W)) &&
            aligned16(data_of(r, AB_DX));
@@ -530,6 +534,8 @@ static fg_status driver(fg_context *ctx, const fg_plan_desc *d, const fg_tensor 
         }
     }
     r.info = info;
+    r.slope = (d->flags & FG_PLAN_ACT_SLOPE) != 0;
+    r.act = r.slope && !fwd && d->kind != FG_ACT_NONE ? FG_ACT_GIVEN_SLOPE : d->kind; /* (none: g = dy, s = 1) */
     if (ctx->backend == FG_BACKEND_CUDA && r.dtype == FG_F64)
         return fg_fail(FG_ERR_UNSUPPORTED, "%s: f64 runs on the CPU backend only",
                        fwd ? "linear_act_forward" : "linear_act_backward");
@@ -568,6 +574,8 @@ static fg_status lower_forward(const fg_plan_desc *d, fg_lowered *out) {
     FG_TRY(check_xwb(op, d->kind, &o[AF_X], &o[AF_W], &o[AF_B], &B, &N, &K, &M));
     FG_TRY(check_like(op, "y", &o[AF_Y], &o[AF_X], M, o[AF_X].dtype));
     if (has(&o[AF_PRE])) FG_TRY(check_like(op, "pre", &o[AF_PRE], &o[AF_X], M, o[AF_X].dtype));
+    else if (d->flags & FG_PLAN_ACT_SLOPE)
+        return fg_fail(FG_ERR_INVALID_VALUE, "%s: flags has FG_PLAN_ACT_SLOPE but pre (where the slope goes) is absent", op);
     out->driver = driver;
     return FG_OK;
 }
@@ -580,6 +588,8 @@ static fg_status lower_backward(const fg_plan_desc *d, fg_lowered *out) {
     const fg_dtype t = o[AB_X].dtype;
     FG_TRY(check_like(op, "dy", &o[AB_DY], &o[AB_X], M, t));
     if (has(&o[AB_PRE])) FG_TRY(check_like(op, "pre", &o[AB_PRE], &o[AB_X], M, t));
+    else if (d->flags & FG_PLAN_ACT_SLOPE)
+        return fg_fail(FG_ERR_INVALID_VALUE, "%s: flags has FG_PLAN_ACT_SLOPE but pre (the saved slope) is absent", op);
     if (has(&o[AB_DX])) FG_TRY(check_like(op, "dx", &o[AB_DX], &o[AB_X], K, t));
     if (has(&o[AB_DW])) FG_TRY(check_like(op, "dw", &o[AB_DW], &o[AB_W], K, t));
     if (has(&o[AB_DB])) { /* b's shape; without b: [M], or [B, M] with batched weights */
@@ -643,6 +653,32 @@ fg_status fg_linear_act_backward_consume(fg_context *ctx, fg_activation act, con
     d.kind = act;
     d.accumulate = accumulate ? 1 : 0;
     d.flags = FG_PLAN_CONSUME_PRE;
+    return fg_run_once_desc(ctx, &d, ops, AB_N);
+}
+
+fg_status fg_linear_act_forward_slope(fg_context *ctx, fg_activation act, const fg_tensor *x, const fg_tensor *w,
+                                      const fg_tensor *b, const fg_tensor *y, const fg_tensor *slope) {
+    if (!slope) return fg_fail(FG_ERR_NULL_POINTER, "linear_act_forward: slope is NULL (the slope form writes it)");
+    const fg_tensor *ops[AF_N] = {x, w, b, y, slope};
+    fg_plan_desc d;
+    memset(&d, 0, sizeof d);
+    d.op = FG_OP_LINEAR_ACT_FORWARD;
+    d.kind = act;
+    d.flags = FG_PLAN_ACT_SLOPE;
+    return fg_run_once_desc(ctx, &d, ops, AF_N);
+}
+
+fg_status fg_linear_act_backward_slope(fg_context *ctx, fg_activation act, const fg_tensor *dy, const fg_tensor *slope,
+                                       const fg_tensor *x, const fg_tensor *w, const fg_tensor *b, const fg_tensor *dx,
+                                       const fg_tensor *dw, const fg_tensor *db, int accumulate) {
+    if (!slope) return fg_fail(FG_ERR_NULL_POINTER, "linear_act_backward: slope is NULL (the slope form reads it)");
+    const fg_tensor *ops[AB_N] = {dy, slope, x, w, b, dx, dw, db};
+    fg_plan_desc d;
+    memset(&d, 0, sizeof d);
+    d.op = FG_OP_LINEAR_ACT_BACKWARD;
+    d.kind = act;
+    d.accumulate = accumulate ? 1 : 0;
+    d.flags = FG_PLAN_ACT_SLOPE;
     return fg_run_once_desc(ctx, &d, ops, AB_N);
 }
 

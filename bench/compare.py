@@ -227,41 +227,43 @@ _ACTS = {"relu": F.relu, "gelu_tanh": lambda p: F.gelu(p, approximate="tanh"), "
          "gelu": F.gelu, "sigmoid": torch.sigmoid, "tanh": torch.tanh}
 
 
-def linact_case(n, k, m, act, dtype=torch.bfloat16, recompute=False, slope=False):
-    """y = act(x·wᵀ + b), forward and every gradient. Ours keeps pre (relu: y) and the backward
-    consumes it, or (recompute) keeps nothing and the backward recomputes pre, or (slope) keeps
-    act′(pre) and the backward forms g = dy ⊙ it (on sm_90a inside its products)."""
+def linact_case(n, k, m, act, dtype=torch.bfloat16, save="slope"):
+    """y = act(x·wᵀ + b), forward and every gradient, saving for the backward as the library's
+    autograd does (save: "slope", its default, keeps act′(pre); "pre" keeps pre; "recompute"
+    nothing): the backward consumes what was kept (g formed in its memory); relu keeps only y."""
+    relu, recompute, slope = act == "relu", save == "recompute", save == "slope"
+
     def make():
         return (rand((n, k), dtype, True), rand((m, k), dtype, True), rand((m,), dtype, True), rand((n, m), dtype))
 
     def ours(x, w, b, dy):
-        relu = act == "relu"
-        y, pre = ops.linear_act_forward(x.detach(), w.detach(), b.detach(), act, keep_pre=not (relu or recompute),
-                                        slope=slope)
-        saved = None if recompute else y if relu else pre
+        y, kept = ops.linear_act_forward(x.detach(), w.detach(), b.detach(), act, keep_pre=not (relu or recompute),
+                                         slope=slope and not relu)
+        saved = None if recompute else y if relu else kept
         return (y,) + ops.linear_act_backward(dy, x.detach(), w.detach(), b.detach(), saved, act,
-                                              consume_pre=not (relu or recompute), slope=slope)
+                                              consume_pre=not (relu or recompute), slope=slope and not relu)
 
     fn = _ACTS[act]
     theirs = backward_of(lambda x, w, b: fn(F.linear(x, w, b)), 3)
-    name = f"linear+{act} fwd+bwd" + (" (recompute)" if recompute else "") + (" (slope form)" if slope else "")
-    return dict(family="LinearAct", name=name, shape=f"N={n} K={k} M={m}", dtype=dtype, make=make,
-                ours=ours, theirs=theirs, flops=6.0 * n * k * m, bytes=0)
+    how = "" if relu and not recompute else f" ({'slope kept' if slope else 'pre kept' if save == 'pre' else 'recompute'})"
+    return dict(family="LinearAct", name=f"linear+{act} fwd+bwd{how}", shape=f"N={n} K={k} M={m}", dtype=dtype,
+                make=make, ours=ours, theirs=theirs, flops=6.0 * n * k * m, bytes=0)
 
 
 ACT_CASES = [
     lambda: linact_case(8192, 4096, 16384, "gelu_tanh"),
     lambda: linact_case(8192, 4096, 16384, "relu"),
     lambda: linact_case(8192, 4096, 16384, "silu"),
-    lambda: linact_case(8192, 4096, 16384, "gelu_tanh", slope=True),
-    lambda: linact_case(8192, 4096, 16384, "silu", slope=True),
+    lambda: linact_case(8192, 4096, 16384, "gelu_tanh", save="pre"),
+    lambda: linact_case(8192, 4096, 16384, "silu", save="pre"),
     lambda: linact_case(172032, 128, 256, "gelu_tanh"),
     lambda: linact_case(172032, 128, 256, "relu"),
     lambda: linact_case(172032, 128, 256, "silu"),
-    lambda: linact_case(172032, 128, 256, "gelu_tanh", slope=True),
-    lambda: linact_case(172032, 128, 256, "gelu_tanh", recompute=True),
-    lambda: linact_case(172032, 128, 256, "relu", recompute=True),
-    lambda: linact_case(172032, 128, 256, "silu", recompute=True),
+    lambda: linact_case(172032, 128, 256, "gelu_tanh", save="pre"),
+    lambda: linact_case(172032, 128, 256, "silu", save="pre"),
+    lambda: linact_case(172032, 128, 256, "gelu_tanh", save="recompute"),
+    lambda: linact_case(172032, 128, 256, "relu", save="recompute"),
+    lambda: linact_case(172032, 128, 256, "silu", save="recompute"),
 ]
 
 CASES = [

@@ -1,7 +1,8 @@
-"""Developer's probe: one backward of the large linear + activation shape (pre kept), for a
-profiler run of dx's product that forms g itself (ncu -k regex:act_gemm_kernel --launch-skip 1).
+"""Developer's probe: one forward + backward of the large linear + activation shape (pre kept,
+or argv[2] "slope": the slope form), for a profiler run of the three sm_90a products (ncu -k
+regex:act_gemm_kernel: the forward, dx's product forming g, dw's).
 
-    PYTHONPATH=python FASTGRAD_LIBRARY=build-gpu/libfastgrad.so ncu ... python3 bench/ncu_form.py gelu_tanh
+    PYTHONPATH=python FASTGRAD_LIBRARY=build-gpu/libfastgrad.so ncu ... python3 bench/ncu_form.py gelu_tanh [slope]
 """
 import sys
 
@@ -13,6 +14,7 @@ act = sys.argv[1] if len(sys.argv) > 1 else "gelu_tanh"
 n, k, m = 8192, 4096, 16384
 x, w, b = ((torch.rand(s, device="cuda") * 2 - 1).to(torch.bfloat16) for s in ((n, k), (m, k), (m,)))
 dy = (torch.rand((n, m), device="cuda") * 2 - 1).to(torch.bfloat16)
-y, pre = ops.linear_act_forward(x, w, b, act, keep_pre=True)
-ops.linear_act_backward(dy, x, w, b, pre, act)
+slope = len(sys.argv) > 2 and sys.argv[2] == "slope"
+y, pre = ops.linear_act_forward(x, w, b, act, keep_pre=True, slope=slope)
+ops.linear_act_backward(dy, x, w, b, pre, act, consume_pre=True, slope=slope)
 torch.cuda.synchronize()

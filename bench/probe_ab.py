@@ -16,8 +16,8 @@ from compare import timed_together
 
 
 def main(act, repeats, n=8192, k=4096, m=16384):
-    pre_case = compare.linact_case(n, k, m, act)
-    slope_case = compare.linact_case(n, k, m, act, slope=True)
+    pre_case = compare.linact_case(n, k, m, act, save="pre")
+    slope_case = compare.linact_case(n, k, m, act, save="slope")
     sets = [pre_case["make"]() for _ in range(2)]
     fn = compare._ACTS[act]
 

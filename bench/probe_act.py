@@ -16,7 +16,7 @@ from fastgrad import ops
 
 KERNELS = 3  # how many of fastgrad / eager / compile get a kernel table
 ONLY_OURS = False  # argv[1] == "ours" / "small": fastgrad alone (no compile: quick); "large": the large shape
-# (argv[3]: a comma list of acts, "act:slope" for the slope form)
+# (argv[3]: a comma list of acts, "act:pre" to keep pre instead of the slope)
 ACTS = compare._ACTS
 
 
@@ -74,11 +74,12 @@ def kernels(fn, label, reps=5):
         print(f"    {ms:8.4f} ms x{cnt:<2d} {key[:110]}")
 
 
-def case(n, k, m, act, recompute=False, slope=False):
+def case(n, k, m, act, recompute=False, slope=True):
     x, w, b, dy = rand((n, k), grad=True), rand((m, k), grad=True), rand((m,), grad=True), rand((n, m))
     fn = ACTS[act]
 
-    ours_of = compare.linact_case(n, k, m, act, recompute=recompute, slope=slope)["ours"]  # as compare.py runs it
+    save = "recompute" if recompute else "slope" if slope else "pre"
+    ours_of = compare.linact_case(n, k, m, act, save=save)["ours"]  # as compare.py runs it
 
     def ours():
         return ours_of(x, w, b, dy)
@@ -98,7 +99,7 @@ def case(n, k, m, act, recompute=False, slope=False):
     t = {lab: v for (_, lab), v in zip(impls, ms)}
     mem = {lab: peak(f) for f, lab in impls}
     host = {lab: host_us(f) for f, lab in impls}
-    print(f"== N={n} K={k} M={m} {act}{' recompute' if recompute else ''}{' slope form' if slope else ''}: " + ", ".join(f"{lab} {t[lab]:.4f} ms {mem[lab]:.1f} MiB" for lab in t)
+    print(f"== N={n} K={k} M={m} {act} ({save}): " + ", ".join(f"{lab} {t[lab]:.4f} ms {mem[lab]:.1f} MiB" for lab in t)
           + ("" if ONLY_OURS else f"; {t['eager'] / t['ours']:.2f}x eager, {t['compile'] / t['ours']:.2f}x compile"))
     print("  host µs per call: " + ", ".join(f"{lab} {v:.0f}" for lab, v in host.items()))
     for f, lab in ((ours, "fastgrad"), (eager, "eager"), (compiled, "compile"))[:KERNELS]:
@@ -127,8 +128,8 @@ if __name__ == "__main__":
             products(*shape)
     if which == "large":  # the large shape alone: where the step's time goes, kernel by kernel
         for tok in sys.argv[3].split(",") if len(sys.argv) > 3 else ("gelu_tanh", "silu"):
-            act, _, mode = tok.partition(":")  # "gelu_tanh:slope": the slope form
-            case(8192, 4096, 16384, act, slope=mode == "slope")
+            act, _, mode = tok.partition(":")  # "gelu_tanh:pre": pre kept (default: the slope form)
+            case(8192, 4096, 16384, act, slope=mode != "pre")
     if which in ("all", "ours"):
         for shape in ((8192, 4096, 16384), (172032, 128, 256)):
             for act in ("relu", "gelu_tanh", "silu"):

@@ -442,18 +442,22 @@ class LinearCrossEntropy(torch.nn.Module):
 
 class LinearActFunction(torch.autograd.Function):
     """y = act(x·wᵀ + b); the backward forms g = dy ⊙ act′(pre) once and computes only the
-    gradients autograd asks for. save_pre keeps the pre-activation (memory) instead of
-    recomputing it in the backward (one more product); relu keeps nothing but y (its
-    backward reads the mask off y). The backward forms g in the saved pre's memory (it is
-    dead after the backward); a second backward through the same graph (retain_graph)
-    recomputes pre instead. save_pre="slope" keeps act′(pre) instead of pre (the slope form:
-    the same memory, and on CUDA a backward whose products form g themselves)."""
+    gradients autograd asks for. What is saved for the backward (save_pre):
+      "slope" (the default): act′(pre), rounded to the dtype — the memory of pre, and a
+        backward whose g is one multiply (on sm_90a formed inside dx's product; measured
+        faster than keeping pre for gelu_tanh at both of issue #4's shapes, level for silu)
+      True: the pre-activation itself
+      False: nothing; the backward recomputes pre (one more product, no N·M buffer)
+    relu keeps nothing but y (its backward reads the mask off y), none keeps nothing (g = dy).
+    The backward forms g in the saved tensor's memory (it is dead after the backward); a
+    second backward through the same graph (retain_graph) recomputes pre instead."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, act, save_pre):
         relu = act == "relu"
-        slope = save_pre == "slope" and not relu
-        y, pre = _call(ops.linear_act_forward, x, weight, bias, act, bool(save_pre) and not relu, slope=slope)
+        keep = bool(save_pre) and act not in ("relu", "none")
+        slope = keep and save_pre == "slope"
+        y, pre = _call(ops.linear_act_forward, x, weight, bias, act, keep, slope=slope)
         ctx.act, ctx.has_bias, ctx.relu, ctx.consumed = act, bias is not None, relu and bool(save_pre), False
         ctx.slope = slope
         ctx.save_for_backward(x, weight, bias, y if ctx.relu else pre)
@@ -473,10 +477,10 @@ class LinearActFunction(torch.autograd.Function):
         return dx, dw, db, None, None
 
 
-def linear_act(x, weight, bias=None, act="gelu_tanh", save_pre=True):
+def linear_act(x, weight, bias=None, act="gelu_tanh", save_pre="slope"):
     """act(x·wᵀ + b) with its fused backward; act in none, relu, gelu, gelu_tanh, silu,
-    sigmoid, tanh. save_pre: True keeps the pre-activation, False recomputes it, "slope"
-    keeps act′(pre) instead (LinearActFunction says more)."""
+    sigmoid, tanh. save_pre: "slope" keeps act′(pre), True the pre-activation, False nothing
+    (the backward recomputes it); LinearActFunction says more."""
     if save_pre not in (True, False, "slope"):
         raise ValueError(f"fastgrad: save_pre must be True, False or 'slope', not {save_pre!r}")
     return LinearActFunction.apply(x, weight, bias, act, "slope" if save_pre == "slope" else bool(save_pre))
@@ -485,7 +489,7 @@ def linear_act(x, weight, bias=None, act="gelu_tanh", save_pre=True):
 class LinearAct(Linear):
     """nn.Linear followed by an activation, as one op in each direction."""
 
-    def __init__(self, in_features, out_features, act="gelu_tanh", bias=True, save_pre=True, device=None, dtype=None):
+    def __init__(self, in_features, out_features, act="gelu_tanh", bias=True, save_pre="slope", device=None, dtype=None):
         super().__init__(in_features, out_features, bias, device, dtype)
         self.act, self.save_pre = act, save_pre
 

@@ -1,7 +1,7 @@
 """Linear + activation through torch against torch autograd on float64 copies of the
 same inputs (the pre-activation rounded to the dtype, as the op stores it): every
 activation and dtype, CPU and CUDA, kept (and consumed by the backward) or recomputed
-pre-activation, a second backward through a retained graph, 3-D inputs, only the
+pre-activation or the kept slope act′(pre) (the default), a second backward through a retained graph, 3-D inputs, only the
 requested gradients, and the module."""
 import numpy as np
 import pytest
@@ -22,7 +22,8 @@ ACTS = {"none": lambda p: p, "relu": F.relu, "gelu": F.gelu, "gelu_tanh": lambda
 @pytest.mark.parametrize("act", list(ACTS))
 @pytest.mark.parametrize("lead,k,m,bias,save", [((5, 7), 64, 96, True, True), ((129,), 33, 200, False, False),
                                                 ((3, 50), 128, 72, True, False),  # CUDA: K <= 128 tiles
-                                                ((5, 7), 64, 96, True, "slope"), ((129,), 33, 200, False, "slope")])
+                                                ((5, 7), 64, 96, True, "slope"), ((129,), 33, 200, False, "slope"),
+                                                ((3, 50), 128, 72, True, "slope")])
 def test_linear_act(rng, device, dtype, act, lead, k, m, bias, save):
     if device == "cuda" and dtype == torch.float64:
         pytest.skip("f64 runs on the CPU backend only")

@@ -20,7 +20,10 @@
  *            kept pre still asks cuBLASLt's epilogue first. For relu, silu, sigmoid and tanh
  *            dx's product also forms g itself on its spare warps (no gradient pass; db's sums
  *            come with it); gelu and gelu_tanh keep the pass (their slopes are too long for
- *            those warps: measured, docs/perf-notes.md session 11).
+ *            those warps: measured, docs/perf-notes.md session 11) — unless the slope form
+ *            saved their slope: then g = dy ⊙ s is formed there for every activation.
+ *  slope form (FG_PLAN_ACT_SLOPE): the forward's steps also write s = act′(pre) where pre
+ *            would go; the backward's steps run with act GIVEN_SLOPE (s is its own slope).
  *  CUDA, short K (≤ 128, f16 / bf16): the forward, and the backward's recomputed pre with g,
  *            are one tile kernel each (product + activation, src/cuda/linear_act_tile.cu);
  *            dx and dw stay cuBLASLt GEMMs. With also M ≤ 256 and both dx and dw wanted, the

@@ -227,10 +227,13 @@ _ACTS = {"relu": F.relu, "gelu_tanh": lambda p: F.gelu(p, approximate="tanh"), "
          "gelu": F.gelu, "sigmoid": torch.sigmoid, "tanh": torch.tanh}
 
 
-def linact_case(n, k, m, act, dtype=torch.bfloat16, save="slope"):
+def linact_case(n, k, m, act, dtype=torch.bfloat16, save="auto"):
     """y = act(x·wᵀ + b), forward and every gradient, saving for the backward as the library's
-    autograd does (save: "slope", its default, keeps act′(pre); "pre" keeps pre; "recompute"
-    nothing): the backward consumes what was kept (g formed in its memory); relu keeps only y."""
+    autograd does (save: "slope" keeps act′(pre); "pre" keeps pre; "auto", its default, the
+    slope for k > 128 and else pre; "recompute" nothing): the backward consumes what was kept
+    (g formed in its memory); relu keeps only y."""
+    if save == "auto":
+        save = "slope" if k > 128 else "pre"
     relu, recompute, slope = act == "relu", save == "recompute", save == "slope"
 
     def make():
@@ -259,8 +262,8 @@ ACT_CASES = [
     lambda: linact_case(172032, 128, 256, "gelu_tanh"),
     lambda: linact_case(172032, 128, 256, "relu"),
     lambda: linact_case(172032, 128, 256, "silu"),
-    lambda: linact_case(172032, 128, 256, "gelu_tanh", save="pre"),
-    lambda: linact_case(172032, 128, 256, "silu", save="pre"),
+    lambda: linact_case(172032, 128, 256, "gelu_tanh", save="slope"),
+    lambda: linact_case(172032, 128, 256, "silu", save="slope"),
     lambda: linact_case(172032, 128, 256, "gelu_tanh", save="recompute"),
     lambda: linact_case(172032, 128, 256, "relu", save="recompute"),
     lambda: linact_case(172032, 128, 256, "silu", save="recompute"),

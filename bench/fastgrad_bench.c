@@ -423,17 +423,20 @@ static fg_status act_run(void *p, int s) {
     act_args *a = p;
     (void)s;
     fg_status st = FG_OK;
-    /* as a training step runs it: relu saves nothing (its backward reads y), the others save
-       the slope act′(pre) (the Python layer's default) and the backward forms g = dy ⊙ s */
-    const int relu = a->act == FG_ACT_RELU;
+    /* as a training step runs it (the Python layer's save_pre="auto"): relu saves nothing (its
+       backward reads y); the others save the slope act′(pre) when K > 128, else pre, and the
+       backward forms g in what was saved */
+    const int relu = a->act == FG_ACT_RELU, slope = !relu && !a->recompute && a->x.shape[1] > 128;
     if (a->which != 1)
-        st = relu || a->recompute ? fg_linear_act_forward(ctx, a->act, &a->x, &a->w, &a->b, &a->y, NULL)
-                                  : fg_linear_act_forward_slope(ctx, a->act, &a->x, &a->w, &a->b, &a->y, &a->pre);
+        st = slope ? fg_linear_act_forward_slope(ctx, a->act, &a->x, &a->w, &a->b, &a->y, &a->pre)
+                   : fg_linear_act_forward(ctx, a->act, &a->x, &a->w, &a->b, &a->y, relu || a->recompute ? NULL : &a->pre);
     if (st == FG_OK && a->which != 0)
         st = a->recompute ? fg_linear_act_backward(ctx, a->act, &a->dy, NULL, &a->x, &a->w, &a->b, &a->dx, &a->dw, &a->db, 0)
            : relu ? fg_linear_act_backward(ctx, a->act, &a->dy, &a->y, &a->x, &a->w, &a->b, &a->dx, &a->dw, &a->db, 0)
-                  : fg_linear_act_backward_slope(ctx, a->act, &a->dy, &a->pre, &a->x, &a->w, &a->b, &a->dx, &a->dw,
-                                                 &a->db, 0);
+           : slope ? fg_linear_act_backward_slope(ctx, a->act, &a->dy, &a->pre, &a->x, &a->w, &a->b, &a->dx, &a->dw,
+                                                  &a->db, 0)
+                   : fg_linear_act_backward_consume(ctx, a->act, &a->dy, &a->pre, &a->x, &a->w, &a->b, &a->dx, &a->dw,
+                                                    &a->db, 0);
     return st;
 }
 

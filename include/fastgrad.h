@@ -457,10 +457,11 @@ FG_NODISCARD FG_API fg_status fg_linear_act_backward_consume(fg_context *ctx, fg
 /* The slope form (FG_PLAN_ACT_SLOPE): the forward saves s = act′(x·wᵀ + b) (rounded to the
  * dtype; same shape and dtype as y) instead of the pre-activation, and the backward takes it
  * in pre's place: g = dy ⊙ s. The same memory as keeping pre, and a backward without the
- * activation's math: the slope is computed in the forward's epilogue, where it costs nothing
- * measurable, and the backward's g is a multiply, cheap enough for every activation to be
- * formed by dx's product itself on sm_90a (measured, H100, bf16, 8192 × 4096 × 16384
- * gelu_tanh: forward + backward 3–4% faster than keeping pre; the Python layer's default).
+ * activation's math: the slope is computed in the forward's epilogue (in the wide layers' GEMM
+ * at no measurable cost), and the backward's g is a multiply, cheap enough for every
+ * activation to be formed by dx's product itself on sm_90a (measured, H100, bf16, 8192 × 4096 × 16384
+ * gelu_tanh: forward + backward 3–4% faster than keeping pre; the Python layer's default
+ * for reductions longer than 128 — shorter ones keep pre, whose one-kernel forward is cheaper).
  * s is rounded to the dtype where keeping pre rounds pre: g's error is of the same size
  * (smaller where act′ crosses 0). The plan flags FG_PLAN_ACT_SLOPE | FG_PLAN_CONSUME_PRE
  * also let the backward form g in s's memory. */

@@ -1,7 +1,9 @@
 /*
  * linear_act_gemm.cu — linear + activation's three products as one own sm_90a GEMM (f16 /
  * bf16, any reduction length, layers wide enough to fill the GPU):
- *  GEMM_FORWARD  pre = round(x·wᵀ + b) (stored when kept), y = act(pre)
+ *  GEMM_FORWARD  pre = round(x·wᵀ + b) (stored when kept), y = act(pre); the slope form
+ *                stores s = act′(pre) where pre would go (no measurable cost: the epilogue
+ *                warps have the issue slots)
  *  GEMM_INPUT    dx = g·w   (w read N-major: the transposed B operand)
  *  GEMM_WEIGHT   dw = gᵀ·x  (g read M-major, x N-major)
  *  GEMM_INPUT_FORM  dx = g·w with g = dy ⊙ act′(pre) made by the blocks' spare warps while the
@@ -45,7 +47,6 @@ static_assert(2 * 2 * GM_FORM_BOX == 2 * 64 * 64 * 2, "the g ring (two stages of
 constexpr int GM_A = GM_BM * GM_BK * 2, GM_B = GM_BN * GM_BK * 2, GM_STAGE = GM_A + GM_B;
 constexpr int GM_CHUNK = 64 * 64 * 2; /* one epilogue chunk: 64 rows × 64 columns */
 constexpr int GM_EPI_THREADS = 96;    /* the producer warpgroup's warps 1–3 */
-
 /* stages, then the tile's rounded product (pre) as 2 × 4 chunks (one set per consumer
    warpgroup), two chunks for y (a chunk's store reads one while the next fills the other),
    the tile's bias per consumer warpgroup; + alignment */
@@ -212,7 +213,8 @@ __device__ __forceinline__ void gm_form(const CUtensorMap *mdy, const CUtensorMa
    or the output itself for ACT none) and compute and store y = act(pre) from there, while the
    consumers already run the next tile's products.
    GACT ≥ 0 (GEMM_INPUT_FORM, ACT none, A = g K-major): warps 1–3 form g instead (gm_form), the
-   producer waits for each A slice's unit flag, and the consumers store their own tiles. */
+   producer waits for each A slice's unit flag, and the consumers store their own tiles.
+   SLOPE (the slope form's forward): warps 1–3 store y and s = act′(pre), not pre. */
 template <typename T, int ACT, int TA, int TB, int GACT, bool SLOPE>
 __global__ void __launch_bounds__(GM_THREADS, 1)
     act_gemm_kernel(const __grid_constant__ CUtensorMap mx, const __grid_constant__ CUtensorMap mw,
@@ -463,7 +465,8 @@ extern "C" size_t fg_cuda_act_form_scratch(int64_t rows, int64_t k, bool want_db
    product, interleaved, session 11): relu 4.80 vs 5.00 ms, sigmoid 4.91 vs 5.14, tanh 4.64 vs
    4.85, silu 4.88 vs 4.93 (4.96 vs 5.14 in another run); gelu_tanh 5.01 vs 4.94 and gelu (erf)
    5.58 vs 5.43: their slopes are too long for the three spare warps, which then hold the
-   product back — those keep the pass. */
+   product back — those keep the pass. GIVEN_SLOPE (the slope form, g = dy ⊙ s: one multiply)
+   runs at relu's cost: 1.49 ms against gelu_tanh's pass + product 0.31 + 1.49 (session 12). */
 extern "C" bool fg_cuda_act_form_takes(int act) {
     return act == FG_ACT_RELU || act == FG_ACT_SILU || act == FG_ACT_SIGMOID || act == FG_ACT_TANH ||
            act == FG_ACT_GIVEN_SLOPE;

@@ -623,26 +623,28 @@ const fg_op_entry *fg_linear_act_op_entry(fg_op op) {
 
 /* ------------------------------------------------------------------ one-call functions */
 
-static fg_status run_once(fg_context *ctx, fg_op op, int act, const fg_tensor *const *ops, int n, int accumulate) {
+static fg_status run_once(fg_context *ctx, fg_op op, int act, const fg_tensor *const *ops, int n, int accumulate,
+                          uint32_t flags) {
     fg_plan_desc d;
     memset(&d, 0, sizeof d);
     d.op = op;
     d.kind = act;
     d.accumulate = accumulate ? 1 : 0;
+    d.flags = flags;
     return fg_run_once_desc(ctx, &d, ops, n);
 }
 
 fg_status fg_linear_act_forward(fg_context *ctx, fg_activation act, const fg_tensor *x, const fg_tensor *w,
                                 const fg_tensor *b, const fg_tensor *y, const fg_tensor *pre) {
     const fg_tensor *ops[AF_N] = {x, w, b, y, pre};
-    return run_once(ctx, FG_OP_LINEAR_ACT_FORWARD, act, ops, AF_N, 0);
+    return run_once(ctx, FG_OP_LINEAR_ACT_FORWARD, act, ops, AF_N, 0, 0);
 }
 
 fg_status fg_linear_act_backward(fg_context *ctx, fg_activation act, const fg_tensor *dy, const fg_tensor *pre,
                                  const fg_tensor *x, const fg_tensor *w, const fg_tensor *b, const fg_tensor *dx,
                                  const fg_tensor *dw, const fg_tensor *db, int accumulate) {
     const fg_tensor *ops[AB_N] = {dy, pre, x, w, b, dx, dw, db};
-    return run_once(ctx, FG_OP_LINEAR_ACT_BACKWARD, act, ops, AB_N, accumulate);
+    return run_once(ctx, FG_OP_LINEAR_ACT_BACKWARD, act, ops, AB_N, accumulate, 0);
 }
 
 fg_status fg_linear_act_backward_consume(fg_context *ctx, fg_activation act, const fg_tensor *dy, const fg_tensor *pre,
@@ -650,25 +652,14 @@ fg_status fg_linear_act_backward_consume(fg_context *ctx, fg_activation act, con
                                          const fg_tensor *dw, const fg_tensor *db, int accumulate) {
     if (!pre) return fg_fail(FG_ERR_NULL_POINTER, "linear_act_backward: pre is NULL (the consuming form needs it)");
     const fg_tensor *ops[AB_N] = {dy, pre, x, w, b, dx, dw, db};
-    fg_plan_desc d;
-    memset(&d, 0, sizeof d);
-    d.op = FG_OP_LINEAR_ACT_BACKWARD;
-    d.kind = act;
-    d.accumulate = accumulate ? 1 : 0;
-    d.flags = FG_PLAN_CONSUME_PRE;
-    return fg_run_once_desc(ctx, &d, ops, AB_N);
+    return run_once(ctx, FG_OP_LINEAR_ACT_BACKWARD, act, ops, AB_N, accumulate, FG_PLAN_CONSUME_PRE);
 }
 
 fg_status fg_linear_act_forward_slope(fg_context *ctx, fg_activation act, const fg_tensor *x, const fg_tensor *w,
                                       const fg_tensor *b, const fg_tensor *y, const fg_tensor *slope) {
     if (!slope) return fg_fail(FG_ERR_NULL_POINTER, "linear_act_forward: slope is NULL (the slope form writes it)");
     const fg_tensor *ops[AF_N] = {x, w, b, y, slope};
-    fg_plan_desc d;
-    memset(&d, 0, sizeof d);
-    d.op = FG_OP_LINEAR_ACT_FORWARD;
-    d.kind = act;
-    d.flags = FG_PLAN_ACT_SLOPE;
-    return fg_run_once_desc(ctx, &d, ops, AF_N);
+    return run_once(ctx, FG_OP_LINEAR_ACT_FORWARD, act, ops, AF_N, 0, FG_PLAN_ACT_SLOPE);
 }
 
 fg_status fg_linear_act_backward_slope(fg_context *ctx, fg_activation act, const fg_tensor *dy, const fg_tensor *slope,
@@ -676,13 +667,7 @@ fg_status fg_linear_act_backward_slope(fg_context *ctx, fg_activation act, const
                                        const fg_tensor *dw, const fg_tensor *db, int accumulate) {
     if (!slope) return fg_fail(FG_ERR_NULL_POINTER, "linear_act_backward: slope is NULL (the slope form reads it)");
     const fg_tensor *ops[AB_N] = {dy, slope, x, w, b, dx, dw, db};
-    fg_plan_desc d;
-    memset(&d, 0, sizeof d);
-    d.op = FG_OP_LINEAR_ACT_BACKWARD;
-    d.kind = act;
-    d.accumulate = accumulate ? 1 : 0;
-    d.flags = FG_PLAN_ACT_SLOPE;
-    return fg_run_once_desc(ctx, &d, ops, AB_N);
+    return run_once(ctx, FG_OP_LINEAR_ACT_BACKWARD, act, ops, AB_N, accumulate, FG_PLAN_ACT_SLOPE);
 }
 
 fg_status fg_linear_act_backward_input(fg_context *ctx, fg_activation act, const fg_tensor *dy, const fg_tensor *pre,

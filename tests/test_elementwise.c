@@ -49,10 +49,18 @@ static double ref_df(const ucase *u, double x) {
 }
 
 /* pow with a fractional exponent needs positive inputs */
+/* Random points for an op; pow's base positive, and points within 1e-3 of a kink (leaky_relu's
+   and elu's 0, clamp's bounds) moved 2e-3 off it, so that a finite difference never straddles
+   one (a clamp point 5e-6 from its bound failed the check once by seed) */
 static void prepare_x(const ucase *u, th_operand *x) {
     th_randomize(x);
-    if (u->kind != FG_UNARY_POW) return;
-    for (int64_t i = 0; i < x->n; i++) x->v[i] = 0.1 + fabs(x->v[i]);
+    const double kinks[2] = {u->kind == FG_UNARY_CLAMP ? u->s[0] : 0.0, u->kind == FG_UNARY_CLAMP ? u->s[1] : 0.0};
+    const bool kinked = u->kind == FG_UNARY_LEAKY_RELU || u->kind == FG_UNARY_ELU || u->kind == FG_UNARY_CLAMP;
+    for (int64_t i = 0; i < x->n; i++) {
+        if (u->kind == FG_UNARY_POW) x->v[i] = 0.1 + fabs(x->v[i]);
+        for (int j = 0; j < 2 && kinked; j++)
+            if (fabs(x->v[i] - kinks[j]) < 1e-3) x->v[i] = kinks[j] + (x->v[i] < kinks[j] ? -2e-3 : 2e-3);
+    }
     th_round(x->buf.dtype, x->v, x->n);
     th_put(&x->buf, &x->t, x->v);
 }
@@ -274,7 +282,7 @@ static void finite_differences(fg_context *ctx, fg_backend be) {
         th_operand *params[1] = {&x}, *grads[1] = {&dx};
         static const char *const names[1] = {"dx"};
         fd_unary_arg arg = {u, &x, &y};
-        /* kinks (leaky_relu, clamp) sit away from the random points by more than h */
+        /* (prepare_x keeps the points away from the kinks by more than h) */
         th_fd_check(ctx, u->name, fd_unary, &arg, &y, &r, params, grads, names, 1, 0, u->kind == FG_UNARY_SCALE);
         th_drop(&x); th_drop(&y); th_drop(&r); th_drop(&dx);
     }

@@ -65,10 +65,13 @@ __device__ __forceinline__ int cluster_count() {
 __device__ __forceinline__ void cluster_sync() {
     asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
-/* arrives on the mbarrier at b's offset in block `cta` of the cluster (this block included) */
+/* arrives on the mbarrier at b's offset in block `cta` of the cluster (this block included);
+   the default semantics (release at CTA scope), as CUTLASS's cluster barriers: the arrive only
+   says that this thread's wgmma reads of a stage are done, which its wgmma wait has ordered;
+   a .release.cluster arrive costs a cluster-scope fence each time */
 __device__ __forceinline__ void mbar_arrive_cta(uint64_t *b, uint32_t cta) {
     asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
-                 "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(sm90_smem(b)),
+                 "mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(sm90_smem(b)),
                  "r"(cta)
                  : "memory");
 }

@@ -15,15 +15,21 @@ import compare
 from compare import timed_together
 
 
-def single_blocks(fn):
-    """fn with the sm_90a GEMM kept to single blocks (the library reads the switch per call)"""
+def with_env(fn, **env):
+    """fn with environment switches set around each call (the library reads them per call)"""
     def run(*args):
-        os.environ["FASTGRAD_GEMM90_CLUSTER"] = "1"
+        os.environ.update(env)
         try:
             return fn(*args)
         finally:
-            del os.environ["FASTGRAD_GEMM90_CLUSTER"]
+            for key in env:
+                del os.environ[key]
     return run
+
+
+def single_blocks(fn):
+    """fn with the sm_90a GEMM kept to single blocks"""
+    return with_env(fn, FASTGRAD_GEMM90_CLUSTER="1")
 
 
 def main(act, repeats, what="save", n=8192, k=4096, m=16384):
@@ -33,6 +39,17 @@ def main(act, repeats, what="save", n=8192, k=4096, m=16384):
     eager = pre_case["theirs"]  # torch's side as compare.py times it
     compiled = eager.compiled()
 
+    if what == "variants":  # FASTGRAD_GEMM90_PROBE: bit 0 plain launch (single), bit 1 A loaded first
+        ours = slope_case["ours"]
+        labels = ("pairs", "pairs A first", "single", "single plain", "single plain A first", "eager")
+        fns = (ours, with_env(ours, FASTGRAD_GEMM90_PROBE="2"), single_blocks(ours),
+               with_env(ours, FASTGRAD_GEMM90_CLUSTER="1", FASTGRAD_GEMM90_PROBE="1"),
+               with_env(ours, FASTGRAD_GEMM90_CLUSTER="1", FASTGRAD_GEMM90_PROBE="3"), eager)
+        for r in range(repeats):
+            t = dict(zip(labels, timed_together(list(fns), sets)))
+            print(f"{act} round {r}: " + ", ".join(f"{lab} {v:.4f} ({t['eager'] / v:.3f}x)" for lab, v in t.items()),
+                  flush=True)
+        return
     if what == "pairs":
         labels = ("pairs", "single", "eager", "compile")
         fns = (slope_case["ours"], single_blocks(slope_case["ours"]), eager, compiled)

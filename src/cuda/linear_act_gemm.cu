@@ -64,6 +64,8 @@ struct gm_args {
        row tile pairs with a phantom one, past the rows: it loads no A, its stores are
        clipped): walk units in all, walk_rows of them down, bands of walk_group */
     int cluster, walk, walk_rows, walk_group;
+    int probe; /* FASTGRAD_GEMM90_PROBE (developer's A/B): bit 0 single blocks launched without the
+                  cluster attribute, bit 1 A's slice loaded before B's */
     bool write_pre;
     /* GEMM_INPUT_FORM: g = dy ⊙ act′(pre) written here (row stride k) by the blocks' spare
        warps, unit by unit; a unit's flag (row tile × 64-wide K slice) says it is in memory;
@@ -72,6 +74,9 @@ struct gm_args {
     int *flags, *next;
     float *part;
 };
+
+__device__ __forceinline__ int gm_first(const gm_args &a) { return a.probe & 1 ? (int)blockIdx.x : cluster_id(); }
+__device__ __forceinline__ int gm_step(const gm_args &a) { return a.probe & 1 ? (int)gridDim.x : cluster_count(); }
 
 /* unit t of the walk → this block's (row tile, column tile): column-major inside bands of
    a.group row tiles, so the blocks running at once share x's and w's rows in L2 */
@@ -260,7 +265,7 @@ __global__ void __launch_bounds__(GM_THREADS, 1)
         if (threadIdx.x == 0) { /* ------------------------------------------ producer */
             int s = 0;
             uint32_t ph = 0;
-            for (int t = cluster_id(); t < a.walk; t += cluster_count()) {
+            for (int t = gm_first(a); t < a.walk; t += gm_step(a)) {
                 int tr, tc;
                 gm_tile(t, a, tr, tc);
                 const bool phantom = tr >= a.tiles_r;
@@ -269,6 +274,20 @@ __global__ void __launch_bounds__(GM_THREADS, 1)
                     mbar_wait(&empty[s], ph ^ 1);
                     mbar_expect_tx(&full[s], phantom ? GM_B : GM_STAGE);
                     unsigned char *sa = smem + s * GM_STAGE, *sb = sa + GM_A;
+                    auto load_a = [&]() {
+                        if (!phantom) {
+                            if constexpr (FORM) { /* g's slice made and visible (B is on its way meanwhile) */
+                                const int *f = a.flags + (int64_t)tr * ktiles + kt;
+                                while (flag_acquire(f) == 0) __nanosleep(64);
+                                fence_proxy_global();
+                            }
+                            if (TA == 0) tma_load_2d(sa, &mx, &full[s], kt * GM_BK, tr * GM_BM);
+                            else
+                                for (int j = 0; j < GM_BM / 64; j++)
+                                    tma_load_2d(sa + j * 8192, &mx, &full[s], tr * GM_BM + 64 * j, kt * GM_BK);
+                        }
+                    };
+                    if (a.probe & 2) load_a();
                     if (cl > 1) { /* this block's half of B (128 of the 256 rows), into both blocks */
                         if (TB == 0)
                             tma_load_2d_multicast(sb + rank * (GM_B / 2), &mw, &full[s], kt * GM_BK,
@@ -280,17 +299,7 @@ __global__ void __launch_bounds__(GM_THREADS, 1)
                     else
                         for (int j = 0; j < GM_BN / 64; j++)
                             tma_load_2d(sb + j * 8192, &mw, &full[s], tc * GM_BN + 64 * j, kt * GM_BK);
-                    if (!phantom) {
-                        if constexpr (FORM) { /* g's slice made and visible (B is on its way meanwhile) */
-                            const int *f = a.flags + (int64_t)tr * ktiles + kt;
-                            while (flag_acquire(f) == 0) __nanosleep(64);
-                            fence_proxy_global();
-                        }
-                        if (TA == 0) tma_load_2d(sa, &mx, &full[s], kt * GM_BK, tr * GM_BM);
-                        else
-                            for (int j = 0; j < GM_BM / 64; j++)
-                                tma_load_2d(sa + j * 8192, &mx, &full[s], tr * GM_BM + 64 * j, kt * GM_BK);
-                    }
+                    if (!(a.probe & 2)) load_a();
                     if (++s == GM_STAGES) s = 0, ph ^= 1;
                 }
             }
@@ -312,7 +321,7 @@ __global__ void __launch_bounds__(GM_THREADS, 1)
         const int et = threadIdx.x - 32;
         uint32_t fph = 0;
         int slot = 0;
-        for (int t = cluster_id(); t < a.walk; t += cluster_count(), fph ^= 1) {
+        for (int t = gm_first(a); t < a.walk; t += gm_step(a), fph ^= 1) {
             int tr, tc;
             gm_tile(t, a, tr, tc);
             for (int c = 0; c < 2; c++) {
@@ -376,7 +385,7 @@ __global__ void __launch_bounds__(GM_THREADS, 1)
         if (cl == 1) mbar_arrive(&empty[st]);
         else if ((tid & 31) == 0 && warp < cl) mbar_arrive_cta(&empty[st], (uint32_t)warp);
     };
-    for (int t = cluster_id(); t < a.walk; t += cluster_count(), eph ^= 1) {
+    for (int t = gm_first(a); t < a.walk; t += gm_step(a), eph ^= 1) {
         int tr, tc;
         gm_tile(t, a, tr, tc);
         /* this tile's bias (the last epilogue's reads of bsm ended before its last barrier) */
@@ -524,7 +533,8 @@ static cudaError_t gm_launch(const CUtensorMap *maps, const gm_args &a, int bloc
     const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GM_SMEM);
     if (e != cudaSuccess) return e;
     cudaLaunchAttribute attr;
-    const cudaLaunchConfig_t cfg = gm_config(blocks, a.cluster, &attr, s);
+    cudaLaunchConfig_t cfg = gm_config(blocks, a.cluster, &attr, s);
+    if (a.probe & 1) cfg.numAttrs = 0;
     return cudaLaunchKernelEx(&cfg, kernel, maps[0], maps[1], maps[2], maps[3], maps[4], maps[5], a);
 }
 
@@ -593,6 +603,9 @@ extern "C" fg_status fg_cuda_act_gemm(fg_context *ctx, const fg_act_call *c) {
     a.group = c->step == FG_ACT_STEP_GEMM_INPUT_FORM ? GM_GROUP_FORM : GM_GROUP;
     const int sms = gm_sms(ctx->device), pairs = gm_pairs(ctx->device, sms);
     a.cluster = pairs > 0 ? 2 : 1;
+    const char *probe = getenv("FASTGRAD_GEMM90_PROBE");
+    a.probe = probe ? atoi(probe) : 0;
+    if (a.cluster > 1) a.probe &= ~1;
     const bool fwd = c->step == FG_ACT_STEP_GEMM_FORWARD, form = c->step == FG_ACT_STEP_GEMM_INPUT_FORM;
     const bool input = c->step == FG_ACT_STEP_GEMM_INPUT || form;
     if (fwd && c->slope_out && !c->pre) return fg_fail(FG_ERR_INTERNAL, "cuda linear_act: the slope form needs pre");

@@ -11,9 +11,6 @@
  * read once and each output written once; a copy counts its read and its write.
  * Lines starting with "CHECK" compare a result with the target of issue #2.
  */
-#ifndef _POSIX_C_SOURCE
-#define _POSIX_C_SOURCE 200809L /* setenv */
-#endif
 #include "fastgrad.h"
 
 #include <math.h>
@@ -472,32 +469,23 @@ static void bench_linear_act(fg_dtype dt, int64_t n, int64_t k, int64_t m, fg_ac
     release(a.dy.data), release(a.dx.data), release(a.dw.data), release(a.db.data);
 }
 
-/* The three products alone, the sm_90a GEMM in 2-block clusters (pairs sharing B's slice by
- * multicast) and in single blocks (FASTGRAD_GEMM90_CLUSTER=1 around the call) against
- * cuBLASLt's at the same shape: the forward with silu (pre kept; cuBLASLt: Linear's plain
- * product), and linear_act's split backward with act none (g is dy, no pass) against Linear's
- * backward. Each twice in turn, so a clock drift shows. */
+/* The backward's two products alone, the sm_90a GEMM (linear_act's split backward with act
+ * none: g is dy, no pass) against cuBLASLt's (Linear's backward) at the same shape, each twice
+ * in turn so a clock drift shows. */
 typedef struct product_args {
-    fg_tensor x, w, dy, dx, dw, y, pre;
-    int which; /* product (0 forward, 1 dx, 2 dw) × 3 + way (0 pairs, 1 single blocks, 2 cuBLASLt) */
+    fg_tensor x, w, dy, dx, dw;
+    int which; /* 0 own dx, 1 cuBLASLt dx, 2 own dw, 3 cuBLASLt dw */
 } product_args;
 
 static fg_status product_run(void *p, int s) {
     product_args *a = p;
     (void)s;
-    const int way = a->which % 3;
-    if (way == 1) setenv("FASTGRAD_GEMM90_CLUSTER", "1", 1);
-    fg_status st;
-    switch (a->which / 3 * 2 + (way == 2)) {
-    case 0: st = fg_linear_act_forward(ctx, FG_ACT_SILU, &a->x, &a->w, NULL, &a->y, &a->pre); break;
-    case 1: st = fg_linear_forward(ctx, &a->x, &a->w, NULL, &a->y); break;
-    case 2: st = fg_linear_act_backward_input(ctx, FG_ACT_NONE, &a->dy, NULL, &a->x, &a->w, NULL, &a->dx, 0); break;
-    case 3: st = fg_linear_backward_input(ctx, &a->dy, &a->w, &a->dx, 0); break;
-    case 4: st = fg_linear_act_backward_weight(ctx, FG_ACT_NONE, &a->dy, NULL, &a->x, &a->w, NULL, &a->dw, 0); break;
-    default: st = fg_linear_backward_weight(ctx, &a->dy, &a->x, &a->dw, 0); break;
+    switch (a->which) {
+    case 0: return fg_linear_act_backward_input(ctx, FG_ACT_NONE, &a->dy, NULL, &a->x, &a->w, NULL, &a->dx, 0);
+    case 1: return fg_linear_backward_input(ctx, &a->dy, &a->w, &a->dx, 0);
+    case 2: return fg_linear_act_backward_weight(ctx, FG_ACT_NONE, &a->dy, NULL, &a->x, &a->w, NULL, &a->dw, 0);
+    default: return fg_linear_backward_weight(ctx, &a->dy, &a->x, &a->dw, 0);
     }
-    if (way == 1) unsetenv("FASTGRAD_GEMM90_CLUSTER");
-    return st;
 }
 
 static void bench_act_products(fg_dtype dt, int64_t n, int64_t k, int64_t m) {
@@ -508,21 +496,16 @@ static void bench_act_products(fg_dtype dt, int64_t n, int64_t k, int64_t m) {
     a.dy = t2(alloc_random(dt, n * m, 93), dt, n, m);
     a.dx = t2(alloc_random(dt, n * k, 94), dt, n, k);
     a.dw = t2(alloc_random(dt, m * k, 95), dt, m, k);
-    a.y = t2(alloc_random(dt, n * m, 96), dt, n, m);
-    a.pre = t2(alloc_random(dt, n * m, 97), dt, n, m);
     char shape[64];
     snprintf(shape, sizeof shape, "%lldx%lldx%lld", (long long)n, (long long)k, (long long)m);
-    static const char *products[3] = {"forward y = silu(x.wT)", "dx = g.w", "dw = gT.x"};
-    static const char *ways[3] = {"own sm_90a, pairs", "own sm_90a, single blocks", "cuBLASLt"};
+    static const char *names[4] = {"product dx = g.w (own sm_90a)", "product dx = g.w (cuBLASLt)",
+                                   "product dw = gT.x (own sm_90a)", "product dw = gT.x (cuBLASLt)"};
     for (int round = 0; round < 2; round++)
-        for (int w = 0; w < 9; w++) {
-            char name[96];
-            snprintf(name, sizeof name, "product %s (%s)", products[w / 3], ways[w % 3]);
+        for (int w = 0; w < 4; w++) {
             a.which = w;
-            report(name, shape, dt, time_op(product_run, &a, 1), 2.0 * (double)n * (double)k * (double)m, 0);
+            report(names[w], shape, dt, time_op(product_run, &a, 1), 2.0 * (double)n * (double)k * (double)m, 0);
         }
     release(a.x.data), release(a.w.data), release(a.dy.data), release(a.dx.data), release(a.dw.data);
-    release(a.y.data), release(a.pre.data);
 }
 
 /* ------------------------------------------------------------------ linear log-prob */
@@ -641,10 +624,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--only-logp")) only_logp = 1;
         else if (!strcmp(argv[i], "--logp-sweep")) only_logp = 2;
         else if (!strcmp(argv[i], "--only-act")) only_logp = 3;
-        else if (!strcmp(argv[i], "--only-products")) only_logp = 4;
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: fastgrad-bench [--quick] [--only-logp] [--only-act] [--only-products] [--logp-sweep] [--reps N]\n");
+            fprintf(stderr, "usage: fastgrad-bench [--quick] [--only-logp] [--only-act] [--logp-sweep] [--reps N]\n");
             return 2;
         }
     }
@@ -678,8 +660,6 @@ int main(int argc, char **argv) {
         double lp[3];
         bench_linear_logp(FG_F32, 256, 64, 4096, lp, 0);
         bench_linear_act(FG_F32, 256, 256, 256, FG_ACT_GELU_TANH, "gelu_tanh", 0);
-    } else if (only_logp == 4) { /* the sm_90a GEMM's products: pairs, single blocks, cuBLASLt */
-        bench_act_products(FG_BF16, 8192, 4096, 16384);
     } else if (only_logp == 3) {
         ceilings();
         bench_linear_act(FG_BF16, 8192, 4096, 16384, FG_ACT_GELU_TANH, "gelu_tanh", 0);

@@ -29,13 +29,9 @@ fi
 note "build: ok ($(grep -c 'Building' "$LOG/build.log") steps)"
 
 status=0
-# linear_act_single: test_linear_act again with the sm_90a GEMM kept to single blocks (its
-# default runs pairs of blocks sharing an operand by multicast where the device allows)
-for t in ${TESTS:-core linear matmul outer elementwise adamw linear_logp linear_act linear_act_single header_cxx}; do
+for t in ${TESTS:-core linear matmul outer elementwise adamw linear_logp linear_act header_cxx}; do
   bin=$build/tests/test_$t
-  if [ "$t" = linear ] || [ "$t" = elementwise ] || [ "$t" = adamw ] || [ "$t" = linear_logp ]; then env FG_TEST_LARGE=1 $bin > "$LOG/test_$t.log" 2>&1
-  elif [ "$t" = linear_act_single ]; then env FASTGRAD_GEMM90_CLUSTER=1 $build/tests/test_linear_act > "$LOG/test_$t.log" 2>&1
-  else $bin > "$LOG/test_$t.log" 2>&1; fi
+  if [ "$t" = linear ] || [ "$t" = elementwise ] || [ "$t" = adamw ] || [ "$t" = linear_logp ]; then env FG_TEST_LARGE=1 $bin > "$LOG/test_$t.log" 2>&1; else $bin > "$LOG/test_$t.log" 2>&1; fi
   rc=$?
   [ $rc -eq 0 ] || status=1
   line=$(grep -E "checks,|header OK" "$LOG/test_$t.log" | tail -1)

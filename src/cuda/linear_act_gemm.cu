@@ -24,13 +24,14 @@
  * producer warpgroup's other three warps store it (TMA) and apply the activation from there
  * while the consumers already run the next tile (mbarriers epi_full / epi_empty), so the
  * activation's math overlaps the products. Out-of-bounds rows and columns are clipped by the
- * copy engine. Pairs of blocks (2-block clusters, on two row tiles of one column tile) share
- * B's 256-row slice: each loads half and TMA multicasts it to both (gm_pairs). Each output
- * element is one block's sum in a fixed K order: deterministic.
+ * copy engine. Each output element is one block's sum in a fixed K order: deterministic.
  * Measured (H100, bf16, 8192 × 4096 × 16384): session 7, the epilogue in the consumers: silu
  * 0.99×, gelu_tanh 0.90× of cuBLAS's plain product; session 8, in the epilogue warps: 1.49 ms
  * against cuBLASLt's bias GEMM 1.41 (0.95×) and eager's GEMM + pass 1.59 (docs/perf-notes.md);
  * session 11, dx forming g: 1.45 ms (relu) against the pass + product's 0.28 + 1.30.
+ * Measured and not kept (session 13, commits e4a8fc2..6c1354e): pairs of blocks (2-block
+ * clusters) sharing B's slice by TMA multicast — level at locked clocks (ncu: dx 1.51 vs 1.50 ms,
+ * L2 bytes not lower), the whole step 3–6% slower than this design (docs/perf-notes.md).
  */
 #include "act_math.cuh"
 #include "cuda_internal.h"
@@ -58,14 +59,6 @@ struct gm_args {
     const void *bias;
     int64_t n, m;
     int k, tiles_r, tiles_c, group;
-    /* blocks a cluster (1 or 2): a pair takes row tiles 2p, 2p + 1 of one column tile and each
-       block loads half of the shared B slice, multicast to both */
-    /* the persistent walk in cluster units (a pair of row tiles when clustered; an odd last
-       row tile pairs with a phantom one, past the rows: it loads no A, its stores are
-       clipped): walk units in all, walk_rows of them down, bands of walk_group */
-    int cluster, walk, walk_rows, walk_group;
-    int probe; /* FASTGRAD_GEMM90_PROBE (developer's A/B): bit 0 single blocks launched without the
-                  cluster attribute, bit 1 A's slice loaded before B's */
     bool write_pre;
     /* GEMM_INPUT_FORM: g = dy ⊙ act′(pre) written here (row stride k) by the blocks' spare
        warps, unit by unit; a unit's flag (row tile × 64-wide K slice) says it is in memory;
@@ -75,15 +68,12 @@ struct gm_args {
     float *part;
 };
 
-__device__ __forceinline__ int gm_first(const gm_args &a) { return a.probe & 1 ? (int)blockIdx.x : cluster_id(); }
-__device__ __forceinline__ int gm_step(const gm_args &a) { return a.probe & 1 ? (int)gridDim.x : cluster_count(); }
-
-/* unit t of the walk → this block's (row tile, column tile): column-major inside bands of
-   a.group row tiles, so the blocks running at once share x's and w's rows in L2 */
+/* tile t of the persistent walk → (row tile, column tile): column-major inside bands of
+   GM_GROUP row tiles, so the blocks running at once share x's and w's rows in L2 */
 __device__ __forceinline__ void gm_tile(int t, const gm_args &a, int &tr, int &tc) {
-    const int per = a.walk_group * a.tiles_c, g = t / per, r0 = g * a.walk_group;
-    const int gs = min(a.walk_group, a.walk_rows - r0), in = t - g * per;
-    tr = (r0 + in % gs) * a.cluster + (a.cluster > 1 ? cluster_rank() : 0);
+    const int per = a.group * a.tiles_c, g = t / per, r0 = g * a.group;
+    const int gs = min(a.group, a.tiles_r - r0), in = t - g * per;
+    tr = r0 + in % gs;
     tc = in / gs;
 }
 
@@ -242,20 +232,16 @@ __global__ void __launch_bounds__(GM_THREADS, 1)
     __shared__ float red[FORM ? 3 : 1][64];
     unsigned char *smem = (unsigned char *)(((uintptr_t)raw + 1023) & ~(uintptr_t)1023);
     unsigned char *staged = smem + GM_STAGES * GM_STAGE, *ybuf = staged + 8 * GM_CHUNK;
-    const int wg = threadIdx.x / 128, ktiles = (a.k + GM_BK - 1) / GM_BK, cl = a.cluster;
+    const int wg = threadIdx.x / 128, ktiles = (a.k + GM_BK - 1) / GM_BK, tiles = a.tiles_r * a.tiles_c;
     if (threadIdx.x == 0) {
-        /* a stage is free again once every consumer thread let go of it (one block), or once one
-           thread of each consumer warpgroup of both blocks did (a pair: the stage's B half
-           comes from either block) */
-        for (int s = 0; s < GM_STAGES; s++) mbar_init(&full[s], 1), mbar_init(&empty[s], cl > 1 ? 2 * cl : 256);
+        for (int s = 0; s < GM_STAGES; s++) mbar_init(&full[s], 1), mbar_init(&empty[s], 256);
         for (int c = 0; c < 2; c++) mbar_init(&epi_full[c], 128), mbar_init(&epi_empty[c], 1), mbar_init(&hfull[c], 1);
         mbar_init_fence();
         tma_prefetch_map(&mx);
         tma_prefetch_map(&mw);
         if (FORM) tma_prefetch_map(&mdy), tma_prefetch_map(&mps);
     }
-    if (cl > 1) cluster_sync(); /* (the pair's barriers initialized before either block uses them) */
-    else __syncthreads();
+    __syncthreads();
     /* registers a thread: the producer warpgroup's and the consumers' (65536 in all); forming g
        wants more in the helpers (its slope chains in flight side by side) */
     constexpr int REG_LOW = FORM ? 104 : 56, REG_HIGH = FORM ? 200 : 224;
@@ -265,51 +251,29 @@ __global__ void __launch_bounds__(GM_THREADS, 1)
         if (threadIdx.x == 0) { /* ------------------------------------------ producer */
             int s = 0;
             uint32_t ph = 0;
-            for (int t = gm_first(a); t < a.walk; t += gm_step(a)) {
+            for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
                 int tr, tc;
                 gm_tile(t, a, tr, tc);
-                const bool phantom = tr >= a.tiles_r;
-                const int rank = cl > 1 ? cluster_rank() : 0;
                 for (int kt = 0; kt < ktiles; kt++) {
+                    if constexpr (FORM) { /* g's slice made and visible */
+                        const int *f = a.flags + (int64_t)tr * ktiles + kt;
+                        while (flag_acquire(f) == 0) __nanosleep(64);
+                        fence_proxy_global();
+                    }
                     mbar_wait(&empty[s], ph ^ 1);
-                    mbar_expect_tx(&full[s], phantom ? GM_B : GM_STAGE);
+                    mbar_expect_tx(&full[s], GM_STAGE);
                     unsigned char *sa = smem + s * GM_STAGE, *sb = sa + GM_A;
-                    auto load_a = [&]() {
-                        if (!phantom) {
-                            if constexpr (FORM) { /* g's slice made and visible (B is on its way meanwhile) */
-                                const int *f = a.flags + (int64_t)tr * ktiles + kt;
-                                while (flag_acquire(f) == 0) __nanosleep(64);
-                                fence_proxy_global();
-                            }
-                            if (TA == 0) tma_load_2d(sa, &mx, &full[s], kt * GM_BK, tr * GM_BM);
-                            else
-                                for (int j = 0; j < GM_BM / 64; j++)
-                                    tma_load_2d(sa + j * 8192, &mx, &full[s], tr * GM_BM + 64 * j, kt * GM_BK);
-                        }
-                    };
-                    if (a.probe & 2) load_a();
-                    if (cl > 1) { /* this block's half of B (128 of the 256 rows), into both blocks */
-                        if (TB == 0)
-                            tma_load_2d_multicast(sb + rank * (GM_B / 2), &mw, &full[s], kt * GM_BK,
-                                                  tc * GM_BN + rank * (GM_BN / 2), 3);
-                        else
-                            for (int j = 2 * rank; j < 2 * rank + 2; j++)
-                                tma_load_2d_multicast(sb + j * 8192, &mw, &full[s], tc * GM_BN + 64 * j, kt * GM_BK, 3);
-                    } else if (TB == 0) tma_load_2d(sb, &mw, &full[s], kt * GM_BK, tc * GM_BN);
+                    if (TA == 0) tma_load_2d(sa, &mx, &full[s], kt * GM_BK, tr * GM_BM);
+                    else
+                        for (int j = 0; j < GM_BM / 64; j++)
+                            tma_load_2d(sa + j * 8192, &mx, &full[s], tr * GM_BM + 64 * j, kt * GM_BK);
+                    if (TB == 0) tma_load_2d(sb, &mw, &full[s], kt * GM_BK, tc * GM_BN);
                     else
                         for (int j = 0; j < GM_BN / 64; j++)
                             tma_load_2d(sb + j * 8192, &mw, &full[s], tc * GM_BN + 64 * j, kt * GM_BK);
-                    if (!(a.probe & 2)) load_a();
                     if (++s == GM_STAGES) s = 0, ph ^= 1;
                 }
             }
-            /* a pair: the other block's consumers arrive on this block's barriers until they
-               have let go of the last stages; the block stays until they have */
-            if (cl > 1)
-                for (int i = 0; i < GM_STAGES; i++) {
-                    mbar_wait(&empty[s], ph ^ 1);
-                    if (++s == GM_STAGES) s = 0, ph ^= 1;
-                }
             return;
         }
         if (threadIdx.x < 32) return;
@@ -321,7 +285,7 @@ __global__ void __launch_bounds__(GM_THREADS, 1)
         const int et = threadIdx.x - 32;
         uint32_t fph = 0;
         int slot = 0;
-        for (int t = gm_first(a); t < a.walk; t += gm_step(a), fph ^= 1) {
+        for (int t = blockIdx.x; t < tiles; t += gridDim.x, fph ^= 1) {
             int tr, tc;
             gm_tile(t, a, tr, tc);
             for (int c = 0; c < 2; c++) {
@@ -379,13 +343,7 @@ __global__ void __launch_bounds__(GM_THREADS, 1)
     float acc[128];
     int s = 0;
     uint32_t ph = 0, eph = 0;
-    /* a stage let go: every thread (one block), or of a pair, warp w's first thread for block w
-       (each thread's wait covers its warpgroup's products, which read the whole stage) */
-    auto release = [&](int st) {
-        if (cl == 1) mbar_arrive(&empty[st]);
-        else if ((tid & 31) == 0 && warp < cl) mbar_arrive_cta(&empty[st], (uint32_t)warp);
-    };
-    for (int t = gm_first(a); t < a.walk; t += gm_step(a), eph ^= 1) {
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x, eph ^= 1) {
         int tr, tc;
         gm_tile(t, a, tr, tc);
         /* this tile's bias (the last epilogue's reads of bsm ended before its last barrier) */
@@ -409,13 +367,13 @@ __global__ void __launch_bounds__(GM_THREADS, 1)
             wgmma_commit();
             acc_fence(acc, 128);
             wgmma_wait<1>(); /* the previous slice's products are done: free its stage */
-            if (kt > 0) release(prev);
+            if (kt > 0) mbar_arrive(&empty[prev]);
             prev = s;
             if (++s == GM_STAGES) s = 0, ph ^= 1;
         }
         wgmma_wait<0>();
         acc_fence(acc, 128);
-        release(prev);
+        mbar_arrive(&empty[prev]);
         /* the rounded product (+ bias) into the 4 swizzled chunks: the thread holds rows lr, lr + 8
            of the warpgroup's 64 and column pairs 8i + 2·(lane % 4); then the epilogue warps take
            them (once they have let go of the last tile's); FORM: this warpgroup's thread 0 stores
@@ -517,53 +475,13 @@ extern "C" bool fg_cuda_act_form_takes(int act) {
            act == FG_ACT_GIVEN_SLOPE;
 }
 
-static cudaLaunchConfig_t gm_config(int blocks, int cluster, cudaLaunchAttribute *attr, cudaStream_t s) {
-    cudaLaunchConfig_t cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.gridDim = dim3((unsigned)blocks), cfg.blockDim = dim3(GM_THREADS), cfg.dynamicSmemBytes = GM_SMEM, cfg.stream = s;
-    attr->id = cudaLaunchAttributeClusterDimension;
-    attr->val.clusterDim.x = (unsigned)cluster, attr->val.clusterDim.y = 1, attr->val.clusterDim.z = 1;
-    cfg.attrs = attr, cfg.numAttrs = 1;
-    return cfg;
-}
-
 template <typename T, int ACT, int TA, int TB, int GACT = -1, bool SLOPE = false>
 static cudaError_t gm_launch(const CUtensorMap *maps, const gm_args &a, int blocks, cudaStream_t s) {
     auto kernel = act_gemm_kernel<T, ACT, TA, TB, GACT, SLOPE>;
     const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GM_SMEM);
     if (e != cudaSuccess) return e;
-    cudaLaunchAttribute attr;
-    cudaLaunchConfig_t cfg = gm_config(blocks, a.cluster, &attr, s);
-    if (a.probe & 1) cfg.numAttrs = 0;
-    return cudaLaunchKernelEx(&cfg, kernel, maps[0], maps[1], maps[2], maps[3], maps[4], maps[5], a);
-}
-
-/* Pairs of blocks (2-block clusters) sharing B's slice: each block loads half of it by TMA
-   multicast, so the L2 → shared memory operand traffic drops by a third (48 → 32 KB a block
-   per k-step). Taken when the device runs a pair on every SM at once (its GPCs could leave one
-   over); the pairs this kernel design runs at once, asked once per device (every instance has
-   the same block and shared memory size). FASTGRAD_GEMM90_CLUSTER=1 in the environment keeps
-   single blocks (a developer's switch for same-run comparisons). */
-static int gm_pairs(int device, int sms) {
-    static int known[64]; /* 0: not asked yet; -1: no pairs */
-    const char *env = getenv("FASTGRAD_GEMM90_CLUSTER");
-    if (env && strcmp(env, "1") == 0) return 0;
-    if (device < 0 || device >= 64) return 0;
-    if (known[device] == 0) {
-        auto kernel = act_gemm_kernel<__nv_bfloat16, FG_ACT_NONE, 0, 1, -1, false>;
-        cudaLaunchAttribute attr;
-        const cudaLaunchConfig_t cfg = gm_config(2 * (sms / 2), 2, &attr, 0);
-        int n = 0;
-        if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GM_SMEM) != cudaSuccess ||
-            cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
-            (void)cudaGetLastError();
-            n = 0;
-        }
-        known[device] = 2 * n >= sms && n > 0 ? n : -1;
-    }
-    const char *cap = getenv("FASTGRAD_GEMM90_PAIRS"); /* (a developer's cap on the pairs launched) */
-    const int most = cap ? atoi(cap) : 0;
-    return known[device] > 0 ? (most > 0 && most < known[device] ? most : known[device]) : 0;
+    kernel<<<blocks, GM_THREADS, GM_SMEM, s>>>(maps[0], maps[1], maps[2], maps[3], maps[4], maps[5], a);
+    return cudaGetLastError();
 }
 
 template <typename T>
@@ -601,11 +519,6 @@ extern "C" fg_status fg_cuda_act_gemm(fg_context *ctx, const fg_act_call *c) {
     a.n = c->rows, a.m = c->cols, a.k = (int)c->k;
     a.tiles_r = (int)((c->rows + GM_BM - 1) / GM_BM), a.tiles_c = (int)((c->cols + GM_BN - 1) / GM_BN);
     a.group = c->step == FG_ACT_STEP_GEMM_INPUT_FORM ? GM_GROUP_FORM : GM_GROUP;
-    const int sms = gm_sms(ctx->device), pairs = gm_pairs(ctx->device, sms);
-    a.cluster = pairs > 0 ? 2 : 1;
-    const char *probe = getenv("FASTGRAD_GEMM90_PROBE");
-    a.probe = probe ? atoi(probe) : 0;
-    if (a.cluster > 1) a.probe &= ~1;
     const bool fwd = c->step == FG_ACT_STEP_GEMM_FORWARD, form = c->step == FG_ACT_STEP_GEMM_INPUT_FORM;
     const bool input = c->step == FG_ACT_STEP_GEMM_INPUT || form;
     if (fwd && c->slope_out && !c->pre) return fg_fail(FG_ERR_INTERNAL, "cuda linear_act: the slope form needs pre");
@@ -615,8 +528,7 @@ extern "C" fg_status fg_cuda_act_gemm(fg_context *ctx, const fg_act_call *c) {
     CUtensorMap maps[6];
     bool ok;
     if (fwd)
-        ok = gm_map(&maps[0], c->x, c->rows, c->k, GM_BM, c->dtype) &&
-             gm_map(&maps[1], c->w, c->cols, c->k, GM_BN / a.cluster, c->dtype); /* (a pair: each block's half) */
+        ok = gm_map(&maps[0], c->x, c->rows, c->k, GM_BM, c->dtype) && gm_map(&maps[1], c->w, c->cols, c->k, GM_BN, c->dtype);
     else if (input)
         ok = gm_map(&maps[0], c->g, c->rows, c->k, GM_BM, c->dtype) && gm_map(&maps[1], c->w, c->k, c->cols, 64, c->dtype);
     else
@@ -642,9 +554,8 @@ extern "C" fg_status fg_cuda_act_gemm(fg_context *ctx, const fg_act_call *c) {
         a.part = c->db_acc ? reinterpret_cast<float *>(static_cast<char *>(c->scratch) + flags) : nullptr;
         e = cudaMemsetAsync(c->scratch, 0, flags, stream);
     }
-    a.walk_rows = (a.tiles_r + a.cluster - 1) / a.cluster, a.walk_group = a.group / a.cluster;
-    a.walk = a.walk_rows * a.tiles_c;
-    const int blocks = a.cluster * (a.walk < (a.cluster > 1 ? pairs : sms) ? a.walk : a.cluster > 1 ? pairs : sms);
+    const int tiles = a.tiles_r * a.tiles_c, sms = gm_sms(ctx->device);
+    const int blocks = tiles < sms ? tiles : sms;
     if (e == cudaSuccess)
         e = c->dtype == FG_F16 ? gm_dispatch<__half>(c, maps, a, blocks, stream) : gm_dispatch<__nv_bfloat16>(c, maps, a, blocks, stream);
     if (e == cudaSuccess && form && a.part) e = slab_colsum(a.part, a.tiles_r, c->k, (float *)c->db_acc, c->first, stream);

@@ -1,10 +1,9 @@
 /*
- * sm90.cuh — Hopper's (sm_90a) asynchronous machinery for the own GEMM kernels: mbarriers
- * (also arrived on from the other block of a cluster), the tensor memory accelerator's 2-D tile
- * loads (also multicast to a cluster's blocks) and stores (cp.async.bulk.tensor) and their
+ * sm90.cuh — Hopper's (sm_90a) asynchronous machinery for the own GEMM kernels: mbarriers,
+ * the tensor memory accelerator's 2-D tile loads and stores (cp.async.bulk.tensor) and their
  * host-side tensor maps, and warpgroup MMA (wgmma m64nNk16 for N 64 / 128 / 256, f32
- * accumulators, operands in shared memory through 128-byte-swizzled descriptors). Only the
- * sm_90a target assembles wgmma; callers guard with __CUDA_ARCH_FEAT_SM90_ALL.
+ * accumulators, operands in shared memory through 128-byte-swizzled descriptors). Only the sm_90a target assembles wgmma; callers guard with
+ * __CUDA_ARCH_FEAT_SM90_ALL.
  */
 #ifndef FG_CUDA_SM90_CUH
 #define FG_CUDA_SM90_CUH
@@ -42,55 +41,12 @@ __device__ __forceinline__ void mbar_wait(uint64_t *b, uint32_t parity) {
     } while (!done);
 }
 
-/* ---- clusters (a pair of blocks sharing an operand slice by TMA multicast) */
-/* (volatile: read again at each use rather than held in a register) */
-__device__ __forceinline__ int cluster_rank() {
-    int r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-    return r;
-}
-/* the cluster's index in the grid and the grid's clusters (x); a launch without clusters has
-   one block a cluster */
-__device__ __forceinline__ int cluster_id() {
-    int r;
-    asm volatile("mov.u32 %0, %%clusterid.x;\n" : "=r"(r));
-    return r;
-}
-__device__ __forceinline__ int cluster_count() {
-    int r;
-    asm volatile("mov.u32 %0, %%nclusterid.x;\n" : "=r"(r));
-    return r;
-}
-/* every thread of every block of the cluster; orders the mbarrier inits before any remote use */
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-/* arrives on the mbarrier at b's offset in block `cta` of the cluster (this block included);
-   the default semantics (release at CTA scope), as CUTLASS's cluster barriers: the arrive only
-   says that this thread's wgmma reads of a stage are done, which its wgmma wait has ordered;
-   a .release.cluster arrive costs a cluster-scope fence each time */
-__device__ __forceinline__ void mbar_arrive_cta(uint64_t *b, uint32_t cta) {
-    asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
-                 "mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(sm90_smem(b)),
-                 "r"(cta)
-                 : "memory");
-}
-
 /* ---- TMA: one 2-D box of a tensor map into shared memory, completing on an mbarrier
    (c0: the innermost coordinate, in elements; rows and columns past the tensor read as zeros) */
 __device__ __forceinline__ void tma_load_2d(void *dst, const CUtensorMap *map, uint64_t *bar, int c0, int c1) {
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n" ::"r"(
                      sm90_smem(dst)),
                  "l"((uint64_t)map), "r"(sm90_smem(bar)), "r"(c0), "r"(c1)
-                 : "memory");
-}
-/* the same box into dst's offset in every block of `mask` (cluster ranks), completing on the
-   mbarrier at bar's offset in each of them */
-__device__ __forceinline__ void tma_load_2d_multicast(void *dst, const CUtensorMap *map, uint64_t *bar, int c0, int c1,
-                                                      uint16_t mask) {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
-                 " [%0], [%1, {%3, %4}], [%2], %5;\n" ::"r"(sm90_smem(dst)),
-                 "l"((uint64_t)map), "r"(sm90_smem(bar)), "r"(c0), "r"(c1), "h"(mask)
                  : "memory");
 }
 /* one 2-D box of shared memory to a tensor map's tensor (rows and columns past it are not

@@ -362,8 +362,6 @@ typedef struct fg_act_call {
     int64_t k;
     void *dx, *dw;           /* TILE_BACKWARD's and GEMM_INPUT's / GEMM_WEIGHT's outputs */
     bool slope_out;          /* FORWARD, GEMM_FORWARD: pre receives act′(pre) (slope form) */
-    void *sk_scratch;        /* GEMM_*: the last wave's split (fg_cuda_act_gemm_scratch bytes; */
-    size_t sk_scratch_bytes; /* none: every tile whole) */
 } fg_act_call;
 
 /* The activations and their derivatives in f64: the CPU backend's math (src/cpu/linear_act.c). */
@@ -391,9 +389,6 @@ fg_status fg_cuda_act_gemm(fg_context *ctx, const fg_act_call *c);
 /* GEMM_INPUT_FORM's scratch (rows N, k M): its unit flags, and db's per-row-tile sums; and the
  * activations it forms g for (where it beats the gradient pass + plain product) */
 size_t fg_cuda_act_form_scratch(int64_t rows, int64_t k, bool want_db);
-/* The sm_90a GEMM's scratch for splitting its last wave of tiles by iterations (stream-K):
- * f32 partial sums a block; 0 when the shape does not split (or the GEMM does not take it) */
-size_t fg_cuda_act_gemm_scratch(int device, fg_dtype dtype, fg_act_step step, int64_t rows, int64_t k, int64_t cols);
 bool fg_cuda_act_form_takes(int act);
 #endif
 

@@ -66,13 +66,6 @@ struct gm_args {
     void *g;
     int *flags, *next;
     float *part;
-    /* the last wave split (stream-K): tiles below dp_tiles go to the blocks in turn (whole
-       waves); the remaining tiles' sk_iters tile × K-slice iterations are split evenly over the
-       blocks (gm_next); a block's piece that does not end its tile leaves its f32 sums in its
-       slot of sk_part (two warpgroup halves of 64 × 256) and releases sk_flags[2·block + half] */
-    int dp_tiles, sk_iters;
-    float *sk_part;
-    int *sk_flags;
 };
 
 /* tile t of the persistent walk → (row tile, column tile): column-major inside bands of
@@ -82,45 +75,6 @@ __device__ __forceinline__ void gm_tile(int t, const gm_args &a, int &tr, int &t
     const int gs = min(a.group, a.tiles_r - r0), in = t - g * per;
     tr = r0 + in % gs;
     tc = in / gs;
-}
-
-/* One piece of a block's walk: output tile `tile`, K slices k0 … k1 − 1. partial: the piece
-   does not end its tile (its sums go to the block's slot); peer0 ≥ 0: the piece ends a tile
-   that lower blocks began — blocks peer0 … blockIdx.x − 1 each left one partial of it. */
-struct gm_piece {
-    int tile, k0, k1, peer0;
-    bool partial;
-};
-
-/* A block's walk: the whole tiles blockIdx.x, + gridDim.x, … below a.dp_tiles, then its even
-   share [lo, pos) of the tail's iterations (tile-major, K slice minor), taken piece by piece
-   from its end. So a tile split between blocks b < b′ is ended by b′ (its last piece), whose
-   peers are lower blocks that made their share of it first thing in the tail: the finishing
-   block waits only on blocks launched before it, and hardly ever in practice. */
-struct gm_walk {
-    int t, lo, pos;
-};
-
-__device__ __forceinline__ int gm_sk_lo(const gm_args &a, int b) { return (int)((int64_t)b * a.sk_iters / gridDim.x); }
-
-__device__ __forceinline__ gm_walk gm_walk_start(const gm_args &a) {
-    return gm_walk{(int)blockIdx.x, gm_sk_lo(a, blockIdx.x), gm_sk_lo(a, blockIdx.x + 1)};
-}
-
-__device__ __forceinline__ bool gm_next(gm_walk &w, const gm_args &a, int ktiles, gm_piece &p) {
-    if (w.t < a.dp_tiles) {
-        p.tile = w.t, p.k0 = 0, p.k1 = ktiles, p.peer0 = -1, p.partial = false;
-        w.t += gridDim.x;
-        return true;
-    }
-    if (w.pos <= w.lo) return false;
-    const int s = (w.pos - 1) / ktiles, base = s * ktiles, start = base > w.lo ? base : w.lo;
-    p.tile = a.dp_tiles + s, p.k0 = start - base, p.k1 = w.pos - base;
-    p.partial = p.k1 < ktiles;
-    /* (the block holding iteration `base`: the largest b with b·iters / grid ≤ base) */
-    p.peer0 = !p.partial && p.k0 > 0 ? (int)(((int64_t)(base + 1) * gridDim.x - 1) / a.sk_iters) : -1;
-    w.pos = start;
-    return true;
 }
 
 __device__ __forceinline__ void wg_sync(int c) { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + c) : "memory"); }
@@ -274,11 +228,11 @@ __global__ void __launch_bounds__(GM_THREADS, 1)
     static_assert(!FORM || (ACT == FG_ACT_NONE && TA == 0), "g is formed only for dx's K-major A");
     extern __shared__ unsigned char raw[];
     __shared__ __align__(8) uint64_t full[GM_STAGES], empty[GM_STAGES], epi_full[2], epi_empty[2], hfull[2];
-    __shared__ int hunit[2], epi_tile;
+    __shared__ int hunit[2];
     __shared__ float red[FORM ? 3 : 1][64];
     unsigned char *smem = (unsigned char *)(((uintptr_t)raw + 1023) & ~(uintptr_t)1023);
     unsigned char *staged = smem + GM_STAGES * GM_STAGE, *ybuf = staged + 8 * GM_CHUNK;
-    const int wg = threadIdx.x / 128, ktiles = (a.k + GM_BK - 1) / GM_BK;
+    const int wg = threadIdx.x / 128, ktiles = (a.k + GM_BK - 1) / GM_BK, tiles = a.tiles_r * a.tiles_c;
     if (threadIdx.x == 0) {
         for (int s = 0; s < GM_STAGES; s++) mbar_init(&full[s], 1), mbar_init(&empty[s], 256);
         for (int c = 0; c < 2; c++) mbar_init(&epi_full[c], 128), mbar_init(&epi_empty[c], 1), mbar_init(&hfull[c], 1);
@@ -297,12 +251,10 @@ __global__ void __launch_bounds__(GM_THREADS, 1)
         if (threadIdx.x == 0) { /* ------------------------------------------ producer */
             int s = 0;
             uint32_t ph = 0;
-            gm_walk walk = gm_walk_start(a);
-            gm_piece pc;
-            while (gm_next(walk, a, ktiles, pc)) {
+            for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
                 int tr, tc;
-                gm_tile(pc.tile, a, tr, tc);
-                for (int kt = pc.k0; kt < pc.k1; kt++) {
+                gm_tile(t, a, tr, tc);
+                for (int kt = 0; kt < ktiles; kt++) {
                     if constexpr (FORM) { /* g's slice made and visible */
                         const int *f = a.flags + (int64_t)tr * ktiles + kt;
                         while (flag_acquire(f) == 0) __nanosleep(64);
@@ -333,18 +285,11 @@ __global__ void __launch_bounds__(GM_THREADS, 1)
         const int et = threadIdx.x - 32;
         uint32_t fph = 0;
         int slot = 0;
-        /* (warpgroup 1 names each tile it hands over in epi_tile, -1 after the last: the walk
-           stays out of these warps' few registers) */
-        for (;; fph ^= 1) {
-            int tr = 0, tc = 0;
-            bool done = false;
+        for (int t = blockIdx.x; t < tiles; t += gridDim.x, fph ^= 1) {
+            int tr, tc;
+            gm_tile(t, a, tr, tc);
             for (int c = 0; c < 2; c++) {
                 mbar_wait(&epi_full[c], fph);
-                if (c == 0) {
-                    const int tile = epi_tile;
-                    if ((done = tile < 0)) break;
-                    gm_tile(tile, a, tr, tc);
-                }
                 unsigned char *pc = staged + c * 4 * GM_CHUNK;
                 const int c1 = tr * GM_BM + c * 64;
                 if (ACT == FG_ACT_NONE || (a.write_pre && !SLOPE)) {
@@ -385,7 +330,6 @@ __global__ void __launch_bounds__(GM_THREADS, 1)
                     mbar_arrive(&epi_empty[c]);
                 }
             }
-            if (done) break;
         }
         if (et == 0) tma_store_wait_all();
         return;
@@ -399,19 +343,16 @@ __global__ void __launch_bounds__(GM_THREADS, 1)
     float acc[128];
     int s = 0;
     uint32_t ph = 0, eph = 0;
-    gm_walk walk = gm_walk_start(a);
-    gm_piece piece;
-    while (gm_next(walk, a, ktiles, piece)) {
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x, eph ^= 1) {
         int tr, tc;
-        gm_tile(piece.tile, a, tr, tc);
+        gm_tile(t, a, tr, tc);
         /* this tile's bias (the last epilogue's reads of bsm ended before its last barrier) */
-        if (!piece.partial)
-            for (int i = tid; i < GM_BN; i += 128) {
-                const int64_t col = (int64_t)tc * GM_BN + i;
-                bsm[i] = bias && col < a.m ? bias[col] : T(0.f);
-            }
+        for (int i = tid; i < GM_BN; i += 128) {
+            const int64_t col = (int64_t)tc * GM_BN + i;
+            bsm[i] = bias && col < a.m ? bias[col] : T(0.f);
+        }
         int prev = 0;
-        for (int kt = piece.k0; kt < piece.k1; kt++) {
+        for (int kt = 0; kt < ktiles; kt++) {
             mbar_wait(&full[s], ph);
             /* (a K-major step of 16 is 32 bytes along the row, an MN-major one 16 rows of 128) */
             const unsigned char *sa = smem + s * GM_STAGE + c * 8192, *sb = smem + s * GM_STAGE + GM_A;
@@ -422,47 +363,17 @@ __global__ void __launch_bounds__(GM_THREADS, 1)
             wgmma_fence();
 #pragma unroll
             for (int j = 0; j < GM_BK / 16; j++)
-                wgmma_run<GM_BN, T, TA, TB>(acc, da + sta * j, db + stb * j, kt > piece.k0 || j > 0);
+                wgmma_run<GM_BN, T, TA, TB>(acc, da + sta * j, db + stb * j, kt > 0 || j > 0);
             wgmma_commit();
             acc_fence(acc, 128);
             wgmma_wait<1>(); /* the previous slice's products are done: free its stage */
-            if (kt > piece.k0) mbar_arrive(&empty[prev]);
+            if (kt > 0) mbar_arrive(&empty[prev]);
             prev = s;
             if (++s == GM_STAGES) s = 0, ph ^= 1;
         }
         wgmma_wait<0>();
         acc_fence(acc, 128);
         mbar_arrive(&empty[prev]);
-        /* the last wave's split: this half's f32 sums to the block's slot (the thread's 128 in 32
-           float4s, each warp's 32 of one index side by side), or the lower blocks' slots added in
-           block order (a fixed order: the same bits every run on this GPU) */
-        float4 *slots = reinterpret_cast<float4 *>(a.sk_part) + (size_t)c * 32 * 128;
-        if (piece.partial) {
-            float4 *mine = slots + (size_t)blockIdx.x * 2 * 32 * 128;
-#pragma unroll
-            for (int j = 0; j < 32; j++)
-                mine[j * 128 + tid] = make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
-            wg_sync(c);
-            if (tid == 0) { /* every thread's stores precede the barrier: the fence and release cover them */
-                __threadfence();
-                flag_release(a.sk_flags + 2 * blockIdx.x + c, 1);
-            }
-            continue;
-        }
-        if (piece.peer0 >= 0) {
-            if (tid == 0)
-                for (int b = piece.peer0; b < (int)blockIdx.x; b++)
-                    while (flag_acquire(a.sk_flags + 2 * b + c) == 0) __nanosleep(32);
-            wg_sync(c);
-            for (int b = piece.peer0; b < (int)blockIdx.x; b++) {
-                const float4 *theirs = slots + (size_t)b * 2 * 32 * 128;
-#pragma unroll
-                for (int j = 0; j < 32; j++) {
-                    const float4 v = __ldcg(theirs + j * 128 + tid);
-                    acc[4 * j] += v.x, acc[4 * j + 1] += v.y, acc[4 * j + 2] += v.z, acc[4 * j + 3] += v.w;
-                }
-            }
-        }
         /* the rounded product (+ bias) into the 4 swizzled chunks: the thread holds rows lr, lr + 8
            of the warpgroup's 64 and column pairs 8i + 2·(lane % 4); then the epilogue warps take
            them (once they have let go of the last tile's); FORM: this warpgroup's thread 0 stores
@@ -487,19 +398,12 @@ __global__ void __launch_bounds__(GM_THREADS, 1)
                 }
             }
         tma_store_fence();
-        if (!FORM && c == 0 && tid == 0) epi_tile = piece.tile;
         if (!FORM) mbar_arrive(&epi_full[c]);
         wg_sync(c); /* every thread's bias reads done before the next tile's bias lands; FORM: pc written */
         if (FORM && tid == 0) {
             for (int q = 0; q < 4; q++) tma_store_2d(&my, pc + q * GM_CHUNK, tc * GM_BN + q * 64, tr * GM_BM + c * 64);
             tma_store_commit();
         }
-        eph ^= 1;
-    }
-    if (!FORM && c == 0) { /* the epilogue warps' end: once they let go of the last tile, no more */
-        mbar_wait(&epi_empty[0], eph ^ 1);
-        if (tid == 0) epi_tile = -1;
-        mbar_arrive(&epi_full[0]);
     }
     if (FORM && tid == 0) tma_store_wait_all();
 #endif
@@ -547,40 +451,6 @@ extern "C" bool fg_cuda_act_gemm_fits(int device, fg_dtype dtype, fg_act_step st
     (void)device, (void)dtype, (void)step, (void)rows, (void)k, (void)cols;
     return false;
 #endif
-}
-
-/* The last wave's split (stream-K): with `rem` = tiles mod blocks, the last rem tiles (or, when
-   rem is under half a wave, rem + one wave, so no piece is a sliver) are shared out by iteration
-   rather than by tile; only when the reduction has enough slices for a piece to pay for its
-   partial sums' round trip through L2 (32 × 64: ≥ 23 µs a tile at the FFN shape's rate). */
-constexpr int GM_SK_MIN_KTILES = 32;
-
-static bool gm_tail_split(int64_t tiles, int blocks, int64_t k, int *dp_tiles, int *sk_iters) {
-    const int64_t ktiles = (k + GM_BK - 1) / GM_BK, rem = tiles % blocks;
-    if (rem == 0 || ktiles < GM_SK_MIN_KTILES || tiles < blocks) return false;
-    const int64_t sk = 2 * rem >= blocks ? rem : rem + blocks;
-    if (sk * ktiles > INT32_MAX) return false; /* (the walk counts iterations in an int) */
-    *dp_tiles = (int)(tiles - sk), *sk_iters = (int)(sk * ktiles);
-    return true;
-}
-
-/* its scratch: a flag a warpgroup half (zeroed before each run), then a slot of 128 × 256 f32
-   sums a block */
-static size_t gm_sk_flags_bytes(int blocks) { return ((size_t)blocks * 2 * sizeof(int) + 255) & ~(size_t)255; }
-static size_t gm_sk_bytes(int blocks) { return gm_sk_flags_bytes(blocks) + (size_t)blocks * GM_BM * GM_BN * sizeof(float); }
-
-static int gm_blocks(int device, int64_t tiles) {
-    const int sms = gm_sms(device);
-    return tiles < sms ? (int)tiles : sms;
-}
-
-extern "C" size_t fg_cuda_act_gemm_scratch(int device, fg_dtype dtype, fg_act_step step, int64_t rows, int64_t k,
-                                           int64_t cols) {
-    if (!fg_cuda_act_gemm_fits(device, dtype, step, rows, k, cols)) return 0;
-    const int64_t tiles = ((rows + GM_BM - 1) / GM_BM) * ((cols + GM_BN - 1) / GM_BN);
-    const int blocks = gm_blocks(device, tiles);
-    int dp, iters;
-    return gm_tail_split(tiles, blocks, k, &dp, &iters) ? gm_sk_bytes(blocks) : 0;
 }
 
 /* GEMM_INPUT_FORM's scratch: the units' flags and the unit counter (zeroed before each run),
@@ -684,15 +554,8 @@ extern "C" fg_status fg_cuda_act_gemm(fg_context *ctx, const fg_act_call *c) {
         a.part = c->db_acc ? reinterpret_cast<float *>(static_cast<char *>(c->scratch) + flags) : nullptr;
         e = cudaMemsetAsync(c->scratch, 0, flags, stream);
     }
-    const int tiles = a.tiles_r * a.tiles_c, blocks = gm_blocks(ctx->device, tiles);
-    a.dp_tiles = tiles; /* (no split: every tile whole) */
-    const char *sk_env = getenv("FASTGRAD_GEMM90_SK"); /* (developer's A/B switch: "0" turns the split off) */
-    if (c->sk_scratch && c->sk_scratch_bytes >= gm_sk_bytes(blocks) && !(sk_env && sk_env[0] == '0') &&
-        gm_tail_split(tiles, blocks, c->k, &a.dp_tiles, &a.sk_iters)) {
-        a.sk_flags = static_cast<int *>(c->sk_scratch);
-        a.sk_part = reinterpret_cast<float *>(static_cast<char *>(c->sk_scratch) + gm_sk_flags_bytes(blocks));
-        if (e == cudaSuccess) e = cudaMemsetAsync(c->sk_scratch, 0, gm_sk_flags_bytes(blocks), stream);
-    }
+    const int tiles = a.tiles_r * a.tiles_c, sms = gm_sms(ctx->device);
+    const int blocks = tiles < sms ? tiles : sms;
     if (e == cudaSuccess)
         e = c->dtype == FG_F16 ? gm_dispatch<__half>(c, maps, a, blocks, stream) : gm_dispatch<__nv_bfloat16>(c, maps, a, blocks, stream);
     if (e == cudaSuccess && form && a.part) e = slab_colsum(a.part, a.tiles_r, c->k, (float *)c->db_acc, c->first, stream);

@@ -247,24 +247,8 @@ static bool use_form(const act_run *r, bool want_dx, const void *pre, const void
 #endif
 }
 
-/* The sm_90a GEMM's scratch for splitting its last wave (0: none, or not that GEMM) */
-static size_t gemm90_sk_bytes(const act_run *r, fg_act_step which) {
-#ifdef FG_HAVE_CUDA
-    if (r->ctx->backend != FG_BACKEND_CUDA) return 0;
-    const bool input = which == FG_ACT_STEP_GEMM_INPUT || which == FG_ACT_STEP_GEMM_INPUT_FORM;
-    const int64_t rows = which == FG_ACT_STEP_GEMM_WEIGHT ? r->M : r->N;
-    const int64_t k = which == FG_ACT_STEP_GEMM_FORWARD ? r->K : input ? r->M : r->N;
-    const int64_t cols = which == FG_ACT_STEP_GEMM_FORWARD ? r->M : r->K;
-    return fg_cuda_act_gemm_scratch(r->ctx->device, r->dtype, which, rows, k, cols);
-#else
-    (void)r, (void)which;
-    return 0;
-#endif
-}
-
-/* dx = g·w (GEMM_INPUT) or dw = gᵀ·x (GEMM_WEIGHT) by the sm_90a GEMM; sk: its last wave's
- * split scratch (or none) */
-static fg_status gemm90_grad(act_run *r, fg_act_step which, void *g, void *sk, size_t sk_bytes) {
+/* dx = g·w (GEMM_INPUT) or dw = gᵀ·x (GEMM_WEIGHT) by the sm_90a GEMM */
+static fg_status gemm90_grad(act_run *r, fg_act_step which, void *g) {
     fg_act_call c;
     memset(&c, 0, sizeof c);
     c.step = which;
@@ -273,7 +257,6 @@ static fg_status gemm90_grad(act_run *r, fg_act_step which, void *g, void *sk, s
     c.cols = r->K;
     c.g = g, c.w = data_of(r, AB_W), c.x = data_of(r, AB_X);
     c.dx = data_of(r, AB_DX), c.dw = data_of(r, AB_DW);
-    c.sk_scratch = sk, c.sk_scratch_bytes = sk_bytes;
     return step(r, &c);
 }
 
@@ -318,7 +301,6 @@ static fg_status forward(act_run *r) {
     if (fused) return FG_OK;
     const bool tile = use_tile(r, data_of(r, AF_X), data_of(r, AF_W), y, keep ? pre : NULL);
     if (tile || use_gemm90(r, FG_ACT_STEP_GEMM_FORWARD, data_of(r, AF_X), data_of(r, AF_W), y, keep ? pre : NULL)) {
-        const size_t sk_bytes = tile ? 0 : gemm90_sk_bytes(r, FG_ACT_STEP_GEMM_FORWARD), sk_off = place(r, sk_bytes);
         fg_act_call c;
         memset(&c, 0, sizeof c);
         c.step = tile ? FG_ACT_STEP_TILE_FORWARD : FG_ACT_STEP_GEMM_FORWARD;
@@ -327,7 +309,6 @@ static fg_status forward(act_run *r) {
         c.y = y, c.pre = keep ? pre : NULL;
         c.ld_pre = c.ld_y = r->M;
         c.slope_out = r->slope;
-        c.sk_scratch = sk_bytes ? at(r, sk_off) : NULL, c.sk_scratch_bytes = sk_bytes;
         return step(r, &c);
     }
     FG_TRY(pre_gemm(r, AF_X, AF_W, AF_B, pre));
@@ -449,14 +430,6 @@ static fg_status backward(act_run *r) {
         else if (want_dw && !parts && (size_t)(r->M * r->K) * r->es >= sums_bytes + 16) home = AB_DW;
     }
     const size_t sums_off = place(r, home < 0 ? sums_bytes : 0);
-    /* dx's sm_90a product splits its last wave through f32 partial sums: in dw's memory too
-       (after the sums living there) when it is written only later and big enough, else in the
-       workspace */
-    const size_t dx_sk = want_dx && !d->accumulate
-                             ? gemm90_sk_bytes(r, form ? FG_ACT_STEP_GEMM_INPUT_FORM : FG_ACT_STEP_GEMM_INPUT) : 0;
-    const size_t sk_after = home == AB_DW ? ALIGN_UP(sums_bytes + 16) : 0;
-    const bool sk_in_dw = dx_sk && want_dw && !parts && (size_t)(r->M * r->K) * r->es >= sk_after + dx_sk + 16;
-    const size_t sk_off = place(r, sk_in_dw ? 0 : dx_sk);
     const size_t parts_off = place(r, parts ? (size_t)((parts + 1) * r->M * r->K) * r->aes : 0);
     if (!want_dx && !want_dw && !want_db) return FG_OK;
 
@@ -464,12 +437,6 @@ static fg_status backward(act_run *r) {
     char *sums = home >= 0 ? (char *)data_of(r, home) : (char *)at(r, sums_off);
     if (home >= 0 && sums) sums += (16 - (uintptr_t)sums % 16) % 16; /* f32 sums need f32 alignment */
     void *db_acc = want_db ? sums : NULL, *scratch = sums ? sums + db_bytes : NULL;
-    char *sk = NULL;
-    if (sk_in_dw && data_of(r, AB_DW)) {
-        sk = (char *)data_of(r, AB_DW) + sk_after;
-        sk += (16 - (uintptr_t)sk % 16) % 16;
-    } else if (dx_sk)
-        sk = at(r, sk_off);
     if (form) { /* g = dy ⊙ act′(pre) and db's sums made by dx's product itself */
         fg_act_call c;
         memset(&c, 0, sizeof c);
@@ -480,7 +447,6 @@ static fg_status backward(act_run *r) {
         c.db_acc = db_acc;
         c.first = !db_over_batches || r->bi == 0;
         c.scratch = scratch, c.scratch_bytes = scratch_bytes;
-        c.sk_scratch = sk, c.sk_scratch_bytes = sk ? dx_sk : 0;
         FG_TRY(step(r, &c));
     } else if (!none || want_db) {
         fg_act_call c;
@@ -500,12 +466,12 @@ static fg_status backward(act_run *r) {
     const double beta = d->accumulate ? 1.0 : 0.0;
     if (form) /* (dx done) */;
     else if (want_dx && use_gemm90(r, FG_ACT_STEP_GEMM_INPUT, g, data_of(r, AB_W), data_of(r, AB_DX), NULL))
-        FG_TRY(gemm90_grad(r, FG_ACT_STEP_GEMM_INPUT, g, sk, sk ? dx_sk : 0));
+        FG_TRY(gemm90_grad(r, FG_ACT_STEP_GEMM_INPUT, g));
     else if (want_dx) /* dx[N × K] = g[N × M] · w[M × K] */
         FG_TRY(gemm(r, 1, r->N, r->K, r->M, fg_mat_at(g, r->M, 1), fg_mat_at(data_of(r, AB_W), r->K, 1),
                     fg_mat_at(data_of(r, AB_DX), r->K, 1), beta, NULL, false));
     if (want_dw && !parts && use_gemm90(r, FG_ACT_STEP_GEMM_WEIGHT, g, data_of(r, AB_X), data_of(r, AB_DW), NULL))
-        FG_TRY(gemm90_grad(r, FG_ACT_STEP_GEMM_WEIGHT, g, NULL, 0)); /* (no split: no memory free to hold its sums) */
+        FG_TRY(gemm90_grad(r, FG_ACT_STEP_GEMM_WEIGHT, g));
     else if (want_dw && !parts) /* dw[M × K] = gᵀ[M × N] · x[N × K] */
         FG_TRY(gemm(r, 1, r->M, r->K, r->N, fg_mat_at(g, 1, r->M), fg_mat_at(data_of(r, AB_X), r->K, 1),
                     fg_mat_at(data_of(r, AB_DW), r->K, 1), beta, NULL, false));

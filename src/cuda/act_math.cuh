@@ -111,10 +111,25 @@ __device__ __forceinline__ float act_slope(int act, float x) {
     }
 }
 
-/* y = act(x) and s = act′(x) together (the slope form's forward) */
+/* y = act(x) and s = act′(x) together (the slope forms' forwards), the same bits as act_value
+ * and act_slope: gelu_tanh's two share one σ — apart they take it twice, at x and at x clamped
+ * to ±10, which agree for |x| ≤ 10, and past that the slope is picked, not computed (its
+ * formula may then be NaN: it is not selected); silu's and sigmoid's share theirs. */
 __device__ __forceinline__ void act_value_slope(int act, float x, float *y, float *s) {
-    *y = act_value(act, x);
-    *s = act_slope(act, x);
+    float sg, ds;
+    switch (act) {
+    case FG_ACT_GELU_TANH: {
+        const float x2 = x * x;
+        sigmoid_pair_l2(gelu_t_l2(x, x2), &sg, &ds);
+        *y = x * sg;
+        const float r = fmaf(x * ds, fmaf(0.21406444881780073f, x2, 1.5957691216057308f), sg);
+        *s = x != x ? x : fabsf(x) > 10.f ? (x > 0.f ? 1.f : 0.f) : r;
+        return;
+    }
+    case FG_ACT_SILU: sigmoid_pair(x, &sg, &ds); *y = x * sg, *s = sg + x * ds; return;
+    case FG_ACT_SIGMOID: sigmoid_pair(x, &sg, &ds); *y = sg, *s = x == x ? ds : x; return;
+    default: *y = act_value(act, x), *s = act_slope(act, x); return;
+    }
 }
 
 #endif

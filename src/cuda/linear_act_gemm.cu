@@ -88,11 +88,16 @@ template <typename T, int ACT, bool SLOPE> __device__ __forceinline__ uint4 act8
     for (int i = 0; i < 4; i++) {
         T *e = reinterpret_cast<T *>(&u[i]), o[2];
         const float p0 = to_acc(e[0]), p1 = to_acc(e[1]);
-        from_acc2<T>(act_value(ACT, p0), act_value(ACT, p1), o);
-        u[i] = *reinterpret_cast<uint32_t *>(o);
         if constexpr (SLOPE) {
-            from_acc2<T>(act_slope(ACT, p0), act_slope(ACT, p1), o);
+            float y0, y1, s0, s1;
+            act_value_slope(ACT, p0, &y0, &s0), act_value_slope(ACT, p1, &y1, &s1);
+            from_acc2<T>(y0, y1, o);
+            u[i] = *reinterpret_cast<uint32_t *>(o);
+            from_acc2<T>(s0, s1, o);
             us[i] = *reinterpret_cast<uint32_t *>(o);
+        } else {
+            from_acc2<T>(act_value(ACT, p0), act_value(ACT, p1), o);
+            u[i] = *reinterpret_cast<uint32_t *>(o);
         }
     }
     return y;

@@ -154,17 +154,23 @@ __global__ void __launch_bounds__(TILE_THREADS, tile_blocks<GRAD>()) act_tile_ke
                     }
                     if (a.g) store_vec<T, 8>(static_cast<T *>(a.g) + at, o);
                 } else {
-                    if (a.pre && a.slope) {
+                    if (a.pre && a.slope) { /* y and s from one evaluation */
+                        vec_t<T, 8> sv;
+#pragma unroll
+                        for (int c = 0; c < 8; c += 2) {
+                            float y0, y1, s0, s1;
+                            act_value_slope(ACT, to_acc(p.v[c]), &y0, &s0);
+                            act_value_slope(ACT, to_acc(p.v[c + 1]), &y1, &s1);
+                            from_acc2<T>(y0, y1, &o.v[c]);
+                            from_acc2<T>(s0, s1, &sv.v[c]);
+                        }
+                        store_vec<T, 8>(static_cast<T *>(a.pre) + at, sv);
+                    } else {
+                        if (a.pre) store_vec<T, 8>(static_cast<T *>(a.pre) + at, p);
 #pragma unroll
                         for (int c = 0; c < 8; c += 2)
-                            from_acc2<T>(act_slope(ACT, to_acc(p.v[c])), act_slope(ACT, to_acc(p.v[c + 1])), &o.v[c]);
-                        store_vec<T, 8>(static_cast<T *>(a.pre) + at, o);
-                    } else if (a.pre) {
-                        store_vec<T, 8>(static_cast<T *>(a.pre) + at, p);
+                            from_acc2<T>(act_value(ACT, to_acc(p.v[c])), act_value(ACT, to_acc(p.v[c + 1])), &o.v[c]);
                     }
-#pragma unroll
-                    for (int c = 0; c < 8; c += 2)
-                        from_acc2<T>(act_value(ACT, to_acc(p.v[c])), act_value(ACT, to_acc(p.v[c + 1])), &o.v[c]);
                     store_vec<T, 8>(static_cast<T *>(a.y) + at, o);
                 }
             }

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# probe-builds.sh — developer's A/B of this tree against an older one on the lent GPU: put the
+# older tree in _old first (git archive REV | tar -x -C _old; untracked, so it travels; delete
+# it before committing). Builds both libraries side by side, runs test_linear_act on this one
+# unless SKIP_TEST=1, then bench/probe_step.py for OLD and NEW in alternating processes (ROUNDS
+# times; kernel tables in the first), ACTS as its acts. Logs in $OUT.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/fastgrad-probe}
+mkdir -p "$OUT"
+build() { # dir, log name, ninja targets...
+  local d=$1 log="$OUT/build-$2.log"; shift 2
+  cmake -S "$d" -B "$d/build-gpu" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFASTGRAD_CUDA=ON -DFASTGRAD_CUDA_ARCHS=90a \
+    > "$log" 2>&1 && ninja -C "$d/build-gpu" "$@" >> "$log" 2>&1
+}
+[ -d _old ] || { echo "probe-builds: no _old tree"; exit 1; }
+build . new & new=$!
+build _old old fastgrad & old=$!
+wait $new || { tail -30 "$OUT/build-new.log"; echo "probe-builds: the build failed"; exit 1; }
+wait $old || { tail -30 "$OUT/build-old.log"; echo "probe-builds: the old build failed"; exit 1; }
+echo "builds done at ${SECONDS}s"
+if [ -z "${SKIP_TEST:-}" ]; then
+  build-gpu/tests/test_linear_act > "$OUT/test_linear_act.log" 2>&1
+  echo "test_linear_act rc=$? $(grep -E 'checks,' "$OUT/test_linear_act.log" | tail -1) at ${SECONDS}s"
+  grep -m 20 FAIL "$OUT/test_linear_act.log"
+fi
+for r in $(seq 1 "${ROUNDS:-2}"); do
+  k=$([ "$r" = 1 ] && echo 1 || echo 0)
+  for side in OLD NEW; do
+    lib="$PWD/build-gpu/libfastgrad.so"; [ $side = OLD ] && lib="$PWD/_old/build-gpu/libfastgrad.so"
+    PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/python:$PWD/bench" FASTGRAD_LIBRARY="$lib" \
+      python3 bench/probe_step.py $side "${ACTS:-gelu_tanh,silu}" 2 $k 2>&1 | grep -vE "Warning|_warn_once"
+  done
+done | tee "$OUT/probe_builds.log"
+echo "probe-builds: done at ${SECONDS}s"

@@ -32,6 +32,10 @@
  * Measured and not kept (session 13, commits e4a8fc2..6c1354e): pairs of blocks (2-block
  * clusters) sharing B's slice by TMA multicast — level at locked clocks (ncu: dx 1.51 vs 1.50 ms,
  * L2 bytes not lower), the whole step 3–6% slower than this design (docs/perf-notes.md).
+ * Session 14 (commit 5a90b3f, reverted): the last wave split by iterations (stream-K, partial
+ * sums through L2, a fixed order) — correct, but the forward no faster (1.607 vs 1.604 ms) and
+ * dx forming g 8% slower (its g units come slice by slice, the split's pieces want late slices
+ * early), the reworked walk slower even with the split off.
  */
 #include "act_math.cuh"
 #include "cuda_internal.h"

@@ -309,10 +309,13 @@ __global__ void __launch_bounds__(GM_THREADS, 1)
                 }
                 if (ACT != FG_ACT_NONE)
                     for (int q = 0; q < 4; q++, slot ^= 1) {
-                        /* y's chunk alternates between the two buffers; SLOPE: s goes in place of
-                           the pre chunk it is made from (each thread rewrites the 16 bytes it read) */
-                        unsigned char *yc = ybuf + slot * GM_CHUNK, *sc = pc + q * GM_CHUNK;
-                        if (et == 0) tma_store_wait_read<1>(); /* the store that last read yc is done */
+                        /* PLAIN: y's chunk alternates between the two buffers; SLOPE: y in the
+                           first, s in the second, both stored before the next chunk's fill */
+                        unsigned char *yc = ybuf + (SLOPE ? 0 : slot) * GM_CHUNK, *sc = ybuf + GM_CHUNK;
+                        if (et == 0) { /* the store that last read yc (and sc) is done */
+                            if (SLOPE) tma_store_wait_read<0>();
+                            else tma_store_wait_read<1>();
+                        }
                         epi_sync();
                         /* y, s and pre share the swizzled layout: each 16 bytes map to the same place */
                         for (int i = et; i < GM_CHUNK / 16; i += GM_EPI_THREADS) {
@@ -328,11 +331,11 @@ __global__ void __launch_bounds__(GM_THREADS, 1)
                             tma_store_commit();
                         }
                     }
-                /* pc free once every warp has read (and written) it and the stores of it have */
+                /* pc free once every warp has read it and the stores of it have */
                 epi_sync();
                 if (et == 0) {
-                    if (ACT == FG_ACT_NONE || SLOPE) tma_store_wait_read<0>(); /* (SLOPE: s's last chunk) */
-                    else tma_store_wait_read<2>(); /* (older than y's last two chunks: pc's pre) */
+                    if (ACT == FG_ACT_NONE) tma_store_wait_read<0>();
+                    else if (!SLOPE) tma_store_wait_read<2>(); /* (older than y's last two chunks: pc's pre) */
                     mbar_arrive(&epi_empty[c]);
                 }
             }

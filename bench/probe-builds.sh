@@ -2,7 +2,7 @@
 # probe-builds.sh — developer's A/B of this tree against an older one on the lent GPU: put the
 # older tree in _old first (git archive REV | tar -x -C _old; untracked, so it travels; delete
 # it before committing). Builds both libraries side by side, runs test_linear_act on this one
-# unless SKIP_TEST=1, then bench/probe_step.py for OLD and NEW in alternating processes (ROUNDS
+# unless SKIP_TEST=1 (RACECHECK=1: bench/sanitize_act.py under racecheck too), then bench/probe_step.py for OLD and NEW in alternating processes (ROUNDS
 # times; kernel tables in the first), ACTS as its acts. Logs in $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -23,6 +23,12 @@ if [ -z "${SKIP_TEST:-}" ]; then
   build-gpu/tests/test_linear_act > "$OUT/test_linear_act.log" 2>&1
   echo "test_linear_act rc=$? $(grep -E 'checks,' "$OUT/test_linear_act.log" | tail -1) at ${SECONDS}s"
   grep -m 20 FAIL "$OUT/test_linear_act.log"
+fi
+if [ -n "${RACECHECK:-}" ]; then # the sm_90a act kernels under racecheck (bench/sanitize_act.py), this build
+  PYTHONPATH="$PWD/python" FASTGRAD_LIBRARY="$PWD/build-gpu/libfastgrad.so" \
+    compute-sanitizer --tool racecheck python3 bench/sanitize_act.py > "$OUT/racecheck.log" 2>&1
+  echo "racecheck: $(grep -E 'Race reported' "$OUT/racecheck.log" | grep -vc nvjet_) reports naming our kernels;" \
+    "$(grep -c '^sanitize_act: ok' "$OUT/racecheck.log") ok; $(grep 'RACECHECK SUMMARY' "$OUT/racecheck.log") at ${SECONDS}s"
 fi
 for r in $(seq 1 "${ROUNDS:-2}"); do
   k=$([ "$r" = 1 ] && echo 1 || echo 0)

@@ -355,14 +355,10 @@ __global__ void __launch_bounds__(GM_THREADS, 1)
     for (int t = blockIdx.x; t < tiles; t += gridDim.x, eph ^= 1) {
         int tr, tc;
         gm_tile(t, a, tr, tc);
-        /* this tile's bias, loaded now and put in shared memory after the main loop, so the
-           loads' latency is under the products rather than before them (the last epilogue's
-           reads of bsm ended before its last barrier) */
-        T bias_own[GM_BN / 128];
-#pragma unroll
-        for (int j = 0; j < GM_BN / 128; j++) {
-            const int64_t col = (int64_t)tc * GM_BN + tid + 128 * j;
-            bias_own[j] = bias && col < a.m ? bias[col] : T(0.f);
+        /* this tile's bias (the last epilogue's reads of bsm ended before its last barrier) */
+        for (int i = tid; i < GM_BN; i += 128) {
+            const int64_t col = (int64_t)tc * GM_BN + i;
+            bsm[i] = bias && col < a.m ? bias[col] : T(0.f);
         }
         int prev = 0;
         for (int kt = 0; kt < ktiles; kt++) {
@@ -387,8 +383,6 @@ __global__ void __launch_bounds__(GM_THREADS, 1)
         wgmma_wait<0>();
         acc_fence(acc, 128);
         mbar_arrive(&empty[prev]);
-#pragma unroll
-        for (int j = 0; j < GM_BN / 128; j++) bsm[tid + 128 * j] = bias_own[j];
         /* the rounded product (+ bias) into the 4 swizzled chunks: the thread holds rows lr, lr + 8
            of the warpgroup's 64 and column pairs 8i + 2·(lane % 4); then the epilogue warps take
            them (once they have let go of the last tile's); FORM: this warpgroup's thread 0 stores

@@ -72,6 +72,15 @@ __device__ __forceinline__ float gelu_t_l2(float x, float x2) {
     return x * fmaf(0.1029432395800235f, x2, 2.302208198144325f);
 }
 
+/* gelu_tanh's slope from σ = s and σ′ = ds of 2u at xc (x clamped or not; x2 = xc²):
+ * s + xc·ds·d(2u)/dx with d(2u)/dx = c1 + 3·c2·x²; past |x| = 10 it is 1 or 0, picked by selects
+ * (no branch, so a thread's elements interleave: a branch per element ran the g-forming warps at
+ * a quarter of the issue rate, session 11; the formula's value there is not used); NaN in, NaN out */
+__device__ __forceinline__ float gelu_t_slope(float x, float xc, float x2, float s, float ds) {
+    const float r = fmaf(xc * ds, fmaf(0.21406444881780073f, x2, 1.5957691216057308f), s);
+    return x != x ? x : fabsf(x) > 10.f ? (x > 0.f ? 1.f : 0.f) : r;
+}
+
 __device__ __forceinline__ float act_value(int act, float x) {
     float s;
     switch (act) {
@@ -90,16 +99,11 @@ __device__ __forceinline__ float act_slope(int act, float x) {
     switch (act) {
     case FG_ACT_RELU: return x > 0.f ? 1.f : (x == x ? 0.f : x);
     case FG_ACT_GELU: return 0.5f * erfcf(-x * 0.70710678f) + x * 0.39894228f * exp_neg(-0.5f * x * x);
-    case FG_ACT_GELU_TANH: {
-        /* past |x| = 10 the slope is 1 or 0 (and x² would overflow into 0·∞): the formula runs
-           on the clamped value and selects pick the answer — no branch, so a thread's elements
-           interleave (a branch per element ran the g-forming warps at a quarter of the issue
-           rate, session 11); NaN in, NaN out */
+    case FG_ACT_GELU_TANH: { /* (on x clamped to ±10: x² would overflow into 0·∞ past that) */
         const float xc = fminf(fmaxf(x, -10.f), 10.f);
         x2 = xc * xc;
-        sigmoid_pair_l2(gelu_t_l2(xc, x2), &s, &ds); /* d(2u)/dx = c1 + 3·c2·x² */
-        const float r = fmaf(xc * ds, fmaf(0.21406444881780073f, x2, 1.5957691216057308f), s);
-        return x != x ? x : fabsf(x) > 10.f ? (x > 0.f ? 1.f : 0.f) : r;
+        sigmoid_pair_l2(gelu_t_l2(xc, x2), &s, &ds);
+        return gelu_t_slope(x, xc, x2, s, ds);
     }
     case FG_ACT_SILU: sigmoid_pair(x, &s, &ds); return s + x * ds;
     case FG_ACT_SIGMOID: sigmoid_pair(x, &s, &ds); return x == x ? ds : x;
@@ -121,9 +125,7 @@ __device__ __forceinline__ void act_value_slope(int act, float x, float *y, floa
     case FG_ACT_GELU_TANH: {
         const float x2 = x * x;
         sigmoid_pair_l2(gelu_t_l2(x, x2), &sg, &ds);
-        *y = x * sg;
-        const float r = fmaf(x * ds, fmaf(0.21406444881780073f, x2, 1.5957691216057308f), sg);
-        *s = x != x ? x : fabsf(x) > 10.f ? (x > 0.f ? 1.f : 0.f) : r;
+        *y = x * sg, *s = gelu_t_slope(x, x, x2, sg, ds);
         return;
     }
     case FG_ACT_SILU: sigmoid_pair(x, &sg, &ds); *y = x * sg, *s = sg + x * ds; return;

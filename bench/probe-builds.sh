@@ -2,8 +2,11 @@
 # probe-builds.sh — developer's A/B of this tree against an older one on the lent GPU: put the
 # older tree in _old first (git archive REV | tar -x -C _old; untracked, so it travels; delete
 # it before committing). Builds both libraries side by side, runs test_linear_act on this one
-# unless SKIP_TEST=1 (RACECHECK=1: bench/sanitize_act.py under racecheck too), then bench/probe_step.py for OLD and NEW in alternating processes (ROUNDS
-# times; kernel tables in the first), ACTS as its acts. Logs in $OUT.
+# unless SKIP_TEST=1 (RACECHECK=1: bench/sanitize_act.py under racecheck too), with NCU=n n rounds
+# of ncu on the three products of bench/ncu_form.py (NCU_ACT, slope form; ncu's locked clocks: time,
+# tensor pipe, instructions, L2 bytes, shared-memory wavefronts), then bench/probe_step.py for OLD
+# and NEW in alternating processes (ROUNDS times; kernel tables in the first), ACTS as its acts.
+# Logs in $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/fastgrad-probe}
@@ -29,6 +32,28 @@ if [ -n "${RACECHECK:-}" ]; then # the sm_90a act kernels under racecheck (bench
     compute-sanitizer --tool racecheck python3 bench/sanitize_act.py > "$OUT/racecheck.log" 2>&1
   echo "racecheck: $(grep -E 'Race reported' "$OUT/racecheck.log" | grep -vc nvjet_) reports naming our kernels;" \
     "$(grep -c '^sanitize_act: ok' "$OUT/racecheck.log") ok; $(grep 'RACECHECK SUMMARY' "$OUT/racecheck.log") at ${SECONDS}s"
+fi
+if [ -n "${NCU:-}" ]; then # the three products at ncu's locked clocks, OLD and NEW alternating, NCU rounds
+  M=gpu__time_duration.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum,lts__t_bytes.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum
+  for r in $(seq 1 "$NCU"); do
+    for side in OLD NEW; do
+      lib="$PWD/build-gpu/libfastgrad.so"; [ $side = OLD ] && lib="$PWD/_old/build-gpu/libfastgrad.so"
+      PYTHONPATH="$PWD/python" FASTGRAD_LIBRARY="$lib" timeout 200 ncu -k regex:act_gemm_kernel --csv --metrics $M \
+        python3 bench/ncu_form.py ${NCU_ACT:-gelu_tanh} slope > "$OUT/ncu-$side-$r.csv" 2> "$OUT/ncu-$side-$r.err"
+      python3 - "$OUT/ncu-$side-$r.csv" $side <<'PY'
+import csv, sys
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+if not rows: print(sys.argv[2], "ncu: no rows"); sys.exit()
+h = rows[0]; ki, mi, vi, ii = h.index("Kernel Name"), h.index("Metric Name"), h.index("Metric Value"), h.index("ID")
+by = {}
+for r in rows[1:]: by.setdefault((r[ii], r[ki]), {})[r[mi].split("__")[1][:12]] = r[vi]
+for (i, k), m in by.items():
+    name = k[k.find("<") + 1:k.find(">")].replace("__nv_bfloat16, ", "")
+    print(sys.argv[2], i, name, " ".join(f"{a}={b}" for a, b in sorted(m.items())))
+PY
+    done
+  done | tee "$OUT/ncu.log"
+  echo "ncu done at ${SECONDS}s"
 fi
 for r in $(seq 1 "${ROUNDS:-2}"); do
   k=$([ "$r" = 1 ] && echo 1 || echo 0)

@@ -37,7 +37,7 @@
  * dx forming g 8% slower (its g units come slice by slice, the split's pieces want late slices
  * early), the reworked walk slower even with the split off.
  * Session 15 (not kept): y and s stored straight from the epilogue warps' registers instead of
- * staged for TMA — level; the next tile's first K slices prefetched into L2 — 3% slower. At
+ * staged for TMA — level; the next tile's first K slices prefetched into L2 — 2.5–3% slower. At
  * locked clocks the forward's deficit against dW follows its tile count (docs/perf-notes.md).
  */
 #include "act_math.cuh"

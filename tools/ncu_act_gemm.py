@@ -1,8 +1,8 @@
-"""Developer's probe: one forward + backward of the large linear + activation shape (pre kept,
-or argv[2] "slope": the slope form), for a profiler run of the three sm_90a products (ncu -k
-regex:act_gemm_kernel: the forward, dx's product forming g, dw's).
+"""One forward + backward of the large linear + activation shape (pre kept, or argv[2] "slope":
+the slope form), as a target for Nsight Compute on the three sm_90a GEMM products (the forward,
+dx's product forming g, dw's): ncu -k regex:act_gemm_kernel. tools/ab-builds.sh runs it with NCU=n.
 
-    PYTHONPATH=python FASTGRAD_LIBRARY=build-gpu/libfastgrad.so ncu ... python3 bench/ncu_form.py gelu_tanh [slope]
+    PYTHONPATH=python FASTGRAD_LIBRARY=build-gpu/libfastgrad.so ncu ... python3 tools/ncu_act_gemm.py gelu_tanh [slope]
 """
 import sys
 

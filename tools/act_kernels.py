@@ -1,8 +1,10 @@
-"""Developer's probe for linear + activation on the GPU: where the time of one fwd+bwd goes,
-kernel by kernel (torch.profiler), for fastgrad, eager and torch.compile at the issue's
-shapes, and the bare products (ours vs torch) timed alone.
+"""Where the time of one linear + activation forward + backward goes, kernel by kernel
+(torch.profiler), for fastgrad, eager and torch.compile at bench/compare.py's shapes, plus the
+bare products (fastgrad's against torch's) timed alone: the breakdown that says which kernel a
+change has to shorten before a whole-step figure can move.
 
-    PYTHONPATH=python FASTGRAD_LIBRARY=build-gpu/libfastgrad.so python3 bench/probe_act.py
+    PYTHONPATH=python:bench FASTGRAD_LIBRARY=build-gpu/libfastgrad.so python3 tools/act_kernels.py \
+        [all | ours | small | large] [kernel tables] [large: acts, comma-separated, "act:pre" keeps pre]
 """
 import sys
 

@@ -1,14 +1,14 @@
 /*
- * lt_algo_probe.cu — a developer's probe, not part of the library: for one bf16 product
+ * lt_algos.cu — a developer's tool, not part of the library: for one bf16 product
  * (column-major cuBLASLt terms: D[m,n] = op(A)·op(B), f32 accumulation) it times every
  * algorithm cuBLASLt's heuristic offers (up to 16, 32 MiB workspace, deterministic
  * reduction schemes only) and cublasGemmEx's default, so a choice of algorithm can be
  * judged against the best one of the same run.
  *
- *   nvcc -O2 -arch=sm_90a bench/lt_algo_probe.cu -lcublasLt -lcublas -o /tmp/probe
- *   /tmp/probe TN 16384 8192 4096   # OPS m n k  (the forward of a linear layer)
- *   /tmp/probe TN 16384 8192 4096 gelu_aux_bias   # with an epilogue: bias, relu_bias,
- *                                                  # gelu_bias, gelu_aux_bias
+ *   nvcc -O2 -arch=sm_90a tools/lt_algos.cu -lcublasLt -lcublas -o /tmp/lt_algos
+ *   /tmp/lt_algos TN 16384 8192 4096   # OPS m n k  (the forward of a linear layer)
+ *   /tmp/lt_algos TN 16384 8192 4096 gelu_aux_bias   # with an epilogue: bias, relu_bias,
+ *                                                     # gelu_bias, gelu_aux_bias
  * With an epilogue it also reports what the epilogue makes of NaN and of ±3e38 in A.
  */
 #include <cublasLt.h>

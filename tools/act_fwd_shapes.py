@@ -1,9 +1,9 @@
-"""Developer's probe: linear + activation's forward (pre kept) across layer shapes, fastgrad
-against the same run's eager forward (cuBLAS product with bias, then the activation pass) and
-the bare product (F.linear) — to see where the sm_90a GEMM with the activation in its
-epilogue (src/cuda/linear_act_gemm.cu) beats product + pass, and where it does not.
+"""Linear + activation's forward (pre kept) across layer shapes, fastgrad against the same run's
+eager forward (cuBLAS product with bias, then the activation pass) and the bare product
+(F.linear): shows where the sm_90a GEMM with the activation in its epilogue beats product +
+pass and where it does not, which is what the size rule for taking that GEMM rests on.
 
-    PYTHONPATH=python:bench FASTGRAD_LIBRARY=build-gpu/libfastgrad.so python3 bench/probe_fwd_shapes.py
+    PYTHONPATH=python:bench FASTGRAD_LIBRARY=build-gpu/libfastgrad.so python3 tools/act_fwd_shapes.py
 """
 import torch
 import torch.nn.functional as F

@@ -1,16 +1,16 @@
-"""Developer's probe for A/B of two builds of the library at the large linear + activation
-shape, process by process (bench/probe-builds.sh alternates them; ratios to eager inside each
-process cancel most of the GPU's drift): the step as the library runs it (compare.py's case,
-its defaults: the slope form, relu keeping y) against eager, one line a round, then with
-`kernels` one step's kernel times (torch profiler).
+"""One side of tools/ab-builds.sh's A/B of two builds: the linear + activation step at the large
+shape as the library runs it (bench/compare.py's case with its defaults: the slope form, relu
+keeping y) against eager torch in the same process, one line a round, and with `kernels` one
+step's kernel times (torch profiler). ab-builds.sh alternates OLD and NEW processes; comparing
+each side's ratio to eager, not its raw time, cancels most of the GPU's clock drift.
 
     PYTHONPATH=python:bench FASTGRAD_LIBRARY=build-gpu/libfastgrad.so \
-        python3 bench/probe_step.py LABEL [acts, comma-separated] [rounds] [kernels: 0 / 1]
+        python3 tools/ab_step.py LABEL [acts, comma-separated] [rounds] [kernels: 0 / 1]
 """
 import sys
 
 import compare
-import probe_act
+import act_kernels
 from compare import timed_together
 
 
@@ -23,7 +23,7 @@ def main(label, act, rounds, kernels, n=8192, k=4096, m=16384):
         print(f"{label} {act} round {r}: ours {ours_ms:.4f}, eager {eager_ms:.4f} ms: {eager_ms / ours_ms:.3f}x eager",
               flush=True)
     if kernels:
-        probe_act.kernels(lambda: case["ours"](*sets[0]), f"{label} {act}")
+        act_kernels.kernels(lambda: case["ours"](*sets[0]), f"{label} {act}")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
-"""One call of each own sm_90a kernel of linear + activation at small shapes that still take
-them (the GEMM for all three products, dx's also forming g, the one-kernel short-K backward), checked loosely
-against torch: a short program for compute-sanitizer's racecheck / synccheck, which are too
-slow for the whole test driver (scripts/gpu-check.sh runs it with SYNCCHECK=1).
+"""One call of each own sm_90a kernel of linear + activation, at the smallest shapes that still
+take them (the GEMM for all three products, dx's product also forming g, the slope form, the
+one-kernel short-K backward), each result checked loosely against torch. compute-sanitizer's
+racecheck and synccheck are too slow for the whole test driver; this short program gives them
+every barrier and asynchronous copy of those kernels (scripts/gpu-check.sh runs it with SYNCCHECK=1).
 
     PYTHONPATH=python FASTGRAD_LIBRARY=build-gpu/libfastgrad.so \
-        compute-sanitizer --tool synccheck python3 bench/sanitize_act.py
+        compute-sanitizer --tool synccheck python3 tools/sanitize_act.py
 """
 import torch
 import torch.nn.functional as F

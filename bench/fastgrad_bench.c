@@ -574,7 +574,8 @@ static void bench_linear_logp(fg_dtype dt, int64_t n, int64_t d, int64_t v, doub
     fg_plan *plan;
     size_t ws[3] = {0, 0, 0};
     pd.op = FG_OP_LINEAR_LOGP_BACKWARD;
-    pd.logp = a.opt;
+    pd.options = &a.opt;
+    pd.options_size = sizeof a.opt;
     pd.operands[0] = a.dlogp, pd.operands[3] = a.h, pd.operands[4] = a.w, pd.operands[6] = a.t, pd.operands[7] = a.lse;
     pd.operands[9] = a.dh, pd.operands[10] = a.dw;
     if (fg_plan_create(ctx, &pd, &plan) == FG_OK) {

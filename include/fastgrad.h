@@ -35,7 +35,7 @@ extern "C" {
 #endif
 
 #define FG_VERSION_MAJOR 0
-#define FG_VERSION_MINOR 1
+#define FG_VERSION_MINOR 2
 #define FG_VERSION_PATCH 0
 /* (major << 16) | (minor << 8) | patch */
 #define FG_VERSION ((FG_VERSION_MAJOR << 16) | (FG_VERSION_MINOR << 8) | FG_VERSION_PATCH)
@@ -157,6 +157,9 @@ FG_NODISCARD FG_API fg_status fg_context_check(fg_context *ctx);
 /* Hands the context a caller-owned workspace for the one-call functions; the context
  * then never allocates. NULL/0 returns to the context's own, grown on demand. */
 FG_NODISCARD FG_API fg_status fg_context_set_workspace(fg_context *ctx, void *ptr, size_t bytes);
+/* The kernels the last op run on this context launched, in order ("gemm90_dx ; act_grad"):
+ * the names fg_plan_info.kernel is made of. Valid until the next op on the context. */
+FG_API const char *fg_context_last_kernels(const fg_context *ctx);
 
 /* ------------------------------------------------------------------ plans */
 
@@ -173,7 +176,7 @@ typedef enum fg_op {
     FG_OP_OUTER_FORWARD = 8,           /* 0:x [N] 1:y [M] 2:z [N,M]                          */
     FG_OP_OUTER_BACKWARD_INPUT = 9,    /* 0:dz [N,M] 1:y [M] 2:dx [N]                        */
     FG_OP_OUTER_BACKWARD_OTHER = 10,   /* 0:dz [N,M] 1:x [N] 2:dy [M]                        */
-    /* Parameterized elementwise family (kind = fg_unary / fg_binary, scalars below).
+    /* Parameterized elementwise family (options: fg_elementwise_options).
        Inputs broadcast numpy-style to the output (forward) or to dy (backward); the
        gradient of a broadcast input is summed over its broadcast dims, deterministically.
        Gradient outputs are optional: absent (rank 0) = not requested.                  */
@@ -181,7 +184,7 @@ typedef enum fg_op {
     FG_OP_UNARY_BACKWARD = 12,         /* 0:dy 1:x 2:dx                                        */
     FG_OP_BINARY_FORWARD = 13,         /* 0:a 1:b 2:w (optional, lerp) 3:y                     */
     FG_OP_BINARY_BACKWARD = 14,        /* 0:dy 1:a 2:b 3:w (optional) 4:da 5:db 6:dw           */
-    /* Fused linear log-prob / cross-entropy (options in fg_plan_desc.logp; see below).  */
+    /* Fused linear log-prob / cross-entropy (options: fg_logp_options).                 */
     FG_OP_LINEAR_LOGP_FORWARD = 15,    /* 0:h [N,D] 1:w [V,D] 2:b [V] (opt) 3:target [N] (i32/i64)
                                           4:logp [N] 5:lse [N] 6:entropy [N] (opt)           */
     FG_OP_LINEAR_LOGP_BACKWARD = 16,   /* 0:dlogp [N] (opt) 1:dentropy [N] (opt) 2:dlse [N] (opt)
@@ -190,111 +193,40 @@ typedef enum fg_op {
     FG_OP_LINEAR_CROSS_ENTROPY = 17,   /* 0:h 1:w 2:b (opt) 3:target 4:row_weight [N] (opt)
                                           5:loss ([N] for reduction none, else [1])
                                           6:lse [N] (opt) 7:dh (opt) 8:dw (opt) 9:db (opt)      */
-    /* Linear + bias + activation (kind = fg_activation).                                 */
+    /* Linear + bias + activation (options: fg_linear_act_options).                       */
     FG_OP_LINEAR_ACT_FORWARD = 18,     /* 0:x [...,K] 1:w [M,K] 2:b [M] (opt) 3:y [...,M]
-                                          4:pre [...,M] (opt: the saved pre-activation)       */
-    FG_OP_LINEAR_ACT_BACKWARD = 19     /* 0:dy [...,M] 1:pre (opt; absent: recomputed from x, w, b)
+                                          4:saved [...,M] (opt: pre or its slope)             */
+    FG_OP_LINEAR_ACT_BACKWARD = 19     /* 0:dy [...,M] 1:saved (opt; absent: pre recomputed)
                                           2:x 3:w 4:b (opt) 5:dx (opt) 6:dw (opt) 7:db (opt)  */
 } fg_op;
 
-/* Activations of the linear + activation family (y = act(pre), pre = x·wᵀ + b):
- *   NONE       y = pre
- *   RELU       y = max(pre, 0)                  act′(0) = 0
- *   GELU       y = pre·Φ(pre) (erf form)        act′ = Φ + pre·φ
- *   GELU_TANH  y = ½pre(1 + tanh(√(2/π)(pre + 0.044715 pre³)))
- *   SILU       y = pre·σ(pre)                   act′ = σ(1 + pre(1 − σ))
- *   SIGMOID    y = σ(pre)                       act′ = σ(1 − σ)
- *   TANH       y = tanh(pre)                    act′ = 1 − y²
- * Derivatives are exact at 0 and finite for any finite input (GELU_TANH's takes its limits
- * 0 / 1 past |pre| = 10, where they hold to far below any dtype's resolution, instead of
- * 0·∞); NaN in gives NaN out. */
-typedef enum fg_activation {
-    FG_ACT_NONE = 0,
-    FG_ACT_RELU = 1,
-    FG_ACT_GELU = 2,
-    FG_ACT_GELU_TANH = 3,
-    FG_ACT_SILU = 4,
-    FG_ACT_SIGMOID = 5,
-    FG_ACT_TANH = 6
-} fg_activation;
-
-/* Unary ops with parameters (scalars[] of the plan descriptor):
- *   SCALE      y = s·x                      scalars = {s}
- *   POW        y = x^p                      scalars = {p}        dx = p·x^(p-1)·dy
- *   LEAKY_RELU y = x ≥ 0 ? x : slope·x      scalars = {slope}    (x = 0 takes the x ≥ 0 side)
- *   ELU        y = x > 0 ? x : α(eˣ − 1)    scalars = {α}
- *   CLAMP      y = min(max(x, lo), hi)      scalars = {lo, hi}   dx = dy on lo ≤ x ≤ hi, else 0
- *   SOFTCAP    y = c·tanh(x/c)              scalars = {c > 0}                                 */
-typedef enum fg_unary {
-    FG_UNARY_SCALE = 0,
-    FG_UNARY_POW = 1,
-    FG_UNARY_LEAKY_RELU = 2,
-    FG_UNARY_ELU = 3,
-    FG_UNARY_CLAMP = 4,
-    FG_UNARY_SOFTCAP = 5
-} fg_unary;
-
-/* Binary ops with parameters:
- *   LERP   y = a + w·(b − a), w a scalar (scalars = {w}) or a tensor (operand w)
- *          da = (1 − w)·dy, db = w·dy, dw = (b − a)·dy
- *   AXPBY  y = α·a + β·b                  scalars = {α, β};  da = α·dy, db = β·dy            */
-typedef enum fg_binary {
-    FG_BINARY_LERP = 0,
-    FG_BINARY_AXPBY = 1
-} fg_binary;
-
 #define FG_MAX_OPERANDS 16
-
-/* Reductions of the one-pass cross-entropy. */
-typedef enum fg_reduction {
-    FG_REDUCTION_MEAN = 0,  /* Σ rows / number of rows not ignored (the default) */
-    FG_REDUCTION_SUM = 1,
-    FG_REDUCTION_NONE = 2   /* one loss per row                                  */
-} fg_reduction;
-
-/* Options of the linear log-prob family. With z = h·wᵀ + b, the logits are
- *   L = cap(z) / temperature,   cap(z) = softcap·tanh(z / softcap) (softcap > 0) or z
- * and p = softmax(L), lse = log Σ exp(L), logp = L[target] − lse,
- * entropy = −Σ p·log p. Rows whose target is ignore_index give logp = lse =
- * entropy = loss = 0 and no gradient. Zero-initialized = defaults.              */
-typedef struct fg_logp_options {
-    double temperature;      /* > 0; 0 means 1                                          */
-    double softcap;          /* >= 0; 0: no cap                                         */
-    int32_t use_ignore_index;/* 1: rows with target == ignore_index are ignored         */
-    int64_t ignore_index;
-    /* one-pass cross-entropy only: loss per row
-       ℓ = −(1 − ε)·logp − ε·mean_j log p_j + λ·lse², weighted by row_weight if given  */
-    fg_reduction reduction;
-    double label_smoothing;  /* ε in [0, 1]                                             */
-    double z_loss;           /* λ >= 0                                                  */
-    double grad_scale;       /* the gradients are those of grad_scale·loss; 0 means 1   */
-    /* memory vs time: the most logits one tile holds (0: the library's choice — forward
-       and backward about 0.45 bytes of workspace per logit, the backward's f32 dh
-       accumulator included, 4M..256M logits; one pass full rows, N·V/4 within
-       64M..256M). */
-    int64_t max_tile_elements;
-} fg_logp_options;
 
 /* Plan flags */
 #define FG_PLAN_ALLOW_TF32 1u   /* f32 inputs may be rounded to tf32 on tensor cores */
-#define FG_PLAN_CONSUME_PRE 2u  /* linear_act backward: pre may be overwritten (it holds g =
-                                   dy ⊙ act′(pre) afterwards), which saves the N·M buffer g
-                                   would take — for a pre saved only for this backward */
-#define FG_PLAN_ACT_SLOPE 4u    /* linear_act: the saved operand (pre) holds the slope
-                                   s = act′(pre), rounded to the dtype, instead of pre: the
-                                   forward writes it (pre must be given), the backward forms
-                                   g = dy ⊙ s (pre must be given) — one multiply in place of
-                                   the activation's derivative */
+#define FG_PLAN_CONSUME_PRE 2u  /* linear_act backward: the same as fg_linear_act_options.consume
+                                   (kept for this minor version) */
+#define FG_PLAN_ACT_SLOPE 4u    /* linear_act: the same as fg_linear_act_options.saved =
+                                   FG_ACT_SAVED_SLOPE (kept for this minor version) */
 
+/* A plan's descriptor. Each op's operands, in order, and the options struct it takes are
+ * listed by fg_op_describe (and in the comments of fg_op above). */
 typedef struct fg_plan_desc {
     fg_op op;
     fg_tensor operands[FG_MAX_OPERANDS]; /* dtypes, shapes, strides; data is ignored */
     int32_t accumulate;                  /* backward ops: add into the output        */
     uint32_t flags;                      /* FG_PLAN_*                                 */
-    int32_t kind;                        /* elementwise ops: fg_unary or fg_binary;
-                                            linear + activation: fg_activation        */
-    double scalars[4];                   /* elementwise ops: their parameters         */
-    fg_logp_options logp;                /* linear log-prob ops                       */
+    /* The op family's options (fg_elementwise_options, fg_linear_act_options,
+       fg_logp_options: fg_op_info.options_type names it), NULL for the defaults, and
+       sizeof that struct as the caller compiled it (a smaller, older struct reads as if
+       its missing tail were zero). */
+    const void *options;
+    size_t options_size;
+    /* The alignment in bytes the caller promises for every operand's data pointer (a power
+       of two); 0 means 16. Kernels are chosen for it when the plan is made, and
+       fg_plan_can_implement refuses data aligned less (FG_ERR_MISALIGNED). The one-call
+       functions declare what their pointers have. */
+    uint32_t alignment;
 } fg_plan_desc;
 
 /* What a plan promises about its numbers. */
@@ -336,6 +268,43 @@ FG_NODISCARD FG_API fg_status fg_plan_can_implement(const fg_plan *plan,
 /* Runs on the context's stream. workspace may be NULL when workspace_bytes == 0. */
 FG_NODISCARD FG_API fg_status fg_plan_run(fg_plan *plan, const fg_tensor *operands,
                                           void *workspace, size_t workspace_bytes);
+
+/* ------------------------------------------------------------------ the op table */
+/* Every op is declared once, in the library's op table; these read it, so bindings take
+ * the ops' ids, names, operands and options from the library itself. */
+typedef enum fg_operand_role {
+    FG_ROLE_INPUT = 0,
+    FG_ROLE_OUTPUT = 1   /* written by the op (added into with accumulate) */
+} fg_operand_role;
+
+typedef struct fg_operand_info {
+    const char *name;    /* "x", "dw": the name error messages use */
+    fg_operand_role role;
+    int32_t optional;    /* 1: may be absent (rank 0 in a plan, NULL in a one-call function) */
+} fg_operand_info;
+
+typedef struct fg_op_info {
+    fg_op op;
+    const char *name;          /* "linear_forward" (the enum is FG_OP_ + its upper case) */
+    const char *family;        /* "linear": src/ops/<family>.c, tests/test_<family>.c */
+    int32_t n_operands;
+    fg_operand_info operands[FG_MAX_OPERANDS];
+    uint32_t flags;            /* the FG_PLAN_* flags its plans accept */
+    const char *options_type;  /* "fg_logp_options", or NULL when it takes none */
+    size_t options_size;       /* sizeof that struct in this library */
+} fg_op_info;
+
+/* The ops are 1 … fg_op_count(). */
+FG_API int32_t fg_op_count(void);
+/* FG_ERR_INVALID_VALUE for an op that is not in the table. */
+FG_NODISCARD FG_API fg_status fg_op_describe(fg_op op, fg_op_info *info);
+
+/* The ABI as this library was compiled, for bindings that mirror it: the value of a named
+ * constant of this header ("FG_BF16", "FG_ACT_GELU_TANH", "FG_PLAN_ACT_SLOPE", "FG_MAX_RANK"),
+ * and the size of a public struct ("fg_plan_desc", field NULL) or a field's offset in it
+ * ("fg_plan_desc", "options"). FG_ERR_INVALID_VALUE for a name it does not know. */
+FG_NODISCARD FG_API fg_status fg_abi_constant(const char *name, int64_t *value);
+FG_NODISCARD FG_API fg_status fg_abi_layout(const char *type, const char *field, size_t *value);
 
 /* ------------------------------------------------------------------ Linear */
 /* y = x·wᵀ (+ b). x [..., K] with any leading dims (they must collapse into one
@@ -383,6 +352,38 @@ FG_NODISCARD FG_API fg_status fg_outer_backward_other(fg_context *ctx, const fg_
                                                       int accumulate);
 
 /* ------------------------------------------------------------------ Elementwise */
+/* Unary ops with parameters (scalars[] of the plan descriptor):
+ *   SCALE      y = s·x                      scalars = {s}
+ *   POW        y = x^p                      scalars = {p}        dx = p·x^(p-1)·dy
+ *   LEAKY_RELU y = x ≥ 0 ? x : slope·x      scalars = {slope}    (x = 0 takes the x ≥ 0 side)
+ *   ELU        y = x > 0 ? x : α(eˣ − 1)    scalars = {α}
+ *   CLAMP      y = min(max(x, lo), hi)      scalars = {lo, hi}   dx = dy on lo ≤ x ≤ hi, else 0
+ *   SOFTCAP    y = c·tanh(x/c)              scalars = {c > 0}                                 */
+typedef enum fg_unary {
+    FG_UNARY_SCALE = 0,
+    FG_UNARY_POW = 1,
+    FG_UNARY_LEAKY_RELU = 2,
+    FG_UNARY_ELU = 3,
+    FG_UNARY_CLAMP = 4,
+    FG_UNARY_SOFTCAP = 5
+} fg_unary;
+
+/* Binary ops with parameters:
+ *   LERP   y = a + w·(b − a), w a scalar (scalars = {w}) or a tensor (operand w)
+ *          da = (1 − w)·dy, db = w·dy, dw = (b − a)·dy
+ *   AXPBY  y = α·a + β·b                  scalars = {α, β};  da = α·dy, db = β·dy            */
+typedef enum fg_binary {
+    FG_BINARY_LERP = 0,
+    FG_BINARY_AXPBY = 1
+} fg_binary;
+
+/* Options of the elementwise ops (fg_plan_desc.options of FG_OP_UNARY_* / FG_OP_BINARY_*):
+ * kind is an fg_unary (unary ops) or an fg_binary (binary ops), scalars its parameters. */
+typedef struct fg_elementwise_options {
+    int32_t kind;
+    double scalars[4];
+} fg_elementwise_options;
+
 /* One-call forms of FG_OP_UNARY_* / FG_OP_BINARY_* (scalars as documented above). In
  * place is allowed where an output is exactly an input (same data, shape, strides). */
 FG_NODISCARD FG_API fg_status fg_unary_forward(fg_context *ctx, fg_unary kind, const double *scalars,
@@ -425,46 +426,82 @@ FG_NODISCARD FG_API fg_status fg_adamw_step(fg_context *ctx, const fg_adamw_hpar
                                             const fg_tensor *master);
 
 /* ------------------------------------------------------------------ Linear + activation */
-/* y = act(x·wᵀ + b). x [..., K] (any leading dims), w [M, K], b [M] or NULL, y [..., M],
- * all contiguous; f32, f16, bf16 (+ f64 on the CPU), one dtype. Batched weights: w [B, M, K]
- * with x [B, ..., K] (batch i of x meets w[i]), b NULL, [M] (shared) or [B, M]. pre (same shape
- * and dtype as y, or NULL) receives the pre-activation for the backward: memory for time
- * (without it the backward recomputes x·wᵀ + b, one more product). RELU needs no pre: its
- * backward takes y in pre's place (relu′(pre) = [y > 0], NaN where y is NaN).
- * On CUDA, relu without pre runs in cuBLASLt's epilogue (one product, nothing more); the
- * other activations take one pass after the product. */
+/* Activations of the linear + activation family (y = act(pre), pre = x·wᵀ + b):
+ *   NONE       y = pre
+ *   RELU       y = max(pre, 0)                  act′(0) = 0
+ *   GELU       y = pre·Φ(pre) (erf form)        act′ = Φ + pre·φ
+ *   GELU_TANH  y = ½pre(1 + tanh(√(2/π)(pre + 0.044715 pre³)))
+ *   SILU       y = pre·σ(pre)                   act′ = σ(1 + pre(1 − σ))
+ *   SIGMOID    y = σ(pre)                       act′ = σ(1 − σ)
+ *   TANH       y = tanh(pre)                    act′ = 1 − y²
+ * Derivatives are exact at 0 and finite for any finite input (GELU_TANH's takes its limits
+ * 0 / 1 past |pre| = 10, where they hold to far below any dtype's resolution, instead of
+ * 0·∞); NaN in gives NaN out. */
+typedef enum fg_activation {
+    FG_ACT_NONE = 0,
+    FG_ACT_RELU = 1,
+    FG_ACT_GELU = 2,
+    FG_ACT_GELU_TANH = 3,
+    FG_ACT_SILU = 4,
+    FG_ACT_SIGMOID = 5,
+    FG_ACT_TANH = 6
+} fg_activation;
+
+/* What the forward saves for the backward in its `saved` operand. */
+typedef enum fg_act_saved {
+    FG_ACT_SAVED_PRE = 0,   /* the pre-activation x·wᵀ + b (the default) */
+    FG_ACT_SAVED_SLOPE = 1  /* its slope s = act′(pre), rounded to the dtype: the backward's
+                               g = dy ⊙ s is one multiply, no activation math */
+} fg_act_saved;
+
+/* Options of the linear + activation family (fg_plan_desc.options of FG_OP_LINEAR_ACT_*). */
+typedef struct fg_linear_act_options {
+    fg_activation act;
+    fg_act_saved saved;
+    int32_t consume;        /* backward: the saved operand may be overwritten (it holds
+                               g = dy ⊙ act′(pre) afterwards), which saves the N·M buffer g
+                               would take — for a saved operand kept only for this backward */
+} fg_linear_act_options;
+
+/* The forward: y = act(x·wᵀ + b). x [..., K] (any leading dims), w [M, K], b [M] or NULL,
+ * y [..., M], all contiguous; f32, f16, bf16 (+ f64 on the CPU), one dtype. Batched weights:
+ * w [B, M, K] with x [B, ..., K] (batch i of x meets w[i]), b NULL, [M] (shared) or [B, M].
+ * saved (same shape and dtype as y, or NULL) receives what opt->saved names for the backward:
+ * the pre-activation, or its slope act′(pre). Memory for time: without it the backward
+ * recomputes x·wᵀ + b, one more product. RELU needs nothing saved: its backward takes y in
+ * the saved operand's place (relu′(pre) = [y > 0], NaN where y is NaN). opt NULL: act none. */
+FG_NODISCARD FG_API fg_status fg_linear_act_forward_ex(fg_context *ctx, const fg_linear_act_options *opt,
+                                                       const fg_tensor *x, const fg_tensor *w, const fg_tensor *b,
+                                                       const fg_tensor *y, const fg_tensor *saved);
+/* The backward: g = dy ⊙ act′(pre) (or dy ⊙ s when the slope was saved) is formed once, with
+ * db's column sums, then dx = g·w and dw = gᵀ·x (summed over all leading dims; with batched
+ * weights dw [B, M, K] per batch) and db = Σ g (b's shape; [M] sums over the batches). Any of
+ * dx, dw, db may be NULL (not wanted); saved NULL: pre is recomputed from x, w, b (b is needed
+ * then only if the forward had one). opt->consume lets g be formed in saved's memory (saved
+ * must be given; for RELU that is y, which is then overwritten). accumulate adds into every
+ * requested output. Sums are f32 (f64 for f64) in a fixed order: deterministic. The slope form
+ * costs the same memory as keeping pre; its g is one multiply, which the wide layers' dx
+ * product can form itself for every activation. s is rounded to the dtype where keeping pre
+ * rounds pre, so g's error is of the same size. */
+FG_NODISCARD FG_API fg_status fg_linear_act_backward_ex(fg_context *ctx, const fg_linear_act_options *opt,
+                                                        const fg_tensor *dy, const fg_tensor *saved, const fg_tensor *x,
+                                                        const fg_tensor *w, const fg_tensor *b, const fg_tensor *dx,
+                                                        const fg_tensor *dw, const fg_tensor *db, int accumulate);
+/* The same as thin wrappers (kept for this minor version): pre saved / recomputed, */
 FG_NODISCARD FG_API fg_status fg_linear_act_forward(fg_context *ctx, fg_activation act, const fg_tensor *x,
                                                     const fg_tensor *w, const fg_tensor *b, const fg_tensor *y,
                                                     const fg_tensor *pre);
-/* The gradients through the activation: g = dy ⊙ act′(pre) is formed once (in one pass over
- * dy and pre, with db's column sums), then dx = g·w and dw = gᵀ·x (summed over all leading
- * dims; with batched weights dw [B, M, K] per batch) and db = Σ g (b's shape; [M] sums over
- * the batches). Any of dx, dw, db may be NULL (not wanted); pre NULL: recomputed from
- * x, w, b (b is needed then only if the forward had one). accumulate adds into every
- * requested output. Sums are f32 (f64 for f64) in a fixed order: deterministic. */
 FG_NODISCARD FG_API fg_status fg_linear_act_backward(fg_context *ctx, fg_activation act, const fg_tensor *dy,
                                                      const fg_tensor *pre, const fg_tensor *x, const fg_tensor *w,
                                                      const fg_tensor *b, const fg_tensor *dx, const fg_tensor *dw,
                                                      const fg_tensor *db, int accumulate);
-/* The same, allowed to overwrite pre (FG_PLAN_CONSUME_PRE): g is formed in pre's memory, so
- * the backward needs no N·M buffer of its own. pre must be given (the pre-activation, or y
- * for RELU — then y is overwritten). */
+/* consume = 1 (pre must be given), */
 FG_NODISCARD FG_API fg_status fg_linear_act_backward_consume(fg_context *ctx, fg_activation act, const fg_tensor *dy,
                                                              const fg_tensor *pre, const fg_tensor *x,
                                                              const fg_tensor *w, const fg_tensor *b,
                                                              const fg_tensor *dx, const fg_tensor *dw,
                                                              const fg_tensor *db, int accumulate);
-/* The slope form (FG_PLAN_ACT_SLOPE): the forward saves s = act′(x·wᵀ + b) (rounded to the
- * dtype; same shape and dtype as y) instead of the pre-activation, and the backward takes it
- * in pre's place: g = dy ⊙ s. The same memory as keeping pre, and a backward without the
- * activation's math: the slope is computed in the forward's epilogue (in the wide layers' GEMM
- * at no measurable cost), and the backward's g is a multiply, cheap enough for every
- * activation to be formed by dx's product itself on sm_90a (measured, H100, bf16, 8192 × 4096 × 16384
- * gelu_tanh: forward + backward 3–4% faster than keeping pre; the Python layer's default
- * for reductions longer than 128 — shorter ones keep pre, whose one-kernel forward is cheaper).
- * s is rounded to the dtype where keeping pre rounds pre: g's error is of the same size
- * (smaller where act′ crosses 0). The plan flags FG_PLAN_ACT_SLOPE | FG_PLAN_CONSUME_PRE
- * also let the backward form g in s's memory. */
+/* saved = FG_ACT_SAVED_SLOPE (slope must be given), */
 FG_NODISCARD FG_API fg_status fg_linear_act_forward_slope(fg_context *ctx, fg_activation act, const fg_tensor *x,
                                                           const fg_tensor *w, const fg_tensor *b, const fg_tensor *y,
                                                           const fg_tensor *slope);
@@ -472,7 +509,7 @@ FG_NODISCARD FG_API fg_status fg_linear_act_backward_slope(fg_context *ctx, fg_a
                                                            const fg_tensor *slope, const fg_tensor *x,
                                                            const fg_tensor *w, const fg_tensor *b, const fg_tensor *dx,
                                                            const fg_tensor *dw, const fg_tensor *db, int accumulate);
-/* One gradient each (the split form of Linear); each forms g itself. */
+/* and one gradient each (the split form of Linear; each forms g itself). */
 FG_NODISCARD FG_API fg_status fg_linear_act_backward_input(fg_context *ctx, fg_activation act, const fg_tensor *dy,
                                                            const fg_tensor *pre, const fg_tensor *x,
                                                            const fg_tensor *w, const fg_tensor *b,
@@ -487,6 +524,36 @@ FG_NODISCARD FG_API fg_status fg_linear_act_backward_bias(fg_context *ctx, fg_ac
                                                           const fg_tensor *db, int accumulate);
 
 /* ------------------------------------------------------------------ Linear log-prob */
+/* Reductions of the one-pass cross-entropy. */
+typedef enum fg_reduction {
+    FG_REDUCTION_MEAN = 0,  /* Σ rows / number of rows not ignored (the default) */
+    FG_REDUCTION_SUM = 1,
+    FG_REDUCTION_NONE = 2   /* one loss per row                                  */
+} fg_reduction;
+
+/* Options of the linear log-prob family. With z = h·wᵀ + b, the logits are
+ *   L = cap(z) / temperature,   cap(z) = softcap·tanh(z / softcap) (softcap > 0) or z
+ * and p = softmax(L), lse = log Σ exp(L), logp = L[target] − lse,
+ * entropy = −Σ p·log p. Rows whose target is ignore_index give logp = lse =
+ * entropy = loss = 0 and no gradient. Zero-initialized = defaults.              */
+typedef struct fg_logp_options {
+    double temperature;      /* > 0; 0 means 1                                          */
+    double softcap;          /* >= 0; 0: no cap                                         */
+    int32_t use_ignore_index;/* 1: rows with target == ignore_index are ignored         */
+    int64_t ignore_index;
+    /* one-pass cross-entropy only: loss per row
+       ℓ = −(1 − ε)·logp − ε·mean_j log p_j + λ·lse², weighted by row_weight if given  */
+    fg_reduction reduction;
+    double label_smoothing;  /* ε in [0, 1]                                             */
+    double z_loss;           /* λ >= 0                                                  */
+    double grad_scale;       /* the gradients are those of grad_scale·loss; 0 means 1   */
+    /* memory vs time: the most logits one tile holds (0: the library's choice — forward
+       and backward about 0.45 bytes of workspace per logit, the backward's f32 dh
+       accumulator included, 4M..256M logits; one pass full rows, N·V/4 within
+       64M..256M). */
+    int64_t max_tile_elements;
+} fg_logp_options;
+
 /* log_softmax(L)[target] of the logits L of h·wᵀ + b (options above) without ever
  * holding the [N, V] logits: the logits are formed tile by tile (a bounded tile in the
  * workspace) and reduced online; the gradients recompute them the same way.

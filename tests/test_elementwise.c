@@ -366,8 +366,9 @@ static void plan_report(fg_context *ctx, fg_backend be) {
         fg_plan_desc d;
         memset(&d, 0, sizeof d);
         d.op = FG_OP_BINARY_BACKWARD;
-        d.kind = FG_BINARY_LERP;
-        d.scalars[0] = 0.25;
+        fg_elementwise_options o = {FG_BINARY_LERP, {0.25, 0, 0, 0}};
+        d.options = &o;
+        d.options_size = sizeof o;
         int64_t s[1] = {1000};
         d.operands[0] = fg_tensor_make(NULL, dt, 1, s);
         d.operands[4] = fg_tensor_make(NULL, dt, 1, s);

@@ -146,7 +146,8 @@ static void backward_plan(fg_context *ctx, int act, const th_operand *dy, const 
     fg_plan_desc d;
     memset(&d, 0, sizeof d);
     memset(info, 0, sizeof *info);
-    d.op = FG_OP_LINEAR_ACT_BACKWARD, d.kind = act, d.flags = slope ? FG_PLAN_ACT_SLOPE : 0;
+    fg_linear_act_options o = {(fg_activation)act, slope ? FG_ACT_SAVED_SLOPE : FG_ACT_SAVED_PRE, 0};
+    d.op = FG_OP_LINEAR_ACT_BACKWARD, d.options = &o, d.options_size = sizeof o;
     d.operands[0] = dy->t, d.operands[2] = x->t, d.operands[3] = w->t, d.operands[4] = b->t;
     if (pre) d.operands[1] = *pre;
     d.operands[5] = dx->t, d.operands[6] = dw->t, d.operands[7] = db->t;
@@ -369,7 +370,8 @@ static void wide_forward(fg_context *ctx, fg_backend be, fg_dtype dt) {
             if (layout == 0 && act != FG_ACT_NONE) { /* the path: the plan names its kernels */
                 fg_plan_desc d;
                 memset(&d, 0, sizeof d);
-                d.op = FG_OP_LINEAR_ACT_FORWARD, d.kind = act;
+                fg_linear_act_options o = {(fg_activation)act, FG_ACT_SAVED_PRE, 0};
+                d.op = FG_OP_LINEAR_ACT_FORWARD, d.options = &o, d.options_size = sizeof o;
                 d.operands[0] = x.t, d.operands[1] = w.t, d.operands[2] = b.t, d.operands[3] = y.t, d.operands[4] = pre.t;
                 fg_plan *plan = NULL;
                 fg_plan_info info;
@@ -409,7 +411,10 @@ static void backward_slope_consumed(fg_context *ctx, fg_backend be, int act, con
                                     const th_operand *dw, const th_operand *db) {
     fg_plan_desc d;
     memset(&d, 0, sizeof d);
-    d.op = FG_OP_LINEAR_ACT_BACKWARD, d.kind = act, d.flags = FG_PLAN_ACT_SLOPE | FG_PLAN_CONSUME_PRE;
+    /* (the plan flags of the slope and consuming forms, kept for this minor version) */
+    fg_linear_act_options o = {(fg_activation)act, FG_ACT_SAVED_PRE, 0};
+    d.op = FG_OP_LINEAR_ACT_BACKWARD, d.options = &o, d.options_size = sizeof o;
+    d.flags = FG_PLAN_ACT_SLOPE | FG_PLAN_CONSUME_PRE;
     const fg_tensor ops[8] = {dy->t, s->t, x->t, w->t, b->t, dx->t, dw->t, db->t};
     memcpy(d.operands, ops, sizeof ops);
     fg_plan *plan = NULL;
@@ -778,15 +783,16 @@ static void bad_input(fg_context *ctx, fg_backend be) {
     {
         fg_plan_desc d;
         memset(&d, 0, sizeof d);
-        d.op = FG_OP_LINEAR_ACT_BACKWARD, d.kind = FG_ACT_SILU, d.flags = FG_PLAN_ACT_SLOPE;
+        fg_linear_act_options o = {FG_ACT_SILU, FG_ACT_SAVED_SLOPE, 0};
+        d.op = FG_OP_LINEAR_ACT_BACKWARD, d.options = &o, d.options_size = sizeof o;
         d.operands[0] = y.t, d.operands[2] = x.t, d.operands[3] = w.t, d.operands[5] = dx.t;
         fg_plan *plan = NULL;
-        TH_EXPECT_BAD(FG_ERR_INVALID_VALUE, "FG_PLAN_ACT_SLOPE but pre", &dx, fg_plan_create(ctx, &d, &plan));
+        TH_EXPECT_BAD(FG_ERR_INVALID_VALUE, "saved is absent", &dx, fg_plan_create(ctx, &d, &plan));
         TH_CHECK(plan == NULL, "a refused plan is NULL");
         d.op = FG_OP_LINEAR_ACT_FORWARD;
         memset(d.operands, 0, sizeof d.operands);
         d.operands[0] = x.t, d.operands[1] = w.t, d.operands[3] = y.t;
-        TH_EXPECT_BAD(FG_ERR_INVALID_VALUE, "FG_PLAN_ACT_SLOPE but pre", &y, fg_plan_create(ctx, &d, &plan));
+        TH_EXPECT_BAD(FG_ERR_INVALID_VALUE, "saved is absent", &y, fg_plan_create(ctx, &d, &plan));
     }
     th_drop(&x), th_drop(&w), th_drop(&y), th_drop(&yb), th_drop(&b), th_drop(&wh), th_drop(&dx), th_drop(&ys1);
     xi.t.dtype = FG_F32;

@@ -51,6 +51,7 @@ fg_status fg_context_create(const fg_context_desc *desc, fg_context **out) {
     ctx->device = d.device;
     ctx->allow_tf32 = d.allow_tf32;
     ctx->num_threads = d.num_threads;
+    ctx->be = &fg_cpu_backend;
 #ifdef FG_HAVE_CUDA
     ctx->cuda_present = fg_cuda_device_count() > 0;
     if (d.backend == FG_BACKEND_CUDA) {
@@ -59,6 +60,7 @@ fg_status fg_context_create(const fg_context_desc *desc, fg_context **out) {
             free(ctx);
             return s;
         }
+        ctx->be = &fg_cuda_backend;
     }
 #endif
     *out = ctx;
@@ -84,6 +86,24 @@ fg_status fg_context_set_stream(fg_context *ctx, void *stream) {
         return fg_fail(FG_ERR_INVALID_VALUE, "context_set_stream: a CPU context has no stream");
     return FG_OK;
 }
+
+void fg_record_reset(fg_context *ctx) {
+    ctx->launched[0] = 0;
+    ctx->launched_len = ctx->launched_last = 0;
+}
+
+void fg_record_kernel(fg_context *ctx, const char *name) {
+    const int cap = (int)sizeof ctx->launched;
+    if (ctx->launched_len > 0 && strcmp(ctx->launched + ctx->launched_last, name) == 0) return;
+    const int sep = ctx->launched_len > 0 ? 3 : 0, n = (int)strlen(name);
+    if (ctx->launched_len + sep + n + 1 > cap) return; /* full: the record keeps its first names */
+    if (sep) memcpy(ctx->launched + ctx->launched_len, " ; ", 3);
+    ctx->launched_last = ctx->launched_len + sep;
+    memcpy(ctx->launched + ctx->launched_last, name, (size_t)n + 1);
+    ctx->launched_len = ctx->launched_last + n;
+}
+
+const char *fg_context_last_kernels(const fg_context *ctx) { return ctx ? ctx->launched : ""; }
 
 fg_status fg_flag_error(const unsigned long long flag[2]) {
     const unsigned long long index = ~flag[1];

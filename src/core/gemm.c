@@ -27,13 +27,27 @@ static bool valid_layout(const fg_mat *x, int64_t rows, int64_t cols) {
     return (x->cs == 1 && x->rs >= cols) || (x->rs == 1 && x->cs >= rows);
 }
 
+/* The kernel's label: its name, cut where plan infos cut it. */
+static void label(char *out, size_t len, const fg_kernel_info *info) { snprintf(out, len, "%.60s", info->name); }
+
+void fg_gemm_name_append(char *name, size_t len, const fg_kernel_info *info) {
+    char one[96];
+    label(one, sizeof one, info);
+    size_t used = strlen(name);
+    if (!strstr(name, one) && used + 1 < len) /* each kernel named once */
+        snprintf(name + used, len - used, "%s%s", used ? " ; " : "", one);
+}
+
+/* The backend runs (or plans) the normalized problem; running, it records what it launched. */
 static fg_status dispatch(fg_context *ctx, const fg_gemm *g, fg_kernel_info *info, void *ws,
                           size_t ws_bytes, bool run) {
-    if (ctx->backend == FG_BACKEND_CPU) return fg_cpu_gemm(ctx, g, info, ws, ws_bytes, run);
-#ifdef FG_HAVE_CUDA
-    if (ctx->backend == FG_BACKEND_CUDA) return fg_cuda_gemm(ctx, g, info, ws, ws_bytes, run);
-#endif
-    return fg_fail(FG_ERR_NO_DEVICE, "gemm: backend %d is not built in", (int)ctx->backend);
+    FG_TRY(ctx->be->gemm(ctx, g, info, ws, ws_bytes, run));
+    if (run) {
+        char one[96];
+        label(one, sizeof one, info);
+        fg_record_kernel(ctx, one);
+    }
+    return FG_OK;
 }
 
 /* Splits dims past int32 into chunks; plans from the first (largest) chunk. */
@@ -113,6 +127,7 @@ fg_status fg_gemm_execute(fg_context *ctx, const fg_gemm *in, fg_kernel_info *in
     info->accumulator = g.dtype == FG_F64 ? FG_F64 : FG_F32;
     if (g.batch == 0 || g.m == 0 || g.n == 0) {
         snprintf(info->name, sizeof info->name, "empty");
+        if (run) fg_record_kernel(ctx, "empty");
         return FG_OK;
     }
     if (g.batch == 1) {
@@ -153,7 +168,7 @@ fg_status fg_gemm_execute(fg_context *ctx, const fg_gemm *in, fg_kernel_info *in
 }
 
 fg_gemm fg_gemm_plain(fg_dtype dtype, int64_t batch, int64_t m, int64_t n, int64_t k, fg_mat a, fg_mat b, fg_mat c,
-                      double beta, const void *bias, bool allow_tf32, bool c_f32) {
+                      double beta, bool has_bias, const void *bias, bool allow_tf32, bool c_f32, uint32_t align) {
     fg_gemm g;
     memset(&g, 0, sizeof g);
     g.dtype = dtype;
@@ -162,11 +177,12 @@ fg_gemm fg_gemm_plain(fg_dtype dtype, int64_t batch, int64_t m, int64_t n, int64
     g.a = a, g.b = b, g.c = c;
     g.alpha = 1.0;
     g.beta = beta;
-    g.bias_operand = bias ? 0 : -1;
+    g.bias_operand = has_bias ? 0 : -1;
     g.bias = (void *)bias;
     g.bias_cs = 1;
     g.allow_tf32 = allow_tf32 && dtype == FG_F32;
     g.c_f32 = c_f32 && dtype != FG_F64;
+    g.align = align;
     return g;
 }
 
@@ -176,10 +192,6 @@ fg_status fg_gemm_walk(fg_context *ctx, const fg_gemm *g, bool run, void *ws, si
     if (run) return fg_gemm_execute(ctx, g, &info, ws, ws_bytes, true);
     FG_TRY(fg_gemm_execute(ctx, g, &info, NULL, 0, false));
     if (info.workspace_bytes > *need) *need = info.workspace_bytes;
-    char one[96];
-    snprintf(one, sizeof one, "%.60s%s", info.name, g->batch > 1 ? " (batched)" : "");
-    size_t used = strlen(name);
-    if (!strstr(name, one) && used + 1 < len) /* each kernel named once */
-        snprintf(name + used, len - used, "%s%s", used ? " ; " : "", one);
+    fg_gemm_name_append(name, len, &info);
     return FG_OK;
 }

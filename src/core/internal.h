@@ -47,6 +47,9 @@ struct fg_context {
     bool cuda_present; /* CPU context in a CUDA build: a device exists, so check pointers */
     unsigned long long host_flag[2]; /* CPU kernels' bad-value flag: code, first index */
     struct fg_cuda_state *cuda;
+    const struct fg_backend_ops *be; /* the backend's table (src/cpu/backend.c, src/cuda/backend.cu) */
+    char launched[512];              /* fg_context_last_kernels: names joined by " ; " */
+    int launched_len, launched_last; /* its length; where its last name starts */
 };
 
 /* Bad values kernels find (fg_context_check reports them). The flag is two words:
@@ -131,6 +134,8 @@ typedef struct fg_gemm {
        (fg_activation; 0: none). Optional: info->act_fused says whether it did; when it did
        not, c holds the plain product. */
     int act;
+    uint32_t align;    /* bytes the operands' data are declared aligned to (0: 256); running, the
+                          pointers' own alignment lowers it where they have less */
 } fg_gemm;
 
 typedef struct fg_kernel_info {
@@ -141,9 +146,12 @@ typedef struct fg_kernel_info {
     bool act_fused;       /* fg_gemm.act was applied in the epilogue */
 } fg_kernel_info;
 
-/* A GEMM descriptor of resolved matrices: alpha 1, bias (or NULL) along the columns. */
+/* A GEMM descriptor of resolved matrices: alpha 1, a bias along the columns when has_bias
+ * (at bias, NULL while planning). */
 fg_gemm fg_gemm_plain(fg_dtype dtype, int64_t batch, int64_t m, int64_t n, int64_t k, fg_mat a, fg_mat b, fg_mat c,
-                      double beta, const void *bias, bool allow_tf32, bool c_f32);
+                      double beta, bool has_bias, const void *bias, bool allow_tf32, bool c_f32, uint32_t align);
+/* Appends a GEMM's kernel name (the label plans and launch records use) to name[len], once. */
+void fg_gemm_name_append(char *name, size_t len, const fg_kernel_info *info);
 /* One GEMM of a driver's walk: planning (run = false) raises *need to what it asks of the
  * workspace and appends its kernel name (once) to name[len]; running, it uses ws. */
 fg_status fg_gemm_walk(fg_context *ctx, const fg_gemm *g, bool run, void *ws, size_t ws_bytes, size_t *need,
@@ -155,14 +163,10 @@ fg_status fg_gemm_walk(fg_context *ctx, const fg_gemm *g, bool run, void *ws, si
 fg_status fg_gemm_execute(fg_context *ctx, const fg_gemm *g, fg_kernel_info *info, void *ws,
                           size_t ws_bytes, bool run);
 
-/* Backends: the same contract on a problem fg_gemm_execute has normalized (c row-major
- * or a vector, every dim and leading dim within int32). */
+/* The CPU backend's: the same contract on a problem fg_gemm_execute has normalized (c
+ * row-major or a vector, every dim and leading dim within int32). */
 fg_status fg_cpu_gemm(fg_context *ctx, const fg_gemm *g, fg_kernel_info *info, void *ws,
                       size_t ws_bytes, bool run);
-#ifdef FG_HAVE_CUDA
-fg_status fg_cuda_gemm(fg_context *ctx, const fg_gemm *g, fg_kernel_info *info, void *ws,
-                       size_t ws_bytes, bool run);
-#endif
 
 /* ------------------------------------------------------------------ elementwise primitive */
 
@@ -194,10 +198,6 @@ typedef struct fg_ew {
 /* Plans (run = false) or runs an elementwise problem on ctx's backend. */
 fg_status fg_cpu_elementwise(fg_context *ctx, const fg_ew *e, fg_kernel_info *info, void *ws,
                              size_t ws_bytes, bool run);
-#ifdef FG_HAVE_CUDA
-fg_status fg_cuda_elementwise(fg_context *ctx, const fg_ew *e, fg_kernel_info *info, void *ws,
-                              size_t ws_bytes, bool run);
-#endif
 
 /* ------------------------------------------------------------------ AdamW */
 
@@ -221,9 +221,6 @@ typedef struct fg_adamw_run {
 } fg_adamw_run;
 
 fg_status fg_cpu_adamw(fg_context *ctx, const fg_adamw_run *r);
-#ifdef FG_HAVE_CUDA
-fg_status fg_cuda_adamw(fg_context *ctx, const fg_adamw_run *r);
-#endif
 
 /* ------------------------------------------------------------------ linear log-prob steps */
 
@@ -284,11 +281,6 @@ typedef struct fg_logp_call {
 } fg_logp_call;
 
 fg_status fg_cpu_logp(fg_context *ctx, const fg_logp_call *c);
-#ifdef FG_HAVE_CUDA
-/* Scratch GRAD needs for a tile of `rows` × `cols` (column partial sums). */
-size_t fg_cuda_logp_scratch(int64_t rows, int64_t cols);
-fg_status fg_cuda_logp(fg_context *ctx, const fg_logp_call *c);
-#endif
 
 /* ------------------------------------------------------------------ linear + activation steps */
 
@@ -369,73 +361,134 @@ double fg_act_value(int act, double x);
 double fg_act_slope(int act, double x);
 
 fg_status fg_cpu_act(fg_context *ctx, const fg_act_call *c);
+
+/* ------------------------------------------------------------------ linear + activation paths */
+
+/* A linear + activation problem as its plan sees it (no pointers): what the backend's plan
+ * hook picks the kernels from. */
+typedef struct fg_act_problem {
+    bool forward;
+    int kind;                /* the activation (fg_activation) */
+    int act;                 /* the steps' act: GIVEN_SLOPE for the slope form's backward */
+    bool slope;              /* the saved operand holds act′(pre) */
+    bool keep;               /* the saved operand is given */
+    bool consume;            /* backward: g may go into the saved operand's memory */
+    bool accumulate;
+    bool has_bias;
+    bool want_dx, want_dw, want_db;
+    bool tf32;               /* FG_PLAN_ALLOW_TF32 */
+    fg_dtype dtype;
+    int64_t B, N, K, M;      /* N: rows per batch */
+    uint32_t align;          /* bytes every operand's data is declared aligned to */
+} fg_act_problem;
+
+/* The kernels a backend chose for it, followed by the walk in src/ops/linear_act.c. */
+typedef struct fg_act_path {
+    /* forward */
+    bool epilogue;           /* one GEMM with the activation in its epilogue (fg_gemm.act) */
+    fg_act_step fwd;         /* TILE_FORWARD / GEMM_FORWARD (one kernel), or FORWARD (GEMM, pass) */
+    /* backward */
+    fg_act_step fused;       /* TILE_BACKWARD90 / TILE_BACKWARD: the whole backward in one kernel;
+                                FORWARD: none */
+    size_t fused_scratch;    /* its scratch, and the dw partials it leaves */
+    int64_t fused_parts;
+    bool tile_grad;          /* pre recomputed inside the gradient's tile kernel (TILE_GRAD) */
+    bool form;               /* g formed by dx's product (GEMM_INPUT_FORM) */
+    size_t grad_scratch;     /* the GRAD / TILE_GRAD / GEMM_INPUT_FORM step's scratch */
+    bool gemm_dx, gemm_dw;   /* dx / dw by the backend's own GEMM (GEMM_INPUT / GEMM_WEIGHT) */
+    int64_t dw_parts;        /* dw as this many row-slice products summed in order (0: one) */
+} fg_act_path;
+
+/* "act_grad", "gemm90_dx", ...: the name of a step in plan infos and launch records. */
+const char *fg_act_step_name(fg_act_step step);
+/* "<step>_<act><<dtype>>" into buf. */
+void fg_act_step_label(char *buf, size_t len, fg_act_step step, int act, fg_dtype dtype);
+
+/* ------------------------------------------------------------------ backends */
+
+/* What a backend implements. The front doors (src/ops/) and the plan mechanism reach kernels
+ * only through the context's table; each backend picks its kernels inside these functions,
+ * the plan-time ones (run = false, act_plan) from shapes, dtypes, the device and the declared
+ * alignment. A backend records what it launches (fg_record_kernel). */
+typedef struct fg_backend_ops {
+    const char *name;
+    bool f64_kernels;        /* its own kernels (elementwise steps of the drivers) take f64 */
+    fg_status (*gemm)(fg_context *ctx, const fg_gemm *g, fg_kernel_info *info, void *ws, size_t ws_bytes, bool run);
+    fg_status (*elementwise)(fg_context *ctx, const fg_ew *e, fg_kernel_info *info, void *ws, size_t ws_bytes,
+                             bool run);
+    fg_status (*adamw)(fg_context *ctx, const fg_adamw_run *r);
+    size_t (*logp_scratch)(int64_t rows, int64_t cols); /* GRAD's scratch for a tile */
+    fg_status (*logp)(fg_context *ctx, const fg_logp_call *c);
+    fg_status (*act_plan)(fg_context *ctx, const fg_act_problem *p, fg_act_path *path);
+    fg_status (*act)(fg_context *ctx, const fg_act_call *c);
+} fg_backend_ops;
+
+extern const fg_backend_ops fg_cpu_backend;
 #ifdef FG_HAVE_CUDA
-size_t fg_cuda_act_scratch(fg_dtype dtype, int64_t rows, int64_t cols);
-fg_status fg_cuda_act(fg_context *ctx, const fg_act_call *c);
-/* Whether the TILE steps take this shape (pointers then need 16-byte alignment), and the
- * scratch TILE_GRAD needs for db's per-row-tile sums (fg_cuda_act_scratch covers it). */
-bool fg_cuda_act_tile_fits(fg_dtype dtype, int64_t k, int64_t cols);
-size_t fg_cuda_act_tile_scratch(int64_t rows, int64_t cols);
-fg_status fg_cuda_act_tile(fg_context *ctx, const fg_act_call *c);
-/* TILE_BACKWARD: whether it takes the shape (any alignment), and its scratch (per-slab dW and
- * db partial sums; the slab count is the device's SM count, capped by the row tiles) */
-bool fg_cuda_act_bwd_tile_fits(fg_dtype dtype, int act, int64_t k, int64_t cols);
-size_t fg_cuda_act_bwd_tile_scratch(int device, int64_t rows, int64_t k, int64_t cols, int64_t *parts);
-fg_status fg_cuda_act_bwd_tile(fg_context *ctx, const fg_act_call *c);
-bool fg_cuda_act_bwd90_fits(int device, fg_dtype dtype, int64_t k, int64_t cols);
-fg_status fg_cuda_act_bwd90(fg_context *ctx, const fg_act_call *c);
-bool fg_cuda_act_gemm_fits(int device, fg_dtype dtype, fg_act_step step, int64_t rows, int64_t k, int64_t cols);
-fg_status fg_cuda_act_gemm(fg_context *ctx, const fg_act_call *c);
-/* GEMM_INPUT_FORM's scratch (rows N, k M): its unit flags, and db's per-row-tile sums; and the
- * activations it forms g for (where it beats the gradient pass + plain product) */
-size_t fg_cuda_act_form_scratch(int64_t rows, int64_t k, bool want_db);
-bool fg_cuda_act_form_takes(int act);
+extern const fg_backend_ops fg_cuda_backend;
 #endif
 
-/* ------------------------------------------------------------------ op lowering */
+/* Appends a launched kernel's name to the context's record (fg_context_last_kernels); a name
+ * equal to the last one recorded is not repeated. fg_record_reset starts a new op. */
+void fg_record_kernel(fg_context *ctx, const char *name);
+void fg_record_reset(fg_context *ctx);
+
+/* ------------------------------------------------------------------ the op table */
 
 #define FG_MAX_GEMMS 2
+#define FG_OPTIONS_BYTES 256 /* the largest option struct a family may have */
+#define FG_PRIVATE_BYTES 256 /* what a family's driver may keep in its plan */
 
-/* An op lowered to GEMM primitives that run in order, or to one elementwise problem. */
+/* An op lowered to GEMM primitives that run in order, or to one elementwise problem, or to
+ * its family's own driver. */
 typedef struct fg_lowered {
     int count;
     fg_gemm gemm[FG_MAX_GEMMS];
     bool is_elementwise;
     fg_ew ew;
-    /* An op with its own driver (run = false: plan, fill info; ops NULL) */
-    fg_status (*driver)(fg_context *ctx, const fg_plan_desc *desc, const fg_tensor *ops,
+    /* run = false: plan (fill info from the descriptor; ops NULL); run = true: run the plan */
+    fg_status (*driver)(fg_context *ctx, const fg_plan_desc *desc, const fg_tensor *ops, void *priv,
                         fg_kernel_info *info, void *ws, size_t ws_bytes, bool run);
+    double priv[FG_PRIVATE_BYTES / sizeof(double)]; /* the driver's choices, made when planning */
 } fg_lowered;
 
-/* One entry per fg_op: names its operands, says which are outputs, validates a plan
- * descriptor (everything but data) and lowers it. */
-typedef struct fg_op_entry {
+typedef struct fg_operand_decl {
+    const char *name;
+    bool output;
+    bool optional;
+} fg_operand_decl;
+
+/* One op, declared once (in its family's file, next to its lowering): everything else —
+ * the plan lookup, operand names in messages, fg_op_describe, the Python binding's enums —
+ * is read from it. */
+typedef struct fg_op_decl {
     fg_op op;
     const char *name;
     int n_operands;
-    const char *operand_names[FG_MAX_OPERANDS];
-    unsigned output_mask;    /* bit i: operand i is written */
-    unsigned optional_mask;  /* bit i: operand i may be absent (rank 0) */
-    fg_status (*lower)(const fg_plan_desc *desc, fg_lowered *out);
+    fg_operand_decl operands[FG_MAX_OPERANDS];
+    uint32_t flags;          /* FG_PLAN_* accepted besides FG_PLAN_ALLOW_TF32 */
+    const char *options_type;
+    size_t options_size;
     bool inplace_ok;         /* an output may be exactly an input when nothing broadcasts */
-} fg_op_entry;
+    /* Validates a descriptor (everything but data; options never NULL) and lowers it. */
+    fg_status (*lower)(const fg_plan_desc *desc, fg_lowered *out);
+} fg_op_decl;
 
-const fg_op_entry *fg_linear_op_entry(fg_op op);
-const fg_op_entry *fg_matmul_op_entry(fg_op op);
-const fg_op_entry *fg_outer_op_entry(fg_op op);
-const fg_op_entry *fg_elementwise_op_entry(fg_op op);
-const fg_op_entry *fg_linear_logp_op_entry(fg_op op);
-const fg_op_entry *fg_linear_act_op_entry(fg_op op);
+/* A family: its name (src/ops/<name>.c, tests/test_<name>.c) and its ops. */
+typedef struct fg_family {
+    const char *name;
+    int n_ops;
+    const fg_op_decl *ops;
+} fg_family;
 
-/* Fills a plan descriptor for the one-call functions and runs it on ctx's workspace.
- * kind and scalars (may be NULL) are for the elementwise ops. */
-fg_status fg_run_once(fg_context *ctx, fg_op op, const fg_tensor *const *operands, int n,
-                      int accumulate);
-fg_status fg_run_once_ew(fg_context *ctx, fg_op op, const fg_tensor *const *operands, int n,
-                         int accumulate, int kind, const double *scalars, int n_scalars);
-/* The same from a descriptor whose op and options are set (operands are filled in). */
-fg_status fg_run_once_desc(fg_context *ctx, const fg_plan_desc *desc, const fg_tensor *const *operands,
-                           int n);
+/* The op table (src/ops/op_table.c). */
+const fg_op_decl *fg_op_find(fg_op op, const char **family);
+
+/* Runs one op on ctx's workspace, as the one-call functions do: operands[i] NULL for an absent
+ * optional one, options of the op's family (or NULL). The data pointers declare the plan's
+ * alignment. */
+fg_status fg_run_op(fg_context *ctx, fg_op op, const void *options, const fg_tensor *const *operands, int n,
+                    int accumulate, uint32_t flags);
 
 /* Host element access in any dtype, as f64. */
 static inline double fg_load_f64(const void *p, fg_dtype t, int64_t i) {

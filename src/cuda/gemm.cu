@@ -264,6 +264,13 @@ static bool aligned16(const void *p, int64_t stride_elems, size_t es) {
     return ((uintptr_t)p % 16 == 0) && ((stride_elems * (int64_t)es) % 16 == 0);
 }
 
+/* Planning: whether the operands are declared 16-byte aligned (0: the default, 256) and the
+ * stride keeps rows so. Running, the pointers themselves are checked (a sub-matrix may have
+ * less than its operand). */
+static bool declared16(const fg_gemm *g, int64_t stride_elems, size_t es) {
+    return (g->align == 0 || g->align >= 16) && (stride_elems * (int64_t)es) % 16 == 0;
+}
+
 /* ------------------------------------------------------------------ vector products */
 
 typedef struct vec_plan {
@@ -298,9 +305,9 @@ template <typename T> struct vector_product {
         const bool dot = a.mp == 1 || a.len == 1 || a.mj != 1;
         const char *tn = fg_dtype_name(g->dtype);
         if (dot) {
-            /* alignment is only known at run time; the plan names the vector kernel */
             bool vec = a.mp == 1 && (!a.v || a.vs == 1);
             if (do_run) vec = vec && aligned16(a.m, a.mj, sizeof(T)) && (!a.v || aligned16(a.v, 0, sizeof(T)));
+            else vec = vec && declared16(g, a.mj, sizeof(T));
             snprintf(info->name, sizeof info->name, "gemv_dot<%s,v%d>%s", tn, vec ? VEC : 1, a.v ? "" : "_ones");
             if (!do_run) return FG_OK;
             int64_t warps = cdiv(a.len, DOT_ROWS);
@@ -320,8 +327,7 @@ template <typename T> struct vector_product {
         const int64_t rows_per = cdiv(a.depth, slices);
         slices = cdiv(a.depth, rows_per);
         info->workspace_bytes = slices > 1 ? (size_t)(slices * a.len) * sizeof(A) : 0;
-        bool vec = true;
-        if (do_run) vec = aligned16(a.m, a.mp, sizeof(T));
+        const bool vec = do_run ? aligned16(a.m, a.mp, sizeof(T)) : declared16(g, a.mp, sizeof(T));
         snprintf(info->name, sizeof info->name, "gemv_cols<%s,v%d>x%lld%s", tn, vec ? VEC : 1, (long long)slices,
                  a.v ? "" : "_ones");
         if (!do_run) return FG_OK;
@@ -350,8 +356,12 @@ static cudaDataType_t cuda_type(fg_dtype t) {
     return CUDA_R_32F;
 }
 
-static uint32_t alignment(const void *p, int64_t ld, int64_t bs, size_t es, bool known) {
-    uintptr_t bits = (uintptr_t)(ld * (int64_t)es) | (uintptr_t)(bs * (int64_t)es) | 256u;
+/* What cuBLASLt is told of a matrix's alignment: the lowest of its leading dim's, its batch
+ * stride's and the alignment the plan declared (0: 256) — running, also the pointer's own (a
+ * sub-matrix's pointer may have less), so a run asks for what its plan named whenever the
+ * caller kept the promise. */
+static uint32_t alignment(const void *p, int64_t ld, int64_t bs, size_t es, bool known, uint32_t declared) {
+    uintptr_t bits = (uintptr_t)(ld * (int64_t)es) | (uintptr_t)(bs * (int64_t)es) | (declared ? declared : 256u);
     if (known) bits |= (uintptr_t)p;
     return (uint32_t)(bits & (~bits + 1)); /* lowest set bit */
 }
@@ -534,9 +544,9 @@ static lt_call lt_describe(const fg_gemm *g, fg_dtype ctype, void *c_ptr, int64_
         k->bs_c = bsc;
     }
     /* alignment of the data when known (running, or a driver's query with real pointers) */
-    k->align_a = alignment(g->b.data, k->ld_a, k->bs_a, es, run || g->b.data);
-    k->align_b = alignment(g->a.data, k->ld_b, k->bs_b, es, run || g->a.data);
-    k->align_c = alignment(c_ptr, k->ld_c, k->bs_c, ces, run || c_ptr);
+    k->align_a = alignment(g->b.data, k->ld_a, k->bs_a, es, run || g->b.data, g->align);
+    k->align_b = alignment(g->a.data, k->ld_b, k->bs_b, es, run || g->a.data, g->align);
+    k->align_c = alignment(c_ptr, k->ld_c, k->bs_c, ces, run || c_ptr, g->align);
     c.a = g->b.data;
     c.b = g->a.data;
     c.c = c_ptr;
@@ -571,7 +581,8 @@ template <typename T> struct general_product {
                cuBLASLt; for f32 cuBLASLt was faster (86% vs 72%), so f32/f64 stay there */
             typedef typename acc_type<T>::type A;
             constexpr int VEC = 16 / sizeof(T);
-            bool vec = !do_run || (aligned16(g->c.data, g->c.rs, es) && g->b.cs == 1 && aligned16(g->b.data, 0, es));
+            bool vec = g->b.cs == 1 && (do_run ? aligned16(g->c.data, g->c.rs, es) && aligned16(g->b.data, 0, es)
+                                               : declared16(g, g->c.rs, es));
             snprintf(info->name, sizeof info->name, "rank1<%s,v%d>", fg_dtype_name(t), vec ? VEC : 1);
             if (!do_run) return FG_OK;
             const int64_t per = vec ? 256 * VEC : 256;
@@ -628,19 +639,22 @@ template <typename T> struct general_product {
             return FG_OK;
         }
         const size_t limit = do_run ? ws_bytes : LT_WORKSPACE;
-        if (g->c_f32 && (g->bias || reduce))
+        /* a bias is there when planning too (bias_operand), its pointer only when running */
+        const bool has_bias = g->bias || g->bias_operand >= 0;
+        const uint32_t bias_align = alignment(g->bias, 0, 0, es, do_run, g->align);
+        if (g->c_f32 && (has_bias || reduce))
             return fg_fail(FG_ERR_INTERNAL, "cuda gemm: an f32 result with a bias or a batch sum");
         lt_call c = lt_describe(g, g->c_f32 ? FG_F32 : t, g->c.data, g->c.rs, g->c.bs, do_run);
         /* (cuBLASLt's heuristic is not told the bias's alignment: an algorithm chosen for an
            aligned one failed with NOT_SUPPORTED on a bias 2 bytes off (H100, session 10), so a
            bias off 16 bytes is added outside the epilogue) */
-        const bool column_bias = g->bias && g->bias_rs == 0 && g->bias_cs == 1 && (uintptr_t)g->bias % 16 == 0;
-        if (g->act && !g->c_f32 && (!g->bias || column_bias) && g->batch == 1) {
+        const bool column_bias = has_bias && g->bias_rs == 0 && g->bias_cs == 1 && bias_align >= 16;
+        if (g->act && !g->c_f32 && (!has_bias || column_bias) && g->batch == 1) {
             /* the activation in the epilogue, when cuBLASLt has it for this problem */
             lt_call ca = c;
-            ca.key.epilogue = act_epilogue(g, g->bias != NULL);
+            ca.key.epilogue = act_epilogue(g, has_bias);
             if (ca.key.epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
-                if (g->bias) ca.key.align_bias = alignment(g->bias, 0, 0, es, true);
+                if (has_bias) ca.key.align_bias = bias_align;
                 ca.bias = g->bias;
                 FG_TRY(lt_matmul(ctx, &ca, do_run, &found, &need, info->name, sizeof info->name, ws, limit));
                 if (found) { /* planned, or ran */
@@ -654,7 +668,7 @@ template <typename T> struct general_product {
         if (column_bias) { /* try the bias epilogue first */
             lt_call cb = c;
             cb.key.epilogue = CUBLASLT_EPILOGUE_BIAS;
-            cb.key.align_bias = do_run ? alignment(g->bias, 0, 0, es, true) : 256;
+            cb.key.align_bias = bias_align;
             cb.bias = g->bias;
             FG_TRY(lt_matmul(ctx, &cb, false, &found, &need, info->name, sizeof info->name, ws, limit));
             if (found) {
@@ -667,7 +681,7 @@ template <typename T> struct general_product {
             if (!found)
                 return fg_fail(FG_ERR_UNSUPPORTED, "cuBLASLt has no algorithm for this %s product (m=%lld n=%lld k=%lld)",
                                fg_dtype_name(t), (long long)g->m, (long long)g->n, (long long)g->k);
-            if (g->bias) strncat(info->name, " after axpby_2d bias", sizeof info->name - strlen(info->name) - 1);
+            if (has_bias) strncat(info->name, " after axpby_2d bias", sizeof info->name - strlen(info->name) - 1);
         }
         info->workspace_bytes = need;
         if (!do_run) return FG_OK;

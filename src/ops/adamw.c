@@ -112,11 +112,8 @@ fg_status fg_adamw_step(fg_context *ctx, const fg_adamw_hparams *hp, int count, 
         r.bc2_sqrt = (float)sqrt(1.0 - pow(hp->beta2, (double)hp->step));
         r.count = count;
         r.items = items;
-        if (ctx->backend == FG_BACKEND_CPU) s = fg_cpu_adamw(ctx, &r);
-#ifdef FG_HAVE_CUDA
-        else if (ctx->backend == FG_BACKEND_CUDA) s = fg_cuda_adamw(ctx, &r);
-#endif
-        else s = fg_fail(FG_ERR_NO_DEVICE, "adamw_step: backend %d is not built in", (int)ctx->backend);
+        fg_record_reset(ctx);
+        s = ctx->be->adamw(ctx, &r);
     }
     free(items);
     free(ext);

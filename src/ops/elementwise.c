@@ -21,26 +21,29 @@ enum { BB_DY, BB_A, BB_B, BB_W, BB_DA, BB_DB, BB_DW };
 static const char *const unary_names[] = {"scale", "pow", "leaky_relu", "elu", "clamp", "softcap"};
 static const char *const binary_names[] = {"lerp", "axpby"};
 
+static const fg_elementwise_options *opts(const fg_plan_desc *d) { return d->options; }
+
 static fg_status check_scalars(const char *op, const fg_plan_desc *d) {
-    const double *s = d->scalars;
+    const double *s = opts(d)->scalars;
+    const int kind = opts(d)->kind;
     bool unary = d->op == FG_OP_UNARY_FORWARD || d->op == FG_OP_UNARY_BACKWARD;
-    if (unary && (d->kind < 0 || d->kind > FG_UNARY_SOFTCAP))
-        return fg_fail(FG_ERR_INVALID_VALUE, "%s: kind=%d is not an fg_unary", op, d->kind);
-    if (!unary && (d->kind < 0 || d->kind > FG_BINARY_AXPBY))
-        return fg_fail(FG_ERR_INVALID_VALUE, "%s: kind=%d is not an fg_binary", op, d->kind);
-    const char *name = unary ? unary_names[d->kind] : binary_names[d->kind];
-    if (unary && d->kind == FG_UNARY_CLAMP) {
+    if (unary && (kind < 0 || kind > FG_UNARY_SOFTCAP))
+        return fg_fail(FG_ERR_INVALID_VALUE, "%s: kind=%d is not an fg_unary", op, kind);
+    if (!unary && (kind < 0 || kind > FG_BINARY_AXPBY))
+        return fg_fail(FG_ERR_INVALID_VALUE, "%s: kind=%d is not an fg_binary", op, kind);
+    const char *name = unary ? unary_names[kind] : binary_names[kind];
+    if (unary && kind == FG_UNARY_CLAMP) {
         if (isnan(s[0]) || isnan(s[1]))
             return fg_fail(FG_ERR_INVALID_VALUE, "%s: clamp bounds lo=%g hi=%g must not be NaN", op, s[0], s[1]);
         if (s[0] > s[1])
             return fg_fail(FG_ERR_INVALID_VALUE, "%s: clamp lo=%g is greater than hi=%g", op, s[0], s[1]);
         return FG_OK;
     }
-    int used = (!unary && d->kind == FG_BINARY_AXPBY) ? 2 : 1;
+    int used = (!unary && kind == FG_BINARY_AXPBY) ? 2 : 1;
     for (int i = 0; i < used; i++)
         if (!isfinite(s[i]))
             return fg_fail(FG_ERR_INVALID_VALUE, "%s: %s parameter scalars[%d]=%g must be finite", op, name, i, s[i]);
-    if (unary && d->kind == FG_UNARY_SOFTCAP && !(s[0] > 0))
+    if (unary && kind == FG_UNARY_SOFTCAP && !(s[0] > 0))
         return fg_fail(FG_ERR_INVALID_VALUE, "%s: softcap c=%g must be positive", op, s[0]);
     return FG_OK;
 }
@@ -102,15 +105,16 @@ static void coalesce(fg_ew *e) {
 /* Lowers with the operands in `present` (the op decides: a rank-0 operand is a scalar
  * tensor where it is required, absent where it is optional). */
 static fg_status lower_common(const char *op, const fg_plan_desc *d, const fg_tensor *full, int n_operands,
-                              const char *const *names, unsigned present, unsigned outputs, fg_lowered *out) {
+                              unsigned present, unsigned outputs, fg_lowered *out) {
     FG_TRY(check_scalars(op, d));
+    const fg_op_decl *decl = fg_op_find(d->op, NULL);
     memset(out, 0, sizeof *out);
     out->is_elementwise = true;
     fg_ew *e = &out->ew;
     e->dtype = full->dtype;
     e->op = d->op;
-    e->kind = d->kind;
-    memcpy(e->s, d->scalars, sizeof e->s);
+    e->kind = opts(d)->kind;
+    memcpy(e->s, opts(d)->scalars, sizeof e->s);
     e->accumulate = d->accumulate != 0;
     e->n_operands = n_operands;
     e->rank = full->rank;
@@ -119,11 +123,11 @@ static fg_status lower_common(const char *op, const fg_plan_desc *d, const fg_te
     for (int i = 0; i < n_operands; i++) {
         if (!(present >> i & 1u)) continue;
         const fg_tensor *t = &d->operands[i];
-        FG_TRY(fg_check_desc(op, names[i], t, 0, FG_MAX_RANK));
+        FG_TRY(fg_check_desc(op, decl->operands[i].name, t, 0, FG_MAX_RANK));
         if (t->dtype != full->dtype)
-            return fg_fail(FG_ERR_DTYPE, "%s: %s.dtype=%s but %s.dtype=%s", op, names[i], fg_dtype_name(t->dtype),
-                           names[0], fg_dtype_name(full->dtype));
-        FG_TRY(map_operand(op, names[i], t, full, e, i, outputs >> i & 1u));
+            return fg_fail(FG_ERR_DTYPE, "%s: %s.dtype=%s but %s.dtype=%s", op, decl->operands[i].name,
+                           fg_dtype_name(t->dtype), decl->operands[0].name, fg_dtype_name(full->dtype));
+        FG_TRY(map_operand(op, decl->operands[i].name, t, full, e, i, outputs >> i & 1u));
     }
     coalesce(e);
     return FG_OK;
@@ -141,45 +145,41 @@ static fg_status same_shape(const char *op, const fg_tensor *g, const char *gn, 
 }
 
 static fg_status lower_unary_forward(const fg_plan_desc *d, fg_lowered *out) {
-    static const char *const names[] = {"x", "y"};
     const char *op = "unary_forward";
     FG_TRY(fg_check_desc(op, "y", &d->operands[UF_Y], 0, FG_MAX_RANK));
     if (d->accumulate) return fg_fail(FG_ERR_INVALID_VALUE, "%s: accumulate must be 0", op);
-    return lower_common(op, d, &d->operands[UF_Y], 2, names, 3u, 1u << UF_Y, out);
+    return lower_common(op, d, &d->operands[UF_Y], 2, 3u, 1u << UF_Y, out);
 }
 
 static fg_status lower_unary_backward(const fg_plan_desc *d, fg_lowered *out) {
-    static const char *const names[] = {"dy", "x", "dx"};
     const char *op = "unary_backward";
     const fg_tensor *dy = &d->operands[UB_DY], *x = &d->operands[UB_X], *dx = &d->operands[UB_DX];
     FG_TRY(fg_check_desc(op, "dy", dy, 0, FG_MAX_RANK));
     FG_TRY(fg_check_desc(op, "dx", dx, 0, FG_MAX_RANK));
     unsigned present = (1u << UB_DY) | (1u << UB_DX);
-    if (d->kind != FG_UNARY_SCALE || x->rank != 0) { /* scale does not read x */
+    if (opts(d)->kind != FG_UNARY_SCALE || x->rank != 0) { /* scale does not read x */
         FG_TRY(fg_check_desc(op, "x", x, 0, FG_MAX_RANK));
         FG_TRY(same_shape(op, dx, "dx", x, "x"));
         present |= 1u << UB_X;
     }
-    return lower_common(op, d, dy, 3, names, present, 1u << UB_DX, out);
+    return lower_common(op, d, dy, 3, present, 1u << UB_DX, out);
 }
 
 static fg_status lower_binary_forward(const fg_plan_desc *d, fg_lowered *out) {
-    static const char *const names[] = {"a", "b", "w", "y"};
     const char *op = "binary_forward";
     FG_TRY(fg_check_desc(op, "y", &d->operands[BF_Y], 0, FG_MAX_RANK));
     if (d->accumulate) return fg_fail(FG_ERR_INVALID_VALUE, "%s: accumulate must be 0", op);
     bool has_w = d->operands[BF_W].rank != 0;
-    if (d->kind == FG_BINARY_AXPBY && has_w) return fg_fail(FG_ERR_INVALID_VALUE, "%s: axpby takes no w tensor", op);
+    if (opts(d)->kind == FG_BINARY_AXPBY && has_w) return fg_fail(FG_ERR_INVALID_VALUE, "%s: axpby takes no w tensor", op);
     unsigned present = (1u << BF_A) | (1u << BF_B) | (1u << BF_Y) | (has_w ? 1u << BF_W : 0);
-    return lower_common(op, d, &d->operands[BF_Y], 4, names, present, 1u << BF_Y, out);
+    return lower_common(op, d, &d->operands[BF_Y], 4, present, 1u << BF_Y, out);
 }
 
 static fg_status lower_binary_backward(const fg_plan_desc *d, fg_lowered *out) {
-    static const char *const names[] = {"dy", "a", "b", "w", "da", "db", "dw"};
     const char *op = "binary_backward";
     const fg_tensor *t = d->operands;
     FG_TRY(fg_check_desc(op, "dy", &t[BB_DY], 0, FG_MAX_RANK));
-    bool lerp = d->kind == FG_BINARY_LERP, has_w = t[BB_W].rank != 0;
+    bool lerp = opts(d)->kind == FG_BINARY_LERP, has_w = t[BB_W].rank != 0;
     bool want_da = t[BB_DA].rank != 0, want_db = t[BB_DB].rank != 0, want_dw = t[BB_DW].rank != 0;
     if (!want_da && !want_db && !want_dw)
         return fg_fail(FG_ERR_INVALID_VALUE, "%s: no gradient requested (da, db and dw are all absent)", op);
@@ -187,10 +187,12 @@ static fg_status lower_binary_backward(const fg_plan_desc *d, fg_lowered *out) {
     if (want_dw && !has_w) return fg_fail(FG_ERR_INVALID_VALUE, "%s: dw requested but w is a scalar", op);
     if (want_dw && (t[BB_A].rank == 0 || t[BB_B].rank == 0))
         return fg_fail(FG_ERR_NULL_POINTER, "%s: dw needs a and b", op);
+    const fg_operand_decl *names = fg_op_find(d->op, NULL)->operands;
     const int pairs[3][2] = {{BB_DA, BB_A}, {BB_DB, BB_B}, {BB_DW, BB_W}};
     for (int p = 0; p < 3; p++) /* a gradient has its input's shape */
         if (t[pairs[p][0]].rank != 0 && t[pairs[p][1]].rank != 0)
-            FG_TRY(same_shape(op, &t[pairs[p][0]], names[pairs[p][0]], &t[pairs[p][1]], names[pairs[p][1]]));
+            FG_TRY(same_shape(op, &t[pairs[p][0]], names[pairs[p][0]].name, &t[pairs[p][1]],
+                                  names[pairs[p][1]].name));
     unsigned present = 1u << BB_DY;
     if (has_w) present |= 1u << BB_W;
     if (want_dw) present |= (1u << BB_A) | (1u << BB_B); /* a and b are read only for dw */
@@ -198,28 +200,40 @@ static fg_status lower_binary_backward(const fg_plan_desc *d, fg_lowered *out) {
     if (want_db) present |= 1u << BB_DB;
     if (want_dw) present |= 1u << BB_DW;
     unsigned outs = (1u << BB_DA) | (1u << BB_DB) | (1u << BB_DW);
-    return lower_common(op, d, &t[BB_DY], 7, names, present, outs, out);
+    return lower_common(op, d, &t[BB_DY], 7, present, outs, out);
 }
 
-static const fg_op_entry entries[] = {
-    {FG_OP_UNARY_FORWARD, "unary_forward", 2, {"x", "y"}, 1u << UF_Y, 0, lower_unary_forward, true},
-    {FG_OP_UNARY_BACKWARD, "unary_backward", 3, {"dy", "x", "dx"}, 1u << UB_DX, 1u << UB_X, lower_unary_backward,
-     true},
-    {FG_OP_BINARY_FORWARD, "binary_forward", 4, {"a", "b", "w", "y"}, 1u << BF_Y, 1u << BF_W, lower_binary_forward,
-     true},
-    {FG_OP_BINARY_BACKWARD, "binary_backward", 7, {"dy", "a", "b", "w", "da", "db", "dw"},
-     (1u << BB_DA) | (1u << BB_DB) | (1u << BB_DW),
-     (1u << BB_A) | (1u << BB_B) | (1u << BB_W) | (1u << BB_DA) | (1u << BB_DB) | (1u << BB_DW),
-     lower_binary_backward, true},
+#define OPTS "fg_elementwise_options", sizeof(fg_elementwise_options)
+static const fg_op_decl ops[] = {
+    {FG_OP_UNARY_FORWARD, "unary_forward", 2, {[UF_X] = {"x", false, false}, [UF_Y] = {"y", true, false}}, 0, OPTS,
+     true, lower_unary_forward},
+    {FG_OP_UNARY_BACKWARD, "unary_backward", 3,
+     {[UB_DY] = {"dy", false, false}, [UB_X] = {"x", false, true}, [UB_DX] = {"dx", true, false}}, 0, OPTS, true,
+     lower_unary_backward},
+    {FG_OP_BINARY_FORWARD, "binary_forward", 4,
+     {[BF_A] = {"a", false, false}, [BF_B] = {"b", false, false}, [BF_W] = {"w", false, true},
+      [BF_Y] = {"y", true, false}},
+     0, OPTS, true, lower_binary_forward},
+    {FG_OP_BINARY_BACKWARD, "binary_backward", 7,
+     {[BB_DY] = {"dy", false, false}, [BB_A] = {"a", false, true}, [BB_B] = {"b", false, true},
+      [BB_W] = {"w", false, true}, [BB_DA] = {"da", true, true}, [BB_DB] = {"db", true, true},
+      [BB_DW] = {"dw", true, true}},
+     0, OPTS, true, lower_binary_backward},
 };
+#undef OPTS
 
-const fg_op_entry *fg_elementwise_op_entry(fg_op op) {
-    for (size_t i = 0; i < sizeof entries / sizeof entries[0]; i++)
-        if (entries[i].op == op) return &entries[i];
-    return NULL;
-}
+const fg_family fg_family_elementwise = {"elementwise", sizeof ops / sizeof ops[0], ops};
 
 /* ------------------------------------------------------------------ one-call forms */
+
+static fg_status run_ew(fg_context *ctx, fg_op op, const fg_tensor *const *args, int n, int accumulate, int kind,
+                        const double *scalars, int n_scalars) {
+    fg_elementwise_options o;
+    memset(&o, 0, sizeof o);
+    o.kind = kind;
+    for (int i = 0; i < n_scalars && i < 4; i++) o.scalars[i] = scalars[i];
+    return fg_run_op(ctx, op, &o, args, n, accumulate, 0);
+}
 
 static int n_scalars(fg_op op, int kind) {
     if (op == FG_OP_UNARY_FORWARD || op == FG_OP_UNARY_BACKWARD) return kind == FG_UNARY_CLAMP ? 2 : 1;
@@ -229,42 +243,42 @@ static int n_scalars(fg_op op, int kind) {
 fg_status fg_unary_forward(fg_context *ctx, fg_unary kind, const double *scalars, const fg_tensor *x,
                            const fg_tensor *y) {
     if (!scalars) return fg_fail(FG_ERR_NULL_POINTER, "unary_forward: scalars is NULL");
-    const fg_tensor *ops[] = {x, y};
-    return fg_run_once_ew(ctx, FG_OP_UNARY_FORWARD, ops, 2, 0, (int)kind, scalars,
+    const fg_tensor *args[] = {x, y};
+    return run_ew(ctx, FG_OP_UNARY_FORWARD, args, 2, 0, (int)kind, scalars,
                           n_scalars(FG_OP_UNARY_FORWARD, (int)kind));
 }
 
 fg_status fg_unary_backward(fg_context *ctx, fg_unary kind, const double *scalars, const fg_tensor *dy,
                             const fg_tensor *x, const fg_tensor *dx, int accumulate) {
     if (!scalars) return fg_fail(FG_ERR_NULL_POINTER, "unary_backward: scalars is NULL");
-    const fg_tensor *ops[] = {dy, x, dx};
-    return fg_run_once_ew(ctx, FG_OP_UNARY_BACKWARD, ops, 3, accumulate, (int)kind, scalars,
+    const fg_tensor *args[] = {dy, x, dx};
+    return run_ew(ctx, FG_OP_UNARY_BACKWARD, args, 3, accumulate, (int)kind, scalars,
                           n_scalars(FG_OP_UNARY_BACKWARD, (int)kind));
 }
 
 fg_status fg_lerp_forward(fg_context *ctx, const fg_tensor *a, const fg_tensor *b, const fg_tensor *w,
                           double w_scalar, const fg_tensor *y) {
-    const fg_tensor *ops[] = {a, b, w, y};
-    return fg_run_once_ew(ctx, FG_OP_BINARY_FORWARD, ops, 4, 0, FG_BINARY_LERP, &w_scalar, 1);
+    const fg_tensor *args[] = {a, b, w, y};
+    return run_ew(ctx, FG_OP_BINARY_FORWARD, args, 4, 0, FG_BINARY_LERP, &w_scalar, 1);
 }
 
 fg_status fg_lerp_backward(fg_context *ctx, const fg_tensor *dy, const fg_tensor *a, const fg_tensor *b,
                            const fg_tensor *w, double w_scalar, const fg_tensor *da, const fg_tensor *db,
                            const fg_tensor *dw, int accumulate) {
-    const fg_tensor *ops[] = {dy, a, b, w, da, db, dw};
-    return fg_run_once_ew(ctx, FG_OP_BINARY_BACKWARD, ops, 7, accumulate, FG_BINARY_LERP, &w_scalar, 1);
+    const fg_tensor *args[] = {dy, a, b, w, da, db, dw};
+    return run_ew(ctx, FG_OP_BINARY_BACKWARD, args, 7, accumulate, FG_BINARY_LERP, &w_scalar, 1);
 }
 
 fg_status fg_axpby_forward(fg_context *ctx, const fg_tensor *a, const fg_tensor *b, double alpha, double beta,
                            const fg_tensor *y) {
     const double s[2] = {alpha, beta};
-    const fg_tensor *ops[] = {a, b, NULL, y};
-    return fg_run_once_ew(ctx, FG_OP_BINARY_FORWARD, ops, 4, 0, FG_BINARY_AXPBY, s, 2);
+    const fg_tensor *args[] = {a, b, NULL, y};
+    return run_ew(ctx, FG_OP_BINARY_FORWARD, args, 4, 0, FG_BINARY_AXPBY, s, 2);
 }
 
 fg_status fg_axpby_backward(fg_context *ctx, const fg_tensor *dy, double alpha, double beta, const fg_tensor *da,
                             const fg_tensor *db, int accumulate) {
     const double s[2] = {alpha, beta};
-    const fg_tensor *ops[] = {dy, NULL, NULL, NULL, da, db, NULL};
-    return fg_run_once_ew(ctx, FG_OP_BINARY_BACKWARD, ops, 7, accumulate, FG_BINARY_AXPBY, s, 2);
+    const fg_tensor *args[] = {dy, NULL, NULL, NULL, da, db, NULL};
+    return run_ew(ctx, FG_OP_BINARY_BACKWARD, args, 7, accumulate, FG_BINARY_AXPBY, s, 2);
 }

@@ -217,43 +217,44 @@ static fg_status lower_backward_bias(const fg_plan_desc *d, fg_lowered *out) {
     return FG_OK;
 }
 
-static const fg_op_entry entries[] = {
-    {FG_OP_LINEAR_FORWARD, "linear_forward", 4, {"x", "w", "b", "y"}, 1u << LF_Y, 1u << LF_B,
-     lower_forward, false},
-    {FG_OP_LINEAR_BACKWARD_INPUT, "linear_backward_input", 3, {"dy", "w", "dx"}, 1u << LBI_DX, 0,
-     lower_backward_input, false},
-    {FG_OP_LINEAR_BACKWARD_WEIGHT, "linear_backward_weight", 3, {"dy", "x", "dw"}, 1u << LBW_DW, 0,
-     lower_backward_weight, false},
-    {FG_OP_LINEAR_BACKWARD_BIAS, "linear_backward_bias", 2, {"dy", "db"}, 1u << LBB_DB, 0,
-     lower_backward_bias, false},
+static const fg_op_decl ops[] = {
+    {FG_OP_LINEAR_FORWARD, "linear_forward", 4,
+     {[LF_X] = {"x", false, false}, [LF_W] = {"w", false, false}, [LF_B] = {"b", false, true},
+      [LF_Y] = {"y", true, false}},
+     0, NULL, 0, false, lower_forward},
+    {FG_OP_LINEAR_BACKWARD_INPUT, "linear_backward_input", 3,
+     {[LBI_DY] = {"dy", false, false}, [LBI_W] = {"w", false, false}, [LBI_DX] = {"dx", true, false}},
+     0, NULL, 0, false, lower_backward_input},
+    {FG_OP_LINEAR_BACKWARD_WEIGHT, "linear_backward_weight", 3,
+     {[LBW_DY] = {"dy", false, false}, [LBW_X] = {"x", false, false}, [LBW_DW] = {"dw", true, false}},
+     0, NULL, 0, false, lower_backward_weight},
+    {FG_OP_LINEAR_BACKWARD_BIAS, "linear_backward_bias", 2,
+     {[LBB_DY] = {"dy", false, false}, [LBB_DB] = {"db", true, false}},
+     0, NULL, 0, false, lower_backward_bias},
 };
 
-const fg_op_entry *fg_linear_op_entry(fg_op op) {
-    for (size_t i = 0; i < sizeof entries / sizeof entries[0]; i++)
-        if (entries[i].op == op) return &entries[i];
-    return NULL;
-}
+const fg_family fg_family_linear = {"linear", sizeof ops / sizeof ops[0], ops};
 
 fg_status fg_linear_forward(fg_context *ctx, const fg_tensor *x, const fg_tensor *w,
                             const fg_tensor *b, const fg_tensor *y) {
-    const fg_tensor *ops[] = {x, w, b, y};
-    return fg_run_once(ctx, FG_OP_LINEAR_FORWARD, ops, 4, 0);
+    const fg_tensor *args[] = {x, w, b, y};
+    return fg_run_op(ctx, FG_OP_LINEAR_FORWARD, NULL, args, 4, 0, 0);
 }
 
 fg_status fg_linear_backward_input(fg_context *ctx, const fg_tensor *dy, const fg_tensor *w,
                                    const fg_tensor *dx, int accumulate) {
-    const fg_tensor *ops[] = {dy, w, dx};
-    return fg_run_once(ctx, FG_OP_LINEAR_BACKWARD_INPUT, ops, 3, accumulate);
+    const fg_tensor *args[] = {dy, w, dx};
+    return fg_run_op(ctx, FG_OP_LINEAR_BACKWARD_INPUT, NULL, args, 3, accumulate, 0);
 }
 
 fg_status fg_linear_backward_weight(fg_context *ctx, const fg_tensor *dy, const fg_tensor *x,
                                     const fg_tensor *dw, int accumulate) {
-    const fg_tensor *ops[] = {dy, x, dw};
-    return fg_run_once(ctx, FG_OP_LINEAR_BACKWARD_WEIGHT, ops, 3, accumulate);
+    const fg_tensor *args[] = {dy, x, dw};
+    return fg_run_op(ctx, FG_OP_LINEAR_BACKWARD_WEIGHT, NULL, args, 3, accumulate, 0);
 }
 
 fg_status fg_linear_backward_bias(fg_context *ctx, const fg_tensor *dy, const fg_tensor *db,
                                   int accumulate) {
-    const fg_tensor *ops[] = {dy, db};
-    return fg_run_once(ctx, FG_OP_LINEAR_BACKWARD_BIAS, ops, 2, accumulate);
+    const fg_tensor *args[] = {dy, db};
+    return fg_run_op(ctx, FG_OP_LINEAR_BACKWARD_BIAS, NULL, args, 2, accumulate, 0);
 }

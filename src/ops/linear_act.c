@@ -4,34 +4,24 @@
  * silu, sigmoid, tanh; w [M, K] for all rows of x, or batched weights w [B, M, K] (x's first
  * dim the batch; the walk below runs batch after batch on the same workspace).
  *
- *  forward   one GEMM through the shared primitive: the activation in its epilogue where
- *            the backend has one and no pre is kept (cuBLASLt: relu), else the
- *            product into pre (when the caller keeps it) or straight into y, then one
- *            elementwise pass y = act(pre) (in place when pre is not kept; none: no pass)
- *  backward  pre (kept — for relu y does as well —, or recomputed by one more GEMM into the
- *            workspace) and dy → g = dy ⊙ act′(pre) in one pass that also sums db's columns
- *            (g in pre's memory when pre is the workspace's or the caller lets it go:
- *            FG_PLAN_CONSUME_PRE), then dx = g·w and dw = gᵀ·x as GEMMs; act none uses dy
- *            as g directly. db's f32 sums borrow the memory of dx or dw, which their GEMMs
- *            write only afterwards.
- *  CUDA, sm_90a, f16 / bf16, wide enough to fill the GPU: the three products are one own
- *            GEMM (src/cuda/linear_act_gemm.cu), the forward's with the bias and the activation
- *            in its epilogue, dx / dw's when they are written, not added to; relu without a
- *            kept pre still asks cuBLASLt's epilogue first. For relu, silu, sigmoid and tanh
- *            dx's product also forms g itself on its spare warps (no gradient pass; db's sums
- *            come with it); gelu and gelu_tanh keep the pass (their slopes are too long for
- *            those warps: measured, docs/perf-notes.md session 11) — unless the slope form
- *            saved their slope: then g = dy ⊙ s is formed there for every activation.
- *  slope form (FG_PLAN_ACT_SLOPE): the forward's steps also write s = act′(pre) where pre
- *            would go; the backward's steps run with act GIVEN_SLOPE (s is its own slope).
- *  CUDA, short K (≤ 128, f16 / bf16): the forward, and the backward's recomputed pre with g,
- *            are one tile kernel each (product + activation, src/cuda/linear_act_tile.cu);
- *            dx and dw stay cuBLASLt GEMMs. With also M ≤ 256 and both dx and dw wanted, the
- *            whole backward is one kernel, g kept on chip: from a kept pre on an sm_90a device
- *            (pointers 16-byte aligned) the wgmma one, any activation
- *            (src/cuda/linear_act_bwd90.cu), else for a cheap slope (relu, silu, sigmoid, tanh)
- *            the mma.sync one (src/cuda/linear_act_bwd_tile.cu).
- * The activation math is the backends' (src/cpu/linear_act.c, src/cuda/linear_act.cu).
+ * The front door validates, describes the problem (fg_act_problem) and asks the backend's
+ * plan hook once, when the plan is made, which kernels take it (fg_act_path: the activation
+ * in the GEMM's epilogue, a fused tile kernel, the backend's own GEMM for a product, g formed
+ * inside dx's product, the whole backward in one kernel). The walk here follows that path:
+ *
+ *  forward   one fused kernel where the path has one (the product with the activation in its
+ *            epilogue); else the product into pre (when the caller keeps it) or straight into y,
+ *            then one elementwise pass y = act(pre) (in place when pre is not kept; none: no
+ *            pass)
+ *  backward  the whole backward in one kernel where the path has one; else pre (kept — for
+ *            relu y does as well —, or recomputed by one more product into the workspace, or
+ *            inside the gradient's tile kernel) and dy → g = dy ⊙ act′(pre) in one pass that
+ *            also sums db's columns (or inside dx's product), g in pre's memory when pre is the
+ *            workspace's or the caller lets it go (consume), then dx = g·w and dw = gᵀ·x; act
+ *            none uses dy as g directly. db's f32 sums borrow the memory of dx or dw, which
+ *            their products write only afterwards.
+ *  slope form: the forward's steps also write s = act′(pre) where pre would go; the
+ *            backward's steps run with act GIVEN_SLOPE (s is its own slope).
  * Sums are f32 (f64 for f64) in a fixed order: the same bits on every run.
  */
 #include "../core/internal.h"
@@ -46,10 +36,11 @@ enum { AB_DY, AB_PRE, AB_X, AB_W, AB_B, AB_DX, AB_DW, AB_DB, AB_N };
 
 static bool has(const fg_tensor *t) { return t->rank != 0; }
 
-static const char *act_name(int act) {
-    static const char *names[] = {"none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh", "given_slope"};
-    return act >= 0 && act <= FG_ACT_GIVEN_SLOPE ? names[act] : "?";
+static const fg_linear_act_options *act_opts(const fg_plan_desc *d) { return d->options; }
+static bool slope_form(const fg_plan_desc *d) {
+    return act_opts(d)->saved == FG_ACT_SAVED_SLOPE || (d->flags & FG_PLAN_ACT_SLOPE);
 }
+static bool consume_form(const fg_plan_desc *d) { return act_opts(d)->consume || (d->flags & FG_PLAN_CONSUME_PRE); }
 
 /* ------------------------------------------------------------------ validation */
 
@@ -118,9 +109,11 @@ typedef struct act_run {
     int64_t B, bi;        /* batched weights: B batches, bi the one running (else 1, 0) */
     int64_t bstride[AB_N]; /* elements from one batch to the next, per operand (0: shared) */
     fg_kernel_info *info;
-    bool misaligned;       /* sizing the path that misaligned pointers take (size_walk) */
-    bool slope;            /* FG_PLAN_ACT_SLOPE: the saved operand is act′(pre) */
+    const fg_act_path *path; /* the backend's choice for this plan */
+    int kind;              /* the activation (fg_activation) */
+    bool slope;            /* the saved operand is act′(pre) */
     int act;               /* the steps' act: the backward of the slope form runs GIVEN_SLOPE */
+    uint32_t path_align;   /* the operands' declared alignment, lowered by the batch strides */
 } act_run;
 
 static size_t place(act_run *r, size_t bytes) {
@@ -140,40 +133,12 @@ static void *data_of(const act_run *r, int i) {
 
 /* c[b] = a[b]·b[b] (+ bias) for b < batch; planning or running as the walk is. */
 static fg_status gemm(act_run *r, int64_t batch, int64_t m, int64_t n, int64_t k, fg_mat a, fg_mat b, fg_mat c,
-                      double beta, const void *bias, bool c_f32) {
+                      double beta, bool has_bias, const void *bias, bool c_f32) {
     if (!r->run && r->size_only) return FG_OK;
-    fg_gemm g = fg_gemm_plain(r->dtype, batch, m, n, k, a, b, c, beta, bias, (r->d->flags & FG_PLAN_ALLOW_TF32) != 0,
-                              c_f32);
+    fg_gemm g = fg_gemm_plain(r->dtype, batch, m, n, k, a, b, c, beta, has_bias, bias,
+                              (r->d->flags & FG_PLAN_ALLOW_TF32) != 0, c_f32, r->path_align);
     return fg_gemm_walk(r->ctx, &g, r->run, r->ws ? (char *)r->ws + r->gemm_at : NULL, r->gemm_bytes, &r->gemm_bytes,
                         r->info->name, sizeof r->info->name);
-}
-
-/* dw = gᵀ·x reduces over all N rows into an M × K result: when that result is only a few
- * GEMM tiles and N is long, cuBLASLt runs it on a few SMs (measured: 1.2 ms for 256 × 128 ×
- * 172032 on an H100). Split the rows into `parts` products written side by side in f32
- * (one batched GEMM), summed in order by the cast. 0: no split. */
-static int64_t dw_parts(const act_run *r) {
-    if (r->ctx->backend != FG_BACKEND_CUDA) return 0;
-    const int64_t tiles = ((r->M + 127) / 128) * ((r->K + 127) / 128);
-    if (tiles >= 32 || r->N < 16384) return 0;
-    int64_t parts = r->N / 2048;
-    return parts > 64 ? 64 : parts;
-}
-
-static const char *step_name(fg_act_step s) {
-    switch (s) {
-    case FG_ACT_STEP_FORWARD: return "act";
-    case FG_ACT_STEP_GRAD: return "act_grad";
-    case FG_ACT_STEP_TILE_FORWARD: return "linear_act_tile";
-    case FG_ACT_STEP_TILE_GRAD: return "linear_act_grad_tile";
-    case FG_ACT_STEP_TILE_BACKWARD: return "linear_act_bwd_tile";
-    case FG_ACT_STEP_TILE_BACKWARD90: return "linear_act_bwd90";
-    case FG_ACT_STEP_GEMM_FORWARD: return "linear_act_gemm90";
-    case FG_ACT_STEP_GEMM_INPUT: return "gemm90_dx";
-    case FG_ACT_STEP_GEMM_WEIGHT: return "gemm90_dw";
-    case FG_ACT_STEP_GEMM_INPUT_FORM: return "gemm90_dx_formed_g";
-    default: return "cast";
-    }
 }
 
 static fg_status step(act_run *r, fg_act_call *c) {
@@ -182,73 +147,19 @@ static fg_status step(act_run *r, fg_act_call *c) {
     c->acc = r->acc;
     if (!r->run) {
         if (!r->size_only && c->step != FG_ACT_STEP_CAST) {
+            char label[64];
+            fg_act_step_label(label, sizeof label, c->step, c->act, r->dtype);
             size_t used = strlen(r->info->name);
-            snprintf(r->info->name + used, sizeof r->info->name - used, "%s%s_%s<%s>", used ? " ; " : "",
-                     step_name(c->step), act_name(c->act), fg_dtype_name(r->dtype));
+            if (!strstr(r->info->name, label))
+                snprintf(r->info->name + used, sizeof r->info->name - used, "%s%s", used ? " ; " : "", label);
         }
         return FG_OK;
     }
-    if (r->ctx->backend == FG_BACKEND_CPU) return fg_cpu_act(r->ctx, c);
-#ifdef FG_HAVE_CUDA
-    if (r->ctx->backend == FG_BACKEND_CUDA) return fg_cuda_act(r->ctx, c);
-#endif
-    return fg_fail(FG_ERR_NO_DEVICE, "linear_act: backend %d is not built in", (int)r->ctx->backend);
+    return r->ctx->be->act(r->ctx, c);
 }
 
-#ifdef FG_HAVE_CUDA
-static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
-#endif
-
-/* The CUDA tile path (product and activation in one kernel: short K, f16 / bf16) for this
- * shape; running, the pointers must also be 16-byte aligned (else GEMM + pass). */
-static bool use_tile(const act_run *r, const void *p0, const void *p1, const void *p2, const void *p3) {
-#ifdef FG_HAVE_CUDA
-    if (r->ctx->backend != FG_BACKEND_CUDA || r->d->kind == FG_ACT_NONE) return false;
-    if (!fg_cuda_act_tile_fits(r->dtype, r->K, r->M)) return false;
-    return aligned16(p0) && aligned16(p1) && aligned16(p2) && aligned16(p3);
-#else
-    (void)r, (void)p0, (void)p1, (void)p2, (void)p3;
-    return false;
-#endif
-}
-
-/* The CUDA sm_90a GEMM (any K, a full wave of tiles) for one of the three products: the
- * forward with the activation in its epilogue, or dx / dw when they are written, not added
- * to; running, the pointers must also be 16-byte aligned (else cuBLASLt, and for the forward
- * its pass). */
-static bool use_gemm90(const act_run *r, fg_act_step step, const void *p0, const void *p1, const void *p2,
-                       const void *p3) {
-#ifdef FG_HAVE_CUDA
-    if (r->ctx->backend != FG_BACKEND_CUDA) return false;
-    if (step == FG_ACT_STEP_GEMM_FORWARD ? r->d->kind == FG_ACT_NONE : r->d->accumulate != 0) return false;
-    const bool input = step == FG_ACT_STEP_GEMM_INPUT || step == FG_ACT_STEP_GEMM_INPUT_FORM;
-    const int64_t rows = step == FG_ACT_STEP_GEMM_WEIGHT ? r->M : r->N;
-    const int64_t k = step == FG_ACT_STEP_GEMM_FORWARD ? r->K : input ? r->M : r->N;
-    const int64_t cols = step == FG_ACT_STEP_GEMM_FORWARD ? r->M : r->K;
-    if (!fg_cuda_act_gemm_fits(r->ctx->device, r->dtype, step, rows, k, cols)) return false;
-    return aligned16(p0) && aligned16(p1) && aligned16(p2) && aligned16(p3);
-#else
-    (void)r, (void)step, (void)p0, (void)p1, (void)p2, (void)p3;
-    return false;
-#endif
-}
-
-/* ... and dx's with g = dy ⊙ act′(pre) formed inside it (GEMM_INPUT_FORM): the gradient pass's
- * bytes move on the product's spare warps while it multiplies, for the activations whose slope
- * those warps keep up with (pre, dy, g 16-byte aligned; the misaligned sizing walk takes the
- * pass) */
-static bool use_form(const act_run *r, bool want_dx, const void *pre, const void *g) {
-#ifdef FG_HAVE_CUDA
-    return want_dx && !r->misaligned && fg_cuda_act_form_takes(r->act) && aligned16(pre) &&
-           aligned16(data_of(r, AB_DY)) && use_gemm90(r, FG_ACT_STEP_GEMM_INPUT_FORM, g, data_of(r, AB_W), data_of(r, AB_DX), NULL);
-#else
-    (void)r, (void)want_dx, (void)pre, (void)g;
-    return false;
-#endif
-}
-
-/* dx = g·w (GEMM_INPUT) or dw = gᵀ·x (GEMM_WEIGHT) by the sm_90a GEMM */
-static fg_status gemm90_grad(act_run *r, fg_act_step which, void *g) {
+/* dx = g·w (GEMM_INPUT) or dw = gᵀ·x (GEMM_WEIGHT) by the backend's own GEMM */
+static fg_status gemm_grad(act_run *r, fg_act_step which, void *g) {
     fg_act_call c;
     memset(&c, 0, sizeof c);
     c.step = which;
@@ -262,27 +173,22 @@ static fg_status gemm90_grad(act_run *r, fg_act_step which, void *g) {
 
 /* pre[N × M] = x·wᵀ + b into `dst` */
 static fg_status pre_gemm(act_run *r, int xi, int wi, int bi, void *dst) {
-    const void *bias = NULL;
-    if (r->d->operands[bi].rank != 0) bias = r->run ? data_of(r, bi) : (const void *)(uintptr_t)256;
     return gemm(r, 1, r->N, r->M, r->K, fg_mat_at(data_of(r, xi), r->K, 1), fg_mat_at(data_of(r, wi), 1, r->K),
-                fg_mat_at(dst, r->M, 1), 0.0, bias, false);
+                fg_mat_at(dst, r->M, 1), 0.0, has(&r->d->operands[bi]), data_of(r, bi), false);
 }
 
-/* y = act(x·wᵀ + b) with the activation in the GEMM's epilogue, where the backend has one
- * for this act, dtype and layout; *fused says whether it ran that way. Running, the
- * backend is asked first (with the real pointers), so a NO changes nothing. */
+/* y = act(x·wᵀ + b) with the activation in the GEMM's epilogue (the path says the backend has
+ * one for this act, dtype and layout); *fused says whether it ran that way: should the backend
+ * decline at run time, the product is in y and the pass follows. */
 static fg_status act_gemm(act_run *r, void *y, bool *fused) {
     *fused = false;
     if (!r->run && r->size_only) return FG_OK;
-    const void *bias = NULL;
-    if (has(&r->d->operands[AF_B])) bias = r->run ? data_of(r, AF_B) : (const void *)(uintptr_t)256;
     fg_gemm g = fg_gemm_plain(r->dtype, 1, r->N, r->M, r->K, fg_mat_at(data_of(r, AF_X), r->K, 1),
-                              fg_mat_at(data_of(r, AF_W), 1, r->K), fg_mat_at(y, r->M, 1), 0.0, bias,
-                              (r->d->flags & FG_PLAN_ALLOW_TF32) != 0, false);
-    g.act = r->d->kind;
+                              fg_mat_at(data_of(r, AF_W), 1, r->K), fg_mat_at(y, r->M, 1), 0.0,
+                              has(&r->d->operands[AF_B]), data_of(r, AF_B), (r->d->flags & FG_PLAN_ALLOW_TF32) != 0,
+                              false, r->path_align);
+    g.act = r->kind;
     fg_kernel_info info;
-    FG_TRY(fg_gemm_execute(r->ctx, &g, &info, NULL, 0, false));
-    if (!info.act_fused) return FG_OK;
     if (!r->run) { /* planning: this GEMM is the whole forward */
         FG_TRY(fg_gemm_walk(r->ctx, &g, false, NULL, 0, &r->gemm_bytes, r->info->name, sizeof r->info->name));
         *fused = true;
@@ -297,13 +203,12 @@ static fg_status forward(act_run *r) {
     const bool keep = r->d->operands[AF_PRE].rank != 0;
     void *y = data_of(r, AF_Y), *pre = keep ? data_of(r, AF_PRE) : y;
     bool fused = false;
-    if (!keep) FG_TRY(act_gemm(r, y, &fused)); /* cuBLASLt's relu epilogue first (the product alone) */
+    if (r->path->epilogue) FG_TRY(act_gemm(r, y, &fused));
     if (fused) return FG_OK;
-    const bool tile = use_tile(r, data_of(r, AF_X), data_of(r, AF_W), y, keep ? pre : NULL);
-    if (tile || use_gemm90(r, FG_ACT_STEP_GEMM_FORWARD, data_of(r, AF_X), data_of(r, AF_W), y, keep ? pre : NULL)) {
+    if (r->path->fwd != FG_ACT_STEP_FORWARD) { /* product and activation in one kernel */
         fg_act_call c;
         memset(&c, 0, sizeof c);
-        c.step = tile ? FG_ACT_STEP_TILE_FORWARD : FG_ACT_STEP_GEMM_FORWARD;
+        c.step = r->path->fwd;
         c.rows = r->N, c.cols = r->M, c.k = r->K;
         c.x = data_of(r, AF_X), c.w = data_of(r, AF_W), c.b = data_of(r, AF_B);
         c.y = y, c.pre = keep ? pre : NULL;
@@ -312,7 +217,7 @@ static fg_status forward(act_run *r) {
         return step(r, &c);
     }
     FG_TRY(pre_gemm(r, AF_X, AF_W, AF_B, pre));
-    if (r->d->kind == FG_ACT_NONE && !keep) return FG_OK;
+    if (r->kind == FG_ACT_NONE && !keep) return FG_OK;
     fg_act_call c;
     memset(&c, 0, sizeof c);
     c.step = FG_ACT_STEP_FORWARD;
@@ -343,43 +248,15 @@ static fg_status db_cast(act_run *r, void *db_acc, bool db_over_batches) {
     return sum_cast(r, db_acc, 1, r->M, data_of(r, AB_DB));
 }
 
-/* CUDA, K ≤ 128 and M ≤ 256 in f16 / bf16, relu / silu / sigmoid / tanh, dx and dw both
- * wanted: the whole backward in one kernel (src/cuda/linear_act_bwd_tile.cu), g never stored;
- * any alignment. */
-static bool use_bwd_tile(const act_run *r, bool want_dx, bool want_dw) {
-#ifdef FG_HAVE_CUDA
-    return r->ctx->backend == FG_BACKEND_CUDA && want_dx && want_dw &&
-           fg_cuda_act_bwd_tile_fits(r->dtype, r->act, r->K, r->M);
-#else
-    (void)r, (void)want_dx, (void)want_dw;
-    return false;
-#endif
-}
-
-/* ... or, from a kept pre on an sm_90a device, its wgmma version (every activation) */
-static bool use_bwd90(const act_run *r, bool keep, bool want_dx, bool want_dw) {
-#ifdef FG_HAVE_CUDA
-    return r->ctx->backend == FG_BACKEND_CUDA && !r->misaligned && keep && want_dx && want_dw && r->N >= 1 &&
-           r->act != FG_ACT_NONE &&
-           fg_cuda_act_bwd90_fits(r->ctx->device, r->dtype, r->K, r->M) && aligned16(data_of(r, AB_DY)) &&
-           aligned16(data_of(r, AB_PRE)) && aligned16(data_of(r, AB_X)) && aligned16(data_of(r, AB_W)) &&
-           aligned16(data_of(r, AB_DX));
-#else
-    (void)r, (void)keep, (void)want_dx, (void)want_dw;
-    return false;
-#endif
-}
-
-static fg_status backward_tile(act_run *r, fg_act_step which, bool keep, bool want_db, bool db_over_batches) {
-    size_t scratch = 0;
-    int64_t parts = 1;
-#ifdef FG_HAVE_CUDA
-    scratch = fg_cuda_act_bwd_tile_scratch(r->ctx->device, r->N, r->K, r->M, &parts);
-#endif
+/* The whole backward in one kernel (the path's `fused` step), g kept on chip; dw comes back as
+ * `fused_parts` f32 partials in its scratch, summed in order by the cast. */
+static fg_status backward_fused(act_run *r, bool keep, bool want_db, bool db_over_batches) {
+    const size_t scratch = r->path->fused_scratch;
+    const int64_t parts = r->path->fused_parts;
     const size_t scratch_off = place(r, scratch), db_off = place(r, want_db ? (size_t)r->M * r->aes : 0);
     fg_act_call c;
     memset(&c, 0, sizeof c);
-    c.step = which;
+    c.step = r->path->fused;
     c.rows = r->N, c.cols = r->M, c.k = r->K;
     c.x = data_of(r, AB_X), c.w = data_of(r, AB_W), c.b = data_of(r, AB_B);
     c.dy = data_of(r, AB_DY), c.pre = keep ? data_of(r, AB_PRE) : NULL;
@@ -395,34 +272,26 @@ static fg_status backward_tile(act_run *r, fg_act_step which, bool keep, bool wa
 
 static fg_status backward(act_run *r) {
     const fg_plan_desc *d = r->d;
-    const bool keep = has(&d->operands[AB_PRE]), none = d->kind == FG_ACT_NONE;
+    const fg_act_path *path = r->path;
+    const bool keep = has(&d->operands[AB_PRE]), none = r->kind == FG_ACT_NONE;
     const bool want_dx = has(&d->operands[AB_DX]), want_dw = has(&d->operands[AB_DW]), want_db = has(&d->operands[AB_DB]);
-    const bool consume = (d->flags & FG_PLAN_CONSUME_PRE) != 0;
+    const bool consume = consume_form(d);
     /* batched weights with db [M]: db sums over the batches, one f32 sum rounded at the end */
     const bool db_over_batches = want_db && r->B > 1 && d->operands[AB_DB].rank == 1;
-    if (use_bwd90(r, keep, want_dx, want_dw))
-        return backward_tile(r, FG_ACT_STEP_TILE_BACKWARD90, keep, want_db, db_over_batches);
-    if (use_bwd_tile(r, want_dx, want_dw)) return backward_tile(r, FG_ACT_STEP_TILE_BACKWARD, keep, want_db, db_over_batches);
+    if (path->fused != FG_ACT_STEP_FORWARD) return backward_fused(r, keep, want_db, db_over_batches);
     const size_t nm = (size_t)(r->N * r->M);
     const size_t pre_off = place(r, keep || none ? 0 : nm * r->es);
     /* g goes where pre was when pre is the workspace's or the caller gave it up */
     const bool g_in_pre = !none && (!keep || consume);
     const size_t g_off = place(r, none || g_in_pre || !(want_dx || want_dw) ? 0 : nm * r->es);
-    const int64_t parts = want_dw ? dw_parts(r) : 0, per = parts ? r->N / parts : 0, tail = parts ? r->N - parts * per : 0;
+    const int64_t parts = want_dw ? path->dw_parts : 0, per = parts ? r->N / parts : 0, tail = parts ? r->N - parts * per : 0;
     void *pre = keep ? data_of(r, AB_PRE) : at(r, pre_off);
     void *g = none ? data_of(r, AB_DY) : (want_dx || want_dw ? (g_in_pre ? pre : at(r, g_off)) : NULL);
-    /* no kept pre: recomputed inside the gradient's tile kernel where it can be, else by a GEMM */
-    const bool tile = !keep && !none && use_tile(r, data_of(r, AB_X), data_of(r, AB_W), data_of(r, AB_DY), g);
-    /* or g made inside dx's product */
-    const bool form = !tile && use_form(r, want_dx, pre, g);
+    const bool tile = path->tile_grad, form = path->form;
     /* db's f32 sums, then the step's scratch (the pass's per-slab partials, or the formed
        product's unit flags and per-row-tile partials): in the memory of dx or dw (written only
-       later, by their GEMMs) when one of them is big enough, else in the workspace */
-    size_t scratch_bytes = 0;
-#ifdef FG_HAVE_CUDA
-    if (form) scratch_bytes = fg_cuda_act_form_scratch(r->N, r->M, want_db);
-    else if (want_db && r->ctx->backend == FG_BACKEND_CUDA) scratch_bytes = fg_cuda_act_scratch(r->dtype, r->N, r->M);
-#endif
+       later, by their products) when one of them is big enough, else in the workspace */
+    const size_t scratch_bytes = path->grad_scratch;
     const size_t db_bytes = want_db ? ALIGN_UP((size_t)r->M * r->aes) : 0, sums_bytes = db_bytes + scratch_bytes;
     int home = -1; /* the output that lends its memory */
     if (sums_bytes && !d->accumulate && r->B == 1) { /* (+16: the sums start at the first 16-byte boundary) */
@@ -462,59 +331,50 @@ static fg_status backward(act_run *r) {
         c.scratch = scratch, c.scratch_bytes = scratch_bytes;
         FG_TRY(step(r, &c));
     }
-    if (want_db) FG_TRY(db_cast(r, db_acc, db_over_batches)); /* before the GEMMs: its sums may live in dx's or dw's memory */
+    if (want_db) FG_TRY(db_cast(r, db_acc, db_over_batches)); /* before the products: its sums may live in dx's or dw's memory */
     const double beta = d->accumulate ? 1.0 : 0.0;
     if (form) /* (dx done) */;
-    else if (want_dx && use_gemm90(r, FG_ACT_STEP_GEMM_INPUT, g, data_of(r, AB_W), data_of(r, AB_DX), NULL))
-        FG_TRY(gemm90_grad(r, FG_ACT_STEP_GEMM_INPUT, g));
+    else if (want_dx && path->gemm_dx)
+        FG_TRY(gemm_grad(r, FG_ACT_STEP_GEMM_INPUT, g));
     else if (want_dx) /* dx[N × K] = g[N × M] · w[M × K] */
         FG_TRY(gemm(r, 1, r->N, r->K, r->M, fg_mat_at(g, r->M, 1), fg_mat_at(data_of(r, AB_W), r->K, 1),
-                    fg_mat_at(data_of(r, AB_DX), r->K, 1), beta, NULL, false));
-    if (want_dw && !parts && use_gemm90(r, FG_ACT_STEP_GEMM_WEIGHT, g, data_of(r, AB_X), data_of(r, AB_DW), NULL))
-        FG_TRY(gemm90_grad(r, FG_ACT_STEP_GEMM_WEIGHT, g));
+                    fg_mat_at(data_of(r, AB_DX), r->K, 1), beta, false, NULL, false));
+    if (want_dw && !parts && path->gemm_dw)
+        FG_TRY(gemm_grad(r, FG_ACT_STEP_GEMM_WEIGHT, g));
     else if (want_dw && !parts) /* dw[M × K] = gᵀ[M × N] · x[N × K] */
         FG_TRY(gemm(r, 1, r->M, r->K, r->N, fg_mat_at(g, 1, r->M), fg_mat_at(data_of(r, AB_X), r->K, 1),
-                    fg_mat_at(data_of(r, AB_DW), r->K, 1), beta, NULL, false));
+                    fg_mat_at(data_of(r, AB_DW), r->K, 1), beta, false, NULL, false));
     if (want_dw && parts) { /* parts products of `per` rows (+ the tail), summed in order */
         fg_mat ga = fg_mat_at(g, 1, r->M), xb = fg_mat_at(data_of(r, AB_X), r->K, 1), pc = fg_mat_at(at(r, parts_off), r->K, 1);
         ga.bs = per * r->M, xb.bs = per * r->K, pc.bs = r->M * r->K;
-        FG_TRY(gemm(r, parts, r->M, r->K, per, ga, xb, pc, 0.0, NULL, true));
+        FG_TRY(gemm(r, parts, r->M, r->K, per, ga, xb, pc, 0.0, false, NULL, true));
         if (tail) {
             char *gt = g ? (char *)g + parts * per * r->M * (int64_t)r->es : NULL;
             char *xt = data_of(r, AB_X) ? (char *)data_of(r, AB_X) + parts * per * r->K * (int64_t)r->es : NULL;
             fg_mat pt = fg_mat_at(at(r, parts_off + (size_t)(parts * r->M * r->K) * r->aes), r->K, 1);
-            FG_TRY(gemm(r, 1, r->M, r->K, tail, fg_mat_at(gt, 1, r->M), fg_mat_at(xt, r->K, 1), pt, 0.0, NULL, true));
+            FG_TRY(gemm(r, 1, r->M, r->K, tail, fg_mat_at(gt, 1, r->M), fg_mat_at(xt, r->K, 1), pt, 0.0, false, NULL, true));
         }
         FG_TRY(sum_cast(r, at(r, parts_off), parts + (tail ? 1 : 0), r->M * r->K, data_of(r, AB_DW)));
     }
     return FG_OK;
 }
 
-/* The planning / sizing walk. The backward's path can depend on the pointers' alignment, which
- * planning does not know: the sm_90a one-kernel backward (aligned) needs less workspace than the
- * unfused path misaligned pointers take for the gelus, so the workspace covers both walks. */
-static fg_status size_walk(act_run *r, bool fwd) {
-    act_run alt = *r;
-    FG_TRY(fwd ? forward(r) : backward(r));
-    if (fwd) return FG_OK;
-    fg_kernel_info names; /* (the misaligned walk's kernel names are not the plan's) */
-    memset(&names, 0, sizeof names);
-    alt.info = &names;
-    alt.misaligned = true;
-    FG_TRY(backward(&alt));
-    if (alt.total > r->total) r->total = alt.total;
-    if (alt.gemm_bytes > r->gemm_bytes) r->gemm_bytes = alt.gemm_bytes;
-    return FG_OK;
+/* The largest power of two dividing n·es (n elements of es bytes), at most `cap`. */
+static uint32_t align_of_step(int64_t n, size_t es, uint32_t cap) {
+    uint64_t bits = (uint64_t)n * es | cap;
+    return (uint32_t)(bits & (~bits + 1));
 }
 
-static fg_status driver(fg_context *ctx, const fg_plan_desc *d, const fg_tensor *ops, fg_kernel_info *info, void *ws,
-                        size_t ws_bytes, bool run) {
+static fg_status driver(fg_context *ctx, const fg_plan_desc *d, const fg_tensor *ops, void *priv, fg_kernel_info *info,
+                        void *ws, size_t ws_bytes, bool run) {
     const bool fwd = d->op == FG_OP_LINEAR_ACT_FORWARD;
     const fg_tensor *x = &d->operands[fwd ? AF_X : AB_X], *w = &d->operands[fwd ? AF_W : AB_W];
+    fg_act_path *path = priv; /* chosen when planning, followed when running */
     act_run r;
     memset(&r, 0, sizeof r);
     r.ctx = ctx;
     r.d = d;
+    r.path = path;
     r.dtype = x->dtype;
     r.acc = x->dtype == FG_F64 ? FG_F64 : FG_F32;
     r.es = fg_dtype_size(r.dtype);
@@ -524,6 +384,7 @@ static fg_status driver(fg_context *ctx, const fg_plan_desc *d, const fg_tensor 
     r.M = w->shape[w->rank - 2];
     r.N = 1;
     for (int i = w->rank == 3 ? 1 : 0; i < x->rank - 1; i++) r.N *= x->shape[i];
+    r.path_align = d->alignment;
     if (w->rank == 3) { /* each operand's step from one batch to the next */
         const int64_t nk = r.N * r.K, nm = r.N * r.M, mk = r.M * r.K;
         const fg_tensor *bt = &d->operands[fwd ? AF_B : AB_B];
@@ -535,23 +396,44 @@ static fg_status driver(fg_context *ctx, const fg_plan_desc *d, const fg_tensor 
             r.bstride[AB_B] = bs, r.bstride[AB_DX] = nk, r.bstride[AB_DW] = mk;
             r.bstride[AB_DB] = d->operands[AB_DB].rank == 2 ? r.M : 0;
         }
+        for (int i = 0; i < AB_N; i++) /* the later batches' pointers are aligned this much less */
+            if (r.bstride[i]) r.path_align = align_of_step(r.bstride[i], r.es, r.path_align);
     }
     r.info = info;
-    r.slope = (d->flags & FG_PLAN_ACT_SLOPE) != 0;
-    r.act = r.slope && !fwd && d->kind != FG_ACT_NONE ? FG_ACT_GIVEN_SLOPE : d->kind; /* (none: g = dy, s = 1) */
-    if (ctx->backend == FG_BACKEND_CUDA && r.dtype == FG_F64)
-        return fg_fail(FG_ERR_UNSUPPORTED, "%s: f64 runs on the CPU backend only",
-                       fwd ? "linear_act_forward" : "linear_act_backward");
+    r.kind = act_opts(d)->act;
+    r.slope = slope_form(d);
+    r.act = r.slope && !fwd && r.kind != FG_ACT_NONE ? FG_ACT_GIVEN_SLOPE : r.kind; /* (none: g = dy, s = 1) */
     if (!run) {
+        if (r.dtype == FG_F64 && !ctx->be->f64_kernels)
+            return fg_fail(FG_ERR_UNSUPPORTED, "%s: the %s backend has no f64 kernels for it (f64 runs on the CPU)",
+                           fwd ? "linear_act_forward" : "linear_act_backward", ctx->be->name);
+        fg_act_problem p;
+        memset(&p, 0, sizeof p);
+        p.forward = fwd;
+        p.act = r.act;
+        p.kind = r.kind;
+        p.slope = r.slope;
+        p.keep = has(&d->operands[fwd ? AF_PRE : AB_PRE]);
+        p.consume = !fwd && consume_form(d);
+        p.accumulate = d->accumulate != 0;
+        p.has_bias = has(&d->operands[fwd ? AF_B : AB_B]);
+        p.want_dx = !fwd && has(&d->operands[AB_DX]);
+        p.want_dw = !fwd && has(&d->operands[AB_DW]);
+        p.want_db = !fwd && has(&d->operands[AB_DB]);
+        p.tf32 = (d->flags & FG_PLAN_ALLOW_TF32) != 0;
+        p.dtype = r.dtype;
+        p.B = r.B, p.N = r.N, p.K = r.K, p.M = r.M;
+        p.align = r.path_align;
+        FG_TRY(ctx->be->act_plan(ctx, &p, path));
         info->name[0] = 0;
-        FG_TRY(size_walk(&r, fwd));
+        FG_TRY(fwd ? forward(&r) : backward(&r));
         info->workspace_bytes = r.total + ALIGN_UP(r.gemm_bytes);
         info->deterministic = true;
         info->accumulator = r.acc;
         return FG_OK;
     }
     r.size_only = true;
-    FG_TRY(size_walk(&r, fwd));
+    FG_TRY(fwd ? forward(&r) : backward(&r));
     if (ws_bytes < r.total)
         return fg_fail(FG_ERR_WORKSPACE, "linear_act: workspace of %zu bytes given, more than %zu needed", ws_bytes,
                        r.total);
@@ -574,11 +456,11 @@ static fg_status lower_forward(const fg_plan_desc *d, fg_lowered *out) {
     const char *op = "linear_act_forward";
     const fg_tensor *o = d->operands;
     int64_t B = 1, N = 0, K = 0, M = 0;
-    FG_TRY(check_xwb(op, d->kind, &o[AF_X], &o[AF_W], &o[AF_B], &B, &N, &K, &M));
+    FG_TRY(check_xwb(op, act_opts(d)->act, &o[AF_X], &o[AF_W], &o[AF_B], &B, &N, &K, &M));
     FG_TRY(check_like(op, "y", &o[AF_Y], &o[AF_X], M, o[AF_X].dtype));
     if (has(&o[AF_PRE])) FG_TRY(check_like(op, "pre", &o[AF_PRE], &o[AF_X], M, o[AF_X].dtype));
-    else if (d->flags & FG_PLAN_ACT_SLOPE)
-        return fg_fail(FG_ERR_INVALID_VALUE, "%s: flags has FG_PLAN_ACT_SLOPE but pre (where the slope goes) is absent", op);
+    else if (slope_form(d))
+        return fg_fail(FG_ERR_INVALID_VALUE, "%s: the slope form saves the slope there, but saved is absent", op);
     out->driver = driver;
     return FG_OK;
 }
@@ -587,12 +469,12 @@ static fg_status lower_backward(const fg_plan_desc *d, fg_lowered *out) {
     const char *op = "linear_act_backward";
     const fg_tensor *o = d->operands;
     int64_t B = 1, N = 0, K = 0, M = 0;
-    FG_TRY(check_xwb(op, d->kind, &o[AB_X], &o[AB_W], &o[AB_B], &B, &N, &K, &M));
+    FG_TRY(check_xwb(op, act_opts(d)->act, &o[AB_X], &o[AB_W], &o[AB_B], &B, &N, &K, &M));
     const fg_dtype t = o[AB_X].dtype;
     FG_TRY(check_like(op, "dy", &o[AB_DY], &o[AB_X], M, t));
     if (has(&o[AB_PRE])) FG_TRY(check_like(op, "pre", &o[AB_PRE], &o[AB_X], M, t));
-    else if (d->flags & FG_PLAN_ACT_SLOPE)
-        return fg_fail(FG_ERR_INVALID_VALUE, "%s: flags has FG_PLAN_ACT_SLOPE but pre (the saved slope) is absent", op);
+    else if (slope_form(d))
+        return fg_fail(FG_ERR_INVALID_VALUE, "%s: the slope form reads the saved slope, but saved is absent", op);
     if (has(&o[AB_DX])) FG_TRY(check_like(op, "dx", &o[AB_DX], &o[AB_X], K, t));
     if (has(&o[AB_DW])) FG_TRY(check_like(op, "dw", &o[AB_DW], &o[AB_W], K, t));
     if (has(&o[AB_DB])) { /* b's shape; without b: [M], or [B, M] with batched weights */
@@ -607,67 +489,84 @@ static fg_status lower_backward(const fg_plan_desc *d, fg_lowered *out) {
     return FG_OK;
 }
 
-static const fg_op_entry entries[] = {
-    {FG_OP_LINEAR_ACT_FORWARD, "linear_act_forward", AF_N, {"x", "w", "b", "y", "pre"},
-     (1u << AF_Y) | (1u << AF_PRE), (1u << AF_B) | (1u << AF_PRE), lower_forward, false},
-    {FG_OP_LINEAR_ACT_BACKWARD, "linear_act_backward", AB_N, {"dy", "pre", "x", "w", "b", "dx", "dw", "db"},
-     (1u << AB_DX) | (1u << AB_DW) | (1u << AB_DB),
-     (1u << AB_PRE) | (1u << AB_B) | (1u << AB_DX) | (1u << AB_DW) | (1u << AB_DB), lower_backward, false},
+#define OPTS "fg_linear_act_options", sizeof(fg_linear_act_options)
+static const fg_op_decl ops[] = {
+    {FG_OP_LINEAR_ACT_FORWARD, "linear_act_forward", AF_N,
+     {[AF_X] = {"x", false, false}, [AF_W] = {"w", false, false}, [AF_B] = {"b", false, true},
+      [AF_Y] = {"y", true, false}, [AF_PRE] = {"pre", true, true}},
+     FG_PLAN_ACT_SLOPE, OPTS, false, lower_forward},
+    {FG_OP_LINEAR_ACT_BACKWARD, "linear_act_backward", AB_N,
+     {[AB_DY] = {"dy", false, false}, [AB_PRE] = {"pre", false, true}, [AB_X] = {"x", false, false},
+      [AB_W] = {"w", false, false}, [AB_B] = {"b", false, true}, [AB_DX] = {"dx", true, true},
+      [AB_DW] = {"dw", true, true}, [AB_DB] = {"db", true, true}},
+     FG_PLAN_ACT_SLOPE | FG_PLAN_CONSUME_PRE, OPTS, false, lower_backward},
 };
+#undef OPTS
 
-const fg_op_entry *fg_linear_act_op_entry(fg_op op) {
-    for (size_t i = 0; i < sizeof entries / sizeof entries[0]; i++)
-        if (entries[i].op == op) return &entries[i];
-    return NULL;
-}
+const fg_family fg_family_linear_act = {"linear_act", sizeof ops / sizeof ops[0], ops};
 
 /* ------------------------------------------------------------------ one-call functions */
 
-static fg_status run_once(fg_context *ctx, fg_op op, int act, const fg_tensor *const *ops, int n, int accumulate,
-                          uint32_t flags) {
-    fg_plan_desc d;
-    memset(&d, 0, sizeof d);
-    d.op = op;
-    d.kind = act;
-    d.accumulate = accumulate ? 1 : 0;
-    d.flags = flags;
-    return fg_run_once_desc(ctx, &d, ops, n);
+static const fg_linear_act_options none_opts = {FG_ACT_NONE, FG_ACT_SAVED_PRE, 0};
+
+fg_status fg_linear_act_forward_ex(fg_context *ctx, const fg_linear_act_options *opt, const fg_tensor *x,
+                                   const fg_tensor *w, const fg_tensor *b, const fg_tensor *y, const fg_tensor *saved) {
+    if (opt && opt->saved == FG_ACT_SAVED_SLOPE && !saved)
+        return fg_fail(FG_ERR_NULL_POINTER, "linear_act_forward: saved is NULL (the slope form writes the slope there)");
+    const fg_tensor *args[AF_N] = {x, w, b, y, saved};
+    return fg_run_op(ctx, FG_OP_LINEAR_ACT_FORWARD, opt ? opt : &none_opts, args, AF_N, 0, 0);
+}
+
+fg_status fg_linear_act_backward_ex(fg_context *ctx, const fg_linear_act_options *opt, const fg_tensor *dy,
+                                    const fg_tensor *saved, const fg_tensor *x, const fg_tensor *w, const fg_tensor *b,
+                                    const fg_tensor *dx, const fg_tensor *dw, const fg_tensor *db, int accumulate) {
+    if (opt && opt->saved == FG_ACT_SAVED_SLOPE && !saved)
+        return fg_fail(FG_ERR_NULL_POINTER, "linear_act_backward: saved is NULL (the slope form reads the slope)");
+    if (opt && opt->consume && !saved)
+        return fg_fail(FG_ERR_NULL_POINTER, "linear_act_backward: saved is NULL (consume forms g in its memory)");
+    const fg_tensor *args[AB_N] = {dy, saved, x, w, b, dx, dw, db};
+    return fg_run_op(ctx, FG_OP_LINEAR_ACT_BACKWARD, opt ? opt : &none_opts, args, AB_N, accumulate, 0);
+}
+
+static fg_linear_act_options options(fg_activation act, fg_act_saved saved, int consume) {
+    fg_linear_act_options o = {act, saved, consume};
+    return o;
 }
 
 fg_status fg_linear_act_forward(fg_context *ctx, fg_activation act, const fg_tensor *x, const fg_tensor *w,
                                 const fg_tensor *b, const fg_tensor *y, const fg_tensor *pre) {
-    const fg_tensor *ops[AF_N] = {x, w, b, y, pre};
-    return run_once(ctx, FG_OP_LINEAR_ACT_FORWARD, act, ops, AF_N, 0, 0);
+    const fg_linear_act_options o = options(act, FG_ACT_SAVED_PRE, 0);
+    return fg_linear_act_forward_ex(ctx, &o, x, w, b, y, pre);
 }
 
 fg_status fg_linear_act_backward(fg_context *ctx, fg_activation act, const fg_tensor *dy, const fg_tensor *pre,
                                  const fg_tensor *x, const fg_tensor *w, const fg_tensor *b, const fg_tensor *dx,
                                  const fg_tensor *dw, const fg_tensor *db, int accumulate) {
-    const fg_tensor *ops[AB_N] = {dy, pre, x, w, b, dx, dw, db};
-    return run_once(ctx, FG_OP_LINEAR_ACT_BACKWARD, act, ops, AB_N, accumulate, 0);
+    const fg_linear_act_options o = options(act, FG_ACT_SAVED_PRE, 0);
+    return fg_linear_act_backward_ex(ctx, &o, dy, pre, x, w, b, dx, dw, db, accumulate);
 }
 
 fg_status fg_linear_act_backward_consume(fg_context *ctx, fg_activation act, const fg_tensor *dy, const fg_tensor *pre,
                                          const fg_tensor *x, const fg_tensor *w, const fg_tensor *b, const fg_tensor *dx,
                                          const fg_tensor *dw, const fg_tensor *db, int accumulate) {
     if (!pre) return fg_fail(FG_ERR_NULL_POINTER, "linear_act_backward: pre is NULL (the consuming form needs it)");
-    const fg_tensor *ops[AB_N] = {dy, pre, x, w, b, dx, dw, db};
-    return run_once(ctx, FG_OP_LINEAR_ACT_BACKWARD, act, ops, AB_N, accumulate, FG_PLAN_CONSUME_PRE);
+    const fg_linear_act_options o = options(act, FG_ACT_SAVED_PRE, 1);
+    return fg_linear_act_backward_ex(ctx, &o, dy, pre, x, w, b, dx, dw, db, accumulate);
 }
 
 fg_status fg_linear_act_forward_slope(fg_context *ctx, fg_activation act, const fg_tensor *x, const fg_tensor *w,
                                       const fg_tensor *b, const fg_tensor *y, const fg_tensor *slope) {
     if (!slope) return fg_fail(FG_ERR_NULL_POINTER, "linear_act_forward: slope is NULL (the slope form writes it)");
-    const fg_tensor *ops[AF_N] = {x, w, b, y, slope};
-    return run_once(ctx, FG_OP_LINEAR_ACT_FORWARD, act, ops, AF_N, 0, FG_PLAN_ACT_SLOPE);
+    const fg_linear_act_options o = options(act, FG_ACT_SAVED_SLOPE, 0);
+    return fg_linear_act_forward_ex(ctx, &o, x, w, b, y, slope);
 }
 
 fg_status fg_linear_act_backward_slope(fg_context *ctx, fg_activation act, const fg_tensor *dy, const fg_tensor *slope,
                                        const fg_tensor *x, const fg_tensor *w, const fg_tensor *b, const fg_tensor *dx,
                                        const fg_tensor *dw, const fg_tensor *db, int accumulate) {
     if (!slope) return fg_fail(FG_ERR_NULL_POINTER, "linear_act_backward: slope is NULL (the slope form reads it)");
-    const fg_tensor *ops[AB_N] = {dy, slope, x, w, b, dx, dw, db};
-    return run_once(ctx, FG_OP_LINEAR_ACT_BACKWARD, act, ops, AB_N, accumulate, FG_PLAN_ACT_SLOPE);
+    const fg_linear_act_options o = options(act, FG_ACT_SAVED_SLOPE, 0);
+    return fg_linear_act_backward_ex(ctx, &o, dy, slope, x, w, b, dx, dw, db, accumulate);
 }
 
 fg_status fg_linear_act_backward_input(fg_context *ctx, fg_activation act, const fg_tensor *dy, const fg_tensor *pre,

@@ -32,6 +32,8 @@ enum { LF_H, LF_W, LF_B, LF_T, LF_LOGP, LF_LSE, LF_ENT, LF_N };
 enum { LB_DLOGP, LB_DENT, LB_DLSE, LB_H, LB_W, LB_B, LB_T, LB_LSE, LB_ENT, LB_DH, LB_DW, LB_DB, LB_N };
 enum { CE_H, CE_W, CE_B, CE_T, CE_RW, CE_LOSS, CE_LSE, CE_DH, CE_DW, CE_DB, CE_N };
 
+static const fg_logp_options *logp_opts(const fg_plan_desc *d) { return d->options; }
+
 #define ALIGN_UP(x) (((x) + 255) & ~(size_t)255)
 
 static bool has(const fg_tensor *t) { return t->rank != 0; }
@@ -197,27 +199,19 @@ typedef struct run_ctx {
 
 static fg_status step(run_ctx *r, const fg_logp_call *c) {
     if (!r->run) return FG_OK;
-    if (r->ctx->backend == FG_BACKEND_CPU) return fg_cpu_logp(r->ctx, c);
-#ifdef FG_HAVE_CUDA
-    if (r->ctx->backend == FG_BACKEND_CUDA) return fg_cuda_logp(r->ctx, c);
-#endif
-    return fg_fail(FG_ERR_NO_DEVICE, "linear_logp: backend %d is not built in", (int)r->ctx->backend);
+    return r->ctx->be->logp(r->ctx, c);
 }
 
 static size_t scratch_bytes(const fg_context *ctx, int64_t rows, int64_t cols) {
-#ifdef FG_HAVE_CUDA
-    if (ctx->backend == FG_BACKEND_CUDA) return fg_cuda_logp_scratch(rows, cols);
-#endif
-    (void)ctx, (void)rows, (void)cols;
-    return 0;
+    return ctx->be->logp_scratch(rows, cols);
 }
 
 /* Runs (or, planning, sizes) one GEMM: c = a·b (+ bias), beta 0 or 1. */
 static fg_status gemm(run_ctx *r, int64_t m, int64_t n, int64_t k, fg_mat a, fg_mat b, fg_mat c, double beta,
-                      const void *bias, bool c_f32) {
+                      bool has_bias, const void *bias, bool c_f32) {
     if (!r->run && r->size_only) return FG_OK;
-    fg_gemm g = fg_gemm_plain(r->dtype, 1, m, n, k, a, b, c, beta, bias, (r->d->flags & FG_PLAN_ALLOW_TF32) != 0,
-                              c_f32);
+    fg_gemm g = fg_gemm_plain(r->dtype, 1, m, n, k, a, b, c, beta, has_bias, bias,
+                              (r->d->flags & FG_PLAN_ALLOW_TF32) != 0, c_f32, r->d->alignment);
     return fg_gemm_walk(r->ctx, &g, r->run, at(r->ws, r->L.gemm), r->L.gemm_bytes, &r->L.gemm_bytes, r->info->name,
                         sizeof r->info->name);
 }
@@ -241,7 +235,7 @@ static fg_status tile_logits(run_ctx *r, int hi, int wi, int bi, int64_t r0, int
     return gemm(r, rows, vc, D, fg_mat_at(h ? (void *)(h + r0 * D * (int64_t)r->es) : NULL, D, 1),
                 fg_mat_at(w ? (void *)(w + v0 * D * (int64_t)r->es) : NULL, 1, D),
                 fg_mat_at(r->ws ? at(r->ws, r->L.tile) : NULL, r->g.ld, 1), 0.0,
-                bias ? (b ? (const void *)(b + v0 * (int64_t)r->es) : (const void *)(uintptr_t)256) : NULL, false);
+                bias, b ? (const void *)(b + v0 * (int64_t)r->es) : NULL, false);
 }
 
 static fg_logp_call base_call(const run_ctx *r, fg_logp_step s, int ti) {
@@ -256,7 +250,7 @@ static fg_logp_call base_call(const run_ctx *r, fg_logp_step s, int ti) {
     c.V = r->g.V;
     c.target = data_of(r, ti);
     c.target_dtype = r->d->operands[ti].dtype;
-    const fg_logp_options *o = &r->d->logp;
+    const fg_logp_options *o = logp_opts(r->d);
     c.inv_temp = o->temperature > 0.0 ? 1.0 / o->temperature : 1.0;
     c.softcap = o->softcap;
     c.use_ignore = o->use_ignore_index != 0;
@@ -358,14 +352,14 @@ static fg_status backward(run_ctx *r) {
                                         : (r->ws ? at(r->ws, L->dw_acc) : NULL);
                 bool add = dw_direct ? (d->accumulate || r0 > 0) : r0 > 0;
                 FG_TRY(gemm(r, vc, D, rows, fg_mat_at(tile, 1, g->ld), fg_mat_at(h ? h + r0 * D * (int64_t)r->es : NULL, D, 1),
-                            fg_mat_at(c_ptr, D, 1), add ? 1.0 : 0.0, NULL, dw_direct ? dw_f32 : true));
+                            fg_mat_at(c_ptr, D, 1), add ? 1.0 : 0.0, false, NULL, dw_direct ? dw_f32 : true));
             }
             if (want_dh) { /* dh[r0.., :] (+)= dz·w[v0.., :] */
                 void *c_ptr = dh_direct ? (void *)(dh ? dh + r0 * D * (int64_t)dh_es : NULL)
                                         : (r->ws ? (char *)at(r->ws, L->dh_acc) + r0 * D * (int64_t)r->aes : NULL);
                 bool add = v0 > 0 || (dh_direct && d->accumulate);
                 FG_TRY(gemm(r, rows, D, vc, fg_mat_at(tile, g->ld, 1), fg_mat_at(w ? w + v0 * D * (int64_t)r->es : NULL, D, 1),
-                            fg_mat_at(c_ptr, D, 1), add ? 1.0 : 0.0, NULL, true));
+                            fg_mat_at(c_ptr, D, 1), add ? 1.0 : 0.0, false, NULL, true));
             }
         }
         if (want_dw && !dw_direct)
@@ -386,7 +380,7 @@ static fg_status cross_entropy(run_ctx *r) {
     const int64_t D = g->D;
     const bool want_dh = has(&d->operands[CE_DH]), want_dw = has(&d->operands[CE_DW]),
                want_db = has(&d->operands[CE_DB]);
-    const bool none = d->logp.reduction == FG_REDUCTION_NONE;
+    const bool none = logp_opts(d)->reduction == FG_REDUCTION_NONE;
     L->tile = place(&L->total, (size_t)(g->R * g->ld) * r->es);
     L->state = place(&L->total, (size_t)g->N * 5 * r->aes);
     L->rc = place(&L->total, (size_t)g->N * 6 * r->aes);
@@ -433,11 +427,11 @@ static fg_status cross_entropy(run_ctx *r) {
         }
         if (want_dh)
             FG_TRY(gemm(r, rows, D, g->V, fg_mat_at(tile, g->ld, 1), fg_mat_at(w, D, 1),
-                        fg_mat_at(dh ? dh + r0 * D * (int64_t)dh_es : NULL, D, 1), d->accumulate ? 1.0 : 0.0, NULL,
+                        fg_mat_at(dh ? dh + r0 * D * (int64_t)dh_es : NULL, D, 1), d->accumulate ? 1.0 : 0.0, false, NULL,
                         d->operands[CE_DH].dtype == r->acc));
         if (want_dw)
             FG_TRY(gemm(r, g->V, D, rows, fg_mat_at(tile, 1, g->ld), fg_mat_at(h ? h + r0 * D * (int64_t)r->es : NULL, D, 1),
-                        fg_mat_at(dw, D, 1), (d->accumulate || r0 > 0) ? 1.0 : 0.0, NULL,
+                        fg_mat_at(dw, D, 1), (d->accumulate || r0 > 0) ? 1.0 : 0.0, false, NULL,
                         d->operands[CE_DW].dtype == r->acc));
     }
     if (!none) {
@@ -454,7 +448,7 @@ static fg_status cross_entropy(run_ctx *r) {
 
 /* ------------------------------------------------------------------ driver */
 
-static fg_status driver(fg_context *ctx, const fg_plan_desc *d, const fg_tensor *ops, fg_kernel_info *info,
+static fg_status driver(fg_context *ctx, const fg_plan_desc *d, const fg_tensor *ops, void *priv, fg_kernel_info *info,
                         void *ws, size_t ws_bytes, bool run) {
     const int hi = d->op == FG_OP_LINEAR_LOGP_BACKWARD ? LB_H : LF_H; /* h, w at 0, 1 or 3, 4 */
     const fg_tensor *h = &d->operands[hi], *w = &d->operands[hi + 1];
@@ -474,14 +468,13 @@ static fg_status driver(fg_context *ctx, const fg_plan_desc *d, const fg_tensor 
     int64_t acc_bytes = 0; /* the backward's f32 dh accumulator */
     if (kind == GEOM_BACKWARD && has(&d->operands[LB_DH]) && d->operands[LB_DH].dtype != r.acc)
         acc_bytes = h->shape[0] * h->shape[1] * (int64_t)r.aes;
-    r.g = make_geom(ctx, h->shape[0], h->shape[1], w->shape[0], d->logp.max_tile_elements, kind, r.es, acc_bytes);
+    r.g = make_geom(ctx, h->shape[0], h->shape[1], w->shape[0], logp_opts(d)->max_tile_elements, kind, r.es, acc_bytes);
     const char *name = d->op == FG_OP_LINEAR_LOGP_FORWARD    ? "linear_logp_forward"
                        : d->op == FG_OP_LINEAR_LOGP_BACKWARD ? "linear_logp_backward"
                                                              : "linear_cross_entropy";
-#ifdef FG_HAVE_CUDA
-    if (ctx->backend == FG_BACKEND_CUDA && r.dtype == FG_F64)
-        return fg_fail(FG_ERR_UNSUPPORTED, "%s: f64 runs on the CPU backend only", name);
-#endif
+    if (r.dtype == FG_F64 && !ctx->be->f64_kernels)
+        return fg_fail(FG_ERR_UNSUPPORTED, "%s: the %s backend has no f64 kernels for it (f64 runs on the CPU)", name,
+                       ctx->be->name);
     if (!run) {
         /* plan: size every region and every GEMM (the first of each loop is enough) */
         info->name[0] = 0;
@@ -492,7 +485,7 @@ static fg_status driver(fg_context *ctx, const fg_plan_desc *d, const fg_tensor 
         char gemm_name[96];
         snprintf(gemm_name, sizeof gemm_name, "%.95s", info->name);
         snprintf(info->name, sizeof info->name, "tiles %lldx%lld: %s + %s rows", (long long)r.g.R,
-                 (long long)r.g.Vc, gemm_name, ctx->backend == FG_BACKEND_CUDA ? "cuda" : "cpu");
+                 (long long)r.g.Vc, gemm_name, ctx->be->name);
         info->workspace_bytes = r.L.total + ALIGN_UP(r.L.gemm_bytes);
         info->deterministic = true;
         info->accumulator = r.acc;
@@ -526,7 +519,7 @@ static fg_status driver(fg_context *ctx, const fg_plan_desc *d, const fg_tensor 
 static fg_status lower_forward(const fg_plan_desc *d, fg_lowered *out) {
     const char *op = "linear_logp_forward";
     const fg_tensor *o = d->operands;
-    FG_TRY(check_options(op, &d->logp, false));
+    FG_TRY(check_options(op, logp_opts(d), false));
     FG_TRY(check_inputs(op, &o[LF_H], &o[LF_W], &o[LF_B], &o[LF_T]));
     const int64_t N = o[LF_H].shape[0];
     const fg_dtype acc = acc_of(o[LF_H].dtype);
@@ -540,7 +533,7 @@ static fg_status lower_forward(const fg_plan_desc *d, fg_lowered *out) {
 static fg_status lower_backward(const fg_plan_desc *d, fg_lowered *out) {
     const char *op = "linear_logp_backward";
     const fg_tensor *o = d->operands;
-    FG_TRY(check_options(op, &d->logp, false));
+    FG_TRY(check_options(op, logp_opts(d), false));
     FG_TRY(check_inputs(op, &o[LB_H], &o[LB_W], &o[LB_B], &o[LB_T]));
     const int64_t N = o[LB_H].shape[0];
     const fg_dtype acc = acc_of(o[LB_H].dtype);
@@ -567,12 +560,12 @@ static fg_status lower_backward(const fg_plan_desc *d, fg_lowered *out) {
 static fg_status lower_cross_entropy(const fg_plan_desc *d, fg_lowered *out) {
     const char *op = "linear_cross_entropy";
     const fg_tensor *o = d->operands;
-    FG_TRY(check_options(op, &d->logp, true));
+    FG_TRY(check_options(op, logp_opts(d), true));
     FG_TRY(check_inputs(op, &o[CE_H], &o[CE_W], &o[CE_B], &o[CE_T]));
     const int64_t N = o[CE_H].shape[0];
     const fg_dtype acc = acc_of(o[CE_H].dtype);
     if (has(&o[CE_RW])) FG_TRY(check_row(op, "row_weight", &o[CE_RW], N, acc));
-    FG_TRY(check_row(op, "loss", &o[CE_LOSS], d->logp.reduction == FG_REDUCTION_NONE ? N : 1, acc));
+    FG_TRY(check_row(op, "loss", &o[CE_LOSS], logp_opts(d)->reduction == FG_REDUCTION_NONE ? N : 1, acc));
     if (has(&o[CE_LSE])) FG_TRY(check_row(op, "lse", &o[CE_LSE], N, acc));
     if (has(&o[CE_DH])) FG_TRY(check_grad(op, "dh", &o[CE_DH], &o[CE_H]));
     if (has(&o[CE_DW])) FG_TRY(check_grad(op, "dw", &o[CE_DW], &o[CE_W]));
@@ -584,46 +577,42 @@ static fg_status lower_cross_entropy(const fg_plan_desc *d, fg_lowered *out) {
     return FG_OK;
 }
 
-static const fg_op_entry entries[] = {
+#define OPTS "fg_logp_options", sizeof(fg_logp_options)
+#define IN(n) {n, false, false}
+#define IN_OPT(n) {n, false, true}
+#define OUT(n) {n, true, false}
+#define OUT_OPT(n) {n, true, true}
+static const fg_op_decl ops[] = {
     {FG_OP_LINEAR_LOGP_FORWARD, "linear_logp_forward", LF_N,
-     {"h", "w", "b", "target", "logp", "lse", "entropy"},
-     (1u << LF_LOGP) | (1u << LF_LSE) | (1u << LF_ENT), (1u << LF_B) | (1u << LF_ENT), lower_forward, false},
+     {[LF_H] = IN("h"), [LF_W] = IN("w"), [LF_B] = IN_OPT("b"), [LF_T] = IN("target"), [LF_LOGP] = OUT("logp"),
+      [LF_LSE] = OUT("lse"), [LF_ENT] = OUT_OPT("entropy")},
+     0, OPTS, false, lower_forward},
     {FG_OP_LINEAR_LOGP_BACKWARD, "linear_logp_backward", LB_N,
-     {"dlogp", "dentropy", "dlse", "h", "w", "b", "target", "lse", "entropy", "dh", "dw", "db"},
-     (1u << LB_DH) | (1u << LB_DW) | (1u << LB_DB),
-     (1u << LB_DLOGP) | (1u << LB_DENT) | (1u << LB_DLSE) | (1u << LB_B) | (1u << LB_ENT) | (1u << LB_DH) |
-         (1u << LB_DW) | (1u << LB_DB),
-     lower_backward, false},
+     {[LB_DLOGP] = IN_OPT("dlogp"), [LB_DENT] = IN_OPT("dentropy"), [LB_DLSE] = IN_OPT("dlse"), [LB_H] = IN("h"),
+      [LB_W] = IN("w"), [LB_B] = IN_OPT("b"), [LB_T] = IN("target"), [LB_LSE] = IN("lse"),
+      [LB_ENT] = IN_OPT("entropy"), [LB_DH] = OUT_OPT("dh"), [LB_DW] = OUT_OPT("dw"), [LB_DB] = OUT_OPT("db")},
+     0, OPTS, false, lower_backward},
     {FG_OP_LINEAR_CROSS_ENTROPY, "linear_cross_entropy", CE_N,
-     {"h", "w", "b", "target", "row_weight", "loss", "lse", "dh", "dw", "db"},
-     (1u << CE_LOSS) | (1u << CE_LSE) | (1u << CE_DH) | (1u << CE_DW) | (1u << CE_DB),
-     (1u << CE_B) | (1u << CE_RW) | (1u << CE_LSE) | (1u << CE_DH) | (1u << CE_DW) | (1u << CE_DB),
-     lower_cross_entropy, false},
+     {[CE_H] = IN("h"), [CE_W] = IN("w"), [CE_B] = IN_OPT("b"), [CE_T] = IN("target"), [CE_RW] = IN_OPT("row_weight"),
+      [CE_LOSS] = OUT("loss"), [CE_LSE] = OUT_OPT("lse"), [CE_DH] = OUT_OPT("dh"), [CE_DW] = OUT_OPT("dw"),
+      [CE_DB] = OUT_OPT("db")},
+     0, OPTS, false, lower_cross_entropy},
 };
+#undef OPTS
+#undef IN
+#undef IN_OPT
+#undef OUT
+#undef OUT_OPT
 
-const fg_op_entry *fg_linear_logp_op_entry(fg_op op) {
-    for (size_t i = 0; i < sizeof entries / sizeof entries[0]; i++)
-        if (entries[i].op == op) return &entries[i];
-    return NULL;
-}
+const fg_family fg_family_linear_logp = {"linear_logp", sizeof ops / sizeof ops[0], ops};
 
 /* ------------------------------------------------------------------ one-call functions */
-
-static fg_plan_desc desc_of(fg_op op, const fg_logp_options *opt, int accumulate) {
-    fg_plan_desc d;
-    memset(&d, 0, sizeof d);
-    d.op = op;
-    d.accumulate = accumulate ? 1 : 0;
-    if (opt) d.logp = *opt;
-    return d;
-}
 
 fg_status fg_linear_logp_forward(fg_context *ctx, const fg_logp_options *opt, const fg_tensor *h,
                                  const fg_tensor *w, const fg_tensor *b, const fg_tensor *target,
                                  const fg_tensor *logp, const fg_tensor *lse, const fg_tensor *entropy) {
-    const fg_tensor *ops[LF_N] = {h, w, b, target, logp, lse, entropy};
-    fg_plan_desc d = desc_of(FG_OP_LINEAR_LOGP_FORWARD, opt, 0);
-    return fg_run_once_desc(ctx, &d, ops, LF_N);
+    const fg_tensor *args[LF_N] = {h, w, b, target, logp, lse, entropy};
+    return fg_run_op(ctx, FG_OP_LINEAR_LOGP_FORWARD, opt, args, LF_N, 0, 0);
 }
 
 fg_status fg_linear_logp_backward(fg_context *ctx, const fg_logp_options *opt, const fg_tensor *dlogp,
@@ -631,16 +620,14 @@ fg_status fg_linear_logp_backward(fg_context *ctx, const fg_logp_options *opt, c
                                   const fg_tensor *w, const fg_tensor *b, const fg_tensor *target,
                                   const fg_tensor *lse, const fg_tensor *entropy, const fg_tensor *dh,
                                   const fg_tensor *dw, const fg_tensor *db, int accumulate) {
-    const fg_tensor *ops[LB_N] = {dlogp, dentropy, dlse, h, w, b, target, lse, entropy, dh, dw, db};
-    fg_plan_desc d = desc_of(FG_OP_LINEAR_LOGP_BACKWARD, opt, accumulate);
-    return fg_run_once_desc(ctx, &d, ops, LB_N);
+    const fg_tensor *args[LB_N] = {dlogp, dentropy, dlse, h, w, b, target, lse, entropy, dh, dw, db};
+    return fg_run_op(ctx, FG_OP_LINEAR_LOGP_BACKWARD, opt, args, LB_N, accumulate, 0);
 }
 
 fg_status fg_linear_cross_entropy(fg_context *ctx, const fg_logp_options *opt, const fg_tensor *h,
                                   const fg_tensor *w, const fg_tensor *b, const fg_tensor *target,
                                   const fg_tensor *row_weight, const fg_tensor *loss, const fg_tensor *lse,
                                   const fg_tensor *dh, const fg_tensor *dw, const fg_tensor *db, int accumulate) {
-    const fg_tensor *ops[CE_N] = {h, w, b, target, row_weight, loss, lse, dh, dw, db};
-    fg_plan_desc d = desc_of(FG_OP_LINEAR_CROSS_ENTROPY, opt, accumulate);
-    return fg_run_once_desc(ctx, &d, ops, CE_N);
+    const fg_tensor *args[CE_N] = {h, w, b, target, row_weight, loss, lse, dh, dw, db};
+    return fg_run_op(ctx, FG_OP_LINEAR_CROSS_ENTROPY, opt, args, CE_N, accumulate, 0);
 }

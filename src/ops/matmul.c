@@ -167,34 +167,34 @@ static fg_status lower_backward_other(const fg_plan_desc *d, fg_lowered *out) {
     return lower_grad(op, d, "db", transposed(a), dc, db, batch, t[MBO_DB].rank, t[MBO_DC].rank, out);
 }
 
-static const fg_op_entry entries[] = {
-    {FG_OP_MATMUL_FORWARD, "matmul_forward", 3, {"a", "b", "c"}, 1u << MF_C, 0, lower_forward, false},
-    {FG_OP_MATMUL_BACKWARD_INPUT, "matmul_backward_input", 3, {"dc", "b", "da"}, 1u << MBI_DA, 0,
-     lower_backward_input, false},
-    {FG_OP_MATMUL_BACKWARD_OTHER, "matmul_backward_other", 3, {"a", "dc", "db"}, 1u << MBO_DB, 0,
-     lower_backward_other, false},
+static const fg_op_decl ops[] = {
+    {FG_OP_MATMUL_FORWARD, "matmul_forward", 3,
+     {[MF_A] = {"a", false, false}, [MF_B] = {"b", false, false}, [MF_C] = {"c", true, false}},
+     0, NULL, 0, false, lower_forward},
+    {FG_OP_MATMUL_BACKWARD_INPUT, "matmul_backward_input", 3,
+     {[MBI_DC] = {"dc", false, false}, [MBI_B] = {"b", false, false}, [MBI_DA] = {"da", true, false}},
+     0, NULL, 0, false, lower_backward_input},
+    {FG_OP_MATMUL_BACKWARD_OTHER, "matmul_backward_other", 3,
+     {[MBO_A] = {"a", false, false}, [MBO_DC] = {"dc", false, false}, [MBO_DB] = {"db", true, false}},
+     0, NULL, 0, false, lower_backward_other},
 };
 
-const fg_op_entry *fg_matmul_op_entry(fg_op op) {
-    for (size_t i = 0; i < sizeof entries / sizeof entries[0]; i++)
-        if (entries[i].op == op) return &entries[i];
-    return NULL;
-}
+const fg_family fg_family_matmul = {"matmul", sizeof ops / sizeof ops[0], ops};
 
 fg_status fg_matmul_forward(fg_context *ctx, const fg_tensor *a, const fg_tensor *b,
                             const fg_tensor *c) {
-    const fg_tensor *ops[] = {a, b, c};
-    return fg_run_once(ctx, FG_OP_MATMUL_FORWARD, ops, 3, 0);
+    const fg_tensor *args[] = {a, b, c};
+    return fg_run_op(ctx, FG_OP_MATMUL_FORWARD, NULL, args, 3, 0, 0);
 }
 
 fg_status fg_matmul_backward_input(fg_context *ctx, const fg_tensor *dc, const fg_tensor *b,
                                    const fg_tensor *da, int accumulate) {
-    const fg_tensor *ops[] = {dc, b, da};
-    return fg_run_once(ctx, FG_OP_MATMUL_BACKWARD_INPUT, ops, 3, accumulate);
+    const fg_tensor *args[] = {dc, b, da};
+    return fg_run_op(ctx, FG_OP_MATMUL_BACKWARD_INPUT, NULL, args, 3, accumulate, 0);
 }
 
 fg_status fg_matmul_backward_other(fg_context *ctx, const fg_tensor *a, const fg_tensor *dc,
                                    const fg_tensor *db, int accumulate) {
-    const fg_tensor *ops[] = {a, dc, db};
-    return fg_run_once(ctx, FG_OP_MATMUL_BACKWARD_OTHER, ops, 3, accumulate);
+    const fg_tensor *args[] = {a, dc, db};
+    return fg_run_op(ctx, FG_OP_MATMUL_BACKWARD_OTHER, NULL, args, 3, accumulate, 0);
 }

@@ -130,34 +130,34 @@ static fg_status lower_backward_other(const fg_plan_desc *d, fg_lowered *out) {
     return FG_OK;
 }
 
-static const fg_op_entry entries[] = {
-    {FG_OP_OUTER_FORWARD, "outer_forward", 3, {"x", "y", "z"}, 1u << OF_Z, 0, lower_forward, false},
-    {FG_OP_OUTER_BACKWARD_INPUT, "outer_backward_input", 3, {"dz", "y", "dx"}, 1u << OBI_DX, 0,
-     lower_backward_input, false},
-    {FG_OP_OUTER_BACKWARD_OTHER, "outer_backward_other", 3, {"dz", "x", "dy"}, 1u << OBO_DY, 0,
-     lower_backward_other, false},
+static const fg_op_decl ops[] = {
+    {FG_OP_OUTER_FORWARD, "outer_forward", 3,
+     {[OF_X] = {"x", false, false}, [OF_Y] = {"y", false, false}, [OF_Z] = {"z", true, false}},
+     0, NULL, 0, false, lower_forward},
+    {FG_OP_OUTER_BACKWARD_INPUT, "outer_backward_input", 3,
+     {[OBI_DZ] = {"dz", false, false}, [OBI_Y] = {"y", false, false}, [OBI_DX] = {"dx", true, false}},
+     0, NULL, 0, false, lower_backward_input},
+    {FG_OP_OUTER_BACKWARD_OTHER, "outer_backward_other", 3,
+     {[OBO_DZ] = {"dz", false, false}, [OBO_X] = {"x", false, false}, [OBO_DY] = {"dy", true, false}},
+     0, NULL, 0, false, lower_backward_other},
 };
 
-const fg_op_entry *fg_outer_op_entry(fg_op op) {
-    for (size_t i = 0; i < sizeof entries / sizeof entries[0]; i++)
-        if (entries[i].op == op) return &entries[i];
-    return NULL;
-}
+const fg_family fg_family_outer = {"outer", sizeof ops / sizeof ops[0], ops};
 
 fg_status fg_outer_forward(fg_context *ctx, const fg_tensor *x, const fg_tensor *y,
                            const fg_tensor *z) {
-    const fg_tensor *ops[] = {x, y, z};
-    return fg_run_once(ctx, FG_OP_OUTER_FORWARD, ops, 3, 0);
+    const fg_tensor *args[] = {x, y, z};
+    return fg_run_op(ctx, FG_OP_OUTER_FORWARD, NULL, args, 3, 0, 0);
 }
 
 fg_status fg_outer_backward_input(fg_context *ctx, const fg_tensor *dz, const fg_tensor *y,
                                   const fg_tensor *dx, int accumulate) {
-    const fg_tensor *ops[] = {dz, y, dx};
-    return fg_run_once(ctx, FG_OP_OUTER_BACKWARD_INPUT, ops, 3, accumulate);
+    const fg_tensor *args[] = {dz, y, dx};
+    return fg_run_op(ctx, FG_OP_OUTER_BACKWARD_INPUT, NULL, args, 3, accumulate, 0);
 }
 
 fg_status fg_outer_backward_other(fg_context *ctx, const fg_tensor *dz, const fg_tensor *x,
                                   const fg_tensor *dy, int accumulate) {
-    const fg_tensor *ops[] = {dz, x, dy};
-    return fg_run_once(ctx, FG_OP_OUTER_BACKWARD_OTHER, ops, 3, accumulate);
+    const fg_tensor *args[] = {dz, x, dy};
+    return fg_run_op(ctx, FG_OP_OUTER_BACKWARD_OTHER, NULL, args, 3, accumulate, 0);
 }

@@ -1,10 +1,12 @@
 /*
  * plan.c — the plan mechanism every op goes through: descriptor → fg_plan_create
- * (validate the structure, lower to GEMM primitives, let the backend pick kernels)
- * → fg_plan_can_implement (check the run's pointers) → fg_plan_workspace_size →
- * fg_plan_run. The one-call functions (fg_linear_forward, ...) are fg_run_once().
+ * (look the op up in the op table, check its flags and options, lower it to GEMM
+ * primitives, an elementwise problem or its family's driver, and let the backend pick the
+ * kernels for the declared alignment) → fg_plan_can_implement (check the run's pointers) →
+ * fg_plan_workspace_size → fg_plan_run. The one-call functions (fg_linear_forward, ...) are
+ * fg_run_op: a plan made in place for their pointers, run on the context's workspace.
  */
-#include "internal.h"
+#include "../core/internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,61 +14,66 @@
 
 struct fg_plan {
     fg_context *ctx;
-    const fg_op_entry *entry;
-    fg_plan_desc desc;
+    const fg_op_decl *decl;
+    fg_plan_desc desc;      /* options point at opts */
+    double opts[FG_OPTIONS_BYTES / sizeof(double)];
+    unsigned output_mask, optional_mask;
     fg_lowered lowered;
     fg_plan_info info;
 };
-
-static const fg_op_entry *find_op(fg_op op) {
-    const fg_op_entry *e = fg_linear_op_entry(op);
-    if (!e) e = fg_matmul_op_entry(op);
-    if (!e) e = fg_outer_op_entry(op);
-    if (!e) e = fg_elementwise_op_entry(op);
-    if (!e) e = fg_linear_logp_op_entry(op);
-    if (!e) e = fg_linear_act_op_entry(op);
-    return e;
-}
 
 static fg_status ew_execute(fg_context *ctx, const fg_ew *e, fg_kernel_info *k, void *ws, size_t ws_bytes,
                             bool run) {
     memset(k, 0, sizeof *k);
     k->deterministic = true;
     k->accumulator = e->dtype == FG_F64 ? FG_F64 : FG_F32;
-    if (ctx->backend == FG_BACKEND_CPU) return fg_cpu_elementwise(ctx, e, k, ws, ws_bytes, run);
-#ifdef FG_HAVE_CUDA
-    if (ctx->backend == FG_BACKEND_CUDA) return fg_cuda_elementwise(ctx, e, k, ws, ws_bytes, run);
-#endif
-    return fg_fail(FG_ERR_NO_DEVICE, "elementwise: backend %d is not built in", (int)ctx->backend);
+    return ctx->be->elementwise(ctx, e, k, ws, ws_bytes, run);
 }
 
 static fg_dtype accumulator_of(fg_dtype t) { return t == FG_F64 ? FG_F64 : FG_F32; }
+
+static bool power_of_two(uint32_t v) { return v && !(v & (v - 1)); }
 
 /* Builds the plan in place (no allocation), so the one-call path costs no malloc. */
 static fg_status plan_init(fg_context *ctx, const fg_plan_desc *desc, struct fg_plan *p) {
     if (!ctx) return fg_fail(FG_ERR_NULL_POINTER, "plan_create: ctx is NULL");
     if (!desc) return fg_fail(FG_ERR_NULL_POINTER, "plan_create: desc is NULL");
-    const fg_op_entry *e = find_op(desc->op);
+    const fg_op_decl *e = fg_op_find(desc->op, NULL);
     if (!e) return fg_fail(FG_ERR_INVALID_VALUE, "plan_create: desc.op=%d is not an op", (int)desc->op);
-    const uint32_t known = FG_PLAN_ALLOW_TF32 | (desc->op == FG_OP_LINEAR_ACT_BACKWARD ? FG_PLAN_CONSUME_PRE : 0u) |
-                           (desc->op == FG_OP_LINEAR_ACT_FORWARD || desc->op == FG_OP_LINEAR_ACT_BACKWARD ? FG_PLAN_ACT_SLOPE
-                                                                                                        : 0u);
+    const uint32_t known = FG_PLAN_ALLOW_TF32 | e->flags;
     if (desc->flags & ~known)
         return fg_fail(FG_ERR_INVALID_VALUE, "%s: unknown flags 0x%x", e->name, desc->flags & ~known);
     if (desc->accumulate != 0 && desc->accumulate != 1)
-        return fg_fail(FG_ERR_INVALID_VALUE, "%s: accumulate=%d must be 0 or 1", e->name,
-                       desc->accumulate);
+        return fg_fail(FG_ERR_INVALID_VALUE, "%s: accumulate=%d must be 0 or 1", e->name, desc->accumulate);
+    if (desc->alignment != 0 && !power_of_two(desc->alignment))
+        return fg_fail(FG_ERR_INVALID_VALUE, "%s: alignment=%u is not a power of two", e->name, desc->alignment);
+    if (desc->options && !e->options_size)
+        return fg_fail(FG_ERR_INVALID_VALUE, "%s: takes no options, but desc.options is set", e->name);
+    if (desc->options && desc->options_size == 0)
+        return fg_fail(FG_ERR_INVALID_VALUE, "%s: desc.options is set but desc.options_size is 0", e->name);
+    if (desc->options && desc->options_size > e->options_size)
+        return fg_fail(FG_ERR_INVALID_VALUE, "%s: desc.options_size=%zu but %s has %zu bytes in this library",
+                       e->name, desc->options_size, e->options_type, e->options_size);
     memset(p, 0, sizeof *p);
     p->ctx = ctx;
-    p->entry = e;
+    p->decl = e;
     p->desc = *desc;
-    FG_TRY(e->lower(desc, &p->lowered));
+    if (desc->options) memcpy(p->opts, desc->options, desc->options_size); /* a shorter struct: zero tail */
+    p->desc.options = p->opts;
+    p->desc.options_size = e->options_size;
+    if (p->desc.alignment == 0) p->desc.alignment = 16;
+    for (int i = 0; i < e->n_operands; i++) {
+        if (e->operands[i].output) p->output_mask |= 1u << i;
+        if (e->operands[i].optional) p->optional_mask |= 1u << i;
+    }
+    for (int i = e->n_operands; i < FG_MAX_OPERANDS; i++) memset(&p->desc.operands[i], 0, sizeof(fg_tensor));
+    FG_TRY(e->lower(&p->desc, &p->lowered));
 
     fg_plan_info *info = &p->info;
     info->op = e->op;
     info->op_name = e->name;
     int first_required = 0; /* the plan's dtype: its first operand that is not optional */
-    while (first_required < e->n_operands - 1 && (e->optional_mask >> first_required & 1u)) first_required++;
+    while (first_required < e->n_operands - 1 && e->operands[first_required].optional) first_required++;
     info->dtype = desc->operands[first_required].dtype;
     info->backend = ctx->backend;
     info->arch = ctx->arch;
@@ -75,13 +82,12 @@ static fg_status plan_init(fg_context *ctx, const fg_plan_desc *desc, struct fg_
     info->precision.accumulator = accumulator_of(info->dtype);
     info->precision.deterministic = 1;
     info->precision.bit_stable = 1;
-    size_t used = 0;
     if (p->lowered.driver) {
         fg_kernel_info k;
         memset(&k, 0, sizeof k);
         k.deterministic = true;
         k.accumulator = accumulator_of(info->dtype);
-        FG_TRY(p->lowered.driver(ctx, &p->desc, NULL, &k, NULL, 0, false));
+        FG_TRY(p->lowered.driver(ctx, &p->desc, NULL, p->lowered.priv, &k, NULL, 0, false));
         info->workspace_bytes = k.workspace_bytes;
         if (!k.deterministic) info->precision.deterministic = info->precision.bit_stable = 0;
         snprintf(info->kernel, sizeof info->kernel, "%s", k.name);
@@ -93,19 +99,20 @@ static fg_status plan_init(fg_context *ctx, const fg_plan_desc *desc, struct fg_
         if (k.accumulator == FG_F64) info->precision.accumulator = FG_F64;
         snprintf(info->kernel, sizeof info->kernel, "%s", k.name);
     }
+    size_t need = 0;
     for (int i = 0; i < p->lowered.count; i++) {
         fg_gemm *g = &p->lowered.gemm[i];
         g->allow_tf32 = (desc->flags & FG_PLAN_ALLOW_TF32) && g->dtype == FG_F32;
+        g->align = p->desc.alignment;
         if (g->allow_tf32) info->precision.tf32 = 1;
         fg_kernel_info k;
         FG_TRY(fg_gemm_execute(ctx, g, &k, NULL, 0, false));
         if (!k.deterministic) info->precision.deterministic = info->precision.bit_stable = 0;
         if (k.accumulator == FG_F64) info->precision.accumulator = FG_F64;
-        if (k.workspace_bytes > info->workspace_bytes) info->workspace_bytes = k.workspace_bytes;
-        used += (size_t)snprintf(info->kernel + used, used < sizeof info->kernel ? sizeof info->kernel - used : 0,
-                                 "%s%s", i ? " ; " : "", k.name);
-        if (used >= sizeof info->kernel) used = sizeof info->kernel - 1;
+        if (k.workspace_bytes > need) need = k.workspace_bytes;
+        fg_gemm_name_append(info->kernel, sizeof info->kernel, &k);
     }
+    if (need > info->workspace_bytes) info->workspace_bytes = need;
     return FG_OK;
 }
 
@@ -123,11 +130,11 @@ static bool same_view(const fg_tensor *a, const fg_tensor *b) {
  * elementwise lowering says exactly which it reads and writes). */
 static bool present(const struct fg_plan *p, int i) {
     if (p->lowered.is_elementwise) return p->lowered.ew.present >> i & 1u;
-    return !(p->desc.operands[i].rank == 0 && (p->entry->optional_mask >> i & 1u));
+    return !(p->desc.operands[i].rank == 0 && (p->optional_mask >> i & 1u));
 }
 
 static fg_status check_run(const struct fg_plan *p, const fg_tensor *ops) {
-    const fg_op_entry *e = p->entry;
+    const fg_op_decl *e = p->decl;
     if (!ops) return fg_fail(FG_ERR_NULL_POINTER, "%s: operands is NULL", e->name);
     for (int i = 0; i < e->n_operands; i++) {
         const fg_tensor *want = &p->desc.operands[i], *got = &ops[i];
@@ -142,21 +149,24 @@ static fg_status check_run(const struct fg_plan *p, const fg_tensor *ops) {
         if (!same) {
             char a[160], b[160];
             return fg_fail(FG_ERR_SHAPE, "%s: %s is %s %s but the plan was made for %s %s", e->name,
-                           e->operand_names[i], fg_dtype_name(got->dtype), fg_shape_str(got, b, sizeof b),
+                           e->operands[i].name, fg_dtype_name(got->dtype), fg_shape_str(got, b, sizeof b),
                            fg_dtype_name(want->dtype), fg_shape_str(want, a, sizeof a));
         }
         if (!present(p, i)) continue;
-        FG_TRY(fg_check_data(p->ctx, e->name, e->operand_names[i], got));
+        FG_TRY(fg_check_data(p->ctx, e->name, e->operands[i].name, got));
+        if (got->data && (uintptr_t)got->data % p->desc.alignment != 0 && fg_numel(got) > 0)
+            return fg_fail(FG_ERR_MISALIGNED,
+                           "%s: %s.data=%p is not aligned to the %u bytes the plan was made for (desc.alignment)",
+                           e->name, e->operands[i].name, got->data, p->desc.alignment);
     }
     for (int i = 0; i < e->n_operands; i++) {
-        if (!(e->output_mask >> i & 1u) || !present(p, i)) continue;
+        if (!(p->output_mask >> i & 1u) || !present(p, i)) continue;
         for (int j = 0; j < e->n_operands; j++) {
             if (j == i || !present(p, j)) continue;
-            if (e->inplace_ok && !(e->output_mask >> j & 1u) && !p->lowered.ew.broadcast &&
+            if (e->inplace_ok && !(p->output_mask >> j & 1u) && !p->lowered.ew.broadcast &&
                 same_view(&ops[i], &ops[j]))
                 continue; /* exactly in place: each element is read before it is written */
-            FG_TRY(fg_check_no_overlap(e->name, e->operand_names[i], &ops[i], e->operand_names[j],
-                                       &ops[j]));
+            FG_TRY(fg_check_no_overlap(e->name, e->operands[i].name, &ops[i], e->operands[j].name, &ops[j]));
         }
     }
     return FG_OK;
@@ -169,12 +179,13 @@ static void resolve(fg_mat *m, const fg_tensor *ops, size_t es) {
 static fg_status plan_run(struct fg_plan *p, const fg_tensor *ops, void *ws, size_t ws_bytes) {
     FG_TRY(check_run(p, ops));
     if (p->info.workspace_bytes > 0 && (!ws || ws_bytes < p->info.workspace_bytes))
-        return fg_fail(FG_ERR_WORKSPACE, "%s: workspace of %zu bytes given, %zu needed", p->entry->name,
+        return fg_fail(FG_ERR_WORKSPACE, "%s: workspace of %zu bytes given, %zu needed", p->decl->name,
                        ws ? ws_bytes : 0, p->info.workspace_bytes);
+    fg_record_reset(p->ctx);
     if (p->lowered.driver) {
         fg_kernel_info k;
         memset(&k, 0, sizeof k);
-        FG_TRY(p->lowered.driver(p->ctx, &p->desc, ops, &k, ws, ws_bytes, true));
+        FG_TRY(p->lowered.driver(p->ctx, &p->desc, ops, p->lowered.priv, &k, ws, ws_bytes, true));
     }
     if (p->lowered.is_elementwise) {
         fg_ew e = p->lowered.ew;
@@ -217,6 +228,7 @@ fg_status fg_plan_info_get(const fg_plan *plan, fg_plan_info *info) {
     if (!plan) return fg_fail(FG_ERR_NULL_POINTER, "plan_info_get: plan is NULL");
     if (!info) return fg_fail(FG_ERR_NULL_POINTER, "plan_info_get: info is NULL");
     *info = plan->info;
+    fg_clear_error();
     return FG_OK;
 }
 
@@ -224,6 +236,7 @@ fg_status fg_plan_workspace_size(const fg_plan *plan, size_t *bytes) {
     if (!plan) return fg_fail(FG_ERR_NULL_POINTER, "plan_workspace_size: plan is NULL");
     if (!bytes) return fg_fail(FG_ERR_NULL_POINTER, "plan_workspace_size: bytes is NULL");
     *bytes = plan->info.workspace_bytes;
+    fg_clear_error();
     return FG_OK;
 }
 
@@ -234,47 +247,44 @@ fg_status fg_plan_can_implement(const fg_plan *plan, const fg_tensor *operands) 
     return FG_OK;
 }
 
-fg_status fg_plan_run(fg_plan *plan, const fg_tensor *operands, void *workspace,
-                      size_t workspace_bytes) {
+fg_status fg_plan_run(fg_plan *plan, const fg_tensor *operands, void *workspace, size_t workspace_bytes) {
     if (!plan) return fg_fail(FG_ERR_NULL_POINTER, "plan_run: plan is NULL");
     return plan_run(plan, operands, workspace, workspace_bytes);
 }
 
-fg_status fg_run_once(fg_context *ctx, fg_op op, const fg_tensor *const *operands, int n,
-                      int accumulate) {
-    return fg_run_once_ew(ctx, op, operands, n, accumulate, 0, NULL, 0);
+/* The largest power of two (at most 256) that divides every given operand's data pointer. */
+static uint32_t declared_alignment(const fg_tensor *ops, int n) {
+    uintptr_t bits = 256;
+    for (int i = 0; i < n; i++)
+        if (ops[i].data) bits |= (uintptr_t)ops[i].data;
+    return (uint32_t)(bits & (~bits + 1));
 }
 
-fg_status fg_run_once_ew(fg_context *ctx, fg_op op, const fg_tensor *const *operands, int n,
-                         int accumulate, int kind, const double *scalars, int n_scalars) {
+fg_status fg_run_op(fg_context *ctx, fg_op op, const void *options, const fg_tensor *const *operands, int n,
+                    int accumulate, uint32_t flags) {
+    const fg_op_decl *e = fg_op_find(op, NULL);
+    if (!e || n != e->n_operands) return fg_fail(FG_ERR_INTERNAL, "run_op: op %d is not in the op table", (int)op);
+    if (!ctx) return fg_fail(FG_ERR_NULL_POINTER, "%s: ctx is NULL", e->name);
     fg_plan_desc desc;
     memset(&desc, 0, sizeof desc);
     desc.op = op;
     desc.accumulate = accumulate ? 1 : 0;
-    desc.kind = kind;
-    for (int i = 0; i < n_scalars && i < 4; i++) desc.scalars[i] = scalars[i];
-    return fg_run_once_desc(ctx, &desc, operands, n);
-}
-
-fg_status fg_run_once_desc(fg_context *ctx, const fg_plan_desc *base, const fg_tensor *const *operands,
-                           int n) {
-    const fg_op_entry *e = find_op(base->op);
-    if (!e || n != e->n_operands) return fg_fail(FG_ERR_INTERNAL, "run_once: bad op table");
-    if (!ctx) return fg_fail(FG_ERR_NULL_POINTER, "%s: ctx is NULL", e->name);
-    fg_plan_desc desc = *base;
-    desc.flags = (base->flags & ~FG_PLAN_ALLOW_TF32) | (ctx->allow_tf32 ? FG_PLAN_ALLOW_TF32 : 0);
+    desc.flags = (flags & ~FG_PLAN_ALLOW_TF32) | (ctx->allow_tf32 ? FG_PLAN_ALLOW_TF32 : 0);
+    desc.options = options;
+    desc.options_size = options ? e->options_size : 0;
     fg_tensor ops[FG_MAX_OPERANDS];
     memset(ops, 0, sizeof ops);
     for (int i = 0; i < n; i++) {
         if (!operands[i]) {
-            if (e->optional_mask >> i & 1u) continue;
-            return fg_fail(FG_ERR_NULL_POINTER, "%s: %s is NULL", e->name, e->operand_names[i]);
+            if (e->operands[i].optional) continue;
+            return fg_fail(FG_ERR_NULL_POINTER, "%s: %s is NULL", e->name, e->operands[i].name);
         }
         ops[i] = *operands[i];
-        if (ops[i].rank == 0 && (e->optional_mask >> i & 1u)) ops[i].data = NULL;
+        if (ops[i].rank == 0 && e->operands[i].optional) ops[i].data = NULL;
         desc.operands[i] = ops[i];
         desc.operands[i].data = NULL;
     }
+    desc.alignment = declared_alignment(ops, n);
     struct fg_plan p;
     FG_TRY(plan_init(ctx, &desc, &p));
     FG_TRY(check_run(&p, ops)); /* before the workspace may grow */

@@ -1,0 +1,95 @@
+/*
+ * abi.c — the public header's constants and struct layouts as this library was compiled
+ * (fg_abi_constant, fg_abi_layout), so a binding that mirrors them (python/fastgrad/_lib.py)
+ * reads or checks them instead of keeping copies that can drift. The ops' ids and operands
+ * come from the op table (fg_op_describe), not from here.
+ */
+#include "internal.h"
+
+#include <stddef.h>
+#include <string.h>
+
+#define C(name) {#name, (int64_t)(name)}
+static const struct {
+    const char *name;
+    int64_t value;
+} constants[] = {
+    C(FG_VERSION), C(FG_MAX_RANK), C(FG_MAX_OPERANDS),
+    C(FG_OK), C(FG_ERR_NULL_POINTER), C(FG_ERR_INVALID_VALUE), C(FG_ERR_SHAPE), C(FG_ERR_DTYPE),
+    C(FG_ERR_WRONG_DEVICE), C(FG_ERR_MISALIGNED), C(FG_ERR_WORKSPACE), C(FG_ERR_OVERFLOW), C(FG_ERR_ALIAS),
+    C(FG_ERR_UNSUPPORTED), C(FG_ERR_NO_DEVICE), C(FG_ERR_OUT_OF_MEMORY), C(FG_ERR_BACKEND),
+    C(FG_ERR_DEVICE_VALUE), C(FG_ERR_INTERNAL),
+    C(FG_F32), C(FG_F16), C(FG_BF16), C(FG_F64), C(FG_I32), C(FG_I64),
+    C(FG_BACKEND_CPU), C(FG_BACKEND_CUDA),
+    C(FG_PLAN_ALLOW_TF32), C(FG_PLAN_CONSUME_PRE), C(FG_PLAN_ACT_SLOPE),
+    C(FG_ROLE_INPUT), C(FG_ROLE_OUTPUT),
+    C(FG_UNARY_SCALE), C(FG_UNARY_POW), C(FG_UNARY_LEAKY_RELU), C(FG_UNARY_ELU), C(FG_UNARY_CLAMP),
+    C(FG_UNARY_SOFTCAP),
+    C(FG_BINARY_LERP), C(FG_BINARY_AXPBY),
+    C(FG_ACT_NONE), C(FG_ACT_RELU), C(FG_ACT_GELU), C(FG_ACT_GELU_TANH), C(FG_ACT_SILU), C(FG_ACT_SIGMOID),
+    C(FG_ACT_TANH),
+    C(FG_ACT_SAVED_PRE), C(FG_ACT_SAVED_SLOPE),
+    C(FG_REDUCTION_MEAN), C(FG_REDUCTION_SUM), C(FG_REDUCTION_NONE),
+};
+#undef C
+
+#define S(type) {#type, NULL, sizeof(type)}
+#define F(type, field) {#type, #field, offsetof(type, field)}
+static const struct {
+    const char *type, *field;
+    size_t value;
+} layouts[] = {
+    S(fg_tensor), F(fg_tensor, data), F(fg_tensor, dtype), F(fg_tensor, rank), F(fg_tensor, shape),
+    F(fg_tensor, stride),
+    S(fg_context_desc), F(fg_context_desc, backend), F(fg_context_desc, device), F(fg_context_desc, stream),
+    F(fg_context_desc, allow_tf32), F(fg_context_desc, num_threads),
+    S(fg_plan_desc), F(fg_plan_desc, op), F(fg_plan_desc, operands), F(fg_plan_desc, accumulate),
+    F(fg_plan_desc, flags), F(fg_plan_desc, options), F(fg_plan_desc, options_size), F(fg_plan_desc, alignment),
+    S(fg_precision), F(fg_precision, storage), F(fg_precision, math), F(fg_precision, accumulator),
+    F(fg_precision, tf32), F(fg_precision, deterministic), F(fg_precision, bit_stable),
+    S(fg_plan_info), F(fg_plan_info, op), F(fg_plan_info, op_name), F(fg_plan_info, dtype),
+    F(fg_plan_info, backend), F(fg_plan_info, arch), F(fg_plan_info, kernel), F(fg_plan_info, precision),
+    F(fg_plan_info, workspace_bytes),
+    S(fg_operand_info), F(fg_operand_info, name), F(fg_operand_info, role), F(fg_operand_info, optional),
+    S(fg_op_info), F(fg_op_info, op), F(fg_op_info, name), F(fg_op_info, family), F(fg_op_info, n_operands),
+    F(fg_op_info, operands), F(fg_op_info, flags), F(fg_op_info, options_type), F(fg_op_info, options_size),
+    S(fg_elementwise_options), F(fg_elementwise_options, kind), F(fg_elementwise_options, scalars),
+    S(fg_linear_act_options), F(fg_linear_act_options, act), F(fg_linear_act_options, saved),
+    F(fg_linear_act_options, consume),
+    S(fg_logp_options), F(fg_logp_options, temperature), F(fg_logp_options, softcap),
+    F(fg_logp_options, use_ignore_index), F(fg_logp_options, ignore_index), F(fg_logp_options, reduction),
+    F(fg_logp_options, label_smoothing), F(fg_logp_options, z_loss), F(fg_logp_options, grad_scale),
+    F(fg_logp_options, max_tile_elements),
+    S(fg_adamw_hparams), F(fg_adamw_hparams, lr), F(fg_adamw_hparams, beta1), F(fg_adamw_hparams, beta2),
+    F(fg_adamw_hparams, eps), F(fg_adamw_hparams, weight_decay), F(fg_adamw_hparams, step),
+    F(fg_adamw_hparams, grad_scale),
+};
+#undef S
+#undef F
+
+fg_status fg_abi_constant(const char *name, int64_t *value) {
+    if (!name) return fg_fail(FG_ERR_NULL_POINTER, "abi_constant: name is NULL");
+    if (!value) return fg_fail(FG_ERR_NULL_POINTER, "abi_constant: value is NULL");
+    for (size_t i = 0; i < sizeof constants / sizeof constants[0]; i++)
+        if (strcmp(constants[i].name, name) == 0) {
+            *value = constants[i].value;
+            fg_clear_error();
+            return FG_OK;
+        }
+    return fg_fail(FG_ERR_INVALID_VALUE, "abi_constant: %.64s is not a constant of fastgrad.h", name);
+}
+
+fg_status fg_abi_layout(const char *type, const char *field, size_t *value) {
+    if (!type) return fg_fail(FG_ERR_NULL_POINTER, "abi_layout: type is NULL");
+    if (!value) return fg_fail(FG_ERR_NULL_POINTER, "abi_layout: value is NULL");
+    for (size_t i = 0; i < sizeof layouts / sizeof layouts[0]; i++) {
+        if (strcmp(layouts[i].type, type) != 0) continue;
+        if ((field == NULL) != (layouts[i].field == NULL)) continue;
+        if (field && strcmp(layouts[i].field, field) != 0) continue;
+        *value = layouts[i].value;
+        fg_clear_error();
+        return FG_OK;
+    }
+    return fg_fail(FG_ERR_INVALID_VALUE, "abi_layout: %.64s%s%.64s is not a public struct or field", type,
+                   field ? "." : "", field ? field : "");
+}

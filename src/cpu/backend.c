@@ -1,0 +1,57 @@
+/*
+ * backend.c — the CPU backend's table: the functions the front doors and the plan
+ * mechanism reach the CPU kernels through (src/core/internal.h, fg_backend_ops). The CPU
+ * backend has one path per step (OpenBLAS for products, OpenMP loops for the rest), so its
+ * plan hook for linear + activation chooses nothing: GEMM, then the activation pass.
+ * Each entry records what it launched for fg_context_last_kernels.
+ */
+#include "../core/internal.h"
+
+#include <string.h>
+
+static fg_status cpu_gemm(fg_context *ctx, const fg_gemm *g, fg_kernel_info *info, void *ws, size_t ws_bytes,
+                          bool run) {
+    return fg_cpu_gemm(ctx, g, info, ws, ws_bytes, run);
+}
+
+static fg_status cpu_elementwise(fg_context *ctx, const fg_ew *e, fg_kernel_info *info, void *ws, size_t ws_bytes,
+                                 bool run) {
+    FG_TRY(fg_cpu_elementwise(ctx, e, info, ws, ws_bytes, run));
+    if (run) fg_record_kernel(ctx, info->name);
+    return FG_OK;
+}
+
+static fg_status cpu_adamw(fg_context *ctx, const fg_adamw_run *r) {
+    FG_TRY(fg_cpu_adamw(ctx, r));
+    fg_record_kernel(ctx, "cpu:adamw");
+    return FG_OK;
+}
+
+static size_t cpu_logp_scratch(int64_t rows, int64_t cols) {
+    (void)rows, (void)cols;
+    return 0;
+}
+
+static fg_status cpu_logp(fg_context *ctx, const fg_logp_call *c) { return fg_cpu_logp(ctx, c); }
+
+static fg_status cpu_act_plan(fg_context *ctx, const fg_act_problem *p, fg_act_path *path) {
+    (void)ctx, (void)p;
+    memset(path, 0, sizeof *path);
+    path->fwd = FG_ACT_STEP_FORWARD;
+    path->fused = FG_ACT_STEP_FORWARD; /* none */
+    return FG_OK;
+}
+
+static fg_status cpu_act(fg_context *ctx, const fg_act_call *c) {
+    FG_TRY(fg_cpu_act(ctx, c));
+    if (c->step != FG_ACT_STEP_CAST) {
+        char label[64];
+        fg_act_step_label(label, sizeof label, c->step, c->act, c->dtype);
+        fg_record_kernel(ctx, label);
+    }
+    return FG_OK;
+}
+
+const fg_backend_ops fg_cpu_backend = {
+    "cpu", true, cpu_gemm, cpu_elementwise, cpu_adamw, cpu_logp_scratch, cpu_logp, cpu_act_plan, cpu_act,
+};

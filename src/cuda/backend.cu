@@ -1,0 +1,108 @@
+/*
+ * backend.cu — the CUDA backend's table (fg_backend_ops) and its plan hook for linear +
+ * activation: which of the backend's kernels take a problem is decided here, once, when a
+ * plan is made, from the shapes, the dtype, the device's arch and the alignment the caller
+ * declared — the front door (src/ops/linear_act.c) only follows the path. Each entry records
+ * what it launched for fg_context_last_kernels.
+ */
+#include "cuda_internal.h"
+
+#include <string.h>
+
+static fg_status cuda_gemm(fg_context *ctx, const fg_gemm *g, fg_kernel_info *info, void *ws, size_t ws_bytes,
+                           bool run) {
+    return fg_cuda_gemm(ctx, g, info, ws, ws_bytes, run);
+}
+
+static fg_status cuda_elementwise(fg_context *ctx, const fg_ew *e, fg_kernel_info *info, void *ws, size_t ws_bytes,
+                                  bool run) {
+    FG_TRY(fg_cuda_elementwise(ctx, e, info, ws, ws_bytes, run));
+    if (run) fg_record_kernel(ctx, info->name);
+    return FG_OK;
+}
+
+static fg_status cuda_adamw(fg_context *ctx, const fg_adamw_run *r) {
+    FG_TRY(fg_cuda_adamw(ctx, r));
+    fg_record_kernel(ctx, "adamw_multi_tensor");
+    return FG_OK;
+}
+
+static fg_status cuda_logp(fg_context *ctx, const fg_logp_call *c) { return fg_cuda_logp(ctx, c); }
+
+/* dw = gᵀ·x reduces over all N rows into an M × K result: when that result is only a few
+ * GEMM tiles and N is long, cuBLASLt runs it on a few SMs. The rows are split into `parts`
+ * products written side by side in f32 (one batched GEMM), summed in order by the cast.
+ * 0: no split. */
+static int64_t dw_parts(int64_t N, int64_t K, int64_t M) {
+    const int64_t tiles = ((M + 127) / 128) * ((K + 127) / 128);
+    if (tiles >= 32 || N < 16384) return 0;
+    const int64_t parts = N / 2048;
+    return parts > 64 ? 64 : parts;
+}
+
+static fg_status cuda_act_plan(fg_context *ctx, const fg_act_problem *p, fg_act_path *path) {
+    memset(path, 0, sizeof *path);
+    path->fwd = FG_ACT_STEP_FORWARD;
+    path->fused = FG_ACT_STEP_FORWARD; /* none */
+    const bool a16 = p->align >= 16;  /* the own kernels load 16-byte vectors */
+    const bool act = p->kind != FG_ACT_NONE;
+    if (p->forward) {
+        if (!p->keep && act) { /* the activation in the product's epilogue, where cuBLASLt has it */
+            fg_gemm g = fg_gemm_plain(p->dtype, 1, p->N, p->M, p->K, fg_mat_at(NULL, p->K, 1), fg_mat_at(NULL, 1, p->K),
+                                      fg_mat_at(NULL, p->M, 1), 0.0, p->has_bias, NULL, p->tf32, false, p->align);
+            g.act = p->kind;
+            fg_kernel_info info;
+            FG_TRY(fg_gemm_execute(ctx, &g, &info, NULL, 0, false));
+            if (info.act_fused) {
+                path->epilogue = true;
+                return FG_OK;
+            }
+        }
+        if (act && a16 && fg_cuda_act_tile_fits(p->dtype, p->K, p->M)) path->fwd = FG_ACT_STEP_TILE_FORWARD;
+        else if (act && a16 && fg_cuda_act_gemm_fits(ctx->device, p->dtype, FG_ACT_STEP_GEMM_FORWARD, p->N, p->K, p->M))
+            path->fwd = FG_ACT_STEP_GEMM_FORWARD;
+        return FG_OK;
+    }
+    /* the whole backward in one kernel: from a kept pre on sm_90a (wgmma, every activation),
+       else the mma.sync one (the cheap-slope activations, any alignment) */
+    if (p->want_dx && p->want_dw) {
+        if (p->keep && p->N >= 1 && p->act != FG_ACT_NONE && a16 &&
+            fg_cuda_act_bwd90_fits(ctx->device, p->dtype, p->K, p->M))
+            path->fused = FG_ACT_STEP_TILE_BACKWARD90;
+        else if (fg_cuda_act_bwd_tile_fits(p->dtype, p->act, p->K, p->M))
+            path->fused = FG_ACT_STEP_TILE_BACKWARD;
+        if (path->fused != FG_ACT_STEP_FORWARD) {
+            path->fused_scratch = fg_cuda_act_bwd_tile_scratch(ctx->device, p->N, p->K, p->M, &path->fused_parts);
+            return FG_OK;
+        }
+    }
+    /* pre recomputed inside the gradient's tile kernel */
+    path->tile_grad = !p->keep && act && a16 && fg_cuda_act_tile_fits(p->dtype, p->K, p->M);
+    /* or g formed by dx's product on its spare warps, for the activations whose slope they keep
+       up with (every one in the slope form) */
+    path->form = !path->tile_grad && p->want_dx && !p->accumulate && act && a16 && fg_cuda_act_form_takes(p->act) &&
+                 fg_cuda_act_gemm_fits(ctx->device, p->dtype, FG_ACT_STEP_GEMM_INPUT_FORM, p->N, p->M, p->K);
+    if (path->form) path->grad_scratch = fg_cuda_act_form_scratch(p->N, p->M, p->want_db);
+    else if (p->want_db) path->grad_scratch = fg_cuda_act_scratch(p->dtype, p->N, p->M);
+    path->dw_parts = p->want_dw ? dw_parts(p->N, p->K, p->M) : 0;
+    /* dx and dw by the own sm_90a GEMM when they are written, not added to */
+    path->gemm_dx = p->want_dx && !path->form && !p->accumulate && a16 &&
+                    fg_cuda_act_gemm_fits(ctx->device, p->dtype, FG_ACT_STEP_GEMM_INPUT, p->N, p->M, p->K);
+    path->gemm_dw = p->want_dw && !path->dw_parts && !p->accumulate && a16 &&
+                    fg_cuda_act_gemm_fits(ctx->device, p->dtype, FG_ACT_STEP_GEMM_WEIGHT, p->M, p->N, p->K);
+    return FG_OK;
+}
+
+static fg_status cuda_act(fg_context *ctx, const fg_act_call *c) {
+    FG_TRY(fg_cuda_act(ctx, c));
+    if (c->step != FG_ACT_STEP_CAST) {
+        char label[64];
+        fg_act_step_label(label, sizeof label, c->step, c->act, c->dtype);
+        fg_record_kernel(ctx, label);
+    }
+    return FG_OK;
+}
+
+extern "C" const fg_backend_ops fg_cuda_backend = {
+    "cuda", false, cuda_gemm, cuda_elementwise, cuda_adamw, fg_cuda_logp_scratch, cuda_logp, cuda_act_plan, cuda_act,
+};

@@ -1,9 +1,11 @@
 /*
  * act_math.cuh — the activations and their slopes in f32 for the CUDA linear + activation
- * kernels (the elementwise passes in linear_act.cu, the fused tiles in linear_act_tile.cu):
+ * kernels (the elementwise passes in linear_act.cu, the fused tile and sm_90a kernels):
  * sigmoid forms through ex2.approx and rcp.approx (the accurate expf and the correctly
- * rounded reciprocal made the passes compute-bound), erfcf / tanhf accurate, with the same
+ * rounded reciprocal make the passes compute-bound), erfcf / tanhf accurate, with the same
  * cancellation-free forms and guards as the CPU's f64 math in src/cpu/linear_act.c.
+ * gelu_tanh goes through σ(2u), not tanh.approx: ½(1 + tanh u) cancels in the negative tail,
+ * where the tests hold the slope to its true relative value.
  */
 #ifndef FG_CUDA_ACT_MATH_CUH
 #define FG_CUDA_ACT_MATH_CUH
@@ -13,8 +15,8 @@
 #include <type_traits>
 
 /* f(std::integral_constant<int, ACT>{}) for the activation `act`: one kernel per activation
- * (as a runtime switch inside the kernels it took 122 registers and ran at half the
- * bandwidth, H100, session 4). */
+ * (a runtime switch inside the kernels keeps every activation's registers live, which costs
+ * occupancy and so bandwidth). */
 template <typename F> static auto with_act(int act, F &&f) {
     switch (act) {
     case FG_ACT_RELU: return f(std::integral_constant<int, FG_ACT_RELU>{});
@@ -42,7 +44,7 @@ __device__ __forceinline__ float exp_neg(float x) {
 }
 
 /* 1/x for x in [1, 2] through rcp.approx (≤ 1 ulp; the correctly rounded __frcp_rn is a
- * multi-instruction sequence that made these passes compute-bound) */
+ * multi-instruction sequence that makes these passes compute-bound) */
 __device__ __forceinline__ float rcp_1_2(float x) {
     float y;
     asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
@@ -74,8 +76,9 @@ __device__ __forceinline__ float gelu_t_l2(float x, float x2) {
 
 /* gelu_tanh's slope from σ = s and σ′ = ds of 2u at xc (x clamped or not; x2 = xc²):
  * s + xc·ds·d(2u)/dx with d(2u)/dx = c1 + 3·c2·x²; past |x| = 10 it is 1 or 0, picked by selects
- * (no branch, so a thread's elements interleave: a branch per element ran the g-forming warps at
- * a quarter of the issue rate, session 11; the formula's value there is not used); NaN in, NaN out */
+ * (no branch, so a thread's elements interleave: a branch per element serializes them and
+ * leaves the g-forming warps far below their issue rate; the formula's value there is not
+ * used); NaN in, NaN out */
 __device__ __forceinline__ float gelu_t_slope(float x, float xc, float x2, float s, float ds) {
     const float r = fmaf(xc * ds, fmaf(0.21406444881780073f, x2, 1.5957691216057308f), s);
     return x != x ? x : fabsf(x) > 10.f ? (x > 0.f ? 1.f : 0.f) : r;

@@ -1,7 +1,8 @@
 /*
  * elem.cuh — element helpers every CUDA kernel file shares: the accumulator type of a
  * storage type (f32 for f32/f16/bf16, f64 for f64), conversions to and from it, and
- * 16-byte vector loads.
+ * 16-byte vector loads. Why: one definition of each conversion, so every kernel rounds
+ * the same way and the fused kernels reproduce the unfused ones' bits.
  */
 #ifndef FG_CUDA_ELEM_CUH
 #define FG_CUDA_ELEM_CUH

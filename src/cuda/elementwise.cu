@@ -6,8 +6,10 @@
  *    value) and 16-byte aligned; a backward writes every requested gradient in the same
  *    pass over dy. The common operand combinations have compile-time masks: each block
  *    owns a contiguous span and each thread loads 64 bytes per operand (4 vectors, 2 for
- *    2-byte types) before it stores. Other combinations take one kernel with the masks
- *    read at run time (one vector per thread per grid-stride step).
+ *    2-byte types) before it stores, enough bytes in flight for copy bandwidth; masks
+ *    known at compile time keep registers for the real operands only. Other combinations
+ *    take one kernel with the masks read at run time (one vector per thread per
+ *    grid-stride step).
  *  - General path: any strides, numpy broadcasting; one thread per element.
  *  - A gradient whose input was broadcast is a sum over the broadcast dims: blocks sum
  *    fixed slices with a fixed-order tree, and a second kernel adds the slices in order,

@@ -10,9 +10,10 @@
  * same scratch, per-slab dW and db partials in f32, summed over the slabs in order by CAST and
  * slab_colsum: deterministic on one GPU model).
  * Why: linear_act_bwd_tile.cu's warps run mma.sync and the activation math in turn, and its
- * gelu slopes made the math warps the bottleneck (0.234 ms at 172032 × 128 × 256 against 0.20
- * for the unfused backward). Here the products are wgmma, asynchronous: the consumer warps
- * issue tile t's products and form tile t + 1's g while the tensor cores run them.
+ * gelu slopes make the math warps the bottleneck (slower than the unfused backward). Here the
+ * products are wgmma, asynchronous: the consumer warps issue tile t's products and form tile
+ * t + 1's g while the tensor cores run them (relu and silu then run near memory speed; gelu's
+ * slope math stays the longest part, hence g's math on eleven warps, below).
  * Machinery (sm90.cuh): w (≤ 64 KiB) loaded once by TMA; one producer thread loads dy, pre and
  * x four tiles deep (TMA boxes of 32 rows × 64 columns, 128-byte swizzled; rows and columns past
  * the tensors read as zeros, so their g is 0); g's math on eleven warps (the consumers' eight and
@@ -49,7 +50,7 @@ constexpr int B9_GW = 11, B9_G_THREADS = 32 * B9_GW;
 /* named barriers (0 is __syncthreads): g of a tile formed (the g warps); end of the walk. The
    helpers and the consumers reach them from different branches (different static instructions),
    so the unaligned form: bar.sync is barrier.sync.aligned, which promises one instruction per
-   barrier generation (compute-sanitizer synccheck reported divergent barriers with it). */
+   barrier generation (compute-sanitizer synccheck reports divergent barriers with it). */
 __device__ __forceinline__ void g_sync() { asm volatile("barrier.sync 1, %0;\n" ::"n"(B9_G_THREADS) : "memory"); }
 __device__ __forceinline__ void end_sync() { asm volatile("barrier.sync 2, %0;\n" ::"n"(B9_G_THREADS) : "memory"); }
 

@@ -295,9 +295,8 @@ __global__ void __launch_bounds__(BT_THREADS, 1) act_bwd_tile_kernel(bt_args a) 
 
 /* The activations whose slope is cheap (relu; one ex2 and one reciprocal for silu, sigmoid,
  * tanh). gelu and gelu_tanh keep the unfused backward: their slope math makes the eight math
- * warps this kernel's bottleneck (H100, 172032 × 128 × 256, kept pre: 0.234 ms against 0.20 for
- * the gradient pass and two cuBLASLt products; silu 0.173 against 0.20; docs/perf-notes.md).
- * (With a kept pre on sm_90a, linear_act_bwd90.cu runs instead, the gelus included.) */
+ * warps this kernel's bottleneck, and the gradient pass with two cuBLASLt products is then
+ * faster. (With a kept pre on sm_90a, linear_act_bwd90.cu runs instead, the gelus included.) */
 static bool bt_act(int act) {
     return act == FG_ACT_RELU || act == FG_ACT_SILU || act == FG_ACT_SIGMOID || act == FG_ACT_TANH ||
            act == FG_ACT_GIVEN_SLOPE; /* (the slope form: s is always kept) */

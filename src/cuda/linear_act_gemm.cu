@@ -2,21 +2,20 @@
  * linear_act_gemm.cu — linear + activation's three products as one own sm_90a GEMM (f16 /
  * bf16, any reduction length, layers wide enough to fill the GPU):
  *  GEMM_FORWARD  pre = round(x·wᵀ + b) (stored when kept), y = act(pre); the slope form
- *                stores s = act′(pre) where pre would go (no measurable cost: the epilogue
- *                warps have the issue slots)
+ *                stores s = act′(pre) where pre would go (free: the epilogue warps have the
+ *                issue slots)
  *  GEMM_INPUT    dx = g·w   (w read N-major: the transposed B operand)
  *  GEMM_WEIGHT   dw = gᵀ·x  (g read M-major, x N-major)
  *  GEMM_INPUT_FORM  dx = g·w with g = dy ⊙ act′(pre) made by the blocks' spare warps while the
- *                consumers multiply (gm_form): the gradient pass's 768 MB at the FFN shape move
- *                under the product instead of before it; units of one row tile × one 64-wide K
- *                slice go to whichever block asks next, a released flag per unit tells the
- *                producers it is in memory (so no block waits on one that is not running); db's
- *                sums per row tile, finished in order by slab_colsum (deterministic)
- * The forward has the activation in the product's epilogue, so y (and pre) leave the chip once
- * and no pass reads them back. cuBLASLt has epilogues for relu and gelu only, and its gelu
- * misses this library's accuracy contract (docs/perf-notes.md, session 4). The backward's
- * products run here too: measured level with cuBLASLt's (0.94–1.08× over 8 timings, H100,
- * session 8), and with them the whole step is one kernel design.
+ *                consumers multiply (gm_form): the gradient pass's traffic moves under the
+ *                product instead of before it; units of one row tile × one 64-wide K slice go
+ *                to whichever block asks next, a released flag per unit tells the producers it
+ *                is in memory (so no block waits on one that is not running); db's sums per row
+ *                tile, finished in order by slab_colsum (deterministic)
+ * Why: the forward has the activation in the product's epilogue, so y (and pre) leave the chip
+ * once and no pass reads them back. cuBLASLt has epilogues for relu and gelu only, and its gelu
+ * misses this library's accuracy contract. The backward's products run at cuBLASLt's speed
+ * here, and with them the whole step is one kernel design.
  * Machinery (sm90.cuh): persistent blocks of three warpgroups over 128 × 256 output tiles; one
  * producer thread loads 64-wide K slices by TMA into three 128-byte-swizzled stages (mbarriers
  * full / empty); two consumer warpgroups run wgmma m64n256k16 on 64 rows each (128 f32
@@ -25,20 +24,12 @@
  * while the consumers already run the next tile (mbarriers epi_full / epi_empty), so the
  * activation's math overlaps the products. Out-of-bounds rows and columns are clipped by the
  * copy engine. Each output element is one block's sum in a fixed K order: deterministic.
- * Measured (H100, bf16, 8192 × 4096 × 16384): session 7, the epilogue in the consumers: silu
- * 0.99×, gelu_tanh 0.90× of cuBLAS's plain product; session 8, in the epilogue warps: 1.49 ms
- * against cuBLASLt's bias GEMM 1.41 (0.95×) and eager's GEMM + pass 1.59 (docs/perf-notes.md);
- * session 11, dx forming g: 1.45 ms (relu) against the pass + product's 0.28 + 1.30.
- * Measured and not kept (session 13, commits e4a8fc2..6c1354e): pairs of blocks (2-block
- * clusters) sharing B's slice by TMA multicast — level at locked clocks (ncu: dx 1.51 vs 1.50 ms,
- * L2 bytes not lower), the whole step 3–6% slower than this design (docs/perf-notes.md).
- * Session 14 (commit 5a90b3f, reverted): the last wave split by iterations (stream-K, partial
- * sums through L2, a fixed order) — correct, but the forward no faster (1.607 vs 1.604 ms) and
- * dx forming g 8% slower (its g units come slice by slice, the split's pieces want late slices
- * early), the reworked walk slower even with the split off.
- * Session 15 (not kept): y and s stored straight from the epilogue warps' registers instead of
- * staged for TMA — level; the next tile's first K slices prefetched into L2 — 2.5–3% slower. At
- * locked clocks the forward's deficit against dW follows its tile count (docs/perf-notes.md).
+ * Each block runs alone (no clusters) and takes whole tiles (no split of the last wave): the
+ * spare warps of the forward and the forming dx are at their register limits, and a walk that
+ * hands out partial tiles makes the forming dx wait for g units that come slice by slice.
+ * What is left of the forward's cost over a plain product follows its tile count (each tile's
+ * change-over: drain the wgmmas, stage the tile, refill), not its activation math or stores.
+ * docs/decisions.md has the alternatives tried and their figures.
  */
 #include "act_math.cuh"
 #include "cuda_internal.h"
@@ -50,7 +41,7 @@
 #include <string.h>
 
 constexpr int GM_BM = 128, GM_BN = 256, GM_BK = 64, GM_STAGES = 3, GM_THREADS = 384, GM_GROUP = 16;
-constexpr int GM_GROUP_FORM = 8; /* (forming g: a wave's blocks need 8 row tiles' g, not 16: measured, session 11) */
+constexpr int GM_GROUP_FORM = 8; /* (forming g: a wave's blocks need 8 row tiles' g, not 16, so g is ready sooner) */
 constexpr int GM_FORM_ROWS = 32;                  /* a g unit's dy / pre boxes: 32 rows × 64 columns */
 constexpr int GM_FORM_BOX = GM_FORM_ROWS * GM_BK * 2;
 static_assert(2 * 2 * GM_FORM_BOX == 2 * 64 * 64 * 2, "the g ring (two stages of a dy and a pre box) fills the two y chunks");
@@ -439,8 +430,8 @@ static int gm_sms(int device) {
  * device; f16 / bf16; every row stride a multiple of 8 elements (TMA's 16-byte strides: the
  * forward's k and cols, GEMM_INPUT's k (g's rows) and cols, GEMM_WEIGHT's rows (g's) and cols);
  * at least one full wave of tiles (fewer: cuBLASLt's smaller tiles fill the GPU better) and a
- * product long enough to pay for the fill and the tail (the 6e9 rule was measured before the
- * epilogue overlapped the products). Running, every pointer must also be 16-byte aligned. */
+ * product long enough to pay for the fill and the tail. Running, every pointer must also be
+ * 16-byte aligned. */
 extern "C" bool fg_cuda_act_gemm_fits(int device, fg_dtype dtype, fg_act_step step, int64_t rows, int64_t k,
                                       int64_t cols) {
 #ifdef FG_CUDA_HAVE_SM90A
@@ -454,8 +445,8 @@ extern "C" bool fg_cuda_act_gemm_fits(int device, fg_dtype dtype, fg_act_step st
         cols > INT32_MAX - GM_BN || k > INT32_MAX - GM_BK) /* (TMA coordinates are 32-bit, tiles included) */
         return false;
     if (!fg_cuda_is_sm90(device)) return false;
-    /* (measured, bench/probe_fwd_shapes.py, H100: against the product + pass it replaces,
-       4096 × 256 × 4096 (4.3e9 multiply-adds) ran 0.92×, 8.6e9 and more 1.0–1.23×) */
+    /* (below ≈ 6e9 multiply-adds the product + pass it replaces is as fast or faster:
+       tools/act_fwd_shapes.py measures the rule) */
     if ((double)rows * (double)k * (double)cols < 6e9) return false;
     const int64_t tiles = ((rows + GM_BM - 1) / GM_BM) * ((cols + GM_BN - 1) / GM_BN);
     return tiles >= gm_sms(device) && tiles < INT32_MAX;
@@ -476,12 +467,11 @@ extern "C" size_t fg_cuda_act_form_scratch(int64_t rows, int64_t k, bool want_db
     return form_flags_bytes(rows, k) + (want_db ? (size_t)((rows + GM_BM - 1) / GM_BM) * (size_t)k * sizeof(float) : 0);
 }
 
-/* Measured (H100, bf16, 8192 × 4096 × 16384, the whole step against the gradient pass + plain
-   product, interleaved, session 11): relu 4.80 vs 5.00 ms, sigmoid 4.91 vs 5.14, tanh 4.64 vs
-   4.85, silu 4.88 vs 4.93 (4.96 vs 5.14 in another run); gelu_tanh 5.01 vs 4.94 and gelu (erf)
-   5.58 vs 5.43: their slopes are too long for the three spare warps, which then hold the
-   product back — those keep the pass. GIVEN_SLOPE (the slope form, g = dy ⊙ s: one multiply)
-   runs at relu's cost: 1.49 ms against gelu_tanh's pass + product 0.31 + 1.49 (session 12). */
+/* The activations whose g dx's product forms itself: relu, silu, sigmoid and tanh, whose slopes
+   the three spare warps keep up with, so the step beats the gradient pass + plain product.
+   gelu and gelu_tanh keep the pass: their slopes are too long for three warps, which would then
+   hold the product back. GIVEN_SLOPE (the slope form, g = dy ⊙ s: one multiply) runs at relu's
+   cost, which is why the slope form pays for the gelus. */
 extern "C" bool fg_cuda_act_form_takes(int act) {
     return act == FG_ACT_RELU || act == FG_ACT_SILU || act == FG_ACT_SIGMOID || act == FG_ACT_TANH ||
            act == FG_ACT_GIVEN_SLOPE;

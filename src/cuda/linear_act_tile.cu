@@ -15,8 +15,9 @@
  * the current tile's products). w's rows are stored permuted so that each thread's
  * accumulators hold 8 adjacent output columns of a row: the epilogue reads dy and writes
  * y / pre / g as 16-byte vectors, full sectors per warp.
- * Measured (H100, docs/perf-notes.md, session 5): faster than GEMM + pass, but not yet at
- * memory speed — a block's products, math and memory run one after the other.
+ * Faster than GEMM + pass, but not at memory speed: a block's products, math and memory run
+ * one after the other. Tiles of 128 columns, not 64: a narrower tile reads x from L2 once more
+ * per column tile, and the extra resident warps alone do not overlap the phases.
  */
 #include "act_math.cuh"
 #include "cuda_internal.h"
@@ -26,7 +27,7 @@
 
 constexpr int TILE_ROWS = 64, TILE_COLS = 128, TILE_K = 128, TILE_THREADS = 256;
 /* blocks an SM: the gradient holds dy's 16 registers across the products (at three blocks'
-   80 registers it spilled) */
+   80 registers it would spill) */
 template <bool GRAD> constexpr int tile_blocks() { return GRAD ? 2 : 3; }
 
 struct tile_args {

@@ -11,6 +11,9 @@
  *         flag with an atomic max on the inverted row (the smallest row wins).
  * exp runs as ex2.approx on pre-scaled logits (relative error ~2⁻²²). No floating-point
  * atomics anywhere: the same bits on every run.
+ * Why row kernels over a cuBLASLt tile of logits rather than one fused GEMM + softmax: the
+ * tile costs a few bytes of traffic a logit, a small part of the products' time, while the
+ * products keep cuBLASLt's speed; the [N, V] logits never exist at once.
  */
 #include "cuda_internal.h"
 #include "elem.cuh"

@@ -1,7 +1,9 @@
 /*
  * mma.cuh — the tensor-core and async-copy building blocks of the fused tile kernels
  * (linear_act_tile.cu, linear_act_bwd_tile.cu): cp.async 16-byte copies, ldmatrix (plain
- * and transposed) and mma.sync m16n8k16 with f32 accumulators for f16 / bf16.
+ * and transposed) and mma.sync m16n8k16 with f32 accumulators for f16 / bf16. Why: those
+ * kernels keep w resident in shared memory and walk their own row tiles, which no library
+ * call does; these few PTX pieces are all they need, on every architecture from sm_80.
  */
 #ifndef FG_CUDA_MMA_CUH
 #define FG_CUDA_MMA_CUH

@@ -1,7 +1,8 @@
 /*
  * sums.cuh — two small kernels the fused families share: the ordered finish of per-slab
  * column sums (a bias gradient) and the f32 → storage cast of an accumulator, summed over
- * `parts` side-by-side partials in order and optionally added into the output.
+ * `parts` side-by-side partials in order and optionally added into the output. Why: no
+ * floating-point atomics; partial sums added in a fixed order give the same bits every run.
  */
 #ifndef FG_CUDA_SUMS_CUH
 #define FG_CUDA_SUMS_CUH

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # gpu-check.sh — everything the lent GPU machine is for, in one call: build for sm_90a,
-# run every test driver on the GPU (and the > 2^31-element cases), run the CUDA tests
-# under compute-sanitizer memcheck, run the Python suite against torch when present,
-# run the benchmark, and print a short summary last. Full logs go to $OUT.
-# Knobs for partial runs: TESTS / MEMCHECK (driver lists), SYNCCHECK=1 (compute-sanitizer
-# synccheck and racecheck on bench/sanitize_act.py), SKIP_PYTEST=1, SKIP_BENCH=1, SKIP_COMPARE=1,
+# run every test driver on the GPU (with the > 2^31-element cases, FG_TEST_LARGE=1) where a
+# skipped CUDA case is a failure (FG_REQUIRE_CUDA=1), run every driver under
+# compute-sanitizer memcheck and the own sm_90a kernels under synccheck and racecheck
+# (tools/sanitize_act.py), run the Python suite against torch when present, run the
+# benchmark, and print a short summary last. Full logs go to $OUT.
+# Knobs for partial runs: TESTS / MEMCHECK (driver names; default: every tests/test_*.c),
+# SKIP_SANITIZE=1 (no synccheck / racecheck), SKIP_PYTEST=1, SKIP_BENCH=1, SKIP_COMPARE=1,
 # BENCH_ARGS (e.g. --only-logp), COMPARE_ARGS (passed to bench/compare.py). Everything at once
-# no longer fits the device's 600 s a command on a fresh machine (session 11: killed in the
-# benchmark): run it as two calls, SKIP_BENCH=1 SKIP_COMPARE=1 then TESTS= MEMCHECK= SKIP_PYTEST=1.
+# does not fit the device's 600 s a command on a fresh machine: run it as two calls,
+# SKIP_BENCH=1 SKIP_COMPARE=1 then TESTS= MEMCHECK= SKIP_SANITIZE=1 SKIP_PYTEST=1.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/fastgrad-gpu-check}
@@ -29,9 +31,11 @@ fi
 note "build: ok ($(grep -c 'Building' "$LOG/build.log") steps)"
 
 status=0
-for t in ${TESTS:-core linear matmul outer elementwise adamw linear_logp linear_act header_cxx}; do
+drivers=$(cd tests && ls test_*.c | sed 's/^test_//; s/\.c$//')   # every driver, as ctest has them
+for t in ${TESTS-$drivers header_cxx}; do
   bin=$build/tests/test_$t
-  if [ "$t" = linear ] || [ "$t" = elementwise ] || [ "$t" = adamw ] || [ "$t" = linear_logp ]; then env FG_TEST_LARGE=1 $bin > "$LOG/test_$t.log" 2>&1; else $bin > "$LOG/test_$t.log" 2>&1; fi
+  [ "$t" = header_cxx ] && bin=$build/tests/test_header_cxx
+  env FG_TEST_LARGE=1 FG_REQUIRE_CUDA=1 $bin > "$LOG/test_$t.log" 2>&1
   rc=$?
   [ $rc -eq 0 ] || status=1
   line=$(grep -E "checks,|header OK" "$LOG/test_$t.log" | tail -1)
@@ -40,24 +44,25 @@ for t in ${TESTS:-core linear matmul outer elementwise adamw linear_logp linear_
 done
 
 if command -v compute-sanitizer >/dev/null 2>&1; then
-  for t in ${MEMCHECK:-linear matmul outer elementwise adamw linear_logp linear_act}; do
-    compute-sanitizer --tool memcheck --leak-check full --error-exitcode 9 $build/tests/test_$t \
+  for t in ${MEMCHECK-$drivers}; do
+    FG_REQUIRE_CUDA=1 compute-sanitizer --tool memcheck --leak-check full --error-exitcode 9 $build/tests/test_$t \
       > "$LOG/memcheck_$t.log" 2>&1
     rc=$?
     [ $rc -eq 0 ] || status=1
     note "memcheck $t: rc=$rc $(grep -E 'ERROR SUMMARY' "$LOG/memcheck_$t.log" | tail -1) $(grep -E 'checks,' "$LOG/memcheck_$t.log" | tail -1)"
   done
 else
-  note "memcheck: compute-sanitizer not found"
+  status=1
+  note "memcheck: FAILED, compute-sanitizer not found"
 fi
 
-if [ -n "${SYNCCHECK:-}" ] && command -v compute-sanitizer >/dev/null 2>&1; then
-  for tool in synccheck racecheck; do  # the sm_90a kernels' barriers (bench/sanitize_act.py)
+if [ -z "${SKIP_SANITIZE:-}" ] && command -v compute-sanitizer >/dev/null 2>&1; then
+  for tool in synccheck racecheck; do  # the sm_90a kernels' barriers (tools/sanitize_act.py)
     PYTHONPATH="$PWD/python:${PYTHONPATH:-}" FASTGRAD_LIBRARY="$PWD/$build/libfastgrad.so" \
-      compute-sanitizer --tool $tool --error-exitcode 9 python3 bench/sanitize_act.py > "$LOG/$tool.log" 2>&1
+      compute-sanitizer --tool $tool --error-exitcode 9 python3 tools/sanitize_act.py > "$LOG/$tool.log" 2>&1
     rc=$?
-    # racecheck also reports one hazard inside cuBLAS's own sm_90 kernels (nvjet_*: TMA /
-    # mbarrier ordering it does not model; seen in session 9): only reports naming our kernels count
+    # racecheck also reports a hazard inside cuBLAS's own sm_90 kernels (nvjet_*: TMA /
+    # mbarrier ordering it does not model): only reports naming our kernels count
     own=$(grep -E "Race reported|Barrier error|Error:" "$LOG/$tool.log" | grep -vc "nvjet_")
     ok=$(grep -c "^sanitize_act: ok" "$LOG/$tool.log")
     { [ "$own" -eq 0 ] && [ "$ok" -eq 1 ]; } || status=1

@@ -39,6 +39,13 @@ void th_init(const char *name) {
 }
 
 int th_finish(const char *name) {
+    /* On the GPU machine (scripts/gpu-check.sh sets FG_REQUIRE_CUDA=1) a case that did not run
+       is a failure, not a pass. */
+    const char *req = getenv("FG_REQUIRE_CUDA");
+    if (req && strcmp(req, "1") == 0 && th_skips > 0) {
+        fprintf(stderr, "FAIL %s: %d case(s) skipped with FG_REQUIRE_CUDA=1\n", name, th_skips);
+        th_failures++;
+    }
     printf("%s: %d checks, %d failed, %d skipped\n", name, th_checks, th_failures, th_skips);
     return th_failures ? 1 : 0;
 }

@@ -1,0 +1,370 @@
+/*
+ * test_plans.c — the op table and the plan contract across every op: fg_op_describe
+ * gives each op of the table a name, a family, named operands with roles; the ABI
+ * reflection matches this compilation of the header; and for every op (the test fails
+ * when an op of the table has no case here) a plan names exactly the kernels its run
+ * launches — fg_plan_info.kernel against the backend's own launch record
+ * (fg_context_last_kernels) — on every backend present, including the CUDA paths of
+ * linear + activation that are chosen when the plan is made. Also: a plan refuses data
+ * aligned below what its descriptor declared, and writes nothing.
+ */
+#include "harness.h"
+
+#include <math.h>
+#include <stddef.h>
+
+/* ------------------------------------------------------------------ the table */
+
+static void describe_all(void) {
+    const int32_t n = fg_op_count();
+    TH_CHECK(n >= 19, "fg_op_count()=%d", n);
+    fg_op_info info;
+    TH_CHECK(fg_op_describe(FG_OP_NONE, &info) == FG_ERR_INVALID_VALUE, "op 0 is not an op");
+    TH_CHECK(fg_op_describe((fg_op)(n + 1), &info) == FG_ERR_INVALID_VALUE, "op count+1 is not an op");
+    TH_CHECK(fg_op_describe((fg_op)1, NULL) == FG_ERR_NULL_POINTER, "NULL info");
+    for (int32_t op = 1; op <= n; op++) {
+        TH_OK(fg_op_describe((fg_op)op, &info));
+        TH_CHECK(info.op == op && info.name && info.name[0] && info.family && info.family[0], "op %d named", op);
+        TH_CHECK(info.n_operands >= 2 && info.n_operands <= FG_MAX_OPERANDS, "%s: %d operands", info.name,
+                 info.n_operands);
+        int outputs = 0;
+        for (int i = 0; i < info.n_operands; i++) {
+            TH_CHECK(info.operands[i].name && info.operands[i].name[0], "%s: operand %d named", info.name, i);
+            for (int j = 0; j < i; j++)
+                TH_CHECK(strcmp(info.operands[i].name, info.operands[j].name) != 0, "%s: operand names unique",
+                         info.name);
+            outputs += info.operands[i].role == FG_ROLE_OUTPUT;
+        }
+        TH_CHECK(outputs >= 1, "%s has an output", info.name);
+        TH_CHECK((info.options_type == NULL) == (info.options_size == 0), "%s: options type and size", info.name);
+        TH_CHECK(info.flags & FG_PLAN_ALLOW_TF32, "%s accepts FG_PLAN_ALLOW_TF32", info.name);
+        for (int32_t other = 1; other < op; other++) {
+            fg_op_info o;
+            TH_OK(fg_op_describe((fg_op)other, &o));
+            TH_CHECK(strcmp(o.name, info.name) != 0, "op names unique: %s", info.name);
+        }
+    }
+    TH_CHECK(fg_op_describe(FG_OP_LINEAR_ACT_BACKWARD, &info) == FG_OK &&
+                 strcmp(info.operands[5].name, "dx") == 0 && info.operands[5].role == FG_ROLE_OUTPUT &&
+                 info.operands[5].optional && strcmp(info.options_type, "fg_linear_act_options") == 0,
+             "linear_act_backward's operand 5 is the optional output dx, options fg_linear_act_options");
+    TH_CHECK(strcmp(fg_last_error(), "") == 0, "a success leaves no message");
+}
+
+static void abi(void) {
+    size_t v = 0;
+    int64_t c = 0;
+    TH_CHECK(fg_abi_layout("fg_plan_desc", NULL, &v) == FG_OK && v == sizeof(fg_plan_desc), "sizeof fg_plan_desc");
+    TH_CHECK(fg_abi_layout("fg_plan_desc", "options", &v) == FG_OK && v == offsetof(fg_plan_desc, options),
+             "offsetof fg_plan_desc.options");
+    TH_CHECK(fg_abi_layout("fg_plan_desc", "alignment", &v) == FG_OK && v == offsetof(fg_plan_desc, alignment),
+             "offsetof fg_plan_desc.alignment");
+    TH_CHECK(fg_abi_layout("fg_op_info", "operands", &v) == FG_OK && v == offsetof(fg_op_info, operands),
+             "offsetof fg_op_info.operands");
+    TH_CHECK(fg_abi_layout("fg_logp_options", NULL, &v) == FG_OK && v == sizeof(fg_logp_options), "sizeof logp opts");
+    TH_CHECK(fg_abi_layout("fg_plan_desc", "nope", &v) == FG_ERR_INVALID_VALUE && strstr(fg_last_error(), "nope"),
+             "unknown field");
+    TH_CHECK(fg_abi_layout("fg_nope", NULL, &v) == FG_ERR_INVALID_VALUE, "unknown struct");
+    TH_CHECK(fg_abi_constant("FG_ACT_GELU_TANH", &c) == FG_OK && c == FG_ACT_GELU_TANH, "FG_ACT_GELU_TANH");
+    TH_CHECK(fg_abi_constant("FG_BF16", &c) == FG_OK && c == FG_BF16, "FG_BF16");
+    TH_CHECK(fg_abi_constant("FG_VERSION", &c) == FG_OK && c == FG_VERSION && (uint32_t)c == fg_version(),
+             "FG_VERSION");
+    TH_CHECK(fg_abi_constant("FG_NOPE", &c) == FG_ERR_INVALID_VALUE, "unknown constant");
+    TH_CHECK(fg_abi_constant(NULL, &c) == FG_ERR_NULL_POINTER, "NULL name");
+}
+
+/* ------------------------------------------------------------------ plans vs launches */
+
+typedef struct plan_case {
+    fg_op op;
+    const char *label;
+    fg_tensor ops[FG_MAX_OPERANDS];
+    th_operand own[FG_MAX_OPERANDS]; /* storage of each present operand */
+    const void *options;
+    size_t options_size;
+    int accumulate;
+} plan_case;
+
+static void add(plan_case *c, fg_backend be, int i, fg_dtype dt, int rank, const int64_t *shape) {
+    c->own[i] = th_make(be, dt, rank, shape, 0);
+    if (dt == FG_I64) { /* class targets: 0 (valid for any V) */
+        const size_t bytes = (size_t)c->own[i].n * sizeof(int64_t);
+        void *zero = calloc(1, bytes + 8);
+        th_put_raw(&c->own[i].buf, zero, bytes);
+        free(zero);
+    } else {
+        th_randomize(&c->own[i]);
+    }
+    c->ops[i] = c->own[i].t;
+}
+
+static void drop_case(plan_case *c) {
+    for (int i = 0; i < FG_MAX_OPERANDS; i++)
+        if (c->ops[i].rank || c->own[i].buf.ptr) th_drop(&c->own[i]);
+}
+
+/* Splits "a ; b ; c" and checks every piece of `want` is in `have` (as a piece, or anywhere in
+ * it when `loose`). */
+static bool pieces_in(const char *want, const char *have, bool loose, char *missing, size_t len) {
+    char buf[600];
+    snprintf(buf, sizeof buf, "%s", want);
+    for (char *p = buf; p && *p;) {
+        char *end = strstr(p, " ; ");
+        if (end) *end = 0;
+        bool found = false;
+        if (loose) found = strstr(have, p) != NULL;
+        else {
+            const char *at = have;
+            while (!found && (at = strstr(at, p)) != NULL) {
+                const bool starts = at == have || (at >= have + 3 && strncmp(at - 3, " ; ", 3) == 0);
+                const char *after = at + strlen(p);
+                found = starts && (*after == 0 || strncmp(after, " ; ", 3) == 0);
+                at++;
+            }
+        }
+        if (!found) {
+            snprintf(missing, len, "%s", p);
+            return false;
+        }
+        p = end ? end + 3 : NULL;
+    }
+    return true;
+}
+
+/* Plans, runs and compares what the plan named with what the backend launched. */
+static void run_case(fg_context *ctx, fg_backend be, plan_case *c) {
+    fg_plan_desc d;
+    memset(&d, 0, sizeof d);
+    d.op = c->op;
+    d.accumulate = c->accumulate;
+    d.options = c->options;
+    d.options_size = c->options_size;
+    memcpy(d.operands, c->ops, sizeof d.operands);
+    for (int i = 0; i < FG_MAX_OPERANDS; i++) d.operands[i].data = NULL;
+    fg_plan *plan = NULL;
+    fg_plan_info info;
+    memset(&info, 0, sizeof info);
+    TH_OK(fg_plan_create(ctx, &d, &plan));
+    if (!plan) return;
+    TH_OK(fg_plan_info_get(plan, &info));
+    th_buf ws = th_alloc(be, FG_F32, (int64_t)(info.workspace_bytes / 4 + 64));
+    TH_OK(fg_plan_can_implement(plan, c->ops));
+    TH_OK(fg_plan_run(plan, c->ops, ws.ptr, info.workspace_bytes));
+    const char *ran = fg_context_last_kernels(ctx);
+    char missing[200] = "";
+    TH_CHECK(ran[0] != 0, "%s %s: the run recorded its kernels", th_backend_name(be), c->label);
+    /* the log-prob family's row steps are named as one string ("tiles ...: gemm + rows") */
+    const bool loose = strstr(info.kernel, "tiles ") != NULL;
+    TH_CHECK(pieces_in(ran, info.kernel, loose, missing, sizeof missing),
+             "%s %s: launched '%s', which the plan did not name ('%s')", th_backend_name(be), c->label, missing,
+             info.kernel);
+    if (!loose && strlen(info.kernel) < sizeof info.kernel - 1) /* (a cut name can't be compared) */
+        TH_CHECK(pieces_in(info.kernel, ran, false, missing, sizeof missing),
+                 "%s %s: the plan named '%s', which did not run (ran '%s')", th_backend_name(be), c->label, missing,
+                 ran);
+    fg_plan_destroy(plan);
+    th_free(&ws);
+}
+
+static void linear_cases(fg_context *ctx, fg_backend be, fg_dtype dt, bool *covered) {
+    const int64_t N = 37, K = 24, M = 40, B = 3;
+    int64_t nk[2] = {N, K}, mk[2] = {M, K}, nm[2] = {N, M}, m1[1] = {M}, n1[1] = {N};
+    int64_t bmk[3] = {B, N, K}, bkn[3] = {B, K, M}, bmn[3] = {B, N, M};
+    plan_case c;
+#define CASE(opid, lbl)                                                                                              \
+    memset(&c, 0, sizeof c);                                                                                         \
+    c.op = opid, c.label = lbl;                                                                                      \
+    covered[opid] = true;
+#define DONE()                                                                                                       \
+    run_case(ctx, be, &c);                                                                                           \
+    drop_case(&c);
+    CASE(FG_OP_LINEAR_FORWARD, "linear_forward");
+    add(&c, be, 0, dt, 2, nk), add(&c, be, 1, dt, 2, mk), add(&c, be, 2, dt, 1, m1), add(&c, be, 3, dt, 2, nm);
+    DONE();
+    CASE(FG_OP_LINEAR_FORWARD, "linear_forward one row (GEMV)");
+    int64_t one_k[2] = {1, K}, one_m[2] = {1, M};
+    add(&c, be, 0, dt, 2, one_k), add(&c, be, 1, dt, 2, mk), add(&c, be, 3, dt, 2, one_m);
+    DONE();
+    CASE(FG_OP_LINEAR_BACKWARD_INPUT, "linear_backward_input");
+    add(&c, be, 0, dt, 2, nm), add(&c, be, 1, dt, 2, mk), add(&c, be, 2, dt, 2, nk);
+    DONE();
+    CASE(FG_OP_LINEAR_BACKWARD_WEIGHT, "linear_backward_weight");
+    add(&c, be, 0, dt, 2, nm), add(&c, be, 1, dt, 2, nk), add(&c, be, 2, dt, 2, mk);
+    c.accumulate = 1;
+    DONE();
+    CASE(FG_OP_LINEAR_BACKWARD_BIAS, "linear_backward_bias");
+    add(&c, be, 0, dt, 2, nm), add(&c, be, 1, dt, 1, m1);
+    DONE();
+    CASE(FG_OP_MATMUL_FORWARD, "matmul_forward");
+    add(&c, be, 0, dt, 3, bmk), add(&c, be, 1, dt, 3, bkn), add(&c, be, 2, dt, 3, bmn);
+    DONE();
+    CASE(FG_OP_MATMUL_BACKWARD_INPUT, "matmul_backward_input (b broadcast)");
+    int64_t kn[2] = {K, M};
+    add(&c, be, 0, dt, 3, bmn), add(&c, be, 1, dt, 2, kn), add(&c, be, 2, dt, 3, bmk);
+    DONE();
+    CASE(FG_OP_MATMUL_BACKWARD_OTHER, "matmul_backward_other (summed over the batch)");
+    add(&c, be, 0, dt, 3, bmk), add(&c, be, 1, dt, 3, bmn), add(&c, be, 2, dt, 2, kn);
+    DONE();
+    CASE(FG_OP_OUTER_FORWARD, "outer_forward");
+    add(&c, be, 0, dt, 1, n1), add(&c, be, 1, dt, 1, m1), add(&c, be, 2, dt, 2, nm);
+    DONE();
+    CASE(FG_OP_OUTER_BACKWARD_INPUT, "outer_backward_input");
+    add(&c, be, 0, dt, 2, nm), add(&c, be, 1, dt, 1, m1), add(&c, be, 2, dt, 1, n1);
+    DONE();
+    CASE(FG_OP_OUTER_BACKWARD_OTHER, "outer_backward_other");
+    add(&c, be, 0, dt, 2, nm), add(&c, be, 1, dt, 1, n1), add(&c, be, 2, dt, 1, m1);
+    DONE();
+
+    fg_elementwise_options ew = {FG_UNARY_SOFTCAP, {3.0, 0, 0, 0}};
+    CASE(FG_OP_UNARY_FORWARD, "unary_forward softcap");
+    c.options = &ew, c.options_size = sizeof ew;
+    add(&c, be, 0, dt, 2, nm), add(&c, be, 1, dt, 2, nm);
+    DONE();
+    CASE(FG_OP_UNARY_BACKWARD, "unary_backward softcap");
+    c.options = &ew, c.options_size = sizeof ew;
+    add(&c, be, 0, dt, 2, nm), add(&c, be, 1, dt, 2, nm), add(&c, be, 2, dt, 2, nm);
+    DONE();
+    fg_elementwise_options lerp = {FG_BINARY_LERP, {0.3, 0, 0, 0}};
+    CASE(FG_OP_BINARY_FORWARD, "binary_forward lerp");
+    c.options = &lerp, c.options_size = sizeof lerp;
+    add(&c, be, 0, dt, 2, nm), add(&c, be, 1, dt, 1, m1), add(&c, be, 3, dt, 2, nm);
+    DONE();
+    CASE(FG_OP_BINARY_BACKWARD, "binary_backward lerp, tensor weight, broadcast b");
+    c.options = &lerp, c.options_size = sizeof lerp;
+    add(&c, be, 0, dt, 2, nm), add(&c, be, 1, dt, 2, nm), add(&c, be, 2, dt, 1, m1), add(&c, be, 3, dt, 2, nm);
+    add(&c, be, 4, dt, 2, nm), add(&c, be, 5, dt, 1, m1), add(&c, be, 6, dt, 2, nm);
+    DONE();
+
+    const fg_dtype acc = FG_F32;
+    const int64_t V = 300, D = 32, R = 50;
+    int64_t hd[2] = {R, D}, vd[2] = {V, D}, r1[1] = {R}, one[1] = {1};
+    fg_logp_options lo;
+    memset(&lo, 0, sizeof lo);
+    CASE(FG_OP_LINEAR_LOGP_FORWARD, "linear_logp_forward");
+    c.options = &lo, c.options_size = sizeof lo;
+    add(&c, be, 0, dt, 2, hd), add(&c, be, 1, dt, 2, vd), add(&c, be, 3, FG_I64, 1, r1);
+    add(&c, be, 4, acc, 1, r1), add(&c, be, 5, acc, 1, r1), add(&c, be, 6, acc, 1, r1);
+    DONE();
+    CASE(FG_OP_LINEAR_LOGP_BACKWARD, "linear_logp_backward");
+    c.options = &lo, c.options_size = sizeof lo;
+    add(&c, be, 0, acc, 1, r1), add(&c, be, 3, dt, 2, hd), add(&c, be, 4, dt, 2, vd), add(&c, be, 6, FG_I64, 1, r1);
+    add(&c, be, 7, acc, 1, r1), add(&c, be, 9, dt, 2, hd), add(&c, be, 10, dt, 2, vd);
+    DONE();
+    CASE(FG_OP_LINEAR_CROSS_ENTROPY, "linear_cross_entropy");
+    c.options = &lo, c.options_size = sizeof lo;
+    add(&c, be, 0, dt, 2, hd), add(&c, be, 1, dt, 2, vd), add(&c, be, 3, FG_I64, 1, r1), add(&c, be, 5, acc, 1, one);
+    add(&c, be, 7, dt, 2, hd), add(&c, be, 8, dt, 2, vd);
+    DONE();
+}
+
+/* Linear + activation at a shape: the forward (with pre kept, and without) and the backward
+ * (from the kept pre, recomputed, the slope form, dx alone). */
+static void act_cases(fg_context *ctx, fg_backend be, fg_dtype dt, int act, int64_t N, int64_t K, int64_t M,
+                      bool *covered) {
+    int64_t nk[2] = {N, K}, mk[2] = {M, K}, nm[2] = {N, M}, m1[1] = {M};
+    char label[96];
+    plan_case c;
+    for (int variant = 0; variant < 6; variant++) {
+        const bool fwd = variant < 2;
+        fg_linear_act_options o = {(fg_activation)act, variant == 4 ? FG_ACT_SAVED_SLOPE : FG_ACT_SAVED_PRE, 0};
+        static const char *const what[] = {"forward, pre kept", "forward", "backward from pre",
+                                           "backward, pre recomputed", "backward, slope form", "backward dx alone"};
+        snprintf(label, sizeof label, "linear_act %s act %d %s %lldx%lldx%lld", what[variant], act,
+                 fg_dtype_name(dt), (long long)N, (long long)K, (long long)M);
+        memset(&c, 0, sizeof c);
+        c.op = fwd ? FG_OP_LINEAR_ACT_FORWARD : FG_OP_LINEAR_ACT_BACKWARD;
+        c.label = label;
+        covered[c.op] = true;
+        c.options = &o, c.options_size = sizeof o;
+        if (fwd) {
+            add(&c, be, 0, dt, 2, nk), add(&c, be, 1, dt, 2, mk), add(&c, be, 2, dt, 1, m1), add(&c, be, 3, dt, 2, nm);
+            if (variant == 0) add(&c, be, 4, dt, 2, nm);
+        } else {
+            add(&c, be, 0, dt, 2, nm), add(&c, be, 2, dt, 2, nk), add(&c, be, 3, dt, 2, mk), add(&c, be, 4, dt, 1, m1);
+            if (variant != 3) add(&c, be, 1, dt, 2, nm);
+            add(&c, be, 5, dt, 2, nk);
+            if (variant != 5) add(&c, be, 6, dt, 2, mk), add(&c, be, 7, dt, 1, m1);
+        }
+        run_case(ctx, be, &c);
+        drop_case(&c);
+    }
+}
+
+/* A plan made for 16-byte aligned data refuses a pointer 4 bytes off, writes nothing; one made
+ * for 4 bytes takes it. */
+static void declared_alignment(fg_context *ctx, fg_backend be) {
+    int64_t nk[2] = {8, 16}, mk[2] = {12, 16}, nm[2] = {8, 12};
+    th_operand x = th_make(be, FG_F32, 2, nk, 3), w = th_make(be, FG_F32, 2, mk, 0), y = th_make(be, FG_F32, 2, nm, 0);
+    th_randomize(&x), th_randomize(&w), th_poison(&y.buf);
+    fg_plan_desc d;
+    memset(&d, 0, sizeof d);
+    d.op = FG_OP_LINEAR_FORWARD;
+    d.operands[0] = x.t, d.operands[1] = w.t, d.operands[3] = y.t;
+    d.operands[0].data = d.operands[1].data = d.operands[3].data = NULL;
+    fg_tensor ops[FG_MAX_OPERANDS];
+    memset(ops, 0, sizeof ops);
+    ops[0] = x.t, ops[1] = w.t, ops[3] = y.t;
+    fg_plan *plan = NULL;
+    TH_OK(fg_plan_create(ctx, &d, &plan));
+    TH_EXPECT_BAD(FG_ERR_MISALIGNED, "x.data", &y, fg_plan_can_implement(plan, ops));
+    TH_EXPECT_BAD(FG_ERR_MISALIGNED, "desc.alignment", &y, fg_plan_run(plan, ops, NULL, 0));
+    fg_plan_destroy(plan);
+    d.alignment = 3;
+    TH_EXPECT_BAD(FG_ERR_INVALID_VALUE, "power of two", &y, fg_plan_create(ctx, &d, &plan));
+    d.alignment = 4;
+    TH_OK(fg_plan_create(ctx, &d, &plan));
+    fg_plan_info info;
+    TH_OK(fg_plan_info_get(plan, &info));
+    th_buf ws = th_alloc(be, FG_F32, (int64_t)(info.workspace_bytes / 4 + 64));
+    TH_OK(fg_plan_run(plan, ops, ws.ptr, info.workspace_bytes));
+    double *out = malloc(sizeof(double) * 96);
+    th_get(&y.buf, &y.t, out);
+    double err = 0;
+    for (int i = 0; i < 8; i++)
+        for (int j = 0; j < 12; j++) {
+            double ref = 0;
+            for (int k = 0; k < 16; k++) ref += x.v[i * 16 + k] * w.v[j * 16 + k];
+            double e = fabs(out[i * 12 + j] - ref) / (1 + fabs(ref));
+            if (!(e <= err)) err = e; /* NaN counts */
+        }
+    TH_CHECK(err < 1e-5, "%s: a plan declared 4-byte aligned runs on an offset x (err %g)", th_backend_name(be), err);
+    free(out);
+    th_free(&ws);
+    fg_plan_destroy(plan);
+    d.options = &d; /* linear takes no options */
+    d.options_size = 8;
+    TH_EXPECT_BAD(FG_ERR_INVALID_VALUE, "takes no options", &y, fg_plan_create(ctx, &d, &plan));
+    th_drop(&x), th_drop(&w), th_drop(&y);
+}
+
+int main(void) {
+    th_init("plans");
+    describe_all();
+    abi();
+    fg_backend bes[2];
+    const int nb = th_backends(bes);
+    for (int bi = 0; bi < nb; bi++) {
+        fg_context *ctx = th_context(bes[bi], false);
+        if (!ctx) continue;
+        bool covered[64] = {false};
+        const fg_dtype dts[2] = {FG_F32, FG_BF16};
+        for (int di = 0; di < 2; di++) {
+            linear_cases(ctx, bes[bi], dts[di], covered);
+            act_cases(ctx, bes[bi], dts[di], FG_ACT_GELU_TANH, 67, 40, 72, covered); /* short K */
+            act_cases(ctx, bes[bi], dts[di], FG_ACT_RELU, 67, 200, 72, covered);
+        }
+        if (bes[bi] == FG_BACKEND_CUDA) { /* the wide layers' own GEMM paths (a full wave of tiles) */
+            act_cases(ctx, bes[bi], FG_BF16, FG_ACT_GELU_TANH, 4096, 2048, 2048, covered);
+            act_cases(ctx, bes[bi], FG_BF16, FG_ACT_SILU, 4096, 2048, 2048, covered);
+            act_cases(ctx, bes[bi], FG_BF16, FG_ACT_SILU, 20000, 128, 256, covered); /* one-kernel backward */
+        }
+        for (int32_t op = 1; op <= fg_op_count(); op++) {
+            fg_op_info info;
+            TH_OK(fg_op_describe((fg_op)op, &info));
+            TH_CHECK(op < 64 && covered[op], "op %s has no case in test_plans.c", info.name);
+        }
+        declared_alignment(ctx, bes[bi]);
+        fg_context_destroy(ctx);
+    }
+    return th_finish("plans");
+}

@@ -192,6 +192,7 @@ typedef struct fg_ew {
     unsigned outputs;  /* bit i: operand i is written */
     unsigned reduced;  /* bit i: output i is a sum over broadcast dims */
     int64_t stride[FG_EW_MAX_OPERANDS][FG_MAX_RANK];
+    uint32_t align;    /* bytes the operands' data are declared aligned to (0: 256) */
     void *data[FG_EW_MAX_OPERANDS]; /* resolved at run time */
 } fg_ew;
 

@@ -396,7 +396,9 @@ template <typename T> struct launcher {
             else if (s != 1 || (summed >> i & 1u)) fast = false;
         }
         if (summed) fast = false;
-        bool vec = fast;
+        /* 16-byte vectors where the plan's declared alignment allows them (and, running, the
+           pointers have it) */
+        bool vec = fast && (e->align == 0 || e->align >= 16);
         for (int i = 0; vec && run && i < e->n_operands; i++)
             if ((e->present >> i & 1u) && !(scalar_in >> i & 1u)) vec = aligned16(e->data[i]);
         constexpr int VEC = 16 / sizeof(T);

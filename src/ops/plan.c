@@ -68,6 +68,7 @@ static fg_status plan_init(fg_context *ctx, const fg_plan_desc *desc, struct fg_
     }
     for (int i = e->n_operands; i < FG_MAX_OPERANDS; i++) memset(&p->desc.operands[i], 0, sizeof(fg_tensor));
     FG_TRY(e->lower(&p->desc, &p->lowered));
+    p->lowered.ew.align = p->desc.alignment;
 
     fg_plan_info *info = &p->info;
     info->op = e->op;

@@ -4,10 +4,12 @@
     y = fg.linear_forward(x, w, b)          # numpy arrays (CPU) or torch tensors (CPU/CUDA)
     layer = fg.Linear(1024, 4096).cuda()    # with torch: autograd modules
 
-Errors raise fastgrad.FastgradError carrying the C status and message.
+Errors raise fastgrad.FastgradError carrying the C status and message. The ABI (enum
+values, ops and their operands) is read from the loaded library, and the ctypes structs
+are checked against it at import (fastgrad.AbiError when they differ).
 """
-from ._lib import FastgradError, version
-from .ops import (adamw_step, axpby_backward, axpby_forward, context_check, lerp_backward, lerp_forward,
+from ._lib import AbiError, FastgradError, version
+from .ops import (adamw_step, axpby_backward, axpby_forward, context_check, last_kernels, lerp_backward, lerp_forward,
                   linear_act_backward, linear_act_forward, linear_backward_bias, linear_backward_input,
                   linear_backward_weight, linear_cross_entropy_onepass,
                   linear_forward, linear_logp_backward, linear_logp_forward, logp_options, matmul_backward_input,

@@ -1,57 +1,146 @@
-"""ctypes bindings to libfastgrad: the C structs, the library search, and errors.
+"""ctypes bindings to libfastgrad: the library search, the ABI read from the library, the
+C structs, and errors.
 
 Nothing here knows about numpy or torch; ops.py turns arrays into fg_tensor
 descriptors. The library is found, in order, at $FASTGRAD_LIBRARY, in the repository's
-build folders next to this package, or by the system loader (ldconfig).
+build folders next to this package, beside this file, or by the system loader (ldconfig).
+
+The ABI is not copied from include/fastgrad.h by hand. The values of its constants
+(dtypes, activations, status codes, plan flags, ...) come from fg_abi_constant, asked for
+by the names listed here; the ops (ids, names, families, operands with their roles and
+options structs) come from the library's op table through fg_op_describe. The ctypes
+Structures are declared here, and at import every size and field offset is checked
+against fg_abi_layout: a struct edited on one side only fails the import with a message
+naming the struct and the field.
 """
+import collections
 import ctypes
 import ctypes.util
 import os
 import threading
 
-MAX_RANK = 8
-MAX_OPERANDS = 16
+# ------------------------------------------------------------------ loading
 
-# enums of include/fastgrad.h
-F32, F16, BF16, F64, I32, I64 = 0, 1, 2, 3, 4, 5
-BACKEND_CPU, BACKEND_CUDA = 0, 1
-PLAN_ALLOW_TF32 = 1
-PLAN_CONSUME_PRE = 2
-PLAN_ACT_SLOPE = 4
 
-OP = {
-    "linear_forward": 1,
-    "linear_backward_input": 2,
-    "linear_backward_weight": 3,
-    "linear_backward_bias": 4,
-    "matmul_forward": 5,
-    "matmul_backward_input": 6,
-    "matmul_backward_other": 7,
-    "outer_forward": 8,
-    "outer_backward_input": 9,
-    "outer_backward_other": 10,
-    "unary_forward": 11,
-    "unary_backward": 12,
-    "binary_forward": 13,
-    "binary_backward": 14,
-    "linear_logp_forward": 15,
-    "linear_logp_backward": 16,
-    "linear_cross_entropy": 17,
-    "linear_act_forward": 18,
-    "linear_act_backward": 19,
-}
-ACT = {"none": 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4, "sigmoid": 5, "tanh": 6}
-REDUCTION = {"mean": 0, "sum": 1, "none": 2}
-UNARY = {"scale": 0, "pow": 1, "leaky_relu": 2, "elu": 3, "clamp": 4, "softcap": 5}
-BINARY = {"lerp": 0, "axpby": 1}
+class AbiError(ImportError):
+    """The loaded libfastgrad does not match this Python layer (a struct's layout, a missing
+    constant or entry point): rebuild the library, or update python/fastgrad with it."""
 
-STATUS = {
-    0: "FG_OK", 1: "FG_ERR_NULL_POINTER", 2: "FG_ERR_INVALID_VALUE", 3: "FG_ERR_SHAPE", 4: "FG_ERR_DTYPE",
-    5: "FG_ERR_WRONG_DEVICE", 6: "FG_ERR_MISALIGNED", 7: "FG_ERR_WORKSPACE", 8: "FG_ERR_OVERFLOW",
-    9: "FG_ERR_ALIAS", 10: "FG_ERR_UNSUPPORTED", 11: "FG_ERR_NO_DEVICE", 12: "FG_ERR_OUT_OF_MEMORY",
-    13: "FG_ERR_BACKEND", 14: "FG_ERR_DEVICE_VALUE", 15: "FG_ERR_INTERNAL",
-}
-ERR_UNSUPPORTED = 10
+
+def _candidates():
+    env = os.environ.get("FASTGRAD_LIBRARY")
+    if env:
+        yield env
+        return
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(os.path.dirname(here))
+    for build in ("build", "build-py", "build-cuda", "build-gpu", "build-cpu", "build-release"):
+        yield os.path.join(root, build, "libfastgrad.so")
+    yield os.path.join(here, "libfastgrad.so")
+    found = ctypes.util.find_library("fastgrad")
+    if found:
+        yield found
+
+
+def _load():
+    """The first candidate that loads and exports the ABI entries this layer reads (a stale
+    build of an older ABI is passed over, unless FASTGRAD_LIBRARY names it)."""
+    tried = []
+    explicit = bool(os.environ.get("FASTGRAD_LIBRARY"))
+    for path in _candidates():
+        if os.path.sep in path and not os.path.exists(path):
+            tried.append(path)
+            continue
+        try:
+            handle = ctypes.CDLL(path)
+        except OSError as e:
+            tried.append(f"{path} ({e})")
+            continue
+        missing = [f for f in ("fg_abi_constant", "fg_abi_layout", "fg_op_describe", "fg_op_count")
+                   if not hasattr(handle, f)]
+        if missing:
+            if explicit:
+                raise AbiError(f"fastgrad: {path} has no {', '.join(missing)}: it predates this Python layer's "
+                               "ABI (0.2); rebuild it")
+            tried.append(f"{path} (an older ABI without {missing[0]})")
+            continue
+        return handle
+    raise ImportError("fastgrad: libfastgrad.so not found; build it (scripts/test.sh or cmake) or set "
+                      "FASTGRAD_LIBRARY. Tried: " + ", ".join(tried))
+
+
+lib = _load()
+
+_c = ctypes.c_int
+lib.fg_status_string.restype = ctypes.c_char_p
+lib.fg_status_string.argtypes = [_c]
+lib.fg_last_error.restype = ctypes.c_char_p
+lib.fg_last_error.argtypes = []
+lib.fg_abi_constant.restype = _c
+lib.fg_abi_constant.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_int64)]
+lib.fg_abi_layout.restype = _c
+lib.fg_abi_layout.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_size_t)]
+
+
+def abi_constant(name):
+    """The value of a constant of fastgrad.h ("FG_BF16") in the loaded library; AbiError
+    when the library does not know the name."""
+    value = ctypes.c_int64()
+    if lib.fg_abi_constant(name.encode(), ctypes.byref(value)) != 0:
+        raise AbiError(f"fastgrad: the library has no constant {name}: {lib.fg_last_error().decode()}")
+    return value.value
+
+
+def abi_layout(ctype, field=None):
+    """sizeof(ctype) (field None) or offsetof(ctype, field) in the loaded library."""
+    value = ctypes.c_size_t()
+    status = lib.fg_abi_layout(ctype.encode(), field.encode() if field else None, ctypes.byref(value))
+    if status != 0:
+        raise AbiError(f"fastgrad: the library does not describe {ctype}{'.' + field if field else ''}: "
+                       f"{lib.fg_last_error().decode()}")
+    return value.value
+
+
+def _enum(prefix, names):
+    """{name: value} for the constants prefix + NAME.upper() of fastgrad.h."""
+    return {n: abi_constant(prefix + n.upper()) for n in names}
+
+
+# ------------------------------------------------------------------ constants (values from the library)
+
+VERSION = abi_constant("FG_VERSION")
+MAX_RANK = abi_constant("FG_MAX_RANK")
+MAX_OPERANDS = abi_constant("FG_MAX_OPERANDS")
+
+DTYPE = _enum("FG_", ["f32", "f16", "bf16", "f64", "i32", "i64"])
+F32, F16, BF16, F64, I32, I64 = (DTYPE[n] for n in ("f32", "f16", "bf16", "f64", "i32", "i64"))
+BACKEND = _enum("FG_BACKEND_", ["cpu", "cuda"])
+BACKEND_CPU, BACKEND_CUDA = BACKEND["cpu"], BACKEND["cuda"]
+PLAN_ALLOW_TF32 = abi_constant("FG_PLAN_ALLOW_TF32")
+PLAN_CONSUME_PRE = abi_constant("FG_PLAN_CONSUME_PRE")
+PLAN_ACT_SLOPE = abi_constant("FG_PLAN_ACT_SLOPE")
+ROLE = _enum("FG_ROLE_", ["input", "output"])
+
+ACT = _enum("FG_ACT_", ["none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh"])
+ACT_SAVED = _enum("FG_ACT_SAVED_", ["pre", "slope"])
+REDUCTION = _enum("FG_REDUCTION_", ["mean", "sum", "none"])
+UNARY = _enum("FG_UNARY_", ["scale", "pow", "leaky_relu", "elu", "clamp", "softcap"])
+BINARY = _enum("FG_BINARY_", ["lerp", "axpby"])
+
+_STATUS_NAMES = ["FG_OK", "FG_ERR_NULL_POINTER", "FG_ERR_INVALID_VALUE", "FG_ERR_SHAPE", "FG_ERR_DTYPE",
+                 "FG_ERR_WRONG_DEVICE", "FG_ERR_MISALIGNED", "FG_ERR_WORKSPACE", "FG_ERR_OVERFLOW", "FG_ERR_ALIAS",
+                 "FG_ERR_UNSUPPORTED", "FG_ERR_NO_DEVICE", "FG_ERR_OUT_OF_MEMORY", "FG_ERR_BACKEND",
+                 "FG_ERR_DEVICE_VALUE", "FG_ERR_INTERNAL"]
+STATUS_CODE = {n: abi_constant(n) for n in _STATUS_NAMES}   # "FG_ERR_SHAPE" -> its code
+STATUS = {v: n for n, v in STATUS_CODE.items()}             # code -> "FG_ERR_SHAPE"
+OK = STATUS_CODE["FG_OK"]
+ERR_NULL_POINTER = STATUS_CODE["FG_ERR_NULL_POINTER"]
+ERR_INVALID_VALUE = STATUS_CODE["FG_ERR_INVALID_VALUE"]
+ERR_SHAPE = STATUS_CODE["FG_ERR_SHAPE"]
+ERR_DTYPE = STATUS_CODE["FG_ERR_DTYPE"]
+ERR_MISALIGNED = STATUS_CODE["FG_ERR_MISALIGNED"]
+ERR_UNSUPPORTED = STATUS_CODE["FG_ERR_UNSUPPORTED"]
+ERR_DEVICE_VALUE = STATUS_CODE["FG_ERR_DEVICE_VALUE"]
 
 
 class FastgradError(RuntimeError):
@@ -64,10 +153,20 @@ class FastgradError(RuntimeError):
         super().__init__(f"{self.name}: {message}")
 
 
+def check(status):
+    if status != 0:
+        raise FastgradError(status, lib.fg_last_error().decode())
+
+
+# ------------------------------------------------------------------ structs (checked against the library below)
+
+_enum_t = ctypes.c_int  # a C enum: int-sized on every ABI fastgrad supports (the layout check holds it to that)
+
+
 class Tensor(ctypes.Structure):
     _fields_ = [
         ("data", ctypes.c_void_p),
-        ("dtype", ctypes.c_int),
+        ("dtype", _enum_t),
         ("rank", ctypes.c_int32),
         ("shape", ctypes.c_int64 * MAX_RANK),
         ("stride", ctypes.c_int64 * MAX_RANK),
@@ -76,7 +175,7 @@ class Tensor(ctypes.Structure):
 
 class ContextDesc(ctypes.Structure):
     _fields_ = [
-        ("backend", ctypes.c_int),
+        ("backend", _enum_t),
         ("device", ctypes.c_int32),
         ("stream", ctypes.c_void_p),
         ("allow_tf32", ctypes.c_int32),
@@ -84,32 +183,101 @@ class ContextDesc(ctypes.Structure):
     ]
 
 
-class LogpOptions(ctypes.Structure):
+class PlanDesc(ctypes.Structure):
+    _fields_ = [
+        ("op", _enum_t),
+        ("operands", Tensor * MAX_OPERANDS),
+        ("accumulate", ctypes.c_int32),
+        ("flags", ctypes.c_uint32),
+        ("options", ctypes.c_void_p),
+        ("options_size", ctypes.c_size_t),
+        ("alignment", ctypes.c_uint32),
+    ]
+
+
+class Precision(ctypes.Structure):
+    _fields_ = [
+        ("storage", _enum_t),
+        ("math", _enum_t),
+        ("accumulator", _enum_t),
+        ("tf32", ctypes.c_int32),
+        ("deterministic", ctypes.c_int32),
+        ("bit_stable", ctypes.c_int32),
+    ]
+
+
+class PlanInfo(ctypes.Structure):
+    _fields_ = [
+        ("op", _enum_t),
+        ("op_name", ctypes.c_char_p),
+        ("dtype", _enum_t),
+        ("backend", _enum_t),
+        ("arch", ctypes.c_int32),
+        ("kernel", ctypes.c_char * 128),
+        ("precision", Precision),
+        ("workspace_bytes", ctypes.c_size_t),
+    ]
+
+
+class OperandInfo(ctypes.Structure):
+    _fields_ = [
+        ("name", ctypes.c_char_p),
+        ("role", _enum_t),
+        ("optional", ctypes.c_int32),
+    ]
+
+
+class OpInfo(ctypes.Structure):
+    _fields_ = [
+        ("op", _enum_t),
+        ("name", ctypes.c_char_p),
+        ("family", ctypes.c_char_p),
+        ("n_operands", ctypes.c_int32),
+        ("operands", OperandInfo * MAX_OPERANDS),
+        ("flags", ctypes.c_uint32),
+        ("options_type", ctypes.c_char_p),
+        ("options_size", ctypes.c_size_t),
+    ]
+
+
+class _Options(ctypes.Structure):
+    """A family's options struct: passed to a plan by pointer with its size."""
+
+    def key(self):
+        """The values, hashable (a plan cache key): the struct's bytes (ctypes zero-fills a
+        struct when it is made, so its padding reads the same every time)."""
+        return type(self).__name__, bytes(self)
+
+    def copy(self):
+        return type(self).from_buffer_copy(self)
+
+
+class ElementwiseOptions(_Options):
+    _fields_ = [
+        ("kind", ctypes.c_int32),
+        ("scalars", ctypes.c_double * 4),
+    ]
+
+
+class LinearActOptions(_Options):
+    _fields_ = [
+        ("act", _enum_t),
+        ("saved", _enum_t),
+        ("consume", ctypes.c_int32),
+    ]
+
+
+class LogpOptions(_Options):
     _fields_ = [
         ("temperature", ctypes.c_double),
         ("softcap", ctypes.c_double),
         ("use_ignore_index", ctypes.c_int32),
         ("ignore_index", ctypes.c_int64),
-        ("reduction", ctypes.c_int),
+        ("reduction", _enum_t),
         ("label_smoothing", ctypes.c_double),
         ("z_loss", ctypes.c_double),
         ("grad_scale", ctypes.c_double),
         ("max_tile_elements", ctypes.c_int64),
-    ]
-
-    def key(self):
-        return tuple(getattr(self, f) for f, _ in self._fields_)
-
-
-class PlanDesc(ctypes.Structure):
-    _fields_ = [
-        ("op", ctypes.c_int),
-        ("operands", Tensor * MAX_OPERANDS),
-        ("accumulate", ctypes.c_int32),
-        ("flags", ctypes.c_uint32),
-        ("kind", ctypes.c_int32),
-        ("scalars", ctypes.c_double * 4),
-        ("logp", LogpOptions),
     ]
 
 
@@ -125,66 +293,98 @@ class AdamWHparams(ctypes.Structure):
     ]
 
 
-class Precision(ctypes.Structure):
-    _fields_ = [
-        ("storage", ctypes.c_int),
-        ("math", ctypes.c_int),
-        ("accumulator", ctypes.c_int),
-        ("tf32", ctypes.c_int32),
-        ("deterministic", ctypes.c_int32),
-        ("bit_stable", ctypes.c_int32),
-    ]
+def struct_key(s):
+    """A ctypes struct's field values as a tuple (arrays as tuples), led by its type."""
+    def value(v):
+        if isinstance(v, ctypes.Array):
+            return tuple(value(x) for x in v)
+        if isinstance(v, ctypes.Structure):
+            return struct_key(v)
+        return v
+    return (type(s).__name__,) + tuple(value(getattr(s, f)) for f, *_ in s._fields_)
 
 
-class PlanInfo(ctypes.Structure):
-    _fields_ = [
-        ("op", ctypes.c_int),
-        ("op_name", ctypes.c_char_p),
-        ("dtype", ctypes.c_int),
-        ("backend", ctypes.c_int),
-        ("arch", ctypes.c_int32),
-        ("kernel", ctypes.c_char * 128),
-        ("precision", Precision),
-        ("workspace_bytes", ctypes.c_size_t),
-    ]
+# The Python struct of each C struct fg_abi_layout describes.
+STRUCTS = {
+    "fg_tensor": Tensor,
+    "fg_context_desc": ContextDesc,
+    "fg_plan_desc": PlanDesc,
+    "fg_precision": Precision,
+    "fg_plan_info": PlanInfo,
+    "fg_operand_info": OperandInfo,
+    "fg_op_info": OpInfo,
+    "fg_elementwise_options": ElementwiseOptions,
+    "fg_linear_act_options": LinearActOptions,
+    "fg_logp_options": LogpOptions,
+    "fg_adamw_hparams": AdamWHparams,
+}
+# The options struct an op's fg_op_info.options_type names.
+OPTIONS = {"fg_elementwise_options": ElementwiseOptions, "fg_linear_act_options": LinearActOptions,
+           "fg_logp_options": LogpOptions}
 
 
-def _candidates():
-    env = os.environ.get("FASTGRAD_LIBRARY")
-    if env:
-        yield env
-        return
-    here = os.path.dirname(os.path.abspath(__file__))
-    root = os.path.dirname(os.path.dirname(here))
-    for build in ("build", "build-gpu", "build-cuda", "build-release"):
-        yield os.path.join(root, build, "libfastgrad.so")
-    yield os.path.join(here, "libfastgrad.so")
-    found = ctypes.util.find_library("fastgrad")
-    if found:
-        yield found
-
-
-def _load():
-    tried = []
-    for path in _candidates():
-        if os.path.sep in path and not os.path.exists(path):
-            tried.append(path)
-            continue
+def layout_mismatches():
+    """Every difference between the ctypes structs and the library's layouts, as
+    (struct, field or None, python value, library value); empty when they agree."""
+    out = []
+    for cname, cls in STRUCTS.items():
         try:
-            return ctypes.CDLL(path)
-        except OSError as e:
-            tried.append(f"{path} ({e})")
-    raise ImportError("fastgrad: libfastgrad.so not found; build it (scripts/test.sh or cmake) or set "
-                      "FASTGRAD_LIBRARY. Tried: " + ", ".join(tried))
+            size = abi_layout(cname)
+        except AbiError:
+            out.append((cname, None, ctypes.sizeof(cls), None))
+            continue
+        if size != ctypes.sizeof(cls):
+            out.append((cname, None, ctypes.sizeof(cls), size))
+        for field, *_ in cls._fields_:
+            try:
+                off = abi_layout(cname, field)
+            except AbiError:
+                off = None
+            if off != getattr(cls, field).offset:
+                out.append((cname, field, getattr(cls, field).offset, off))
+    return out
 
 
-lib = _load()
+def _check_layouts():
+    bad = layout_mismatches()
+    if bad:
+        lines = [f"{s}{'.' + f if f else ''}: {'offset' if f else 'sizeof'} {py} in python/fastgrad/_lib.py, "
+                 f"{'unknown' if lib_v is None else lib_v} in {lib._name}" for s, f, py, lib_v in bad]
+        raise AbiError("fastgrad: the ctypes structs do not match the library's layout (rebuild the library or "
+                       "update _lib.py with include/fastgrad.h):\n  " + "\n  ".join(lines))
 
-_c = ctypes.c_int
-lib.fg_status_string.restype = ctypes.c_char_p
-lib.fg_status_string.argtypes = [_c]
-lib.fg_last_error.restype = ctypes.c_char_p
-lib.fg_last_error.argtypes = []
+
+_check_layouts()
+
+# ------------------------------------------------------------------ the op table (from the library)
+
+lib.fg_op_count.restype = ctypes.c_int32
+lib.fg_op_count.argtypes = []
+lib.fg_op_describe.restype = _c
+lib.fg_op_describe.argtypes = [_enum_t, ctypes.POINTER(OpInfo)]
+
+Operand = collections.namedtuple("Operand", "name role optional")
+Op = collections.namedtuple("Op", "id name family operands flags options_type options_size")
+
+
+def describe(op_id):
+    """fg_op_describe(op_id) as an Op; FastgradError for an id that is not an op."""
+    info = OpInfo()
+    check(lib.fg_op_describe(op_id, ctypes.byref(info)))
+    operands = tuple(Operand(info.operands[i].name.decode(),
+                             "output" if info.operands[i].role == ROLE["output"] else "input",
+                             bool(info.operands[i].optional)) for i in range(info.n_operands))
+    return Op(info.op, info.name.decode(), info.family.decode(), operands, info.flags,
+              info.options_type.decode() if info.options_type else None, info.options_size)
+
+
+
+OPS = {op.name: op for op in (describe(i) for i in range(1, lib.fg_op_count() + 1))}  # name -> Op, in id order
+OP = {name: op.id for name, op in OPS.items()}  # "linear_forward" -> its id
+OPERANDS = {name: tuple(o.name for o in op.operands) for name, op in OPS.items()}  # names, in C order
+
+# ------------------------------------------------------------------ entry points
+
 lib.fg_version.restype = ctypes.c_uint32
 lib.fg_backend_available.restype = _c
 lib.fg_backend_available.argtypes = [_c]
@@ -196,21 +396,20 @@ lib.fg_context_set_stream.restype = _c
 lib.fg_context_set_stream.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
 lib.fg_context_check.restype = _c
 lib.fg_context_check.argtypes = [ctypes.c_void_p]
+lib.fg_context_last_kernels.restype = ctypes.c_char_p
+lib.fg_context_last_kernels.argtypes = [ctypes.c_void_p]
 lib.fg_plan_create.restype = _c
 lib.fg_plan_create.argtypes = [ctypes.c_void_p, ctypes.POINTER(PlanDesc), ctypes.POINTER(ctypes.c_void_p)]
 lib.fg_plan_destroy.restype = None
 lib.fg_plan_destroy.argtypes = [ctypes.c_void_p]
 lib.fg_plan_info_get.restype = _c
 lib.fg_plan_info_get.argtypes = [ctypes.c_void_p, ctypes.POINTER(PlanInfo)]
+lib.fg_plan_can_implement.restype = _c
+lib.fg_plan_can_implement.argtypes = [ctypes.c_void_p, ctypes.POINTER(Tensor)]
 lib.fg_plan_run.restype = _c
 lib.fg_plan_run.argtypes = [ctypes.c_void_p, ctypes.POINTER(Tensor), ctypes.c_void_p, ctypes.c_size_t]
 lib.fg_adamw_step.restype = _c
 lib.fg_adamw_step.argtypes = [ctypes.c_void_p, ctypes.POINTER(AdamWHparams), ctypes.c_int] + [ctypes.POINTER(Tensor)] * 5
-
-
-def check(status):
-    if status != 0:
-        raise FastgradError(status, lib.fg_last_error().decode())
 
 
 def version():
@@ -243,6 +442,10 @@ class Context:
     def check(self):
         check(lib.fg_context_check(self.handle))
 
+    def last_kernels(self):
+        """The kernels the last op on this context launched, in order ("gemm ; act_grad")."""
+        return (lib.fg_context_last_kernels(self.handle) or b"").decode()
+
     def __del__(self):
         try:
             self.clear_plans()
@@ -252,7 +455,12 @@ class Context:
 
 
 class Plan:
-    def __init__(self, ctx, desc):
+    """An fg_plan made from a PlanDesc. `options` is the options struct desc.options points
+    at: the plan holds it for as long as it lives."""
+
+    def __init__(self, ctx, desc, options=None):
+        self.options = options
+        self.desc = desc
         handle = ctypes.c_void_p()
         check(lib.fg_plan_create(ctx.handle, ctypes.byref(desc), ctypes.byref(handle)))
         self.handle = handle
@@ -260,6 +468,7 @@ class Plan:
         check(lib.fg_plan_info_get(handle, ctypes.byref(info)))
         self.info = info
         self.workspace_bytes = info.workspace_bytes
+        self.alignment = desc.alignment
 
     def run(self, array, workspace_ptr, workspace_bytes):
         """array: a (Tensor * MAX_OPERANDS) with this call's data pointers."""

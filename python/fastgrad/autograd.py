@@ -10,7 +10,7 @@ import math
 import torch
 
 from . import ops
-from ._lib import ERR_UNSUPPORTED, FastgradError
+from ._lib import ERR_MISALIGNED, ERR_UNSUPPORTED, FastgradError
 
 
 def _dense(a):
@@ -22,15 +22,23 @@ def _dense(a):
 
 def _call(fn, *args, **kwargs):
     """Runs fn; when the C op refuses a layout (no unit stride, leading dims that do not
-    collapse), retries once on contiguous copies."""
+    collapse, data aligned less than any of its kernels takes), retries once on contiguous
+    copies."""
     args = [_dense(a) for a in args]
     try:
         return fn(*args, **kwargs)
     except (FastgradError, ValueError) as e:
-        if isinstance(e, FastgradError) and e.status != ERR_UNSUPPORTED:
+        if isinstance(e, FastgradError) and e.status not in (ERR_UNSUPPORTED, ERR_MISALIGNED):
             raise
-        fixed = [a.contiguous() if isinstance(a, torch.Tensor) else a for a in args]
+        fixed = [_fresh(a) for a in args]
         return fn(*fixed, **kwargs)
+
+
+def _fresh(a):
+    """a as a contiguous tensor at the start of an allocation (a copy unless it is one)."""
+    if not isinstance(a, torch.Tensor) or (a.is_contiguous() and a.data_ptr() % 256 == 0):
+        return a
+    return a.clone(memory_format=torch.contiguous_format)
 
 
 class LinearFunction(torch.autograd.Function):
@@ -446,10 +454,10 @@ class LinearActFunction(torch.autograd.Function):
       "slope": act′(pre), rounded to the dtype — the memory of pre, and a backward whose g is
         one multiply (on sm_90a formed inside dx's product)
       True: the pre-activation itself
-      "auto" (the default): the slope when the reduction is longer than 128, else pre —
-        measured (H100, bf16): at 8192 × 4096 × 16384 the slope form's step is 3–4% faster
-        for gelu_tanh, 1–2% for silu; at 172032 × 128 × 256, where the forward is one short
-        tile kernel that would compute both act and act′, keeping pre is 8% faster (gelu_tanh)
+      "auto" (the default): the slope when the reduction is longer than 128, else pre. With
+        a long reduction the products dominate and the slope form's cheaper backward wins;
+        with a short one the forward is one short tile kernel that would have to compute both
+        act and act′, and keeping pre wins
       False: nothing; the backward recomputes pre (one more product, no N·M buffer)
     relu keeps nothing but y (its backward reads the mask off y), none keeps nothing (g = dy).
     The backward forms g in the saved tensor's memory (it is dead after the backward); a

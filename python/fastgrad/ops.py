@@ -2,11 +2,16 @@
 CUDA, enqueued on the current CUDA stream), with any strides the C op accepts.
 
 Each call describes its arrays to the C library without copying, picks a cached plan
-for those shapes, strides and dtypes, allocates the plan's workspace from the caller's
-own allocator (numpy, or torch's caching allocator so torch sees the memory), and
-runs. Outputs are allocated when `out` is None. Errors raise FastgradError with the C
-status and message.
+for those shapes, strides and dtypes and for the alignment its pointers have (a view
+that starts mid-allocation declares less and gets a plan whose kernels take it),
+allocates the plan's workspace from the caller's own allocator (numpy, or torch's
+caching allocator so torch sees the memory), and runs. Outputs are allocated when `out`
+is None. Errors raise FastgradError with the C status and message. Operands are passed
+by the names the library's op table gives them (_lib.OPERANDS), which also fixes their
+order.
 """
+import ctypes
+
 import numpy as np
 
 from . import _lib
@@ -113,41 +118,88 @@ def _pointer(a):
 _MAX_PLANS = 512  # per context; a cache that outgrows this starts again
 
 
-class _Entry:
-    """A cached plan with its descriptor array; a call only writes the data pointers."""
+def _alignment(pointers):
+    """The alignment class of a call's pointers: the largest power of two, at most 256,
+    dividing every non-NULL one (what fg_plan_desc.alignment promises the plan)."""
+    bits = 256
+    for p in pointers:
+        if p:
+            bits |= p
+    return bits & -bits
 
-    def __init__(self, ctx, op, operands, names, accumulate, flags, kind=0, scalars=(), logp=None):
+
+def _op(op):
+    info = _lib.OPS.get(op)
+    if info is None:
+        raise ValueError(f"fastgrad: {op!r} is not an op of this library; ops: {', '.join(_lib.OPS)}")
+    return info
+
+
+class _Entry:
+    """A cached plan with its descriptor array; a call only writes the data pointers. It
+    owns a copy of the options struct its descriptor points at, for as long as the plan."""
+
+    def __init__(self, ctx, info, operands, accumulate, flags, options, alignment):
+        names = _lib.OPERANDS[info.name]
         descs = [_describe(a, n) for a, n in zip(operands, names)]
-        desc = _lib.PlanDesc(op=_lib.OP[op], accumulate=int(bool(accumulate)), flags=flags, kind=kind)
-        if logp is not None:
-            desc.logp = logp
-        for i, v in enumerate(scalars):
-            desc.scalars[i] = v
+        desc = _lib.PlanDesc(op=info.id, accumulate=int(bool(accumulate)), flags=flags, alignment=alignment)
+        self.options = options.copy() if options is not None else None
+        if self.options is not None:
+            desc.options = ctypes.addressof(self.options)
+            desc.options_size = ctypes.sizeof(self.options)
         for i, t in enumerate(descs):
             desc.operands[i] = t
-        self.plan = _lib.Plan(ctx, desc)
+        self.plan = _lib.Plan(ctx, desc, self.options)
         self.array = (_lib.Tensor * _lib.MAX_OPERANDS)(*descs)
 
 
-def run(op, operands, names, accumulate=False, kind=0, scalars=(), logp=None, flags=0):
-    """Runs op (a name of _lib.OP) on operands in the C order (None = absent); kind and
-    scalars parameterize the elementwise ops, logp (a _lib.LogpOptions) the log-prob ops,
-    flags adds _lib.PLAN_* flags (tf32 follows set_allow_tf32)."""
+def _ordered(info, operands):
+    """operands (a dict by the library's operand names, absent ones None or left out, or a
+    sequence in the library's order) as a list in the library's order."""
+    names = _lib.OPERANDS[info.name]
+    if isinstance(operands, dict):
+        unknown = [n for n in operands if n not in names]
+        if unknown:
+            raise ValueError(f"fastgrad: {info.name} has no operand {unknown[0]!r}; its operands are "
+                             f"{', '.join(names)}")
+        return [operands.get(n) for n in names]
+    operands = list(operands)
+    if len(operands) != len(names):
+        raise ValueError(f"fastgrad: {info.name} takes {len(names)} operands ({', '.join(names)}), "
+                         f"got {len(operands)}")
+    return operands
+
+
+def run(op, operands, accumulate=False, options=None, flags=0):
+    """Runs op (a name of _lib.OPS) on operands: a dict by the operand names fg_op_describe
+    gives (_lib.OPERANDS[op]), or a list in that order; None or left out = absent. options
+    is the op's options struct (_lib.ElementwiseOptions, LinearActOptions or LogpOptions, as
+    fg_op_describe names it) or None for the defaults; flags adds _lib.PLAN_* flags (tf32
+    follows set_allow_tf32). Returns the plan."""
+    info = _op(op)
+    operands = _ordered(info, operands)
+    if options is not None:
+        want = _lib.OPTIONS.get(info.options_type)
+        if want is None or not isinstance(options, want):
+            raise TypeError(f"fastgrad: {op} takes {info.options_type or 'no options'}, "
+                            f"not {type(options).__name__}")
     ref = next(a for a in operands if a is not None)
     backend, device, tdev = _placement(ref)
     ctx = _lib.context(backend, device)
     if tdev is not None and backend == _lib.BACKEND_CUDA:
         ctx.set_stream(torch.cuda.current_stream(tdev).cuda_stream)
     flags = flags | (_lib.PLAN_ALLOW_TF32 if _allow_tf32 else 0)
-    key = (op, bool(accumulate), flags, kind, tuple(scalars), logp.key() if logp is not None else None,
+    pointers = [_pointer(a) for a in operands]
+    align = _alignment(pointers)
+    key = (op, bool(accumulate), flags, options.key() if options is not None else None, align,
            tuple(_signature(a) for a in operands))
     entry = ctx.plans.get(key)
     if entry is None:
         if len(ctx.plans) >= _MAX_PLANS:
             ctx.clear_plans()
-        entry = ctx.plans[key] = _Entry(ctx, op, operands, names, accumulate, flags, kind, scalars, logp)
-    for i, a in enumerate(operands):
-        entry.array[i].data = _pointer(a)
+        entry = ctx.plans[key] = _Entry(ctx, info, operands, accumulate, flags, options, align)
+    for i, p in enumerate(pointers):
+        entry.array[i].data = p
     plan = entry.plan
     ws, ws_ptr = None, 0
     if plan.workspace_bytes:
@@ -161,14 +213,27 @@ def run(op, operands, names, accumulate=False, kind=0, scalars=(), logp=None, fl
     return plan
 
 
-def plan_info(op, operands, names, accumulate=False):
-    """What runs for these operands: kernel name, arch, precision (a dict)."""
-    p = run(op, operands, names, accumulate)
+def plan_info(op, operands, names=None, accumulate=False, options=None):
+    """What runs for these operands (it runs them): kernel name, arch, precision, the
+    declared alignment, as a dict. names, if given, must be the library's operand names."""
+    if names is not None and tuple(names) != _lib.OPERANDS[_op(op).name]:
+        raise ValueError(f"fastgrad: {op}'s operands are {', '.join(_lib.OPERANDS[op])}, not {', '.join(names)}")
+    p = run(op, operands, accumulate, options)
     i = p.info
     return {"op": i.op_name.decode(), "kernel": i.kernel.decode(), "arch": i.arch,
             "backend": "cuda" if i.backend == _lib.BACKEND_CUDA else "cpu",
             "math": i.precision.math, "accumulator": i.precision.accumulator, "tf32": bool(i.precision.tf32),
-            "deterministic": bool(i.precision.deterministic), "workspace_bytes": i.workspace_bytes}
+            "deterministic": bool(i.precision.deterministic), "workspace_bytes": i.workspace_bytes,
+            "alignment": p.alignment}
+
+
+def last_kernels(device=None):
+    """The kernels the last op on this thread's context for `device` (None or a CPU device:
+    the CPU context) launched, in order, as fg_context_last_kernels names them."""
+    if device is None or (torch is not None and isinstance(device, torch.device) and device.type == "cpu"):
+        return _lib.context(_lib.BACKEND_CPU, 0).last_kernels()
+    index = device.index if isinstance(device, torch.device) else int(device)
+    return _lib.context(_lib.BACKEND_CUDA, index or 0).last_kernels()
 
 
 # ------------------------------------------------------------------ Linear
@@ -177,7 +242,7 @@ def linear_forward(x, w, b=None, out=None):
     """y = x·wᵀ (+ b); x [..., K], w [M, K], b [M]."""
     if out is None:
         out = _empty_like_family(x, tuple(x.shape[:-1]) + (w.shape[0],))
-    run("linear_forward", [x, w, b, out], ["x", "w", "b", "y"])
+    run("linear_forward", dict(x=x, w=w, b=b, y=out))
     return out
 
 
@@ -185,7 +250,7 @@ def linear_backward_input(dy, w, out=None, accumulate=False):
     """dx = dy·w."""
     if out is None:
         out = _empty_like_family(dy, tuple(dy.shape[:-1]) + (w.shape[1],))
-    run("linear_backward_input", [dy, w, out], ["dy", "w", "dx"], accumulate)
+    run("linear_backward_input", dict(dy=dy, w=w, dx=out), accumulate)
     return out
 
 
@@ -193,7 +258,7 @@ def linear_backward_weight(dy, x, out=None, accumulate=False):
     """dw = dyᵀ·x over all leading dims."""
     if out is None:
         out = _empty_like_family(dy, (dy.shape[-1], x.shape[-1]))
-    run("linear_backward_weight", [dy, x, out], ["dy", "x", "dw"], accumulate)
+    run("linear_backward_weight", dict(dy=dy, x=x, dw=out), accumulate)
     return out
 
 
@@ -201,7 +266,7 @@ def linear_backward_bias(dy, out=None, accumulate=False):
     """db = Σ dy over all leading dims."""
     if out is None:
         out = _empty_like_family(dy, (dy.shape[-1],))
-    run("linear_backward_bias", [dy, out], ["dy", "db"], accumulate)
+    run("linear_backward_bias", dict(dy=dy, db=out), accumulate)
     return out
 
 
@@ -212,7 +277,7 @@ def matmul_forward(a, b, out=None):
     if out is None:
         batch = (a.shape[0],) if a.ndim == 3 else (b.shape[0],) if b.ndim == 3 else ()
         out = _empty_like_family(a, batch + (a.shape[-2], b.shape[-1]))
-    run("matmul_forward", [a, b, out], ["a", "b", "c"])
+    run("matmul_forward", dict(a=a, b=b, c=out))
     return out
 
 
@@ -221,7 +286,7 @@ def matmul_backward_input(dc, b, batched=None, out=None, accumulate=False):
     if out is None:
         batched = dc.ndim == 3 if batched is None else batched
         out = _empty_like_family(dc, ((dc.shape[0],) if batched else ()) + (dc.shape[-2], b.shape[-2]))
-    run("matmul_backward_input", [dc, b, out], ["dc", "b", "da"], accumulate)
+    run("matmul_backward_input", dict(dc=dc, b=b, da=out), accumulate)
     return out
 
 
@@ -230,7 +295,7 @@ def matmul_backward_other(a, dc, batched=None, out=None, accumulate=False):
     if out is None:
         batched = dc.ndim == 3 if batched is None else batched
         out = _empty_like_family(dc, ((dc.shape[0],) if batched else ()) + (a.shape[-1], dc.shape[-1]))
-    run("matmul_backward_other", [a, dc, out], ["a", "dc", "db"], accumulate)
+    run("matmul_backward_other", dict(a=a, dc=dc, db=out), accumulate)
     return out
 
 
@@ -240,7 +305,7 @@ def outer_forward(x, y, out=None):
     """z = x ⊗ y."""
     if out is None:
         out = _empty_like_family(x, (x.shape[0], y.shape[0]))
-    run("outer_forward", [x, y, out], ["x", "y", "z"])
+    run("outer_forward", dict(x=x, y=y, z=out))
     return out
 
 
@@ -248,7 +313,7 @@ def outer_backward_input(dz, y, out=None, accumulate=False):
     """dx = dz·y."""
     if out is None:
         out = _empty_like_family(dz, (dz.shape[0],))
-    run("outer_backward_input", [dz, y, out], ["dz", "y", "dx"], accumulate)
+    run("outer_backward_input", dict(dz=dz, y=y, dx=out), accumulate)
     return out
 
 
@@ -256,16 +321,20 @@ def outer_backward_other(dz, x, out=None, accumulate=False):
     """dy = dzᵀ·x."""
     if out is None:
         out = _empty_like_family(dz, (dz.shape[1],))
-    run("outer_backward_other", [dz, x, out], ["dz", "x", "dy"], accumulate)
+    run("outer_backward_other", dict(dz=dz, x=x, dy=out), accumulate)
     return out
 
 
 # ------------------------------------------------------------------ Elementwise family
 
-_UNARY_NAMES = ["x", "y"]
-_UNARY_BWD_NAMES = ["dy", "x", "dx"]
-_BINARY_NAMES = ["a", "b", "w", "y"]
-_BINARY_BWD_NAMES = ["dy", "a", "b", "w", "da", "db", "dw"]
+def _elementwise(table, kind, scalars):
+    """The fg_elementwise_options of `kind` (a name of table: _lib.UNARY or _lib.BINARY)."""
+    if kind not in table:
+        raise ValueError(f"fastgrad: kind must be one of {sorted(table)}, not {kind!r}")
+    scalars = tuple(float(v) for v in scalars)
+    if len(scalars) > 4:
+        raise ValueError(f"fastgrad: {kind} takes at most 4 scalars, got {len(scalars)}")
+    return _lib.ElementwiseOptions(kind=table[kind], scalars=scalars + (0.0,) * (4 - len(scalars)))
 
 
 def _broadcast_shape(*arrays):
@@ -273,32 +342,34 @@ def _broadcast_shape(*arrays):
     try:
         return tuple(np.broadcast_shapes(*shapes))
     except ValueError:
-        raise FastgradError(3, "shapes " + ", ".join(map(str, shapes)) + " do not broadcast") from None
+        raise FastgradError(_lib.ERR_SHAPE, "shapes " + ", ".join(map(str, shapes)) + " do not broadcast") from None
 
 
 def unary_forward(kind, x, scalars, out=None):
     """y = op(x; scalars) for kind in scale, pow, leaky_relu, elu, clamp, softcap."""
+    opt = _elementwise(_lib.UNARY, kind, scalars)
     if out is None:
         out = _empty_like_family(x, tuple(x.shape))
-    run("unary_forward", [x, out], _UNARY_NAMES, kind=_lib.UNARY[kind], scalars=tuple(scalars))
+    run("unary_forward", dict(x=x, y=out), options=opt)
     return out
 
 
 def unary_backward(kind, dy, x, scalars, out=None, accumulate=False):
     """dx = dy · op'(x), summed over dims where x was broadcast."""
+    opt = _elementwise(_lib.UNARY, kind, scalars)
     if out is None:
         out = _empty_like_family(dy, tuple(x.shape))
-    run("unary_backward", [dy, x, out], _UNARY_BWD_NAMES, accumulate, kind=_lib.UNARY[kind], scalars=tuple(scalars))
+    run("unary_backward", dict(dy=dy, x=x, dx=out), accumulate, options=opt)
     return out
 
 
 def lerp_forward(a, b, weight, out=None):
     """a + w·(b − a); weight a float or an array broadcastable with a and b."""
     tensor_w = not isinstance(weight, (int, float))
+    opt = _elementwise(_lib.BINARY, "lerp", (0.0 if tensor_w else float(weight),))
     if out is None:
         out = _empty_like_family(a, _broadcast_shape(a, b, weight if tensor_w else None))
-    run("binary_forward", [a, b, weight if tensor_w else None, out], _BINARY_NAMES, kind=_lib.BINARY["lerp"],
-        scalars=(0.0 if tensor_w else float(weight),))
+    run("binary_forward", dict(a=a, b=b, w=weight if tensor_w else None, y=out), options=opt)
     return out
 
 
@@ -306,37 +377,41 @@ def lerp_backward(dy, a, b, weight, need=(True, True, True), accumulate=False):
     """(da, db, dw) in one pass over dy; None where not needed (dw only for a tensor w).
     a and b are read only for dw."""
     tensor_w = not isinstance(weight, (int, float))
+    opt = _elementwise(_lib.BINARY, "lerp", (0.0 if tensor_w else float(weight),))
     want = [need[0], need[1], need[2] and tensor_w]
     shapes = [a.shape, b.shape, weight.shape if tensor_w else None]
-    outs = [_empty_like_family(dy, tuple(s)) if w else None for w, s in zip(want, shapes)]
-    run("binary_backward", [dy, a if want[2] else None, b if want[2] else None, weight if tensor_w else None] + outs,
-        _BINARY_BWD_NAMES, accumulate, kind=_lib.BINARY["lerp"], scalars=(0.0 if tensor_w else float(weight),))
-    return tuple(outs)
+    da, db, dw = [_empty_like_family(dy, tuple(s)) if w else None for w, s in zip(want, shapes)]
+    run("binary_backward", dict(dy=dy, a=a if want[2] else None, b=b if want[2] else None,
+                                w=weight if tensor_w else None, da=da, db=db, dw=dw), accumulate, options=opt)
+    return da, db, dw
 
 
 def axpby_forward(a, b, alpha, beta, out=None):
     """α·a + β·b."""
+    opt = _elementwise(_lib.BINARY, "axpby", (alpha, beta))
     if out is None:
         out = _empty_like_family(a, _broadcast_shape(a, b))
-    run("binary_forward", [a, b, None, out], _BINARY_NAMES, kind=_lib.BINARY["axpby"],
-        scalars=(float(alpha), float(beta)))
+    run("binary_forward", dict(a=a, b=b, y=out), options=opt)
     return out
 
 
 def axpby_backward(dy, a_shape, b_shape, alpha, beta, need=(True, True), accumulate=False):
     """(α·dy, β·dy), each summed to its input's shape."""
-    outs = [_empty_like_family(dy, tuple(s)) if w else None for w, s in zip(need, (a_shape, b_shape))]
-    run("binary_backward", [dy, None, None, None, outs[0], outs[1], None], _BINARY_BWD_NAMES, accumulate,
-        kind=_lib.BINARY["axpby"], scalars=(float(alpha), float(beta)))
-    return tuple(outs)
+    opt = _elementwise(_lib.BINARY, "axpby", (alpha, beta))
+    da, db = [_empty_like_family(dy, tuple(s)) if w else None for w, s in zip(need, (a_shape, b_shape))]
+    run("binary_backward", dict(dy=dy, da=da, db=db), accumulate, options=opt)
+    return da, db
 
 
 # ------------------------------------------------------------------ Linear + activation
 
-def _act_code(act):
+def _act_options(act, slope=False, consume=False):
+    """The fg_linear_act_options: the activation, what the forward saves (pre or its slope),
+    and whether the backward may form g in the saved operand's memory."""
     if act not in _lib.ACT:
         raise ValueError(f"fastgrad: act must be one of {sorted(_lib.ACT)}, not {act!r}")
-    return _lib.ACT[act]
+    return _lib.LinearActOptions(act=_lib.ACT[act], saved=_lib.ACT_SAVED["slope" if slope else "pre"],
+                                 consume=int(bool(consume)))
 
 
 def linear_act_forward(x, w, b=None, act="gelu_tanh", keep_pre=True, out=None, slope=False):
@@ -345,11 +420,11 @@ def linear_act_forward(x, w, b=None, act="gelu_tanh", keep_pre=True, out=None, s
     pre-activation (keep_pre=False: the backward recomputes it; relu needs none, its
     backward takes y as pre). slope=True (the slope form): the saved tensor is act′(pre)
     instead, for linear_act_backward(..., slope=True)."""
+    opt = _act_options(act, slope=slope)
     shape = tuple(x.shape[:-1]) + (w.shape[-2],)
     y = out if out is not None else _empty_like_family(x, shape)
     pre = _empty_like_family(x, shape) if keep_pre or slope else None
-    run("linear_act_forward", [x, w, b, y, pre], ["x", "w", "b", "y", "pre"], kind=_act_code(act),
-        flags=_lib.PLAN_ACT_SLOPE if slope else 0)
+    run("linear_act_forward", dict(x=x, w=w, b=b, y=y, pre=pre), options=opt)
     return y, pre
 
 
@@ -362,13 +437,13 @@ def linear_act_backward(dy, x, w, b=None, pre=None, act="gelu_tanh", need=(True,
     slope form (g = dy ⊙ pre)."""
     if slope and pre is None:
         raise ValueError("fastgrad: the slope form's backward needs the saved slope (pre)")
+    opt = _act_options(act, slope=slope, consume=consume_pre and pre is not None)
     shapes = [tuple(x.shape), tuple(w.shape), tuple(b.shape) if b is not None else (w.shape[-2],)]
     want = [need[0], need[1], need[2] and (b is not None or out[2] is not None)]
-    outs = [(o if o is not None else _empty_like_family(dy, s)) if k else None for o, k, s in zip(out, want, shapes)]
-    run("linear_act_backward", [dy, pre, x, w, b] + outs, ["dy", "pre", "x", "w", "b", "dx", "dw", "db"], accumulate,
-        kind=_act_code(act), flags=(_lib.PLAN_CONSUME_PRE if consume_pre and pre is not None else 0) |
-        (_lib.PLAN_ACT_SLOPE if slope else 0))
-    return tuple(outs)
+    dx, dw, db = [(o if o is not None else _empty_like_family(dy, s)) if k else None
+                  for o, k, s in zip(out, want, shapes)]
+    run("linear_act_backward", dict(dy=dy, pre=pre, x=x, w=w, b=b, dx=dx, dw=dw, db=db), accumulate, options=opt)
+    return dx, dw, db
 
 
 # ------------------------------------------------------------------ Linear log-prob / cross-entropy
@@ -392,11 +467,6 @@ def _row_dtype(h):
     return np.float64 if h.dtype == np.float64 else np.float32
 
 
-_LF_NAMES = ["h", "w", "b", "target", "logp", "lse", "entropy"]
-_LB_NAMES = ["dlogp", "dentropy", "dlse", "h", "w", "b", "target", "lse", "entropy", "dh", "dw", "db"]
-_CE_NAMES = ["h", "w", "b", "target", "row_weight", "loss", "lse", "dh", "dw", "db"]
-
-
 def linear_logp_forward(h, w, target, b=None, entropy=False, options=None):
     """(logp, lse, entropy or None) of log_softmax(cap(h·wᵀ + b)/T)[target], never forming
     the [N, V] logits. h [N, D], w [V, D], target [N] int32/int64."""
@@ -404,7 +474,8 @@ def linear_logp_forward(h, w, target, b=None, entropy=False, options=None):
     n = h.shape[0]
     logp, lse = _empty_like_family(h, (n,), rd), _empty_like_family(h, (n,), rd)
     ent = _empty_like_family(h, (n,), rd) if entropy else None
-    run("linear_logp_forward", [h, w, b, target, logp, lse, ent], _LF_NAMES, logp=options or logp_options())
+    run("linear_logp_forward", dict(h=h, w=w, b=b, target=target, logp=logp, lse=lse, entropy=ent),
+        options=options or logp_options())
     return logp, lse, ent
 
 
@@ -417,9 +488,10 @@ def linear_logp_backward(h, w, target, lse, b=None, dlogp=None, dentropy=None, e
     outs = [o if o is not None else (_empty_like_family(h, tuple(s)) if k else None)
             for o, k, s in zip(out, want, shapes)]
     outs = [o if k else None for o, k in zip(outs, want)]
-    run("linear_logp_backward", [dlogp, dentropy, dlse, h, w, b, target, lse, entropy] + outs, _LB_NAMES,
-        accumulate, logp=options or logp_options())
-    return tuple(outs)
+    dh, dw, db = outs
+    run("linear_logp_backward", dict(dlogp=dlogp, dentropy=dentropy, dlse=dlse, h=h, w=w, b=b, target=target, lse=lse,
+                                     entropy=entropy, dh=dh, dw=dw, db=db), accumulate, options=options or logp_options())
+    return dh, dw, db
 
 
 def linear_cross_entropy_onepass(h, w, target, b=None, row_weight=None, need=(True, True, True), options=None,
@@ -436,9 +508,10 @@ def linear_cross_entropy_onepass(h, w, target, b=None, row_weight=None, need=(Tr
     outs = [o if o is not None else (_empty_like_family(h, tuple(s)) if k else None)
             for o, k, s in zip(out, want, shapes)]
     outs = [o if k else None for o, k in zip(outs, want)]
-    run("linear_cross_entropy", [h, w, b, target, row_weight, loss, lse] + outs, _CE_NAMES, accumulate,
-        logp=options)
-    return (loss, lse) + tuple(outs)
+    dh, dw, db = outs
+    run("linear_cross_entropy", dict(h=h, w=w, b=b, target=target, row_weight=row_weight, loss=loss, lse=lse, dh=dh,
+                                     dw=dw, db=db), accumulate, options=options)
+    return loss, lse, dh, dw, db
 
 
 def context_check(device=None):
@@ -485,4 +558,4 @@ __all__ = ["FastgradError", "set_allow_tf32", "plan_info", "linear_forward", "li
            "matmul_backward_other", "outer_forward", "outer_backward_input", "outer_backward_other",
            "unary_forward", "unary_backward", "lerp_forward", "lerp_backward", "axpby_forward", "axpby_backward",
            "adamw_step", "logp_options", "linear_logp_forward", "linear_logp_backward", "linear_cross_entropy_onepass",
-           "context_check", "linear_act_forward", "linear_act_backward"]
+           "context_check", "last_kernels", "linear_act_forward", "linear_act_backward"]

@@ -5,6 +5,7 @@ import pytest
 from conftest import TOL, data, relerr
 
 import fastgrad as fg
+from fastgrad import _lib
 
 DTYPES = [np.float32, np.float16, np.float64]
 
@@ -87,7 +88,7 @@ def test_errors(rng):
     out = np.full((6, 4), 7.0, dtype=np.float32)
     with pytest.raises(fg.FastgradError) as e:
         fg.linear_forward(x, w, out=out)
-    assert e.value.name == "FG_ERR_SHAPE" and e.value.status == 3
+    assert e.value.name == "FG_ERR_SHAPE" and e.value.status == _lib.ERR_SHAPE
     assert "w.shape[1]=7" in str(e.value)
     assert np.all(out == 7.0), "output written on bad input"
     with pytest.raises(fg.FastgradError) as e:
@@ -109,7 +110,7 @@ def test_errors(rng):
 
 def test_plan_info(rng):
     x, w = rand(rng, (3, 8), np.float64), rand(rng, (4, 8), np.float64)
-    info = fg.plan_info("linear_forward", [x, w, None, np.empty((3, 4))], ["x", "w", "b", "y"])
+    info = fg.plan_info("linear_forward", dict(x=x, w=w, y=np.empty((3, 4))))
     assert info["backend"] == "cpu" and info["op"] == "linear_forward" and info["deterministic"]
-    assert info["math"] == 3 and info["accumulator"] == 3  # FG_F64: the f64 path says so
+    assert info["math"] == _lib.F64 and info["accumulator"] == _lib.F64  # the f64 path says so
     assert fg.__version__.count(".") == 2

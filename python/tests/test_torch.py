@@ -145,12 +145,12 @@ def test_current_stream_and_tf32(rng):
     assert err(c, a.double() @ b.double()) <= 1e-5
     fg.set_allow_tf32(True)
     try:
-        info = ops.plan_info("matmul_forward", [a, b, c], ["a", "b", "c"])
+        info = ops.plan_info("matmul_forward", dict(a=a, b=b, c=c))
         assert info["tf32"] and info["backend"] == "cuda" and info["arch"] >= 80
         assert err(ops.matmul_forward(a, b), a.double() @ b.double()) <= 1e-3
     finally:
         fg.set_allow_tf32(False)
-    assert not ops.plan_info("matmul_forward", [a, b, c], ["a", "b", "c"])["tf32"]
+    assert not ops.plan_info("matmul_forward", dict(a=a, b=b, c=c))["tf32"]
 
 
 def test_ddp_single_process(rng, tmp_path):

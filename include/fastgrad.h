@@ -248,7 +248,7 @@ typedef struct fg_plan_info {
     fg_dtype dtype;
     fg_backend backend;
     int32_t arch;           /* CUDA compute capability x10 (90 = sm_90); 0 on the CPU */
-    char kernel[128];       /* what runs: "cublasLt(algo=21,tile=..)+bias", "gemv_dot<f32,v4>" */
+    char kernel[256];       /* what runs: "cublasLt(algo=21,tile=..)+bias", "gemv_dot<f32,v4>" */
     fg_precision precision;
     size_t workspace_bytes; /* what fg_plan_run needs                                 */
 } fg_plan_info;

@@ -213,7 +213,7 @@ class PlanInfo(ctypes.Structure):
         ("dtype", _enum_t),
         ("backend", _enum_t),
         ("arch", ctypes.c_int32),
-        ("kernel", ctypes.c_char * 128),
+        ("kernel", ctypes.c_char * 256),
         ("precision", Precision),
         ("workspace_bytes", ctypes.c_size_t),
     ]

@@ -303,12 +303,14 @@ template <typename T> struct vector_product {
         a.alpha = (A)g->alpha;
         a.beta = (A)g->beta;
         const bool dot = a.mp == 1 || a.len == 1 || a.mj != 1;
+        /* a vector of ones in place of the vector operand (a column sum), known when planning too */
+        const bool ones = (g->m == 1 ? g->a.operand : g->b.operand) == FG_OPERAND_ONES;
         const char *tn = fg_dtype_name(g->dtype);
         if (dot) {
-            bool vec = a.mp == 1 && (!a.v || a.vs == 1);
+            bool vec = a.mp == 1 && (ones || a.vs == 1);
             if (do_run) vec = vec && aligned16(a.m, a.mj, sizeof(T)) && (!a.v || aligned16(a.v, 0, sizeof(T)));
             else vec = vec && declared16(g, a.mj, sizeof(T));
-            snprintf(info->name, sizeof info->name, "gemv_dot<%s,v%d>%s", tn, vec ? VEC : 1, a.v ? "" : "_ones");
+            snprintf(info->name, sizeof info->name, "gemv_dot<%s,v%d>%s", tn, vec ? VEC : 1, ones ? "_ones" : "");
             if (!do_run) return FG_OK;
             int64_t warps = cdiv(a.len, DOT_ROWS);
             int64_t blocks = cdiv(warps * 32, DOT_THREADS);
@@ -329,7 +331,7 @@ template <typename T> struct vector_product {
         info->workspace_bytes = slices > 1 ? (size_t)(slices * a.len) * sizeof(A) : 0;
         const bool vec = do_run ? aligned16(a.m, a.mp, sizeof(T)) : declared16(g, a.mp, sizeof(T));
         snprintf(info->name, sizeof info->name, "gemv_cols<%s,v%d>x%lld%s", tn, vec ? VEC : 1, (long long)slices,
-                 a.v ? "" : "_ones");
+                 ones ? "_ones" : "");
         if (!do_run) return FG_OK;
         if (ws_bytes < info->workspace_bytes) return fg_fail(FG_ERR_INTERNAL, "gemv_cols: workspace too small");
         dim3 grid_v((unsigned)col_blocks, (unsigned)slices), grid_s((unsigned)cdiv(a.len, COLS_THREADS), (unsigned)slices);

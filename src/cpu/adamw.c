@@ -1,29 +1,74 @@
 /*
  * adamw.c — the CPU backend of the fused AdamW step: the same per-element math as the
- * CUDA kernel (f32, in the order torch's fused AdamW uses), OpenMP over each tensor.
+ * CUDA kernel (f32, in the order torch's fused AdamW uses), one pass over each tensor.
+ * Each tensor is split into contiguous shares, one per thread (small tensors stay on the
+ * calling thread); the loop is specialized per params / grads dtype so the f16 / bf16
+ * conversions sit inside it and it vectorizes (FG_CPU_CLONES: AVX-512, AVX2, baseline).
+ * sqrt is IEEE's correctly rounded one in every build, so the step's bits do not depend
+ * on the thread count.
  */
-#include "../core/internal.h"
+#include "cpu.h"
+#include "vec.h"
 
-#include <math.h>
+/* Elements [lo, hi) of one tensor; pt, gt the storage types (constants at the call). */
+FG_INLINE void step_typed(const fg_adamw_run *r, const fg_adamw_item *it, fg_dtype pt, fg_dtype gt, int64_t lo,
+                          int64_t hi) {
+    const float beta2 = r->beta2, omb1 = r->one_minus_beta1, omb2 = r->one_minus_beta2, eps = r->eps;
+    const float decay = r->decay, gscale = r->grad_scale, step = r->step_size, bc2 = r->bc2_sqrt;
+    float *m = it->m, *v = it->v, *master = it->master;
+    if (master) {
+#pragma GCC ivdep
+        for (int64_t i = lo; i < hi; i++) {
+            const float g = fg_v_ld(it->g, gt, i) * gscale;
+            float p = master[i] * decay;
+            const float mi = m[i] + omb1 * (g - m[i]); /* lerp(m, g, 1 − β1) */
+            const float vi = beta2 * v[i] + omb2 * g * g;
+            p -= step * mi / (__builtin_sqrtf(vi) / bc2 + eps);
+            m[i] = mi;
+            v[i] = vi;
+            master[i] = p;
+            fg_v_st(it->p, pt, i, p);
+        }
+    } else {
+#pragma GCC ivdep
+        for (int64_t i = lo; i < hi; i++) {
+            const float g = fg_v_ld(it->g, gt, i) * gscale;
+            float p = fg_v_ld(it->p, pt, i) * decay;
+            const float mi = m[i] + omb1 * (g - m[i]);
+            const float vi = beta2 * v[i] + omb2 * g * g;
+            p -= step * mi / (__builtin_sqrtf(vi) / bc2 + eps);
+            m[i] = mi;
+            v[i] = vi;
+            fg_v_st(it->p, pt, i, p);
+        }
+    }
+}
 
-static inline float load(const void *p, fg_dtype t, int64_t i) { return (float)fg_load_f64(p, t, i); }
+/* vi ≥ 0 always (a sum of non-negative terms, or NaN), so sqrt never sets errno: without
+   math-errno the compiler may use the vector square root */
+__attribute__((optimize("no-math-errno"))) FG_CPU_CLONES
+static void step_range(const fg_adamw_run *r, const fg_adamw_item *it, int64_t lo, int64_t hi) {
+    const fg_dtype pt = r->p_dtype, gt = r->g_dtype;
+    if (pt == FG_F32) step_typed(r, it, FG_F32, FG_F32, lo, hi);
+    else if (pt == FG_BF16 && gt == FG_BF16) step_typed(r, it, FG_BF16, FG_BF16, lo, hi);
+    else if (pt == FG_BF16) step_typed(r, it, FG_BF16, FG_F32, lo, hi);
+    else if (gt == FG_F16) step_typed(r, it, FG_F16, FG_F16, lo, hi);
+    else step_typed(r, it, FG_F16, FG_F32, lo, hi);
+}
 
 fg_status fg_cpu_adamw(fg_context *ctx, const fg_adamw_run *r) {
-    const int nt = ctx->num_threads > 0 ? ctx->num_threads : 0;
     for (int t = 0; t < r->count; t++) {
         const fg_adamw_item *it = &r->items[t];
-#pragma omp parallel for schedule(static) num_threads(nt) if (nt != 1 && it->n > 65536)
-        for (int64_t i = 0; i < it->n; i++) {
-            float g = load(it->g, r->g_dtype, i) * r->grad_scale;
-            float p = it->master ? it->master[i] : load(it->p, r->p_dtype, i);
-            p *= r->decay;
-            float m = it->m[i] + r->one_minus_beta1 * (g - it->m[i]); /* lerp(m, g, 1 − β1) */
-            float v = r->beta2 * it->v[i] + r->one_minus_beta2 * g * g;
-            p -= r->step_size * m / (sqrtf(v) / r->bc2_sqrt + r->eps);
-            it->m[i] = m;
-            it->v[i] = v;
-            if (it->master) it->master[i] = p;
-            fg_store_f64(it->p, r->p_dtype, i, p);
+        const int team = fg_cpu_team(ctx, it->n, 1 << 14);
+        if (team == 1) {
+            step_range(r, it, 0, it->n);
+            continue;
+        }
+#pragma omp parallel num_threads(team)
+        {
+            int64_t lo, hi;
+            fg_cpu_share(it->n, omp_get_num_threads(), omp_get_thread_num(), 16, &lo, &hi);
+            step_range(r, it, lo, hi);
         }
     }
     return FG_OK;

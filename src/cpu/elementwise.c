@@ -1,18 +1,33 @@
 /*
- * elementwise.c — the CPU backend of the parameterized elementwise family, the
- * reference the CUDA kernels are tested against. Math in f64 whatever the storage.
- * One pass over the full shape writes every output that is not broadcast; each output
- * whose input was broadcast is a sum over the broadcast dims, taken per output element
- * in a fixed order (deterministic, OpenMP over the output elements).
+ * elementwise.c — the CPU backend of the parameterized elementwise family, the reference
+ * the CUDA kernels are tested against.
+ *
+ * Outputs that are not broadcast ("direct") are written in one pass over the full shape,
+ * split into contiguous shares of the element range, one per thread (fg_cpu_team). Each
+ * share walks rows of the innermost dim; a row is one tight loop per op and storage type
+ * (the dtype a constant there, so the f16 / bf16 conversions of src/cpu/vec.h sit inside
+ * the loop and it vectorizes; FG_CPU_CLONES compiles it for AVX-512 and AVX2 as well).
+ * The math is f32 for f32 / f16 / bf16 data (a few ulp of f32, far inside those dtypes'
+ * tolerances; clamp's bounds are compared exactly as the f64 ones would be) and f64 for
+ * f64 data.
+ *
+ * Each output whose input was broadcast is a sum over the broadcast dims, in f64, taken
+ * per output element in a fixed order (deterministic whatever the thread count; OpenMP
+ * over the output elements).
  */
-#include "../core/internal.h"
+#include "cpu.h"
+#include "vec.h"
 
-#include <math.h>
+#include <float.h>
 #include <stdio.h>
 #include <string.h>
 
+enum { UF_X, UF_Y };
 enum { UB_DY, UB_X, UB_DX };
+enum { BF_A, BF_B, BF_W, BF_Y };
 enum { BB_DY, BB_A, BB_B, BB_W, BB_DA, BB_DB, BB_DW };
+
+/* ------------------------------------------------------------------ f64 math (sums, f64 data) */
 
 static double unary_f(int kind, const double *s, double x) {
     switch (kind) {
@@ -73,42 +88,310 @@ static void offsets(const fg_ew *e, const int64_t *coord, int64_t *off) {
     }
 }
 
-static void coords_of(const fg_ew *e, int64_t idx, int64_t *coord) {
-    for (int d = e->rank - 1; d >= 0; d--) {
-        coord[d] = idx % e->shape[d];
-        idx /= e->shape[d];
-    }
-}
-
 static void load_inputs(const fg_ew *e, const int64_t *off, double *v) {
     for (int i = 0; i < e->n_operands; i++)
         if ((e->present >> i & 1u) && !(e->outputs >> i & 1u)) v[i] = fg_load_f64(e->data[i], e->dtype, off[i]);
 }
 
-/* n elements at p[off + k·stride] into dst as f64: one loop per dtype. */
-static void load_block(const void *p, fg_dtype t, int64_t off, int64_t stride, int64_t n, double *dst) {
-    switch (t) {
-    case FG_F32: for (int64_t k = 0; k < n; k++) dst[k] = ((const float *)p)[off + k * stride]; break;
-    case FG_F64: for (int64_t k = 0; k < n; k++) dst[k] = ((const double *)p)[off + k * stride]; break;
-    case FG_F16: for (int64_t k = 0; k < n; k++) dst[k] = fg_f16_to_f32(((const uint16_t *)p)[off + k * stride]); break;
-    case FG_BF16: for (int64_t k = 0; k < n; k++) dst[k] = fg_bf16_to_f32(((const uint16_t *)p)[off + k * stride]); break;
-    default: break; /* float dtypes only reach here */
-    }
-}
-
-static void store_block(void *p, fg_dtype t, int64_t off, int64_t stride, int64_t n, const double *src) {
-    switch (t) {
-    case FG_F32: for (int64_t k = 0; k < n; k++) ((float *)p)[off + k * stride] = (float)src[k]; break;
-    case FG_F64: for (int64_t k = 0; k < n; k++) ((double *)p)[off + k * stride] = src[k]; break;
-    case FG_F16: for (int64_t k = 0; k < n; k++) ((uint16_t *)p)[off + k * stride] = fg_f32_to_f16((float)src[k]); break;
-    case FG_BF16: for (int64_t k = 0; k < n; k++) ((uint16_t *)p)[off + k * stride] = fg_f32_to_bf16((float)src[k]); break;
-    default: break;
-    }
-}
-
 static void put(const fg_ew *e, int i, int64_t off, double v) {
     if (e->accumulate) v += fg_load_f64(e->data[i], e->dtype, off);
     fg_store_f64(e->data[i], e->dtype, off, v);
+}
+
+/* ------------------------------------------------------------------ rows */
+
+/* The scalars of a problem as its rows use them. */
+typedef struct ew_par {
+    float s0, s1;
+    float lo, hi;         /* clamp: the values it returns */
+    float lo_in, hi_in;   /* clamp: x ≥ lo_in ⟺ x ≥ s[0] and x ≤ hi_in ⟺ x ≤ s[1] for every f32 x */
+    float inv_c;          /* softcap: 1/c */
+} ew_par;
+
+/* The smallest f32 ≥ v, and the largest ≤ v. */
+static float f32_at_least(double v) {
+    float f = (float)v;
+    return (double)f < v ? nextafterf(f, INFINITY) : f;
+}
+
+static float f32_at_most(double v) {
+    float f = (float)v;
+    return (double)f > v ? nextafterf(f, -INFINITY) : f;
+}
+
+static ew_par params_of(const fg_ew *e) {
+    ew_par p;
+    memset(&p, 0, sizeof p);
+    p.s0 = (float)e->s[0];
+    p.s1 = (float)e->s[1];
+    if (e->kind == FG_UNARY_CLAMP && (e->op == FG_OP_UNARY_FORWARD || e->op == FG_OP_UNARY_BACKWARD)) {
+        p.lo = (float)e->s[0];
+        p.hi = (float)e->s[1];
+        p.lo_in = f32_at_least(e->s[0]);
+        p.hi_in = f32_at_most(e->s[1]);
+    }
+    if (e->kind == FG_UNARY_SOFTCAP) p.inv_c = (float)(1.0 / e->s[0]);
+    return p;
+}
+
+/* A row: n elements; operand i's element k at ptr[i] + k·st[i] (elements). */
+typedef struct ew_row {
+    char *ptr[FG_EW_MAX_OPERANDS];
+    int64_t st[FG_EW_MAX_OPERANDS];
+} ew_row;
+
+FG_INLINE void out_f(void *p, fg_dtype t, int64_t i, float v, bool acc) {
+    if (acc) v += fg_v_ld(p, t, i);
+    fg_v_st(p, t, i, v);
+}
+
+/* y = f(x) and dx = dy · f′(x), f32 math. unit: every stride is 1 (a constant at the call). */
+FG_INLINE void unary_row(const fg_ew *e, const ew_par *p, fg_dtype t, bool unit, bool acc, const ew_row *r,
+                         int64_t n) {
+    const bool fwd = e->op == FG_OP_UNARY_FORWARD;
+    const void *x = r->ptr[fwd ? UF_X : UB_X], *dy = r->ptr[UB_DY];
+    void *y = r->ptr[fwd ? UF_Y : UB_DX];
+    const int64_t sx = unit ? 1 : r->st[fwd ? UF_X : UB_X], sy = unit ? 1 : r->st[fwd ? UF_Y : UB_DX];
+    const int64_t sd = unit ? 1 : r->st[UB_DY];
+    const float s0 = p->s0;
+    switch (e->kind) {
+    case FG_UNARY_SCALE:
+        if (fwd) {
+#pragma GCC ivdep
+            for (int64_t k = 0; k < n; k++) out_f(y, t, k * sy, s0 * fg_v_ld(x, t, k * sx), acc);
+        } else {
+#pragma GCC ivdep
+            for (int64_t k = 0; k < n; k++) out_f(y, t, k * sy, fg_v_ld(dy, t, k * sd) * s0, acc);
+        }
+        return;
+    case FG_UNARY_POW:
+        if (fwd) {
+            for (int64_t k = 0; k < n; k++) out_f(y, t, k * sy, powf(fg_v_ld(x, t, k * sx), s0), acc);
+        } else {
+            for (int64_t k = 0; k < n; k++) {
+                const float d = s0 == 0 ? 0.0f : s0 * powf(fg_v_ld(x, t, k * sx), s0 - 1.0f);
+                out_f(y, t, k * sy, fg_v_ld(dy, t, k * sd) * d, acc);
+            }
+        }
+        return;
+    case FG_UNARY_LEAKY_RELU:
+        if (fwd) {
+#pragma GCC ivdep
+            for (int64_t k = 0; k < n; k++) {
+                const float v = fg_v_ld(x, t, k * sx);
+                out_f(y, t, k * sy, v > 0 ? v : s0 * v, acc);
+            }
+        } else {
+#pragma GCC ivdep
+            for (int64_t k = 0; k < n; k++) {
+                const float v = fg_v_ld(x, t, k * sx);
+                out_f(y, t, k * sy, fg_v_ld(dy, t, k * sd) * (v != v ? v : v > 0 ? 1.0f : s0), acc);
+            }
+        }
+        return;
+    case FG_UNARY_ELU: /* exp of the negative part only */
+        if (fwd) {
+#pragma GCC ivdep
+            for (int64_t k = 0; k < n; k++) {
+                const float v = fg_v_ld(x, t, k * sx), neg = v > 0 ? 0.0f : v;
+                out_f(y, t, k * sy, v > 0 ? v : s0 * fg_v_expm1(neg), acc);
+            }
+        } else {
+#pragma GCC ivdep
+            for (int64_t k = 0; k < n; k++) {
+                const float v = fg_v_ld(x, t, k * sx), neg = v > 0 ? 0.0f : v;
+                out_f(y, t, k * sy, fg_v_ld(dy, t, k * sd) * (v != v ? v : v > 0 ? 1.0f : s0 * fg_v_exp(neg)), acc);
+            }
+        }
+        return;
+    case FG_UNARY_CLAMP: {
+        const float lo = p->lo, hi = p->hi, lo_in = p->lo_in, hi_in = p->hi_in;
+        if (fwd) {
+#pragma GCC ivdep
+            for (int64_t k = 0; k < n; k++) {
+                const float v = fg_v_ld(x, t, k * sx);
+                out_f(y, t, k * sy, v < lo_in ? lo : v > hi_in ? hi : v, acc); /* NaN passes */
+            }
+        } else {
+#pragma GCC ivdep
+            for (int64_t k = 0; k < n; k++) {
+                const float v = fg_v_ld(x, t, k * sx);
+                out_f(y, t, k * sy, fg_v_ld(dy, t, k * sd) * (v >= lo_in && v <= hi_in ? 1.0f : 0.0f), acc);
+            }
+        }
+        return;
+    }
+    case FG_UNARY_SOFTCAP: {
+        const float inv_c = p->inv_c;
+        if (fwd) {
+#pragma GCC ivdep
+            for (int64_t k = 0; k < n; k++)
+                out_f(y, t, k * sy, s0 * fg_v_tanh_slope(fg_v_ld(x, t, k * sx) * inv_c, NULL), acc);
+        } else {
+#pragma GCC ivdep
+            for (int64_t k = 0; k < n; k++) {
+                float slope;
+                fg_v_tanh_slope(fg_v_ld(x, t, k * sx) * inv_c, &slope);
+                out_f(y, t, k * sy, fg_v_ld(dy, t, k * sd) * slope, acc);
+            }
+        }
+        return;
+    }
+    }
+}
+
+/* lerp(a, b, w) in f32 as the f64 one: from the nearer end */
+FG_INLINE float lerp_f(float a, float b, float w) {
+    const float d = b - a;
+    return w < 0.5f ? a + w * d : b - d * (1.0f - w);
+}
+
+/* operand i's stride in a row: 1 when the row is unit (a constant there) */
+FG_INLINE int64_t row_st(const ew_row *r, bool unit, int i) { return unit ? 1 : r->st[i]; }
+
+FG_INLINE void binary_row(const fg_ew *e, const ew_par *p, fg_dtype t, bool unit, bool acc, const ew_row *r,
+                          int64_t n) {
+    const float s0 = p->s0, s1 = p->s1;
+    if (e->op == FG_OP_BINARY_FORWARD) {
+        const void *a = r->ptr[BF_A], *b = r->ptr[BF_B], *w = r->ptr[BF_W];
+        void *y = r->ptr[BF_Y];
+        const int64_t sa = row_st(r, unit, BF_A), sb = row_st(r, unit, BF_B), sw = row_st(r, unit, BF_W), sy = row_st(r, unit, BF_Y);
+        if (e->kind == FG_BINARY_AXPBY) {
+#pragma GCC ivdep
+            for (int64_t k = 0; k < n; k++)
+                out_f(y, t, k * sy, s0 * fg_v_ld(a, t, k * sa) + s1 * fg_v_ld(b, t, k * sb), acc);
+        } else if (e->present >> BF_W & 1u) {
+#pragma GCC ivdep
+            for (int64_t k = 0; k < n; k++)
+                out_f(y, t, k * sy, lerp_f(fg_v_ld(a, t, k * sa), fg_v_ld(b, t, k * sb), fg_v_ld(w, t, k * sw)), acc);
+        } else {
+#pragma GCC ivdep
+            for (int64_t k = 0; k < n; k++)
+                out_f(y, t, k * sy, lerp_f(fg_v_ld(a, t, k * sa), fg_v_ld(b, t, k * sb), s0), acc);
+        }
+        return;
+    }
+    /* backward: da, db, dw, whichever are direct outputs here (the caller clears the others) */
+    const void *dy = r->ptr[BB_DY], *a = r->ptr[BB_A], *b = r->ptr[BB_B], *w = r->ptr[BB_W];
+    void *da = r->ptr[BB_DA], *db = r->ptr[BB_DB], *dw = r->ptr[BB_DW];
+    const int64_t sd = row_st(r, unit, BB_DY), sa = row_st(r, unit, BB_A), sb = row_st(r, unit, BB_B), sw = row_st(r, unit, BB_W);
+    const int64_t sda = row_st(r, unit, BB_DA), sdb = row_st(r, unit, BB_DB), sdw = row_st(r, unit, BB_DW);
+    const bool tw = e->present >> BB_W & 1u;
+    float ca = s0, cb = s1; /* axpby: da = α·dy, db = β·dy */
+    if (e->kind != FG_BINARY_AXPBY) ca = 1.0f - s0, cb = s0;
+    if (e->kind == FG_BINARY_AXPBY || !tw) {
+        if (da && db) {
+#pragma GCC ivdep
+            for (int64_t k = 0; k < n; k++) {
+                const float g = fg_v_ld(dy, t, k * sd);
+                out_f(da, t, k * sda, ca * g, acc);
+                out_f(db, t, k * sdb, cb * g, acc);
+            }
+        } else if (da || db) {
+            void *o = da ? da : db;
+            const int64_t so = da ? sda : sdb;
+            const float c = da ? ca : cb;
+#pragma GCC ivdep
+            for (int64_t k = 0; k < n; k++) out_f(o, t, k * so, c * fg_v_ld(dy, t, k * sd), acc);
+        }
+        if (dw) { /* a scalar weight has no gradient operand; kept for completeness */
+#pragma GCC ivdep
+            for (int64_t k = 0; k < n; k++)
+                out_f(dw, t, k * sdw, (fg_v_ld(b, t, k * sb) - fg_v_ld(a, t, k * sa)) * fg_v_ld(dy, t, k * sd), acc);
+        }
+        return;
+    }
+    /* lerp with a tensor weight */
+#pragma GCC ivdep
+    for (int64_t k = 0; k < n; k++) {
+        const float g = fg_v_ld(dy, t, k * sd), wv = fg_v_ld(w, t, k * sw);
+        if (da) out_f(da, t, k * sda, (1.0f - wv) * g, acc);
+        if (db) out_f(db, t, k * sdb, wv * g, acc);
+        if (dw) out_f(dw, t, k * sdw, (fg_v_ld(b, t, k * sb) - fg_v_ld(a, t, k * sa)) * g, acc);
+    }
+}
+
+/* unit, acc: constants at the call (every stride 1; outputs added to) */
+FG_INLINE void row_typed(const fg_ew *e, const ew_par *p, fg_dtype t, bool unit, bool acc, const ew_row *r,
+                         int64_t n) {
+    if (e->op == FG_OP_UNARY_FORWARD || e->op == FG_OP_UNARY_BACKWARD) unary_row(e, p, t, unit, acc, r, n);
+    else binary_row(e, p, t, unit, acc, r, n);
+}
+
+FG_INLINE void row_unit_dtype(const fg_ew *e, const ew_par *p, fg_dtype t, const ew_row *r, int64_t n) {
+    if (e->accumulate) row_typed(e, p, t, true, true, r, n);
+    else row_typed(e, p, t, true, false, r, n);
+}
+
+/* A row whose every stride is 1, dispatched on dtype and accumulate (the streams' path). */
+FG_CPU_CLONES
+static void row_unit(const fg_ew *e, const ew_par *p, const ew_row *r, int64_t n) {
+    switch (e->dtype) {
+    case FG_F16: row_unit_dtype(e, p, FG_F16, r, n); break;
+    case FG_BF16: row_unit_dtype(e, p, FG_BF16, r, n); break;
+    default: row_unit_dtype(e, p, FG_F32, r, n); break;
+    }
+}
+
+/* Any other row (strided or broadcast operands): the same math, element by element. */
+static void row_strided(const fg_ew *e, const ew_par *p, const ew_row *r, int64_t n) {
+    switch (e->dtype) {
+    case FG_F16: row_typed(e, p, FG_F16, false, e->accumulate, r, n); break;
+    case FG_BF16: row_typed(e, p, FG_BF16, false, e->accumulate, r, n); break;
+    default: row_typed(e, p, FG_F32, false, e->accumulate, r, n); break;
+    }
+}
+
+/* f64 data: the same rows in f64 math (one element at a time through value()). */
+static void row_f64(const fg_ew *e, unsigned direct, const ew_row *r, int64_t n) {
+    const unsigned inputs = e->present & ~e->outputs;
+    for (int64_t k = 0; k < n; k++) {
+        double v[FG_EW_MAX_OPERANDS] = {0};
+        for (int j = 0; j < e->n_operands; j++)
+            if (inputs >> j & 1u) v[j] = ((const double *)r->ptr[j])[k * r->st[j]];
+        for (int i = 0; i < e->n_operands; i++) {
+            if (!(direct >> i & 1u)) continue;
+            double *o = (double *)r->ptr[i] + k * r->st[i];
+            const double x = value(e, i, v);
+            *o = e->accumulate ? x + *o : x;
+        }
+    }
+}
+
+/* Elements [lo, hi) of the full shape (row-major order over it), rows of the innermost dim. */
+static void walk(const fg_ew *e, const ew_par *p, unsigned direct, int64_t lo, int64_t hi) {
+    const int rank = e->rank > 0 ? e->rank : 1;
+    const int64_t inner = e->rank > 0 ? e->shape[rank - 1] : 1;
+    const size_t es = fg_dtype_size(e->dtype);
+    const unsigned used = (e->present & ~e->outputs) | direct;
+    bool unit = true;
+    for (int i = 0; i < e->n_operands; i++)
+        if ((used >> i & 1u) && e->rank > 0 && e->stride[i][rank - 1] != 1 && inner > 1) unit = false;
+    int64_t idx = lo;
+    while (idx < hi) {
+        const int64_t row = idx / inner, col = idx % inner;
+        const int64_t len = inner - col < hi - idx ? inner - col : hi - idx;
+        int64_t coord[FG_MAX_RANK];
+        int64_t q = row;
+        for (int d = rank - 2; d >= 0; d--) {
+            coord[d] = q % e->shape[d];
+            q /= e->shape[d];
+        }
+        ew_row r;
+        for (int i = 0; i < FG_EW_MAX_OPERANDS; i++) {
+            r.ptr[i] = NULL;
+            r.st[i] = 0;
+            if (i >= e->n_operands || !(used >> i & 1u)) continue;
+            int64_t off = e->rank > 0 ? col * e->stride[i][rank - 1] : 0;
+            for (int d = 0; d < rank - 1; d++) off += coord[d] * e->stride[i][d];
+            r.ptr[i] = (char *)e->data[i] + off * (int64_t)es;
+            r.st[i] = e->rank > 0 ? e->stride[i][rank - 1] : 0;
+        }
+        if (e->dtype == FG_F64) row_f64(e, direct, &r, len);
+        else if (unit) row_unit(e, p, &r, len);
+        else row_strided(e, p, &r, len);
+        idx += len;
+    }
 }
 
 fg_status fg_cpu_elementwise(fg_context *ctx, const fg_ew *e, fg_kernel_info *info, void *ws, size_t ws_bytes,
@@ -118,48 +401,25 @@ fg_status fg_cpu_elementwise(fg_context *ctx, const fg_ew *e, fg_kernel_info *in
     const unsigned direct = e->outputs & e->present & ~e->reduced;
     const unsigned summed = e->outputs & e->present & e->reduced;
     snprintf(info->name, sizeof info->name, "cpu:elementwise(rank %d)%s", e->rank, summed ? "+ordered sums" : "");
-    info->accumulator = FG_F64;
+    info->accumulator = e->dtype == FG_F64 || summed ? FG_F64 : FG_F32;
     if (!run || e->numel == 0) return FG_OK;
-    const int nt = ctx->num_threads > 0 ? ctx->num_threads : 0;
-    if (direct && e->rank <= 1) {
-        /* one dim: blocks of BLOCK elements, each operand converted to f64 in one tight
-           loop per block (one dtype switch per block, not per element) */
-        enum { BLOCK = 512 };
-        const int64_t nblocks = (e->numel + BLOCK - 1) / BLOCK;
-#pragma omp parallel for schedule(static) num_threads(nt) if (nt != 1 && e->numel > 32768)
-        for (int64_t blk = 0; blk < nblocks; blk++) {
-            double buf[FG_EW_MAX_OPERANDS][BLOCK];
-            const int64_t i0 = blk * BLOCK, len = e->numel - i0 < BLOCK ? e->numel - i0 : BLOCK;
-            for (int i = 0; i < e->n_operands; i++) {
-                const bool input = (e->present >> i & 1u) && !(e->outputs >> i & 1u);
-                if (!input && !(e->accumulate && (direct >> i & 1u))) continue;
-                const int64_t st = e->rank ? e->stride[i][0] : 0;
-                load_block(e->data[i], e->dtype, i0 * st, st, len, buf[i]);
+    if (direct) {
+        /* the outputs written here, the others left out of the rows */
+        fg_ew d = *e;
+        for (int i = 0; i < e->n_operands; i++)
+            if ((e->outputs >> i & 1u) && !(direct >> i & 1u)) d.present &= ~(1u << i);
+        const ew_par p = params_of(&d);
+        /* a share is at least 2^15 elements; shares split at 64-byte multiples */
+        const int team = fg_cpu_team(ctx, e->numel, 1 << 15);
+        if (team == 1) {
+            walk(&d, &p, direct, 0, e->numel);
+        } else {
+#pragma omp parallel num_threads(team)
+            {
+                int64_t lo, hi;
+                fg_cpu_share(e->numel, omp_get_num_threads(), omp_get_thread_num(), 32, &lo, &hi);
+                walk(&d, &p, direct, lo, hi);
             }
-            double v[FG_EW_MAX_OPERANDS] = {0};
-            const unsigned inputs = e->present & ~e->outputs;
-            for (int i = 0; i < e->n_operands; i++) {
-                if (!(direct >> i & 1u)) continue;
-                double out[BLOCK];
-                for (int64_t k = 0; k < len; k++) {
-                    for (int j = 0; j < e->n_operands; j++)
-                        if (inputs >> j & 1u) v[j] = buf[j][k];
-                    out[k] = value(e, i, v) + (e->accumulate ? buf[i][k] : 0.0);
-                }
-                const int64_t st = e->rank ? e->stride[i][0] : 0;
-                store_block(e->data[i], e->dtype, i0 * st, st, len, out);
-            }
-        }
-    } else if (direct) {
-#pragma omp parallel for schedule(static) num_threads(nt) if (nt != 1 && e->numel > 32768)
-        for (int64_t idx = 0; idx < e->numel; idx++) {
-            int64_t coord[FG_MAX_RANK], off[FG_EW_MAX_OPERANDS];
-            double v[FG_EW_MAX_OPERANDS];
-            coords_of(e, idx, coord);
-            offsets(e, coord, off);
-            load_inputs(e, off, v);
-            for (int i = 0; i < e->n_operands; i++)
-                if (direct >> i & 1u) put(e, i, off[i], value(e, i, v));
         }
     }
     for (int i = 0; i < e->n_operands; i++) {
@@ -176,7 +436,8 @@ fg_status fg_cpu_elementwise(fg_context *ctx, const fg_ew *e, fg_kernel_info *in
                 n_red *= e->shape[d];
             }
         }
-#pragma omp parallel for schedule(static) num_threads(nt) if (nt != 1 && n_out * n_red > 32768)
+        const int team = fg_cpu_team(ctx, n_out * n_red, 1 << 15);
+#pragma omp parallel for schedule(static) num_threads(team) if (team > 1)
         for (int64_t o = 0; o < n_out; o++) {
             int64_t coord[FG_MAX_RANK], off[FG_EW_MAX_OPERANDS];
             double v[FG_EW_MAX_OPERANDS], sum = 0;

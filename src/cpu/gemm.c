@@ -1,20 +1,23 @@
 /*
  * gemm.c — the CPU backend's GEMM primitive, the reference every other backend is
- * tested against. f32/f64 products go to OpenBLAS (sgemm/dgemm, sgemv/dgemv);
- * f16/bf16 are widened to f32 in the workspace, multiplied by sgemm and rounded once.
- * Vector products with a vector of ones (bias gradients) and low-precision GEMVs are
- * plain OpenMP loops with f64 accumulation. Every loop has a fixed order: results are
- * deterministic for a given thread count.
+ * tested against. f32/f64 products go to OpenBLAS (sgemm/dgemm, sgemv/dgemv) with the
+ * caller's beta (OpenBLAS writes c without reading it when beta is 0), a bias written into
+ * c before the product (beta·c + bias, then the product added: no pass after it);
+ * f16/bf16 operands are widened to f32 in the workspace in the orientation they are
+ * stored in (a transposed operand stays transposed for sgemm), multiplied by sgemm and
+ * rounded once. Vector products with a vector of ones (bias gradients) and low-precision
+ * GEMVs are loops with f64 accumulation in a fixed order (eight interleaved partial sums
+ * where a dot product runs along contiguous memory): results are deterministic whatever
+ * the thread count. Threads follow src/cpu/cpu.h: OpenBLAS's for the products (the
+ * context's count when it sets one), OpenMP teams for the loops, never both at once.
  */
-#include "../core/internal.h"
+#include "cpu.h"
+#include "vec.h"
 
-#include <cblas.h>
 #include <stdio.h>
 #include <string.h>
 
-static int threads(const fg_context *ctx) {
-    return ctx->num_threads > 0 ? ctx->num_threads : 0;
-}
+_Thread_local int fg_cpu_pool_live;
 
 /* c = alpha·acc + beta·c + bias[j·bias_inc], never reading c when beta == 0 (it may
  * hold NaN). */
@@ -35,32 +38,79 @@ typedef struct vecprod {
     int64_t os, bias_inc;
 } vecprod;
 
+enum { VP_BLOCK = 256, VP_LANES = 8 };
+
+/* Outputs [j0, j0 + jn) of a product whose rows of M are contiguous-ish: acc[j] += v[q]·M(q, j),
+   q in order. t a constant at the call. */
+FG_INLINE void vp_rows_typed(const vecprod *p, fg_dtype t, int64_t j0, int64_t jn, double *acc) {
+    for (int64_t j = 0; j < jn; j++) acc[j] = 0.0;
+    for (int64_t q = 0; q < p->depth; q++) {
+        const double vq = p->v ? fg_v_ldd(p->v, t, q * p->vs) : 1.0;
+        const int64_t base = q * p->mp + j0 * p->mj;
+        if (p->mj == 1) {
+            for (int64_t j = 0; j < jn; j++) acc[j] += vq * fg_v_ldd(p->m, t, base + j);
+        } else {
+            for (int64_t j = 0; j < jn; j++) acc[j] += vq * fg_v_ldd(p->m, t, base + j * p->mj);
+        }
+    }
+}
+
+/* One dot product along q (M(q, j) at stride mp): VP_LANES partial sums, lane q % VP_LANES,
+   added in lane order at the end. */
+FG_INLINE double vp_dot_typed(const vecprod *p, fg_dtype t, int64_t j) {
+    double lane[VP_LANES] = {0};
+    const int64_t base = j * p->mj, d = p->depth;
+    int64_t q = 0;
+    if (p->mp == 1 && (!p->v || p->vs == 1)) {
+        for (; q + VP_LANES <= d; q += VP_LANES)
+            for (int l = 0; l < VP_LANES; l++)
+                lane[l] += (p->v ? fg_v_ldd(p->v, t, q + l) : 1.0) * fg_v_ldd(p->m, t, base + q + l);
+    }
+    for (; q < d; q++)
+        lane[q % VP_LANES] += (p->v ? fg_v_ldd(p->v, t, q * p->vs) : 1.0) * fg_v_ldd(p->m, t, base + q * p->mp);
+    double s = 0.0;
+    for (int l = 0; l < VP_LANES; l++) s += lane[l];
+    return s;
+}
+
+FG_CPU_CLONES
+static void vp_rows(const vecprod *p, fg_dtype t, int64_t j0, int64_t jn, double *acc) {
+    switch (t) {
+    case FG_F16: vp_rows_typed(p, FG_F16, j0, jn, acc); break;
+    case FG_BF16: vp_rows_typed(p, FG_BF16, j0, jn, acc); break;
+    case FG_F64: vp_rows_typed(p, FG_F64, j0, jn, acc); break;
+    default: vp_rows_typed(p, FG_F32, j0, jn, acc); break;
+    }
+}
+
+FG_CPU_CLONES
+static double vp_dot(const vecprod *p, fg_dtype t, int64_t j) {
+    switch (t) {
+    case FG_F16: return vp_dot_typed(p, FG_F16, j);
+    case FG_BF16: return vp_dot_typed(p, FG_BF16, j);
+    case FG_F64: return vp_dot_typed(p, FG_F64, j);
+    default: return vp_dot_typed(p, FG_F32, j);
+    }
+}
+
 static void vec_product(const fg_context *ctx, const fg_gemm *g, const vecprod *p) {
     const fg_dtype t = g->dtype, ct = g->c_f32 ? FG_F32 : t;
-    const int nt = threads(ctx);
     if (p->mp == 1 || p->len == 1) {
         /* each output reads a contiguous run of M: a dot product per output */
-#pragma omp parallel for schedule(static) num_threads(nt) if (nt != 1 && p->len * p->depth > 65536)
-        for (int64_t j = 0; j < p->len; j++) {
-            double acc = 0.0;
-            for (int64_t q = 0; q < p->depth; q++)
-                acc += (p->v ? fg_load_f64(p->v, t, q * p->vs) : 1.0) * fg_load_f64(p->m, t, q * p->mp + j * p->mj);
-            fg_store_f64(p->out, ct, j * p->os, epilogue(g, acc, p->out, j * p->os, j, p->bias_inc));
-        }
+        const int team = fg_cpu_team(ctx, p->len * p->depth, 1 << 16);
+#pragma omp parallel for schedule(static) num_threads(team) if (team > 1)
+        for (int64_t j = 0; j < p->len; j++)
+            fg_store_f64(p->out, ct, j * p->os, epilogue(g, vp_dot(p, t, j), p->out, j * p->os, j, p->bias_inc));
         return;
     }
     /* rows of M are contiguous: walk them in order, a block of outputs per thread */
-    enum { BLOCK = 256 };
-    const int64_t nblocks = (p->len + BLOCK - 1) / BLOCK;
-#pragma omp parallel for schedule(static) num_threads(nt) if (nt != 1 && p->len * p->depth > 65536)
+    const int64_t nblocks = (p->len + VP_BLOCK - 1) / VP_BLOCK;
+    const int team = fg_cpu_team(ctx, p->len * p->depth, 1 << 16);
+#pragma omp parallel for schedule(static) num_threads(team) if (team > 1)
     for (int64_t blk = 0; blk < nblocks; blk++) {
-        double acc[BLOCK];
-        const int64_t j0 = blk * BLOCK, jn = p->len - j0 < BLOCK ? p->len - j0 : BLOCK;
-        for (int64_t j = 0; j < jn; j++) acc[j] = 0.0;
-        for (int64_t q = 0; q < p->depth; q++) {
-            const double vq = p->v ? fg_load_f64(p->v, t, q * p->vs) : 1.0;
-            for (int64_t j = 0; j < jn; j++) acc[j] += vq * fg_load_f64(p->m, t, q * p->mp + (j0 + j) * p->mj);
-        }
+        double acc[VP_BLOCK];
+        const int64_t j0 = blk * VP_BLOCK, jn = p->len - j0 < VP_BLOCK ? p->len - j0 : VP_BLOCK;
+        vp_rows(p, t, j0, jn, acc);
         for (int64_t j = 0; j < jn; j++) {
             int64_t jj = j0 + j;
             fg_store_f64(p->out, ct, jj * p->os, epilogue(g, acc[j], p->out, jj * p->os, jj, p->bias_inc));
@@ -79,7 +129,7 @@ static void gemv(const fg_context *ctx, const fg_gemm *g) {
     vec_product(ctx, g, &p);
 }
 
-static bool blas_gemv(const fg_gemm *g) {
+static bool blas_gemv(const fg_context *ctx, const fg_gemm *g) {
     if (g->dtype != FG_F32 && g->dtype != FG_F64) return false;
     if (g->a.operand == FG_OPERAND_ONES || g->b.operand == FG_OPERAND_ONES || g->bias) return false;
     /* c[m×1] = a·b with a row- or column-major; m == 1 is the transposed problem */
@@ -99,12 +149,14 @@ static bool blas_gemv(const fg_gemm *g) {
         for (int64_t i = 0; i < rows; i++) fg_store_f64(g->c.data, g->dtype, i * oinc, 0.0);
         beta = 1.0;
     }
+    const fg_blas_scope scope = fg_cpu_blas_begin(ctx, (double)rows * (double)g->k);
     if (g->dtype == FG_F32)
         cblas_sgemv(CblasRowMajor, tr, (blasint)r, (blasint)c, (float)g->alpha, mat->data, (blasint)ld,
                     vec->data, (blasint)vinc, (float)beta, g->c.data, (blasint)oinc);
     else
         cblas_dgemv(CblasRowMajor, tr, (blasint)r, (blasint)c, g->alpha, mat->data, (blasint)ld,
                     vec->data, (blasint)vinc, beta, g->c.data, (blasint)oinc);
+    fg_cpu_blas_end(scope);
     return true;
 }
 
@@ -115,14 +167,117 @@ static void blas_op(const fg_mat *x, int64_t rows, int64_t cols, enum CBLAS_TRAN
     if (rows == 1 && *tr == CblasNoTrans) *ld = cols > 0 ? cols : 1;
 }
 
-/* Packs batch element b of operand x (rows × cols) into a contiguous f32 buffer. */
-static void widen(const fg_context *ctx, const fg_mat *x, fg_dtype t, int64_t b, int64_t rows,
-                  int64_t cols, float *dst) {
-    const int nt = threads(ctx);
-#pragma omp parallel for schedule(static) num_threads(nt) if (nt != 1 && rows * cols > 65536)
-    for (int64_t i = 0; i < rows; i++)
-        for (int64_t j = 0; j < cols; j++)
-            dst[i * cols + j] = (float)fg_load_f64(x->data, t, b * x->bs + i * x->rs + j * x->cs);
+/* dst[i·ld + j] = src[i·rs + j·cs] as f32, rows [r0, r1) of a rows × cols block; t a constant. */
+FG_INLINE void widen_typed(const void *src, fg_dtype t, int64_t rs, int64_t cs, int64_t r0, int64_t r1, int64_t cols,
+                           float *dst) {
+    for (int64_t i = r0; i < r1; i++) {
+        float *d = dst + i * cols;
+        if (cs == 1) {
+            for (int64_t j = 0; j < cols; j++) d[j] = fg_v_ld(src, t, i * rs + j);
+        } else {
+            for (int64_t j = 0; j < cols; j++) d[j] = fg_v_ld(src, t, i * rs + j * cs);
+        }
+    }
+}
+
+FG_CPU_CLONES
+static void widen_rows(const void *src, fg_dtype t, int64_t rs, int64_t cs, int64_t r0, int64_t r1, int64_t cols,
+                       float *dst) {
+    if (t == FG_BF16) widen_typed(src, FG_BF16, rs, cs, r0, r1, cols, dst);
+    else widen_typed(src, FG_F16, rs, cs, r0, r1, cols, dst);
+}
+
+/* Packs batch element b of f16/bf16 operand x (rows × cols) into contiguous f32 in the
+   orientation it is stored in: row-major unless its columns are the contiguous dim, then
+   transposed (*tr). */
+static void widen(const fg_context *ctx, const fg_mat *x, fg_dtype t, int64_t b, int64_t rows, int64_t cols,
+                  float *dst, enum CBLAS_TRANSPOSE *tr, int64_t *ld) {
+    const char *src = (const char *)x->data + b * x->bs * (int64_t)fg_dtype_size(t);
+    int64_t rs = x->rs, cs = x->cs, pr = rows, pc = cols;
+    *tr = CblasNoTrans;
+    if (!(cs == 1 || cols == 1) && (rs == 1 || rows == 1)) { /* column-major: pack xᵀ */
+        *tr = CblasTrans;
+        rs = x->cs, cs = x->rs, pr = cols, pc = rows;
+    }
+    *ld = pc > 0 ? pc : 1;
+    const int team = fg_cpu_team(ctx, pr * pc, 1 << 16);
+    if (team == 1) {
+        widen_rows(src, t, rs, cs, 0, pr, pc, dst);
+        return;
+    }
+#pragma omp parallel num_threads(team)
+    {
+        int64_t lo, hi;
+        fg_cpu_share(pr, omp_get_num_threads(), omp_get_thread_num(), 1, &lo, &hi);
+        widen_rows(src, t, rs, cs, lo, hi, pc, dst);
+    }
+}
+
+/* Rows [r0, r1) of c (ct) = beta·c + bias, or of the f32 buffer cf (ldf) from c's values when
+   cf is not NULL; beta 0 never reads c. t the inputs' dtype (the bias's). */
+FG_INLINE void prefill_typed(const fg_gemm *g, fg_dtype t, fg_dtype ct, void *c, float *cf, int64_t r0, int64_t r1) {
+    const int64_t n = g->n;
+    const double beta = g->beta;
+    for (int64_t i = r0; i < r1; i++) {
+        const int64_t ci = i * g->c.rs;
+        for (int64_t j = 0; j < n; j++) {
+            double v = beta != 0.0 ? beta * fg_v_ldd(c, ct, ci + j) : 0.0;
+            if (g->bias) v += fg_v_ldd(g->bias, t, i * g->bias_rs + j * g->bias_cs);
+            if (cf) cf[i * n + j] = (float)v;
+            else fg_v_std(c, ct, ci + j, v);
+        }
+    }
+}
+
+FG_CPU_CLONES
+static void prefill_rows(const fg_gemm *g, void *c, float *cf, int64_t r0, int64_t r1) {
+    const fg_dtype t = g->dtype, ct = g->c_f32 ? FG_F32 : t;
+    switch (t) {
+    case FG_F32: prefill_typed(g, FG_F32, FG_F32, c, cf, r0, r1); break;
+    case FG_F64: prefill_typed(g, FG_F64, FG_F64, c, cf, r0, r1); break;
+    case FG_BF16:
+        if (ct == FG_F32) prefill_typed(g, FG_BF16, FG_F32, c, cf, r0, r1);
+        else prefill_typed(g, FG_BF16, FG_BF16, c, cf, r0, r1);
+        break;
+    default:
+        if (ct == FG_F32) prefill_typed(g, FG_F16, FG_F32, c, cf, r0, r1);
+        else prefill_typed(g, FG_F16, FG_F16, c, cf, r0, r1);
+        break;
+    }
+}
+
+/* Rows [r0, r1) of c (ct) from the f32 buffer cf. */
+FG_INLINE void narrow_typed(const fg_gemm *g, fg_dtype ct, void *c, const float *cf, int64_t r0, int64_t r1) {
+    for (int64_t i = r0; i < r1; i++)
+        for (int64_t j = 0; j < g->n; j++) fg_v_st(c, ct, i * g->c.rs + j, cf[i * g->n + j]);
+}
+
+FG_CPU_CLONES
+static void narrow_rows(const fg_gemm *g, void *c, const float *cf, int64_t r0, int64_t r1) {
+    const fg_dtype ct = g->c_f32 ? FG_F32 : g->dtype;
+    if (ct == FG_BF16) narrow_typed(g, FG_BF16, c, cf, r0, r1);
+    else if (ct == FG_F16) narrow_typed(g, FG_F16, c, cf, r0, r1);
+    else narrow_typed(g, FG_F32, c, cf, r0, r1);
+}
+
+/* Runs rows(g, c, cf, r0, r1) over the m rows, on a team when there are many elements. */
+static void over_rows(const fg_context *ctx, const fg_gemm *g, void *c, float *cf,
+                      void (*rows)(const fg_gemm *, void *, float *, int64_t, int64_t)) {
+    const int team = fg_cpu_team(ctx, g->m * g->n, 1 << 17);
+    if (team == 1) {
+        rows(g, c, cf, 0, g->m);
+        return;
+    }
+#pragma omp parallel num_threads(team)
+    {
+        int64_t lo, hi;
+        fg_cpu_share(g->m, omp_get_num_threads(), omp_get_thread_num(), 1, &lo, &hi);
+        rows(g, c, cf, lo, hi);
+    }
+}
+
+static void narrow_rows_any(const fg_gemm *g, void *c, float *cf, int64_t r0, int64_t r1) {
+    narrow_rows(g, c, cf, r0, r1);
 }
 
 static fg_status general(const fg_context *ctx, const fg_gemm *g, void *ws, size_t ws_bytes) {
@@ -130,7 +285,6 @@ static fg_status general(const fg_context *ctx, const fg_gemm *g, void *ws, size
     const int64_t m = g->m, n = g->n, k = g->k;
     const bool reduce = g->batch > 1 && g->c.bs == 0;
     const bool low = t == FG_F16 || t == FG_BF16;
-    const int nt = threads(ctx);
     float *af = NULL, *bf = NULL, *cf = NULL;
     if (low) {
         size_t need = (size_t)(m * k + k * n + m * n) * sizeof(float);
@@ -141,25 +295,25 @@ static fg_status general(const fg_context *ctx, const fg_gemm *g, void *ws, size
     }
     for (int64_t b = 0; b < g->batch; b++) {
         char *c = (char *)g->c.data + b * g->c.bs * (int64_t)fg_dtype_size(ct);
-        double beta = g->beta;
-        /* c (or its f32 copy) = beta·c + bias before the first product that lands there */
-        if (!reduce || b == 0) {
-#pragma omp parallel for schedule(static) num_threads(nt) if (nt != 1 && m * n > 65536)
-            for (int64_t i = 0; i < m; i++)
-                for (int64_t j = 0; j < n; j++) {
-                    int64_t ci = i * g->c.rs + j;
-                    double v = beta != 0.0 ? beta * fg_load_f64(c, ct, ci) : 0.0;
-                    if (g->bias) v += fg_load_f64(g->bias, t, i * g->bias_rs + j * g->bias_cs);
-                    if (low) cf[i * n + j] = (float)v;
-                    else if (beta != 1.0 || g->bias) fg_store_f64(c, ct, ci, v);
-                }
+        const bool first = !reduce || b == 0;
+        /* the product adds into c (or its f32 copy) with blas_beta: the caller's beta when
+           nothing was written there first, else 1 after c = beta·c + bias */
+        double blas_beta = 1.0;
+        if (first) {
+            if (low || g->bias || k == 0) over_rows(ctx, g, c, low ? cf : NULL, prefill_rows);
+            else blas_beta = g->beta;
         }
         if (k > 0) {
+            const double macs = (double)m * (double)n * (double)k;
             if (low) {
-                widen(ctx, &g->a, t, b, m, k, af);
-                widen(ctx, &g->b, t, b, k, n, bf);
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)m, (blasint)n, (blasint)k,
-                            (float)g->alpha, af, (blasint)k, bf, (blasint)n, 1.0f, cf, (blasint)n);
+                enum CBLAS_TRANSPOSE ta, tb;
+                int64_t lda, ldb;
+                widen(ctx, &g->a, t, b, m, k, af, &ta, &lda);
+                widen(ctx, &g->b, t, b, k, n, bf, &tb, &ldb);
+                const fg_blas_scope scope = fg_cpu_blas_begin(ctx, macs);
+                cblas_sgemm(CblasRowMajor, ta, tb, (blasint)m, (blasint)n, (blasint)k, (float)g->alpha, af,
+                            (blasint)lda, bf, (blasint)ldb, 1.0f, cf, (blasint)n);
+                fg_cpu_blas_end(scope);
             } else {
                 enum CBLAS_TRANSPOSE ta, tb;
                 int64_t lda, ldb;
@@ -172,21 +326,19 @@ static fg_status general(const fg_context *ctx, const fg_gemm *g, void *ws, size
                 const char *bb = (const char *)g->b.data + b * g->b.bs * (int64_t)es;
                 int64_t ldc = g->c.rs > n ? g->c.rs : n;
                 if (m == 1) ldc = n;
+                const fg_blas_scope scope = fg_cpu_blas_begin(ctx, macs);
                 if (t == FG_F32)
                     cblas_sgemm(CblasRowMajor, ta, tb, (blasint)m, (blasint)n, (blasint)k, (float)g->alpha,
-                                (const float *)a, (blasint)lda, (const float *)bb, (blasint)ldb, 1.0f,
+                                (const float *)a, (blasint)lda, (const float *)bb, (blasint)ldb, (float)blas_beta,
                                 (float *)c, (blasint)ldc);
                 else
                     cblas_dgemm(CblasRowMajor, ta, tb, (blasint)m, (blasint)n, (blasint)k, g->alpha,
-                                (const double *)a, (blasint)lda, (const double *)bb, (blasint)ldb, 1.0,
+                                (const double *)a, (blasint)lda, (const double *)bb, (blasint)ldb, blas_beta,
                                 (double *)c, (blasint)ldc);
+                fg_cpu_blas_end(scope);
             }
         }
-        if (low && (!reduce || b == g->batch - 1)) {
-#pragma omp parallel for schedule(static) num_threads(nt) if (nt != 1 && m * n > 65536)
-            for (int64_t i = 0; i < m; i++)
-                for (int64_t j = 0; j < n; j++) fg_store_f64(c, ct, i * g->c.rs + j, cf[i * n + j]);
-        }
+        if (low && (!reduce || b == g->batch - 1)) over_rows(ctx, g, c, cf, narrow_rows_any);
     }
     return FG_OK;
 }
@@ -195,16 +347,17 @@ fg_status fg_cpu_gemm(fg_context *ctx, const fg_gemm *g, fg_kernel_info *info, v
                       size_t ws_bytes, bool run) {
     const bool ones = g->a.operand == FG_OPERAND_ONES || g->b.operand == FG_OPERAND_ONES;
     const bool vector = g->batch == 1 && (g->m == 1 || g->n == 1) && g->k > 0;
+    const bool bias = g->bias || g->bias_operand >= 0;
     const char *tn = fg_dtype_name(g->dtype);
     if (g->k > 0 && (vector || ones)) {
         if (ones && !vector)
             return fg_fail(FG_ERR_INTERNAL, "cpu gemm: a ones operand outside a vector product");
-        bool blas = !ones && !g->bias && (g->dtype == FG_F32 || g->dtype == FG_F64);
+        bool blas = !ones && !bias && (g->dtype == FG_F32 || g->dtype == FG_F64);
         snprintf(info->name, sizeof info->name, blas ? "openblas:%sgemv" : "cpu:%s_vecprod%s",
                  blas ? (g->dtype == FG_F32 ? "s" : "d") : tn, ones ? "_ones" : "");
         if (!blas) info->accumulator = FG_F64;
         if (!run) return FG_OK;
-        if (!(blas && blas_gemv(g))) gemv(ctx, g);
+        if (!(blas && blas_gemv(ctx, g))) gemv(ctx, g);
         return FG_OK;
     }
     const bool low = g->dtype == FG_F16 || g->dtype == FG_BF16;

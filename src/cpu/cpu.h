@@ -1,0 +1,84 @@
+/*
+ * cpu.h — the CPU backend's threading policy, in one place:
+ *
+ *  - fastgrad's own loops run on OpenMP, OpenBLAS's products on OpenBLAS's threads, and
+ *    never one inside the other (no OpenMP region around an OpenBLAS call);
+ *  - a loop takes more than one thread only when each thread gets at least a grain of work
+ *    (fg_cpu_team), so small problems stay on the calling thread;
+ *  - fg_context_desc.num_threads, when set, is the count for both: the loops' teams and
+ *    OpenBLAS's threads for the length of each call (fg_cpu_blas_begin / _end);
+ *  - OpenMP's idle workers do not spin beside OpenBLAS's threads: libgomp keeps the workers
+ *    of a finished region busy-waiting for the next one (for milliseconds unless
+ *    OMP_WAIT_POLICY=passive), which on a machine with as many cores as threads takes a
+ *    core from every OpenBLAS thread that follows — a product right after a parallel loop
+ *    ran up to twice as long. So before a product that OpenBLAS runs on several threads,
+ *    a parallel loop of this thread since the last product has its workers released
+ *    (omp_pause_resource_all); the next parallel loop starts them again, a cost far below
+ *    that of the products that need it.
+ */
+#ifndef FG_CPU_CPU_H
+#define FG_CPU_CPU_H
+
+#include "../core/internal.h"
+
+#include <cblas.h>
+#include <omp.h>
+#include <stdint.h>
+
+/* Whether this thread ran a parallel loop whose workers may still be spinning. */
+extern _Thread_local int fg_cpu_pool_live;
+
+/* The threads fastgrad's loops may use: the context's num_threads, else OpenMP's default. */
+static inline int fg_cpu_threads(const fg_context *ctx) {
+    return ctx->num_threads > 0 ? ctx->num_threads : omp_get_max_threads();
+}
+
+/* The team for a loop of `work` units when a thread should get at least `grain` of them:
+   1 below two grains (and inside someone's parallel region). Marks the pool live when
+   it is more than one. */
+static inline int fg_cpu_team(const fg_context *ctx, int64_t work, int64_t grain) {
+    const int nt = fg_cpu_threads(ctx);
+    if (nt <= 1 || work < 2 * grain || omp_in_parallel()) return 1;
+    const int64_t t = work / grain;
+    const int team = t < nt ? (int)t : nt;
+    fg_cpu_pool_live = 1;
+    return team;
+}
+
+/* [lo, hi) of thread `id` of `team` over n units, split at multiples of `align` units. */
+static inline void fg_cpu_share(int64_t n, int team, int id, int64_t align, int64_t *lo, int64_t *hi) {
+    const int64_t blocks = (n + align - 1) / align;
+    const int64_t b0 = blocks * id / team, b1 = blocks * (id + 1) / team;
+    *lo = b0 * align < n ? b0 * align : n;
+    *hi = b1 * align < n ? b1 * align : n;
+}
+
+/* Around each OpenBLAS call of about `macs` multiply-adds: OpenBLAS gets the context's thread
+   count (restored after), and this thread's OpenMP workers are released when OpenBLAS will
+   run the call on several threads. */
+typedef struct fg_blas_scope {
+    int saved; /* OpenBLAS's thread count before, or 0 when unchanged */
+} fg_blas_scope;
+
+static inline fg_blas_scope fg_cpu_blas_begin(const fg_context *ctx, double macs) {
+    fg_blas_scope s = {0};
+    if (ctx->num_threads > 0) {
+        const int cur = openblas_get_num_threads();
+        if (cur != ctx->num_threads) {
+            s.saved = cur;
+            openblas_set_num_threads(ctx->num_threads);
+        }
+    }
+    /* OpenBLAS runs a product below 64³ multiply-adds on the calling thread */
+    if (fg_cpu_pool_live && macs > 262144.0 && openblas_get_num_threads() > 1) {
+        omp_pause_resource_all(omp_pause_soft);
+        fg_cpu_pool_live = 0;
+    }
+    return s;
+}
+
+static inline void fg_cpu_blas_end(fg_blas_scope s) {
+    if (s.saved > 0) openblas_set_num_threads(s.saved);
+}
+
+#endif /* FG_CPU_CPU_H */

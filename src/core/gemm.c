@@ -30,12 +30,20 @@ static bool valid_layout(const fg_mat *x, int64_t rows, int64_t cols) {
 /* The kernel's label: its name, cut where plan infos cut it. */
 static void label(char *out, size_t len, const fg_kernel_info *info) { snprintf(out, len, "%.60s", info->name); }
 
+void fg_name_append(char *name, size_t len, const char *piece) {
+    const size_t n = strlen(piece);
+    for (const char *at = name; (at = strstr(at, piece)) != NULL; at++) { /* each kernel named once */
+        const bool starts = at == name || (at >= name + 3 && strncmp(at - 3, " ; ", 3) == 0);
+        if (starts && (at[n] == 0 || strncmp(at + n, " ; ", 3) == 0)) return;
+    }
+    size_t used = strlen(name);
+    if (used + 1 < len) snprintf(name + used, len - used, "%s%s", used ? " ; " : "", piece);
+}
+
 void fg_gemm_name_append(char *name, size_t len, const fg_kernel_info *info) {
     char one[96];
     label(one, sizeof one, info);
-    size_t used = strlen(name);
-    if (!strstr(name, one) && used + 1 < len) /* each kernel named once */
-        snprintf(name + used, len - used, "%s%s", used ? " ; " : "", one);
+    fg_name_append(name, len, one);
 }
 
 /* The backend runs (or plans) the normalized problem; running, it records what it launched. */

@@ -139,7 +139,7 @@ typedef struct fg_gemm {
 } fg_gemm;
 
 typedef struct fg_kernel_info {
-    char name[128];
+    char name[256];
     size_t workspace_bytes;
     bool deterministic;
     fg_dtype accumulator; /* type the sums are carried in */
@@ -152,6 +152,8 @@ fg_gemm fg_gemm_plain(fg_dtype dtype, int64_t batch, int64_t m, int64_t n, int64
                       double beta, bool has_bias, const void *bias, bool allow_tf32, bool c_f32, uint32_t align);
 /* Appends a GEMM's kernel name (the label plans and launch records use) to name[len], once. */
 void fg_gemm_name_append(char *name, size_t len, const fg_kernel_info *info);
+/* Appends `piece` to the " ; "-separated list name[len] unless it is one of its pieces. */
+void fg_name_append(char *name, size_t len, const char *piece);
 /* One GEMM of a driver's walk: planning (run = false) raises *need to what it asks of the
  * workspace and appends its kernel name (once) to name[len]; running, it uses ws. */
 fg_status fg_gemm_walk(fg_context *ctx, const fg_gemm *g, bool run, void *ws, size_t ws_bytes, size_t *need,

@@ -149,9 +149,7 @@ static fg_status step(act_run *r, fg_act_call *c) {
         if (!r->size_only && c->step != FG_ACT_STEP_CAST) {
             char label[64];
             fg_act_step_label(label, sizeof label, c->step, c->act, r->dtype);
-            size_t used = strlen(r->info->name);
-            if (!strstr(r->info->name, label))
-                snprintf(r->info->name + used, sizeof r->info->name - used, "%s%s", used ? " ; " : "", label);
+            fg_name_append(r->info->name, sizeof r->info->name, label);
         }
         return FG_OK;
     }

@@ -4,8 +4,9 @@
  * Each tensor is split into contiguous shares, one per thread (small tensors stay on the
  * calling thread); the loop is specialized per params / grads dtype so the f16 / bf16
  * conversions sit inside it and it vectorizes (FG_CPU_CLONES: AVX-512, AVX2, baseline).
- * sqrt is IEEE's correctly rounded one in every build, so the step's bits do not depend
- * on the thread count.
+ * sqrt is libm's correctly rounded sqrtf (its errno branch keeps the compiler from
+ * vectorizing the loop; the loads, stores and conversions around it still are per dtype).
+ * The step's bits do not depend on the thread count.
  */
 #include "cpu.h"
 #include "vec.h"
@@ -44,9 +45,7 @@ FG_INLINE void step_typed(const fg_adamw_run *r, const fg_adamw_item *it, fg_dty
     }
 }
 
-/* vi ≥ 0 always (a sum of non-negative terms, or NaN), so sqrt never sets errno: without
-   math-errno the compiler may use the vector square root */
-__attribute__((optimize("no-math-errno"))) FG_CPU_CLONES
+FG_CPU_CLONES
 static void step_range(const fg_adamw_run *r, const fg_adamw_item *it, int64_t lo, int64_t hi) {
     const fg_dtype pt = r->p_dtype, gt = r->g_dtype;
     if (pt == FG_F32) step_typed(r, it, FG_F32, FG_F32, lo, hi);

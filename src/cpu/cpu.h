@@ -7,14 +7,22 @@
  *    (fg_cpu_team), so small problems stay on the calling thread;
  *  - fg_context_desc.num_threads, when set, is the count for both: the loops' teams and
  *    OpenBLAS's threads for the length of each call (fg_cpu_blas_begin / _end);
- *  - OpenMP's idle workers do not spin beside OpenBLAS's threads: libgomp keeps the workers
- *    of a finished region busy-waiting for the next one (for milliseconds unless
- *    OMP_WAIT_POLICY=passive), which on a machine with as many cores as threads takes a
- *    core from every OpenBLAS thread that follows — a product right after a parallel loop
- *    ran up to twice as long. So before a product that OpenBLAS runs on several threads,
- *    a parallel loop of this thread since the last product has its workers released
- *    (omp_pause_resource_all); the next parallel loop starts them again, a cost far below
- *    that of the products that need it.
+ *  - the two pools never spin beside each other. Both keep their idle workers busy-waiting
+ *    after a job (libgomp for milliseconds unless OMP_WAIT_POLICY=passive, a pthreads
+ *    OpenBLAS for up to 2^28 cycles), and with as many threads as cores a spinning worker of
+ *    one pool takes the core a worker of the other needs: a product right after a parallel
+ *    loop ran at about half speed on one of its two threads, and a parallel loop right after
+ *    a product waited a scheduler slice (~6 ms) for its second thread. So before a product
+ *    that OpenBLAS runs on several threads, this thread's OpenMP workers are released if a
+ *    parallel loop ran since the last product (omp_pause_resource_all); and before a
+ *    parallel loop, a pthreads OpenBLAS's workers are released if a product ran since the
+ *    last loop (blas_thread_shutdown_, which OpenBLAS exports for fork handling; its next
+ *    call starts them again). Each costs a thread start (tens of µs) per change of pool,
+ *    against milliseconds saved; together they measured as fast as a passive OpenMP wait.
+ *    An OpenBLAS built on OpenMP (openblas_get_parallel() == 2) shares libgomp's pool with
+ *    these loops and needs none of this. OpenBLAS's workers are only released while no other
+ *    fastgrad thread is inside an OpenBLAS call (fg_cpu_blas_enter / _leave); a program that
+ *    calls the same OpenBLAS from another thread of its own at that moment is not covered.
  */
 #ifndef FG_CPU_CPU_H
 #define FG_CPU_CPU_H
@@ -25,8 +33,16 @@
 #include <omp.h>
 #include <stdint.h>
 
-/* Whether this thread ran a parallel loop whose workers may still be spinning. */
+/* This thread ran a parallel loop since its last multi-threaded OpenBLAS call, and the
+   converse (src/cpu/gemm.c holds them). */
 extern _Thread_local int fg_cpu_pool_live;
+extern _Thread_local int fg_cpu_blas_live;
+
+/* Releases a pthreads OpenBLAS's workers unless another fastgrad thread is inside an OpenBLAS
+   call; marks this thread's OpenBLAS calls (src/cpu/gemm.c). */
+void fg_cpu_blas_quiet(void);
+void fg_cpu_blas_enter(void);
+void fg_cpu_blas_leave(void);
 
 /* The threads fastgrad's loops may use: the context's num_threads, else OpenMP's default. */
 static inline int fg_cpu_threads(const fg_context *ctx) {
@@ -41,6 +57,7 @@ static inline int fg_cpu_team(const fg_context *ctx, int64_t work, int64_t grain
     if (nt <= 1 || work < 2 * grain || omp_in_parallel()) return 1;
     const int64_t t = work / grain;
     const int team = t < nt ? (int)t : nt;
+    if (fg_cpu_blas_live) fg_cpu_blas_quiet();
     fg_cpu_pool_live = 1;
     return team;
 }
@@ -70,14 +87,17 @@ static inline fg_blas_scope fg_cpu_blas_begin(const fg_context *ctx, double macs
         }
     }
     /* OpenBLAS runs a product below 64³ multiply-adds on the calling thread */
-    if (fg_cpu_pool_live && macs > 262144.0 && openblas_get_num_threads() > 1) {
-        omp_pause_resource_all(omp_pause_soft);
+    if (macs > 262144.0 && openblas_get_num_threads() > 1 && openblas_get_parallel() == 1) {
+        if (fg_cpu_pool_live) omp_pause_resource_all(omp_pause_soft);
         fg_cpu_pool_live = 0;
+        fg_cpu_blas_live = 1;
     }
+    fg_cpu_blas_enter();
     return s;
 }
 
 static inline void fg_cpu_blas_end(fg_blas_scope s) {
+    fg_cpu_blas_leave();
     if (s.saved > 0) openblas_set_num_threads(s.saved);
 }
 

@@ -14,10 +14,41 @@
 #include "cpu.h"
 #include "vec.h"
 
+#include <sched.h>
 #include <stdio.h>
 #include <string.h>
 
 _Thread_local int fg_cpu_pool_live;
+_Thread_local int fg_cpu_blas_live;
+
+/* fastgrad threads inside an OpenBLAS call; −1 while one of them releases OpenBLAS's workers
+   (src/cpu/cpu.h says why): the release waits for no one and is skipped when busy. */
+static int blas_users;
+
+int blas_thread_shutdown_(void) __attribute__((weak)); /* OpenBLAS's (pthreads builds) */
+
+void fg_cpu_blas_quiet(void) {
+    fg_cpu_blas_live = 0;
+    if (!blas_thread_shutdown_ || openblas_get_parallel() != 1) return;
+    int idle = 0;
+    if (!__atomic_compare_exchange_n(&blas_users, &idle, -1, false, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) return;
+    blas_thread_shutdown_();
+    __atomic_store_n(&blas_users, 0, __ATOMIC_RELEASE);
+}
+
+void fg_cpu_blas_enter(void) {
+    int v = __atomic_load_n(&blas_users, __ATOMIC_RELAXED);
+    for (;;) {
+        if (v < 0) { /* a release in progress: it is short */
+            sched_yield();
+            v = __atomic_load_n(&blas_users, __ATOMIC_RELAXED);
+            continue;
+        }
+        if (__atomic_compare_exchange_n(&blas_users, &v, v + 1, true, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) return;
+    }
+}
+
+void fg_cpu_blas_leave(void) { __atomic_sub_fetch(&blas_users, 1, __ATOMIC_RELEASE); }
 
 /* c = alpha·acc + beta·c + bias[j·bias_inc], never reading c when beta == 0 (it may
  * hold NaN). */
@@ -200,7 +231,7 @@ static void widen(const fg_context *ctx, const fg_mat *x, fg_dtype t, int64_t b,
         rs = x->cs, cs = x->rs, pr = cols, pc = rows;
     }
     *ld = pc > 0 ? pc : 1;
-    const int team = fg_cpu_team(ctx, pr * pc, 1 << 16);
+    const int team = fg_cpu_team(ctx, pr * pc, 1 << 20); /* see over_rows */
     if (team == 1) {
         widen_rows(src, t, rs, cs, 0, pr, pc, dst);
         return;
@@ -263,7 +294,9 @@ static void narrow_rows(const fg_gemm *g, void *c, const float *cf, int64_t r0, 
 /* Runs rows(g, c, cf, r0, r1) over the m rows, on a team when there are many elements. */
 static void over_rows(const fg_context *ctx, const fg_gemm *g, void *c, float *cf,
                       void (*rows)(const fg_gemm *, void *, float *, int64_t, int64_t)) {
-    const int team = fg_cpu_team(ctx, g->m * g->n, 1 << 17);
+    /* a light pass (a write, or one conversion per element) beside a product: threads only
+       when it is large enough to pay for a change of pool (cpu.h) */
+    const int team = fg_cpu_team(ctx, g->m * g->n, 1 << 21);
     if (team == 1) {
         rows(g, c, cf, 0, g->m);
         return;

@@ -175,7 +175,7 @@ static void grad(const fg_context *ctx, const fg_logp_call *c) {
 
 /* ------------------------------------------------------------------ f32 tiles */
 
-enum { LANES = 16, COLS = 512 };
+enum { LANES = 256, COLS = 512 };
 
 /* the logit L of z and dL/dz in f32 */
 FG_INLINE float logit_f(float z, float inv_temp, float cap, float inv_cap, bool softcap, float *dldz) {
@@ -189,24 +189,21 @@ FG_INLINE float logit_f(float z, float inv_temp, float cap, float inv_cap, bool 
     return cap * th * inv_temp;
 }
 
-/* STATS of one row (n logits from z, storage t): m, Σ L, Σ e^(L−m), Σ e^(L−m)·L */
+/* STATS of one row (n logits from z, storage t): m, Σ L, Σ e^(L−m), Σ e^(L−m)·L. Each sum
+   runs in LANES partial sums (lane l takes the logits j ≡ l mod LANES, in order), added in
+   lane order at the end: a fixed order, and loops the compiler vectorizes. */
 FG_INLINE void row_stats_typed(const void *z, fg_dtype t, int64_t base, int64_t n, float inv_temp, float cap,
                                float inv_cap, bool softcap, double out[4]) {
     float mx[LANES];
     double u[LANES], s[LANES], a[LANES];
     for (int l = 0; l < LANES; l++) mx[l] = -INFINITY, u[l] = s[l] = a[l] = 0.0;
-    int64_t j = 0;
-    for (; j + LANES <= n; j += LANES)
-        for (int l = 0; l < LANES; l++) {
-            const float L = logit_f(fg_v_ld(z, t, base + j + l), inv_temp, cap, inv_cap, softcap, NULL);
+    for (int64_t j0 = 0; j0 < n; j0 += LANES) {
+        const int64_t len = n - j0 < LANES ? n - j0 : LANES;
+        for (int64_t l = 0; l < len; l++) {
+            const float L = logit_f(fg_v_ld(z, t, base + j0 + l), inv_temp, cap, inv_cap, softcap, NULL);
             mx[l] = (L > mx[l] || L != L) ? L : mx[l];
             u[l] += L;
         }
-    for (; j < n; j++) {
-        const float L = logit_f(fg_v_ld(z, t, base + j), inv_temp, cap, inv_cap, softcap, NULL);
-        const int l = (int)(j % LANES);
-        mx[l] = (L > mx[l] || L != L) ? L : mx[l];
-        u[l] += L;
     }
     float m = -INFINITY;
     double us = 0.0;
@@ -214,21 +211,19 @@ FG_INLINE void row_stats_typed(const void *z, fg_dtype t, int64_t base, int64_t 
         m = (mx[l] > m || mx[l] != mx[l]) && m == m ? mx[l] : m;
         us += u[l];
     }
-    const bool none = isinf(m) && m < 0; /* every logit −inf: no mass */
-    j = 0;
-    for (; j + LANES <= n; j += LANES)
-        for (int l = 0; l < LANES; l++) {
-            const float L = logit_f(fg_v_ld(z, t, base + j + l), inv_temp, cap, inv_cap, softcap, NULL);
-            const float e = none ? 0.0f : fg_v_exp(L - m);
-            s[l] += e;
-            a[l] += e * L;
+    const float mm = isinf(m) && m < 0 ? 0.0f : m; /* every logit −inf: no mass (e = 0 below) */
+    float eb[LANES], lb[LANES]; /* the block's e and L, then their sums: two simple loops */
+    for (int64_t j0 = 0; j0 < n; j0 += LANES) {
+        const int64_t len = n - j0 < LANES ? n - j0 : LANES;
+        for (int64_t l = 0; l < len; l++) {
+            const float L = logit_f(fg_v_ld(z, t, base + j0 + l), inv_temp, cap, inv_cap, softcap, NULL);
+            lb[l] = L;
+            eb[l] = fg_v_exp(L - mm);
         }
-    for (; j < n; j++) {
-        const float L = logit_f(fg_v_ld(z, t, base + j), inv_temp, cap, inv_cap, softcap, NULL);
-        const float e = none ? 0.0f : fg_v_exp(L - m);
-        const int l = (int)(j % LANES);
-        s[l] += e;
-        a[l] += e * L;
+        for (int64_t l = 0; l < len; l++) {
+            s[l] += eb[l];
+            a[l] += eb[l] * lb[l];
+        }
     }
     double ss = 0.0, as = 0.0;
     for (int l = 0; l < LANES; l++) ss += s[l], as += a[l];

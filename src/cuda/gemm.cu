@@ -14,7 +14,8 @@
  *    sum fixed row slices into a partial buffer, and a second kernel adds the slices
  *    in order, so the result is deterministic.
  *  - Rank-1 products (k == 1, outer products) of 2-byte types: an own write-stream
- *    kernel (faster than cuBLASLt there; for f32 cuBLASLt measured faster).
+ *    kernel (it streams the writes faster than cuBLASLt does for 2-byte types; for f32
+ *    cuBLASLt is faster, so f32 / f64 stay there).
  *  - Batch sums (c.bs == 0) in f16/bf16 accumulate in an f32 buffer and round once.
  */
 #include "cuda_internal.h"
@@ -322,7 +323,7 @@ template <typename T> struct vector_product {
         /* columns: slices chosen from the shape alone, so results never depend on the GPU */
         const int64_t col_blocks = cdiv(cdiv(a.len, VEC), COLS_THREADS);
         int64_t slices = cdiv(1024, col_blocks);
-        int64_t max_slices = cdiv(a.depth, 64); /* more, smaller slices measured slower (run 9) */
+        int64_t max_slices = cdiv(a.depth, 64); /* (more, smaller slices are slower) */
         if (slices > max_slices) slices = max_slices;
         if (slices > 65535) slices = 65535;
         if (slices < 1) slices = 1;
@@ -369,9 +370,9 @@ static uint32_t alignment(const void *p, int64_t ld, int64_t bs, size_t es, bool
 }
 
 /* The epilogues used: bias along D's rows (our c's columns), optionally followed by relu.
- * Measured on an H100 (run 2 of session 4): cuBLASLt's RELU_BIAS keeps NaN and costs the
- * product nothing; its GELU (tanh form) was not taken: it gave inf for 3e38 and 0 for
- * gelu(−5) = −2.3e−7 in bf16, outside this library's accuracy contract. */
+ * cuBLASLt's RELU_BIAS keeps NaN and costs the product nothing; its GELU (tanh form) is not
+ * used: it gives inf for 3e38 and 0 for gelu(−5) = −2.3e−7 in bf16, outside this library's
+ * accuracy contract. */
 static bool epi_has_bias(cublasLtEpilogue_t e) {
     return e == CUBLASLT_EPILOGUE_BIAS || e == CUBLASLT_EPILOGUE_RELU_BIAS;
 }
@@ -578,9 +579,9 @@ template <typename T> struct general_product {
             return FG_OK;
         }
         if (g->k == 1 && g->batch == 1 && es == 2 && !g->c_f32) {
-            /* an outer product of 2-byte values: no reduction, a write stream. Measured on
-               an H100 (run 9): bf16 16384×8192 58% of copy bandwidth here vs 42% through
-               cuBLASLt; for f32 cuBLASLt was faster (86% vs 72%), so f32/f64 stay there */
+            /* an outer product of 2-byte values: no reduction, a write stream this kernel
+               keeps closer to the copy bandwidth than cuBLASLt does (for f32 cuBLASLt is
+               faster, so f32 / f64 stay there; docs/decisions.md) */
             typedef typename acc_type<T>::type A;
             constexpr int VEC = 16 / sizeof(T);
             bool vec = g->b.cs == 1 && (do_run ? aligned16(g->c.data, g->c.rs, es) && aligned16(g->b.data, 0, es)
@@ -647,9 +648,9 @@ template <typename T> struct general_product {
         if (g->c_f32 && (has_bias || reduce))
             return fg_fail(FG_ERR_INTERNAL, "cuda gemm: an f32 result with a bias or a batch sum");
         lt_call c = lt_describe(g, g->c_f32 ? FG_F32 : t, g->c.data, g->c.rs, g->c.bs, do_run);
-        /* (cuBLASLt's heuristic is not told the bias's alignment: an algorithm chosen for an
-           aligned one failed with NOT_SUPPORTED on a bias 2 bytes off (H100, session 10), so a
-           bias off 16 bytes is added outside the epilogue) */
+        /* (cuBLASLt's heuristic is not told the bias's alignment, and an algorithm chosen for
+           an aligned one can refuse a bias 2 bytes off (NOT_SUPPORTED), so a bias off 16 bytes
+           is added outside the epilogue) */
         const bool column_bias = has_bias && g->bias_rs == 0 && g->bias_cs == 1 && bias_align >= 16;
         if (g->act && !g->c_f32 && (!has_bias || column_bias) && g->batch == 1) {
             /* the activation in the epilogue, when cuBLASLt has it for this problem */

@@ -77,9 +77,8 @@ __global__ void __launch_bounds__(THREADS) act_forward_kernel(T *pre, T *y, int6
  * alignment or the GPU): a block covers a strip of cg ≤ 256 16-byte lanes (up to 4 KiB of a
  * row) and THREADS / cg rows side by side; the rows split into slabs until about
  * GRAD_BLOCKS blocks run. One slab: the block finishes db's sums itself; more: one partial
- * per slab, added in slab order by slab_colsum. Measured (H100, session 4): strips of 128
- * bytes ran the large pass at 0.59 ms against 0.32 for 4 KiB ones — many blocks walking
- * narrow columns of the same rows lose DRAM locality. */
+ * per slab, added in slab order by slab_colsum. Wide strips: many blocks walking narrow
+ * columns of the same rows lose DRAM locality (128-byte strips take about twice as long). */
 constexpr int GRAD_LANES = 256;
 constexpr int64_t GRAD_BLOCKS = 1024;
 constexpr int UNROLL = 4; /* rows in flight per thread */

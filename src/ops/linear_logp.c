@@ -10,7 +10,7 @@
  * (forward) or turns it into dz in place (backward), which two more GEMMs consume.
  * Why not one fused GEMM+softmax kernel: a tile written and read once costs 4 bytes per
  * logit, a few percent of the GEMM time at D >= 2048, while the GEMMs stay at the
- * library's measured ceiling (see docs/perf-notes.md).
+ * library's GEMM ceiling (docs/perf-notes.md).
  *
  *  forward   row blocks × V tiles: z = h·wᵀ + b → STATS (running max / sum / target
  *            logit / entropy terms per row) → FORWARD (logp, lse, entropy)

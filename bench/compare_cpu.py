@@ -3,7 +3,9 @@ ctypes on numpy arrays) beside numpy's equivalent (and PyTorch CPU where it is
 installed), in one run on the same machine, against the machine's own ceilings
 measured in the same run:
 
-  copy bandwidth   numpy copy of a large f32 array, bytes read + written per second
+  copy bandwidth   numpy's copy of an array of each operand size the stream rows use,
+                   bytes read + written per second, the best of one thread and one
+                   thread per core (numpy's copy releases the GIL)
   sgemm rate       numpy's matmul at 2048^3 f32, and the sgemm of the OpenBLAS that
                    libfastgrad links (called directly, the "same OpenBLAS" ceiling)
 
@@ -57,15 +59,18 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
 # ------------------------------------------------------------------ timing
 
-def timed(fn, reps, min_sample=0.004, settle=0.15):
-    """Median seconds per call: one warm-up, then `reps` samples of enough calls each to
-    last min_sample seconds. It first sleeps `settle` seconds: the thread pools of the
-    previous block (numpy's OpenBLAS, libfastgrad's OpenBLAS, OpenMP) keep their idle
+def timed(fn, reps, min_sample=0.004, settle=0.15, warm=0.2):
+    """Median seconds per call: a warm-up of at least 3 calls and `warm` seconds (first
+    touches of fresh outputs, thread pools starting), then `reps` samples of enough calls
+    each to last min_sample seconds. It first sleeps `settle` seconds: the thread pools of
+    the previous block (numpy's OpenBLAS, libfastgrad's OpenBLAS, OpenMP) keep their idle
     threads spinning for a while, which on a 2-core machine would be charged to this one."""
     time.sleep(settle)
-    t0 = time.perf_counter()
-    fn()
-    once = time.perf_counter() - t0
+    calls, t0 = 0, time.perf_counter()
+    while calls < 3 or (time.perf_counter() - t0 < warm and calls < 1000):
+        fn()
+        calls += 1
+    once = (time.perf_counter() - t0) / calls
     inner = max(1, int(min_sample / max(once, 1e-7)))
     samples = []
     for _ in range(reps):

@@ -4,9 +4,9 @@
  * Each tensor is split into contiguous shares, one per thread (small tensors stay on the
  * calling thread); the loop is specialized per params / grads dtype so the f16 / bf16
  * conversions sit inside it and it vectorizes (FG_CPU_CLONES: AVX-512, AVX2, baseline).
- * sqrt is libm's correctly rounded sqrtf (its errno branch keeps the compiler from
- * vectorizing the loop; the loads, stores and conversions around it still are per dtype).
- * The step's bits do not depend on the thread count.
+ * The square root is vec.h's fg_v_sqrt: the bits of sqrtf in a form the compiler
+ * vectorizes (libm's errno branch keeps it from vectorizing sqrtf). The step's bits do not
+ * depend on the thread count.
  */
 #include "cpu.h"
 #include "vec.h"
@@ -24,7 +24,7 @@ FG_INLINE void step_typed(const fg_adamw_run *r, const fg_adamw_item *it, fg_dty
             float p = master[i] * decay;
             const float mi = m[i] + omb1 * (g - m[i]); /* lerp(m, g, 1 − β1) */
             const float vi = beta2 * v[i] + omb2 * g * g;
-            p -= step * mi / (__builtin_sqrtf(vi) / bc2 + eps);
+            p -= step * mi / (fg_v_sqrt(vi) / bc2 + eps);
             m[i] = mi;
             v[i] = vi;
             master[i] = p;
@@ -37,7 +37,7 @@ FG_INLINE void step_typed(const fg_adamw_run *r, const fg_adamw_item *it, fg_dty
             float p = fg_v_ld(it->p, pt, i) * decay;
             const float mi = m[i] + omb1 * (g - m[i]);
             const float vi = beta2 * v[i] + omb2 * g * g;
-            p -= step * mi / (__builtin_sqrtf(vi) / bc2 + eps);
+            p -= step * mi / (fg_v_sqrt(vi) / bc2 + eps);
             m[i] = mi;
             v[i] = vi;
             fg_v_st(it->p, pt, i, p);

@@ -174,6 +174,32 @@ FG_INLINE float fg_v_tanh_slope(float u, float *slope) {
     return u != u ? u : t;
 }
 
+/* √x for f32 x ≥ 0 (or NaN), the bits sqrtf gives (correctly rounded; 0, −0, inf and NaN
+   kept), without libm's errno branch, which keeps the compiler from vectorizing sqrtf:
+   1/√x by Newton's steps in f64 from a bit-level first guess, √x = x·(1/√x) corrected
+   once, rounded to f32 (the f64 result is within an ulp of f64, far closer than the f32
+   rounding needs; checked against sqrtf on every non-negative f32). inf goes in as FLT_MAX
+   and comes out times inf; the special cases are arithmetic, not selects, which the compiler
+   would turn into branches here. */
+FG_INLINE float fg_v_sqrt(float xf) {
+    const uint32_t b = fg_v_bits(xf);
+    const uint32_t inf = b == 0x7f800000u;
+    const double x = fg_v_float(b - inf);
+    const float k = fg_v_float(0x3f800000u + inf * (0x7f800000u - 0x3f800000u)); /* 1 or inf */
+    uint64_t u;
+    memcpy(&u, &x, 8);
+    u = 0x5fe6eb50c7b537a9ull - (u >> 1);
+    double r;
+    memcpy(&r, &u, 8);
+    r = r * (1.5 - 0.5 * x * r * r);
+    r = r * (1.5 - 0.5 * x * r * r);
+    r = r * (1.5 - 0.5 * x * r * r);
+    r = r * (1.5 - 0.5 * x * r * r);
+    double s = x * r;
+    s = s + 0.5 * r * (x - s * s);
+    return (float)s * k;
+}
+
 /* σ(x) and σ′(x) = σ(1 − σ) from one exp, e = e^(−|x|): σ = 1/(1 + e) for x ≥ 0, e/(1 + e)
    below; σ′ = e/(1 + e)² (no cancellation where σ → 1). */
 FG_INLINE float fg_v_sigmoid(float x, float *slope) {

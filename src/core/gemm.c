@@ -141,9 +141,14 @@ fg_status fg_gemm_execute(fg_context *ctx, const fg_gemm *in, fg_kernel_info *in
     if (g.batch == 1) {
         g.a.bs = g.b.bs = g.c.bs = 0;
     }
-    /* an epilogue activation only on one product that needs no transposing or splitting */
-    if (g.act && (g.batch != 1 || g.c.cs != 1 || g.m > DIM_LIMIT || g.n > DIM_LIMIT || g.k > DIM_LIMIT))
+    /* an epilogue (activation, aux, a formed operand) only on one product that needs no transposing
+       or splitting: elsewhere the backend is not asked for it, and says it did not do it */
+    if ((g.act || g.epi.has_aux || g.epi.form) &&
+        (g.batch != 1 || g.c.cs != 1 || g.m > DIM_LIMIT || g.n > DIM_LIMIT || g.k > DIM_LIMIT)) {
+        if (g.epi.form && run) return fg_fail(FG_ERR_INTERNAL, "gemm: an operand to form on a split product");
         g.act = 0;
+        memset(&g.epi, 0, sizeof g.epi);
+    }
     fix_degenerate(&g.a, g.m, g.k);
     fix_degenerate(&g.b, g.k, g.n);
     fix_degenerate(&g.c, g.m, g.n);

@@ -117,6 +117,22 @@ typedef struct fg_mat {
     void *data;       /* resolved at run time */
 } fg_mat;
 
+/* What a product's epilogue and operand load may do besides the bias and the activation: keep
+ * the pre-activation (or its slope) in aux, form the a operand from dy and a saved pre (a =
+ * dy ⊙ act′(pre), written to a's memory) with the column sums of the formed a. cuBLASLt has the
+ * bias and relu only; the CUDA backend's own sm_90a GEMM has all of it. A backend that cannot
+ * does nothing and says so (fg_kernel_info.act_fused / formed), planning and running alike. */
+typedef struct fg_gemm_epilogue {
+    bool has_aux;        /* aux [m, n] (c's layout) receives pre, or act′(pre) when slope */
+    bool slope;
+    void *aux;           /* resolved at run time */
+    int form;            /* a = dy ⊙ act′(pre) with this act (0: a is given); GIVEN_SLOPE: pre is the slope */
+    const void *dy, *pre;/* [m, k] row-major, resolved at run time */
+    bool col_sums;       /* the formed a's column sums (f32, [k]) into sums: written (first) or added */
+    bool sums_first;
+    float *sums;
+} fg_gemm_epilogue;
+
 /* c = alpha · a·b + beta · c (+ bias[i·bias_rs + j·bias_cs] on element (i, j)), for each batch.
  * a: m×k, b: k×n, c: m×n. c.bs == 0 with batch > 1: the products are summed over the
  * batch into c (deterministically, in batch order, low precision carried in f32). */
@@ -136,6 +152,7 @@ typedef struct fg_gemm {
     int act;
     uint32_t align;    /* bytes the operands' data are declared aligned to (0: 256); running, the
                           pointers' own alignment lowers it where they have less */
+    fg_gemm_epilogue epi;
 } fg_gemm;
 
 typedef struct fg_kernel_info {
@@ -143,7 +160,8 @@ typedef struct fg_kernel_info {
     size_t workspace_bytes;
     bool deterministic;
     fg_dtype accumulator; /* type the sums are carried in */
-    bool act_fused;       /* fg_gemm.act was applied in the epilogue */
+    bool act_fused;       /* fg_gemm.act (and epi.aux) was applied in the epilogue */
+    bool formed;          /* epi.form was done in the operand load */
 } fg_kernel_info;
 
 /* A GEMM descriptor of resolved matrices: alpha 1, a bias along the columns when has_bias
@@ -388,17 +406,16 @@ typedef struct fg_act_problem {
 /* The kernels a backend chose for it, followed by the walk in src/ops/linear_act.c. */
 typedef struct fg_act_path {
     /* forward */
-    bool epilogue;           /* one GEMM with the activation in its epilogue (fg_gemm.act) */
-    fg_act_step fwd;         /* TILE_FORWARD / GEMM_FORWARD (one kernel), or FORWARD (GEMM, pass) */
+    bool epilogue;           /* one GEMM with the activation (and pre or its slope) in its epilogue */
+    fg_act_step fwd;         /* TILE_FORWARD (one kernel), or FORWARD (GEMM, pass) */
     /* backward */
     fg_act_step fused;       /* TILE_BACKWARD90 / TILE_BACKWARD: the whole backward in one kernel;
                                 FORWARD: none */
     size_t fused_scratch;    /* its scratch, and the dw partials it leaves */
     int64_t fused_parts;
     bool tile_grad;          /* pre recomputed inside the gradient's tile kernel (TILE_GRAD) */
-    bool form;               /* g formed by dx's product (GEMM_INPUT_FORM) */
-    size_t grad_scratch;     /* the GRAD / TILE_GRAD / GEMM_INPUT_FORM step's scratch */
-    bool gemm_dx, gemm_dw;   /* dx / dw by the backend's own GEMM (GEMM_INPUT / GEMM_WEIGHT) */
+    bool form;               /* g formed by dx's product (the GEMM's epi.form) */
+    size_t grad_scratch;     /* the GRAD / TILE_GRAD step's scratch */
     int64_t dw_parts;        /* dw as this many row-slice products summed in order (0: one) */
 } fg_act_path;
 

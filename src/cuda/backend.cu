@@ -2,8 +2,10 @@
  * backend.cu — the CUDA backend's table (fg_backend_ops) and its plan hook for linear +
  * activation: which of the backend's kernels take a problem is decided here, once, when a
  * plan is made, from the shapes, the dtype, the device's arch and the alignment the caller
- * declared — the front door (src/ops/linear_act.c) only follows the path. Each entry records
- * what it launched for fg_context_last_kernels.
+ * declared — the front door (src/ops/linear_act.c) only follows the path. Its products go
+ * through the GEMM primitive (src/cuda/gemm.cu), which picks cuBLASLt or the own sm_90a GEMM and
+ * says which epilogues it fuses. Each entry records what it launched for
+ * fg_context_last_kernels.
  */
 #include "cuda_internal.h"
 
@@ -40,6 +42,28 @@ static int64_t dw_parts(int64_t N, int64_t K, int64_t M) {
     return parts > 64 ? 64 : parts;
 }
 
+/* Asks the GEMM primitive whether it fuses this product's epilogue (act, pre or its slope) or
+ * forms its operand (a = dy ⊙ act′(pre) with its column sums): planning, no pointers. */
+static fg_status gemm_takes(fg_context *ctx, const fg_act_problem *p, bool forward, bool keep, int form, bool *yes) {
+    fg_gemm g = forward ? fg_gemm_plain(p->dtype, 1, p->N, p->M, p->K, fg_mat_at(NULL, p->K, 1), fg_mat_at(NULL, 1, p->K),
+                                        fg_mat_at(NULL, p->M, 1), 0.0, p->has_bias, NULL, p->tf32, false, p->align)
+                        : fg_gemm_plain(p->dtype, 1, p->N, p->K, p->M, fg_mat_at(NULL, p->M, 1), fg_mat_at(NULL, p->K, 1),
+                                        fg_mat_at(NULL, p->K, 1), p->accumulate ? 1.0 : 0.0, false, NULL, p->tf32, false,
+                                        p->align);
+    if (forward) {
+        g.act = p->kind;
+        g.epi.has_aux = keep;
+        g.epi.slope = keep && p->slope;
+    } else {
+        g.epi.form = form;
+        g.epi.col_sums = p->want_db;
+    }
+    fg_kernel_info info;
+    FG_TRY(fg_gemm_execute(ctx, &g, &info, NULL, 0, false));
+    *yes = forward ? info.act_fused : info.formed;
+    return FG_OK;
+}
+
 static fg_status cuda_act_plan(fg_context *ctx, const fg_act_problem *p, fg_act_path *path) {
     memset(path, 0, sizeof *path);
     path->fwd = FG_ACT_STEP_FORWARD;
@@ -47,20 +71,14 @@ static fg_status cuda_act_plan(fg_context *ctx, const fg_act_problem *p, fg_act_
     const bool a16 = p->align >= 16;  /* the own kernels load 16-byte vectors */
     const bool act = p->kind != FG_ACT_NONE;
     if (p->forward) {
-        if (!p->keep && act) { /* the activation in the product's epilogue, where cuBLASLt has it */
-            fg_gemm g = fg_gemm_plain(p->dtype, 1, p->N, p->M, p->K, fg_mat_at(NULL, p->K, 1), fg_mat_at(NULL, 1, p->K),
-                                      fg_mat_at(NULL, p->M, 1), 0.0, p->has_bias, NULL, p->tf32, false, p->align);
-            g.act = p->kind;
-            fg_kernel_info info;
-            FG_TRY(fg_gemm_execute(ctx, &g, &info, NULL, 0, false));
-            if (info.act_fused) {
-                path->epilogue = true;
-                return FG_OK;
-            }
+        /* relu without pre: cuBLASLt's epilogue, before any own kernel */
+        if (!p->keep && p->kind == FG_ACT_RELU) FG_TRY(gemm_takes(ctx, p, true, false, 0, &path->epilogue));
+        if (path->epilogue) return FG_OK;
+        if (act && a16 && fg_cuda_act_tile_fits(p->dtype, p->K, p->M)) { /* short K: product + act in one tile */
+            path->fwd = FG_ACT_STEP_TILE_FORWARD;
+            return FG_OK;
         }
-        if (act && a16 && fg_cuda_act_tile_fits(p->dtype, p->K, p->M)) path->fwd = FG_ACT_STEP_TILE_FORWARD;
-        else if (act && a16 && fg_cuda_act_gemm_fits(ctx->device, p->dtype, FG_ACT_STEP_GEMM_FORWARD, p->N, p->K, p->M))
-            path->fwd = FG_ACT_STEP_GEMM_FORWARD;
+        if (act) FG_TRY(gemm_takes(ctx, p, true, p->keep, 0, &path->epilogue)); /* the own GEMM's epilogue */
         return FG_OK;
     }
     /* the whole backward in one kernel: from a kept pre on sm_90a (wgmma, every activation),
@@ -78,18 +96,10 @@ static fg_status cuda_act_plan(fg_context *ctx, const fg_act_problem *p, fg_act_
     }
     /* pre recomputed inside the gradient's tile kernel */
     path->tile_grad = !p->keep && act && a16 && fg_cuda_act_tile_fits(p->dtype, p->K, p->M);
-    /* or g formed by dx's product on its spare warps, for the activations whose slope they keep
-       up with (every one in the slope form) */
-    path->form = !path->tile_grad && p->want_dx && !p->accumulate && act && a16 && fg_cuda_act_form_takes(p->act) &&
-                 fg_cuda_act_gemm_fits(ctx->device, p->dtype, FG_ACT_STEP_GEMM_INPUT_FORM, p->N, p->M, p->K);
-    if (path->form) path->grad_scratch = fg_cuda_act_form_scratch(p->N, p->M, p->want_db);
-    else if (p->want_db) path->grad_scratch = fg_cuda_act_scratch(p->dtype, p->N, p->M);
+    /* or g formed by dx's product, where the GEMM primitive can */
+    if (!path->tile_grad && p->want_dx && act) FG_TRY(gemm_takes(ctx, p, false, p->keep, p->act, &path->form));
+    if (!path->form && p->want_db) path->grad_scratch = fg_cuda_act_scratch(p->dtype, p->N, p->M);
     path->dw_parts = p->want_dw ? dw_parts(p->N, p->K, p->M) : 0;
-    /* dx and dw by the own sm_90a GEMM when they are written, not added to */
-    path->gemm_dx = p->want_dx && !path->form && !p->accumulate && a16 &&
-                    fg_cuda_act_gemm_fits(ctx->device, p->dtype, FG_ACT_STEP_GEMM_INPUT, p->N, p->M, p->K);
-    path->gemm_dw = p->want_dw && !path->dw_parts && !p->accumulate && a16 &&
-                    fg_cuda_act_gemm_fits(ctx->device, p->dtype, FG_ACT_STEP_GEMM_WEIGHT, p->M, p->N, p->K);
     return FG_OK;
 }
 

@@ -652,7 +652,7 @@ template <typename T> struct general_product {
            an aligned one can refuse a bias 2 bytes off (NOT_SUPPORTED), so a bias off 16 bytes
            is added outside the epilogue) */
         const bool column_bias = has_bias && g->bias_rs == 0 && g->bias_cs == 1 && bias_align >= 16;
-        if (g->act && !g->c_f32 && (!has_bias || column_bias) && g->batch == 1) {
+        if (g->act && !g->epi.has_aux && !g->c_f32 && (!has_bias || column_bias) && g->batch == 1) {
             /* the activation in the epilogue, when cuBLASLt has it for this problem */
             lt_call ca = c;
             ca.key.epilogue = act_epilogue(g, has_bias);
@@ -700,9 +700,96 @@ template <typename T> struct general_product {
     }
 };
 
+/* ------------------------------------------------------------------ the own sm_90a GEMM */
+
+/* Which of the own GEMM's operand layouts a normalized problem has (all row-major, c [m, n]):
+ * a [m, k] and b = wᵀ of w [n, k] (FORWARD: the layer's product, bias and activation in the
+ * epilogue); a [m, k], b [k, n] (INPUT); a = gᵀ of g [k, m], b [k, n] (WEIGHT). CAST: none. */
+static fg_act_step own_layout(const fg_gemm *g) {
+    const bool a_rows = g->a.cs == 1 && g->a.rs == g->k, a_cols = g->a.rs == 1 && g->a.cs == g->m;
+    const bool b_rows = g->b.cs == 1 && g->b.rs == g->n, b_cols = g->b.rs == 1 && g->b.cs == g->k;
+    if (a_rows && b_cols) return FG_ACT_STEP_GEMM_FORWARD;
+    if (a_rows && b_rows) return FG_ACT_STEP_GEMM_INPUT;
+    if (a_cols && b_rows) return FG_ACT_STEP_GEMM_WEIGHT;
+    return FG_ACT_STEP_CAST;
+}
+
+static bool ptr16(const void *p) { return (uintptr_t)p % 16 == 0; }
+
+/* Whether the own sm_90a GEMM (src/cuda/linear_act_gemm.cu) takes the problem, and as which step.
+ * It is the one kernel with the epilogues cuBLASLt lacks (an activation other than relu, pre or
+ * its slope kept, a formed operand with its column sums), and for plain written f16 / bf16
+ * products of its INPUT and WEIGHT layouts it is level with cuBLASLt (docs/decisions.md): both
+ * take it where it fits (a full wave of 128 × 256 tiles, 6e9 multiply-adds, 16-byte aligned). */
+static bool own_takes(fg_context *ctx, const fg_gemm *g, bool run, fg_act_step *step) {
+    if (g->dtype != FG_F16 && g->dtype != FG_BF16) return false;
+    if (g->batch != 1 || g->alpha != 1.0 || g->beta != 0.0 || g->c_f32) return false;
+    if (g->c.cs != 1 || g->c.rs != g->n || (g->align && g->align < 16)) return false;
+    fg_act_step s = own_layout(g);
+    if (s == FG_ACT_STEP_CAST) return false;
+    const bool bias = g->bias || g->bias_operand >= 0;
+    if (bias && (s != FG_ACT_STEP_GEMM_FORWARD || g->bias_rs != 0 || g->bias_cs != 1)) return false;
+    /* a plain layer product, and relu without pre (its epilogue costs cuBLASLt nothing): cuBLASLt */
+    if (s == FG_ACT_STEP_GEMM_FORWARD && (!g->act || (g->act == FG_ACT_RELU && !g->epi.has_aux))) return false;
+    if ((g->act || g->epi.has_aux) && s != FG_ACT_STEP_GEMM_FORWARD) return false;
+    if (g->epi.slope && !g->act) return false; /* (none's slope is 1: nothing to keep) */
+    if (g->epi.col_sums && !g->epi.form) return false;
+    if (g->epi.form) {
+        if (s != FG_ACT_STEP_GEMM_INPUT || !fg_cuda_act_form_takes(g->epi.form)) return false;
+        s = FG_ACT_STEP_GEMM_INPUT_FORM;
+    }
+    if (run && !(ptr16(g->a.data) && ptr16(g->b.data) && ptr16(g->c.data) && (!g->epi.has_aux || ptr16(g->epi.aux)) &&
+                 (!g->epi.form || (ptr16(g->epi.dy) && ptr16(g->epi.pre)))))
+        return false;
+    if (!fg_cuda_act_gemm_fits(ctx->device, g->dtype, s, g->m, g->k, g->n)) return false;
+    *step = s;
+    return true;
+}
+
+static fg_status own_gemm(fg_context *ctx, const fg_gemm *g, fg_act_step step, fg_kernel_info *info, void *ws,
+                          size_t ws_bytes, bool run) {
+    const bool form = step == FG_ACT_STEP_GEMM_INPUT_FORM, fwd = step == FG_ACT_STEP_GEMM_FORWARD;
+    fg_act_step_label(info->name, sizeof info->name, step, fwd ? g->act : form ? g->epi.form : FG_ACT_NONE, g->dtype);
+    info->act_fused = fwd;
+    info->formed = form;
+    info->workspace_bytes = form ? fg_cuda_act_form_scratch(g->m, g->k, g->epi.col_sums) : 0;
+    if (!run) return FG_OK;
+    if (ws_bytes < info->workspace_bytes) return fg_fail(FG_ERR_INTERNAL, "cuda gemm: the own GEMM's workspace is short");
+    fg_act_call c;
+    memset(&c, 0, sizeof c);
+    c.step = step;
+    c.act = fwd ? g->act : form ? g->epi.form : FG_ACT_NONE;
+    c.dtype = g->dtype;
+    c.acc = FG_F32;
+    c.rows = g->m, c.k = g->k, c.cols = g->n;
+    if (fwd) {
+        c.x = g->a.data, c.w = g->b.data, c.b = g->bias, c.y = g->c.data;
+        c.pre = g->epi.has_aux ? g->epi.aux : NULL;
+        c.slope_out = g->epi.slope;
+    } else if (step == FG_ACT_STEP_GEMM_WEIGHT) {
+        c.g = g->a.data, c.x = g->b.data, c.dw = g->c.data;
+    } else {
+        c.g = g->a.data, c.w = g->b.data, c.dx = g->c.data;
+        if (form) {
+            c.dy = g->epi.dy, c.pre = g->epi.pre;
+            c.db_acc = g->epi.col_sums ? g->epi.sums : NULL;
+            c.first = g->epi.sums_first;
+            c.scratch = ws, c.scratch_bytes = ws_bytes;
+        }
+    }
+    return fg_cuda_act_gemm(ctx, &c);
+}
+
 extern "C" fg_status fg_cuda_gemm(fg_context *ctx, const fg_gemm *g, fg_kernel_info *info, void *ws,
                                   size_t ws_bytes, bool run) {
     fg_device_guard guard(ctx->device);
+    fg_act_step own;
+    if (own_takes(ctx, g, run, &own)) return own_gemm(ctx, g, own, info, ws, ws_bytes, run);
+    if (g->epi.form) { /* no kernel here forms the operand: planning says so; running it is a bug */
+        if (run) return fg_fail(FG_ERR_INTERNAL, "cuda gemm: asked to form an operand no kernel here forms");
+        snprintf(info->name, sizeof info->name, "(no operand forming)");
+        return FG_OK;
+    }
     const bool ones = g->a.operand == FG_OPERAND_ONES || g->b.operand == FG_OPERAND_ONES;
     const bool vector = g->batch == 1 && (g->m == 1 || g->n == 1) && g->k > 0;
     if ((vector && !g->c_f32) || (ones && g->k > 0)) {

@@ -132,13 +132,19 @@ static void *data_of(const act_run *r, int i) {
 
 
 /* c[b] = a[b]·b[b] (+ bias) for b < batch; planning or running as the walk is. */
-static fg_status gemm(act_run *r, int64_t batch, int64_t m, int64_t n, int64_t k, fg_mat a, fg_mat b, fg_mat c,
-                      double beta, bool has_bias, const void *bias, bool c_f32) {
+static fg_status gemm_epi(act_run *r, int64_t batch, int64_t m, int64_t n, int64_t k, fg_mat a, fg_mat b, fg_mat c,
+                          double beta, bool has_bias, const void *bias, bool c_f32, const fg_gemm_epilogue *epi) {
     if (!r->run && r->size_only) return FG_OK;
     fg_gemm g = fg_gemm_plain(r->dtype, batch, m, n, k, a, b, c, beta, has_bias, bias,
                               (r->d->flags & FG_PLAN_ALLOW_TF32) != 0, c_f32, r->path_align);
+    if (epi) g.epi = *epi;
     return fg_gemm_walk(r->ctx, &g, r->run, r->ws ? (char *)r->ws + r->gemm_at : NULL, r->gemm_bytes, &r->gemm_bytes,
                         r->info->name, sizeof r->info->name);
+}
+
+static fg_status gemm(act_run *r, int64_t batch, int64_t m, int64_t n, int64_t k, fg_mat a, fg_mat b, fg_mat c,
+                      double beta, bool has_bias, const void *bias, bool c_f32) {
+    return gemm_epi(r, batch, m, n, k, a, b, c, beta, has_bias, bias, c_f32, NULL);
 }
 
 static fg_status step(act_run *r, fg_act_call *c) {
@@ -156,29 +162,16 @@ static fg_status step(act_run *r, fg_act_call *c) {
     return r->ctx->be->act(r->ctx, c);
 }
 
-/* dx = g·w (GEMM_INPUT) or dw = gᵀ·x (GEMM_WEIGHT) by the backend's own GEMM */
-static fg_status gemm_grad(act_run *r, fg_act_step which, void *g) {
-    fg_act_call c;
-    memset(&c, 0, sizeof c);
-    c.step = which;
-    c.rows = which == FG_ACT_STEP_GEMM_WEIGHT ? r->M : r->N;
-    c.k = which == FG_ACT_STEP_GEMM_INPUT ? r->M : r->N;
-    c.cols = r->K;
-    c.g = g, c.w = data_of(r, AB_W), c.x = data_of(r, AB_X);
-    c.dx = data_of(r, AB_DX), c.dw = data_of(r, AB_DW);
-    return step(r, &c);
-}
-
 /* pre[N × M] = x·wᵀ + b into `dst` */
 static fg_status pre_gemm(act_run *r, int xi, int wi, int bi, void *dst) {
     return gemm(r, 1, r->N, r->M, r->K, fg_mat_at(data_of(r, xi), r->K, 1), fg_mat_at(data_of(r, wi), 1, r->K),
                 fg_mat_at(dst, r->M, 1), 0.0, has(&r->d->operands[bi]), data_of(r, bi), false);
 }
 
-/* y = act(x·wᵀ + b) with the activation in the GEMM's epilogue (the path says the backend has
- * one for this act, dtype and layout); *fused says whether it ran that way: should the backend
- * decline at run time, the product is in y and the pass follows. */
-static fg_status act_gemm(act_run *r, void *y, bool *fused) {
+/* y = act(x·wᵀ + b) with the activation (and pre or its slope, when kept) in the GEMM's epilogue
+ * (the path says the backend has one for this act, dtype and layout); *fused says whether it ran
+ * that way: should the backend decline at run time, the product is in y and the pass follows. */
+static fg_status act_gemm(act_run *r, void *y, void *pre, bool *fused) {
     *fused = false;
     if (!r->run && r->size_only) return FG_OK;
     fg_gemm g = fg_gemm_plain(r->dtype, 1, r->N, r->M, r->K, fg_mat_at(data_of(r, AF_X), r->K, 1),
@@ -186,6 +179,9 @@ static fg_status act_gemm(act_run *r, void *y, bool *fused) {
                               has(&r->d->operands[AF_B]), data_of(r, AF_B), (r->d->flags & FG_PLAN_ALLOW_TF32) != 0,
                               false, r->path_align);
     g.act = r->kind;
+    g.epi.has_aux = has(&r->d->operands[AF_PRE]);
+    g.epi.aux = pre;
+    g.epi.slope = r->slope;
     fg_kernel_info info;
     if (!r->run) { /* planning: this GEMM is the whole forward */
         FG_TRY(fg_gemm_walk(r->ctx, &g, false, NULL, 0, &r->gemm_bytes, r->info->name, sizeof r->info->name));
@@ -193,7 +189,7 @@ static fg_status act_gemm(act_run *r, void *y, bool *fused) {
         return FG_OK;
     }
     FG_TRY(fg_gemm_execute(r->ctx, &g, &info, r->ws ? (char *)r->ws + r->gemm_at : NULL, r->gemm_bytes, true));
-    *fused = info.act_fused;
+    *fused = info.act_fused; /* (not: the product + pass below write y and pre again) */
     return FG_OK;
 }
 
@@ -201,7 +197,7 @@ static fg_status forward(act_run *r) {
     const bool keep = r->d->operands[AF_PRE].rank != 0;
     void *y = data_of(r, AF_Y), *pre = keep ? data_of(r, AF_PRE) : y;
     bool fused = false;
-    if (r->path->epilogue) FG_TRY(act_gemm(r, y, &fused));
+    if (r->path->epilogue) FG_TRY(act_gemm(r, y, keep ? pre : NULL, &fused));
     if (fused) return FG_OK;
     if (r->path->fwd != FG_ACT_STEP_FORWARD) { /* product and activation in one kernel */
         fg_act_call c;
@@ -286,9 +282,9 @@ static fg_status backward(act_run *r) {
     void *pre = keep ? data_of(r, AB_PRE) : at(r, pre_off);
     void *g = none ? data_of(r, AB_DY) : (want_dx || want_dw ? (g_in_pre ? pre : at(r, g_off)) : NULL);
     const bool tile = path->tile_grad, form = path->form;
-    /* db's f32 sums, then the step's scratch (the pass's per-slab partials, or the formed
-       product's unit flags and per-row-tile partials): in the memory of dx or dw (written only
-       later, by their products) when one of them is big enough, else in the workspace */
+    /* db's f32 sums, then the gradient pass's scratch (its per-slab partials): in the memory of
+       dx or dw (written only later, by their products) when one of them is big enough, else in
+       the workspace; the forming product keeps its own scratch in the GEMMs' workspace */
     const size_t scratch_bytes = path->grad_scratch;
     const size_t db_bytes = want_db ? ALIGN_UP((size_t)r->M * r->aes) : 0, sums_bytes = db_bytes + scratch_bytes;
     int home = -1; /* the output that lends its memory */
@@ -304,17 +300,14 @@ static fg_status backward(act_run *r) {
     char *sums = home >= 0 ? (char *)data_of(r, home) : (char *)at(r, sums_off);
     if (home >= 0 && sums) sums += (16 - (uintptr_t)sums % 16) % 16; /* f32 sums need f32 alignment */
     void *db_acc = want_db ? sums : NULL, *scratch = sums ? sums + db_bytes : NULL;
-    if (form) { /* g = dy ⊙ act′(pre) and db's sums made by dx's product itself */
-        fg_act_call c;
-        memset(&c, 0, sizeof c);
-        c.step = FG_ACT_STEP_GEMM_INPUT_FORM;
-        c.rows = r->N, c.k = r->M, c.cols = r->K;
-        c.dy = data_of(r, AB_DY), c.pre = pre, c.g = g;
-        c.w = data_of(r, AB_W), c.dx = data_of(r, AB_DX);
-        c.db_acc = db_acc;
-        c.first = !db_over_batches || r->bi == 0;
-        c.scratch = scratch, c.scratch_bytes = scratch_bytes;
-        FG_TRY(step(r, &c));
+    if (form) { /* g = dy ⊙ act′(pre) and db's sums made by dx's product itself: dx = g·w */
+        fg_gemm_epilogue epi;
+        memset(&epi, 0, sizeof epi);
+        epi.form = r->act;
+        epi.dy = data_of(r, AB_DY), epi.pre = pre;
+        epi.col_sums = want_db, epi.sums = db_acc, epi.sums_first = !db_over_batches || r->bi == 0;
+        FG_TRY(gemm_epi(r, 1, r->N, r->K, r->M, fg_mat_at(g, r->M, 1), fg_mat_at(data_of(r, AB_W), r->K, 1),
+                        fg_mat_at(data_of(r, AB_DX), r->K, 1), 0.0, false, NULL, false, &epi));
     } else if (!none || want_db) {
         fg_act_call c;
         memset(&c, 0, sizeof c);
@@ -332,14 +325,10 @@ static fg_status backward(act_run *r) {
     if (want_db) FG_TRY(db_cast(r, db_acc, db_over_batches)); /* before the products: its sums may live in dx's or dw's memory */
     const double beta = d->accumulate ? 1.0 : 0.0;
     if (form) /* (dx done) */;
-    else if (want_dx && path->gemm_dx)
-        FG_TRY(gemm_grad(r, FG_ACT_STEP_GEMM_INPUT, g));
     else if (want_dx) /* dx[N × K] = g[N × M] · w[M × K] */
         FG_TRY(gemm(r, 1, r->N, r->K, r->M, fg_mat_at(g, r->M, 1), fg_mat_at(data_of(r, AB_W), r->K, 1),
                     fg_mat_at(data_of(r, AB_DX), r->K, 1), beta, false, NULL, false));
-    if (want_dw && !parts && path->gemm_dw)
-        FG_TRY(gemm_grad(r, FG_ACT_STEP_GEMM_WEIGHT, g));
-    else if (want_dw && !parts) /* dw[M × K] = gᵀ[M × N] · x[N × K] */
+    if (want_dw && !parts) /* dw[M × K] = gᵀ[M × N] · x[N × K] */
         FG_TRY(gemm(r, 1, r->M, r->K, r->N, fg_mat_at(g, 1, r->M), fg_mat_at(data_of(r, AB_X), r->K, 1),
                     fg_mat_at(data_of(r, AB_DW), r->K, 1), beta, false, NULL, false));
     if (want_dw && parts) { /* parts products of `per` rows (+ the tail), summed in order */

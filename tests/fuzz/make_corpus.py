@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""make_corpus.py - writes tests/fuzz/corpus/: one valid call per op (plan API and one-call
+function, a few dtypes), AdamW, fg_convert, the context calls and the helpers, in the byte
+format fuzz_api.c decodes (see its reader). The fuzzer mutates these into the bad inputs."""
+import os
+import sys
+
+out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
+# pool: N=3, K=4, M=5, B=2, 1, 0, 6, 17
+POOL = bytes([3, 4, 5, 2, 1, 0, 6, 215])
+N, K, M, B, ONE, ZERO, SIX, BIG = range(8)
+S = {"0": 0, "1": 1, "-1": 2, "0.5": 3, "2": 4, "1e-3": 8, "0.999": 14, "1e-8": 15, "0.25": 6}
+
+
+def operand(dims, absent=False):
+    if absent:
+        return bytes([3, 0, 0, 0])  # mode 3: absent; rank, dtype, stride mode
+    return bytes([0, len(dims), 0]) + bytes(dims) + bytes([0])
+
+
+EW = bytes([4, 0, S["0.5"], S["2"], 0, 0])       # full options, kind 0, scalars
+EW_AXPBY = bytes([4, 2, S["0.5"], S["2"], 0, 0])  # kind 1 (axpby)
+LOGP = bytes([4, 0, 0, 1])                       # full, no flags, ignore 0-1, reduction mean
+LOGP_NONE = bytes([4, 0, 0, 3])                  # reduction none
+ACT = bytes([4, 3, 1, 1])                        # gelu_tanh (act 2 = byte 3), saved pre, consume 0
+NOOPT = bytes([0])
+
+OPS = {
+    1: (NOOPT, [[N, K], [M, K], [M], [N, M]]),
+    2: (NOOPT, [[N, M], [M, K], [N, K]]),
+    3: (NOOPT, [[N, M], [N, K], [M, K]]),
+    4: (NOOPT, [[N, M], [M]]),
+    5: (NOOPT, [[B, N, K], [B, K, M], [B, N, M]]),
+    6: (NOOPT, [[B, N, M], [B, K, M], [B, N, K]]),
+    7: (NOOPT, [[B, N, K], [B, N, M], [B, K, M]]),
+    8: (NOOPT, [[N], [M], [N, M]]),
+    9: (NOOPT, [[N, M], [M], [N]]),
+    10: (NOOPT, [[N, M], [N], [M]]),
+    11: (EW, [[N, K], [N, K]]),
+    12: (EW, [[N, K], [N, K], [N, K]]),
+    13: (EW, [[N, K], [N, K], None, [N, K]]),
+    14: (EW, [[N, K], [N, K], [N, K], None, [N, K], [ONE, K], None]),
+    15: (LOGP, [[N, K], [M, K], [M], [N], [N], [N], [N]]),
+    16: (LOGP, [[N], [N], [N], [N, K], [M, K], [M], [N], [N], [N], [N, K], [M, K], [M]]),
+    17: (LOGP, [[N, K], [M, K], [M], [N], [N], [ONE], [N], [N, K], [M, K], [M]]),
+    18: (ACT, [[N, K], [M, K], [M], [N, M], [N, M]]),
+    19: (ACT, [[N, M], [N, M], [N, K], [M, K], [M], [N, K], [M, K], [M]]),
+}
+
+
+def op_call(kind, op, dtype, opts, dims, variant=0, acc=0, align=0):
+    b = bytes([kind, 0, op, dtype, acc, 0, align, variant]) + opts
+    for d in dims:
+        b += operand(d or [], absent=d is None)
+    return b + bytes([0])  # fill: zeros (valid targets)
+
+
+def main():
+    os.makedirs(out, exist_ok=True)
+    for f in os.listdir(out):
+        os.remove(os.path.join(out, f))
+    seeds = {}
+    for op, (opts, dims) in OPS.items():
+        seeds[f"op{op:02d}_plan_f32"] = op_call(0, op, 0, opts, dims)
+        seeds[f"op{op:02d}_call_f32"] = op_call(2, op, 0, opts, dims, acc=op % 2)
+    for op in (1, 5, 12, 16, 19):
+        opts, dims = OPS[op]
+        seeds[f"op{op:02d}_plan_bf16"] = op_call(0, op, 2, opts, dims)
+        seeds[f"op{op:02d}_call_f64"] = op_call(2, op, 3, opts, dims, acc=1)
+    seeds["op13_call_axpby"] = op_call(2, 13, 0, EW_AXPBY, OPS[13][1], variant=2)
+    seeds["op17_call_none"] = op_call(2, 17, 0, LOGP_NONE, OPS[17][1][:5] + [[N]] + OPS[17][1][6:])
+    # adamw: ctx lr b1 b2 eps wd step gs count lb, then operands list by list, fill
+    for lb, name in ((0, "f32"), (1 | 4, "f16_master"), (2, "bf16")):
+        nl = 5 if lb & 4 else 4
+        b = bytes([4, 0, S["1e-3"], S["0.5"], S["0.999"], S["1e-8"], S["0.25"], 1, 0, 2, lb])
+        for _ in range(nl):
+            for d in ([N, K], [M]):
+                b += operand(d)
+        seeds[f"adamw_{name}"] = b + bytes([1])
+    seeds["convert_f32_bf16"] = bytes([5, 1, 3, 17, 0])
+    seeds["convert_f16_f32"] = bytes([5, 2, 1, 9, 0])
+    for k in range(6):
+        seeds[f"context_{k}"] = bytes([6, k, 1, 1, 0, 1, 1, 0, 0])
+    for k in range(6):
+        seeds[f"misc_{k}"] = bytes([7, k, 1, 2, 3])
+    for name, body in seeds.items():
+        with open(os.path.join(out, name), "wb") as f:
+            f.write(bytes([0]) + POOL + body)
+    print(f"{len(seeds)} seeds in {out}", file=sys.stderr)
+
+
+main()

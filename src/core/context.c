@@ -4,7 +4,7 @@
  * use. The context is the only state the library keeps; there are no globals.
  * A context is used by one thread at a time.
  */
-#include "internal.h"
+#include "checks.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -35,9 +35,11 @@ fg_status fg_context_create(const fg_context_desc *desc, fg_context **out) {
     if (d.backend != FG_BACKEND_CPU && d.backend != FG_BACKEND_CUDA)
         return fg_fail(FG_ERR_INVALID_VALUE, "context_create: desc.backend=%d is not a backend",
                        (int)d.backend);
-    if (d.num_threads < 0)
-        return fg_fail(FG_ERR_INVALID_VALUE, "context_create: desc.num_threads=%d is negative",
-                       d.num_threads);
+    if (d.num_threads < 0 || d.num_threads > FG_MAX_THREADS)
+        return fg_fail(FG_ERR_INVALID_VALUE, "context_create: desc.num_threads=%d must be in [0, %d]",
+                       d.num_threads, FG_MAX_THREADS);
+    if (d.backend == FG_BACKEND_CPU && d.stream)
+        return fg_fail(FG_ERR_INVALID_VALUE, "context_create: desc.stream is set but a CPU context has no stream");
     if (d.allow_tf32 != 0 && d.allow_tf32 != 1)
         return fg_fail(FG_ERR_INVALID_VALUE, "context_create: desc.allow_tf32=%d must be 0 or 1",
                        d.allow_tf32);
@@ -84,6 +86,7 @@ fg_status fg_context_set_stream(fg_context *ctx, void *stream) {
 #endif
     if (stream)
         return fg_fail(FG_ERR_INVALID_VALUE, "context_set_stream: a CPU context has no stream");
+    fg_clear_error();
     return FG_OK;
 }
 
@@ -160,6 +163,7 @@ fg_status fg_context_set_workspace(fg_context *ctx, void *ptr, size_t bytes) {
     ctx->workspace = ptr;
     ctx->workspace_bytes = ptr ? bytes : 0;
     ctx->workspace_external = ptr != NULL;
+    fg_clear_error();
     return FG_OK;
 }
 

@@ -117,11 +117,21 @@ fg_status fg_convert(const void *src, fg_dtype src_dtype, void *dst, fg_dtype ds
         return fg_fail(FG_ERR_DTYPE, "convert: src_dtype=%d is not a float dtype", (int)src_dtype);
     if (!fg_is_float(dst_dtype))
         return fg_fail(FG_ERR_DTYPE, "convert: dst_dtype=%d is not a float dtype", (int)dst_dtype);
-    if (n == 0) return FG_OK;
+    if (n > INT64_MAX / 8) return fg_fail(FG_ERR_OVERFLOW, "convert: n=%lld elements overflow int64 bytes", (long long)n);
+    if (n == 0) {
+        fg_clear_error();
+        return FG_OK;
+    }
     if (!src) return fg_fail(FG_ERR_NULL_POINTER, "convert: src is NULL");
     if (!dst) return fg_fail(FG_ERR_NULL_POINTER, "convert: dst is NULL");
-    const char *s = src, *d = dst;
-    size_t sb = (size_t)n * fg_dtype_size(src_dtype), db = (size_t)n * fg_dtype_size(dst_dtype);
+    if ((uintptr_t)src % fg_dtype_size(src_dtype) != 0)
+        return fg_fail(FG_ERR_MISALIGNED, "convert: src=%p is not aligned to its %s elements", src,
+                       fg_dtype_name(src_dtype));
+    if ((uintptr_t)dst % fg_dtype_size(dst_dtype) != 0)
+        return fg_fail(FG_ERR_MISALIGNED, "convert: dst=%p is not aligned to its %s elements", dst,
+                       fg_dtype_name(dst_dtype));
+    const uintptr_t s = (uintptr_t)src, d = (uintptr_t)dst;
+    const uintptr_t sb = (uintptr_t)n * fg_dtype_size(src_dtype), db = (uintptr_t)n * fg_dtype_size(dst_dtype);
     if (s < d + db && d < s + sb) return fg_fail(FG_ERR_ALIAS, "convert: src and dst overlap");
     for (int64_t i = 0; i < n; i++) store_elem(dst, dst_dtype, i, load_elem(src, src_dtype, i));
     fg_clear_error();

@@ -3,7 +3,7 @@
  * structure (dtype, rank, shapes, strides, int64 overflow) when a plan is made, and
  * data (NULL, alignment, device, overlap) when it runs. Also small view helpers.
  */
-#include "internal.h"
+#include "checks.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -86,7 +86,6 @@ fg_status fg_check_any_desc(const char *op, const char *what, const fg_tensor *t
         return fg_fail(FG_ERR_SHAPE, "%s: %s.rank=%d but it must be in [%d, %d]", op, what,
                        t->rank, rank_lo, rank_hi);
     }
-    int64_t numel = 1, last = 0;
     const int64_t esize = (int64_t)fg_dtype_size(t->dtype);
     for (int i = 0; i < t->rank; i++) {
         if (t->shape[i] < 0)
@@ -95,22 +94,72 @@ fg_status fg_check_any_desc(const char *op, const char *what, const fg_tensor *t
         if (t->stride[i] < 0)
             return fg_fail(FG_ERR_UNSUPPORTED, "%s: %s.stride[%d]=%lld is negative", op, what, i,
                            (long long)t->stride[i]);
-        if (t->shape[i] != 0 && numel > INT64_MAX / t->shape[i])
-            return fg_fail(FG_ERR_OVERFLOW, "%s: %s has more than 2^63 elements", op, what);
-        numel *= t->shape[i];
     }
-    if (numel == 0) return FG_OK;
-    if (numel > INT64_MAX / esize)
-        return fg_fail(FG_ERR_OVERFLOW, "%s: %s is larger than 2^63 bytes", op, what);
-    int64_t stride[FG_MAX_RANK];
+    /* Every product of dims and strides the library forms must fit int64, empty views
+       included (a zero dim does not make the others' products small): the product of the
+       dims counting a 0 as 1, and sum of stride·max(dim, 1), both times the element size. */
+    const int64_t limit = INT64_MAX / esize;
+    int64_t count = 1;
+    for (int i = 0; i < t->rank; i++) {
+        const int64_t n = t->shape[i] > 0 ? t->shape[i] : 1;
+        if (count > limit / n)
+            return fg_fail(FG_ERR_OVERFLOW, "%s: %s: the product of its dims overflows int64 (%d bytes each)", op,
+                           what, (int)esize);
+        count *= n;
+    }
+    int64_t stride[FG_MAX_RANK], span = 0;
     fg_tensor_strides(t, stride);
     for (int i = 0; i < t->rank; i++) {
-        int64_t span = t->shape[i] - 1;
-        if (stride[i] != 0 && span > (INT64_MAX / esize - last) / stride[i])
-            return fg_fail(FG_ERR_OVERFLOW, "%s: %s spans more than 2^63 bytes (stride[%d]=%lld)",
-                           op, what, i, (long long)stride[i]);
-        last += span * stride[i];
+        const int64_t n = t->shape[i] > 0 ? t->shape[i] : 1;
+        if (stride[i] != 0 && (stride[i] > limit / n || span > limit - stride[i] * n))
+            return fg_fail(FG_ERR_OVERFLOW, "%s: %s spans more than 2^63 bytes (stride[%d]=%lld)", op, what, i,
+                           (long long)stride[i]);
+        span += stride[i] * n;
     }
+    return FG_OK;
+}
+
+bool fg_is_empty(const fg_tensor *t) {
+    for (int i = 0; i < t->rank; i++)
+        if (t->shape[i] == 0) return true;
+    return false;
+}
+
+fg_status fg_check_no_self_overlap(const char *op, const char *what, const fg_tensor *t) {
+    int64_t stride[FG_MAX_RANK], st[FG_MAX_RANK], sh[FG_MAX_RANK];
+    fg_tensor_strides(t, stride);
+    if (fg_is_empty(t)) return FG_OK;
+    int n = 0;
+    for (int i = 0; i < t->rank; i++) {
+        if (t->shape[i] <= 1) continue;
+        if (stride[i] == 0)
+            return fg_fail(FG_ERR_ALIAS,
+                           "%s: output %s has a zero stride in dim %d of size %lld (its elements would overlap)",
+                           op, what, i, (long long)t->shape[i]);
+        int k = n++; /* insertion by increasing stride */
+        while (k > 0 && st[k - 1] > stride[i]) {
+            st[k] = st[k - 1];
+            sh[k] = sh[k - 1];
+            k--;
+        }
+        st[k] = stride[i];
+        sh[k] = t->shape[i];
+    }
+    int64_t span = 0; /* elements the smaller dims reach past the first */
+    for (int k = 0; k < n; k++) {
+        if (st[k] <= span)
+            return fg_fail(FG_ERR_ALIAS, "%s: output %s overlaps itself (stride %lld within the span %lld of its "
+                           "smaller dims)", op, what, (long long)st[k], (long long)span);
+        span += (sh[k] - 1) * st[k];
+    }
+    return FG_OK;
+}
+
+fg_status fg_check_gemm_mat(const char *op, const char *what, const fg_mat *m, int64_t rows, int64_t cols) {
+    if ((rows > 1 && m->rs == 0) || (cols > 1 && m->cs == 0))
+        return fg_fail(FG_ERR_UNSUPPORTED,
+                       "%s: %s has a zero stride in a matrix dim (a broadcast view); the product needs it "
+                       "materialized", op, what);
     return FG_OK;
 }
 
@@ -200,7 +249,7 @@ fg_tensor fg_tensor_make(void *data, fg_dtype dtype, int32_t rank, const int64_t
     t.data = data;
     t.dtype = dtype;
     t.rank = rank < 0 ? 0 : rank > FG_MAX_RANK ? FG_MAX_RANK : rank;
-    for (int i = 0; i < t.rank; i++) t.shape[i] = shape[i];
+    for (int i = 0; i < t.rank; i++) t.shape[i] = shape ? shape[i] : 0; /* no shape: empty */
     return t;
 }
 

@@ -33,7 +33,7 @@ static fg_status check_tensor(fg_context *ctx, const fg_tensor *t, int list, int
     if (!f32_only && t->dtype != want)
         return fg_fail(FG_ERR_DTYPE, "adamw_step: %s.dtype=%s but %s", what, fg_dtype_name(t->dtype),
                        list == 1 ? "grads must have their params' dtype or f32" : "params must be f32, f16 or bf16");
-    if (fg_numel(t) != n)
+    if (n >= 0 && fg_numel(t) != n)
         return fg_fail(FG_ERR_SHAPE, "adamw_step: %s has %lld elements but params[%d] has %lld", what,
                        (long long)fg_numel(t), i, (long long)n);
     if (!fg_is_contiguous(t)) return fg_fail(FG_ERR_UNSUPPORTED, "adamw_step: %s is not contiguous", what);
@@ -54,11 +54,18 @@ fg_status fg_adamw_step(fg_context *ctx, const fg_adamw_hparams *hp, int count, 
         return fg_fail(FG_ERR_INVALID_VALUE, "adamw_step: weight_decay=%g must be finite and >= 0", hp->weight_decay);
     if (hp->step < 1) return fg_fail(FG_ERR_INVALID_VALUE, "adamw_step: step=%lld must be >= 1", (long long)hp->step);
     if (!isfinite(hp->grad_scale)) return fg_fail(FG_ERR_INVALID_VALUE, "adamw_step: grad_scale=%g must be finite", hp->grad_scale);
-    if (count == 0) return FG_OK;
+    if (count == 0) {
+        fg_clear_error();
+        return FG_OK;
+    }
     const fg_tensor *lists[5] = {params, grads, exp_avg, exp_avg_sq, master};
     for (int l = 0; l < 4; l++)
         if (!lists[l]) return fg_fail(FG_ERR_NULL_POINTER, "adamw_step: %s is NULL", list_names[l]);
     const bool has_master = master && master[0].rank != 0;
+    for (int i = 1; master && !has_master && i < count; i++)
+        if (master[i].rank != 0)
+            return fg_fail(FG_ERR_INVALID_VALUE,
+                           "adamw_step: master[0] is absent (rank 0) but master[%d] is not; give all or none", i);
     const fg_dtype pt = params[0].dtype, gt = grads[0].dtype;
     if (pt != FG_F32 && pt != FG_F16 && pt != FG_BF16)
         return fg_fail(FG_ERR_DTYPE, "adamw_step: params[0].dtype=%s but params must be f32, f16 or bf16", fg_dtype_name(pt));
@@ -77,8 +84,10 @@ fg_status fg_adamw_step(fg_context *ctx, const fg_adamw_hparams *hp, int count, 
     fg_status s = FG_OK;
     int n_ext = 0;
     for (int i = 0; i < count && s == FG_OK; i++) {
-        const int64_t n = fg_numel(&params[i]) >= 0 ? fg_numel(&params[i]) : 0;
-        s = check_tensor(ctx, &params[i], 0, i, fg_numel(&params[i]), false, pt);
+        /* params[i]'s descriptor is checked before its element count is read */
+        s = check_tensor(ctx, &params[i], 0, i, -1, false, pt);
+        if (s != FG_OK) break;
+        const int64_t n = fg_numel(&params[i]);
         if (s == FG_OK) s = check_tensor(ctx, &grads[i], 1, i, n, false, gt);
         if (s == FG_OK) s = check_tensor(ctx, &exp_avg[i], 2, i, n, true, FG_F32);
         if (s == FG_OK) s = check_tensor(ctx, &exp_avg_sq[i], 3, i, n, true, FG_F32);

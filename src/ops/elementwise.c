@@ -157,6 +157,9 @@ static fg_status lower_unary_backward(const fg_plan_desc *d, fg_lowered *out) {
     FG_TRY(fg_check_desc(op, "dy", dy, 0, FG_MAX_RANK));
     FG_TRY(fg_check_desc(op, "dx", dx, 0, FG_MAX_RANK));
     unsigned present = (1u << UB_DY) | (1u << UB_DX);
+    if (opts(d)->kind != FG_UNARY_SCALE && x->rank == 0) /* rank 0 is an absent optional operand */
+        return fg_fail(FG_ERR_NULL_POINTER, "%s: x is absent but %s's gradient reads it", op,
+                       unary_names[opts(d)->kind >= 0 && opts(d)->kind <= FG_UNARY_SOFTCAP ? opts(d)->kind : 0]);
     if (opts(d)->kind != FG_UNARY_SCALE || x->rank != 0) { /* scale does not read x */
         FG_TRY(fg_check_desc(op, "x", x, 0, FG_MAX_RANK));
         FG_TRY(same_shape(op, dx, "dx", x, "x"));

@@ -6,7 +6,7 @@
  * fg_plan_workspace_size → fg_plan_run. The one-call functions (fg_linear_forward, ...) are
  * fg_run_op: a plan made in place for their pointers, run on the context's workspace.
  */
-#include "../core/internal.h"
+#include "../core/checks.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +18,7 @@ struct fg_plan {
     fg_plan_desc desc;      /* options point at opts */
     double opts[FG_OPTIONS_BYTES / sizeof(double)];
     unsigned output_mask, optional_mask;
+    unsigned zero_mask;     /* outputs that are sums over an empty set: written as zeros */
     fg_lowered lowered;
     fg_plan_info info;
 };
@@ -33,6 +34,61 @@ static fg_status ew_execute(fg_context *ctx, const fg_ew *e, fg_kernel_info *k, 
 static fg_dtype accumulator_of(fg_dtype t) { return t == FG_F64 ? FG_F64 : FG_F32; }
 
 static bool power_of_two(uint32_t v) { return v && !(v & (v - 1)); }
+
+/* A lowered GEMM: a sum over an empty batch is a product with k = 0 (c = beta·c, the zeros of
+ * a sum over nothing), and no matrix it touches has a zero stride along a dim of size > 1. */
+static fg_status check_gemm(const fg_op_decl *e, fg_gemm *g) {
+    if (g->batch == 0 && g->c.bs == 0) {
+        g->batch = 1;
+        g->k = 0;
+    }
+    const fg_mat *m[3] = {&g->a, &g->b, &g->c};
+    const int64_t rows[3] = {g->m, g->k, g->m}, cols[3] = {g->k, g->n, g->n};
+    for (int i = 0; i < 3; i++) {
+        if (m[i]->operand < 0) continue;
+        const char *name = m[i]->operand < e->n_operands ? e->operands[m[i]->operand].name : "?";
+        FG_TRY(fg_check_gemm_mat(e->name, name, m[i], rows[i], cols[i]));
+    }
+    return FG_OK;
+}
+
+/* Writes zeros into output t (a sum over an empty set) as products with k = 0 on the
+ * context's backend: c = 0·c over a [rows, cols] block whose column stride is 1 (or one
+ * column), once per index of t's remaining dims. Planning (run = false) sizes one block. */
+static fg_status zero_fill(fg_context *ctx, const fg_tensor *t, fg_kernel_info *k, void *ws, size_t ws_bytes,
+                           bool run) {
+    int64_t st[FG_MAX_RANK];
+    fg_tensor_strides(t, st);
+    int rows_dim = -1, cols_dim = -1;
+    for (int i = 0; i < t->rank; i++)
+        if (t->shape[i] > 1 && st[i] == 1 && cols_dim < 0) cols_dim = i;
+    for (int i = t->rank - 1; i >= 0; i--)
+        if (t->shape[i] > 1 && i != cols_dim && rows_dim < 0) rows_dim = i;
+    fg_mat c;
+    memset(&c, 0, sizeof c);
+    c.rs = rows_dim >= 0 ? st[rows_dim] : 1;
+    c.cs = 1;
+    const int64_t m = rows_dim >= 0 ? t->shape[rows_dim] : 1, n = cols_dim >= 0 ? t->shape[cols_dim] : 1;
+    fg_mat none;
+    memset(&none, 0, sizeof none);
+    fg_gemm g = fg_gemm_plain(t->dtype, 1, m, n, 0, none, none, c, 0.0, false, NULL, false, false, 256);
+    if (!run) return fg_gemm_execute(ctx, &g, k, NULL, 0, false);
+    int64_t idx[FG_MAX_RANK] = {0};
+    const size_t es = fg_dtype_size(t->dtype);
+    for (;;) {
+        int64_t off = 0;
+        for (int i = 0; i < t->rank; i++) off += idx[i] * st[i];
+        g.c.data = (char *)t->data + off * (int64_t)es;
+        FG_TRY(fg_gemm_execute(ctx, &g, k, ws, ws_bytes, true));
+        int d = t->rank - 1;
+        for (; d >= 0; d--) {
+            if (d == rows_dim || d == cols_dim) continue;
+            if (++idx[d] < t->shape[d]) break;
+            idx[d] = 0;
+        }
+        if (d < 0) return FG_OK;
+    }
+}
 
 /* Builds the plan in place (no allocation), so the one-call path costs no malloc. */
 static fg_status plan_init(fg_context *ctx, const fg_plan_desc *desc, struct fg_plan *p) {
@@ -67,8 +123,23 @@ static fg_status plan_init(fg_context *ctx, const fg_plan_desc *desc, struct fg_
         if (e->operands[i].optional) p->optional_mask |= 1u << i;
     }
     for (int i = e->n_operands; i < FG_MAX_OPERANDS; i++) memset(&p->desc.operands[i], 0, sizeof(fg_tensor));
+    /* One descriptor rule for every operand given, used by this op's configuration or not:
+       an optional operand of rank 0 is absent and never looked at; every other passes the
+       structural check (dtype, rank, shapes, strides, overflow) before the lowering reads it,
+       and an output must not overlap itself. */
+    for (int i = 0; i < e->n_operands; i++) {
+        const fg_tensor *t = &p->desc.operands[i];
+        if (t->rank == 0 && (p->optional_mask >> i & 1u)) continue;
+        FG_TRY(fg_check_any_desc(e->name, e->operands[i].name, t, 0, FG_MAX_RANK));
+        if (p->output_mask >> i & 1u) FG_TRY(fg_check_no_self_overlap(e->name, e->operands[i].name, t));
+    }
     FG_TRY(e->lower(&p->desc, &p->lowered));
     p->lowered.ew.align = p->desc.alignment;
+    for (int i = 0; i < p->lowered.count; i++) FG_TRY(check_gemm(e, &p->lowered.gemm[i]));
+    if (p->lowered.is_elementwise && p->lowered.ew.numel == 0 && !p->lowered.ew.accumulate)
+        for (int i = 0; i < e->n_operands; i++) /* a gradient summed over an empty broadcast */
+            if ((p->lowered.ew.outputs & p->lowered.ew.present) >> i & 1u && !fg_is_empty(&p->desc.operands[i]))
+                p->zero_mask |= 1u << i;
 
     fg_plan_info *info = &p->info;
     info->op = e->op;
@@ -101,6 +172,13 @@ static fg_status plan_init(fg_context *ctx, const fg_plan_desc *desc, struct fg_
         snprintf(info->kernel, sizeof info->kernel, "%s", k.name);
     }
     size_t need = 0;
+    for (int i = 0; i < e->n_operands; i++) {
+        if (!(p->zero_mask >> i & 1u)) continue;
+        fg_kernel_info k;
+        FG_TRY(zero_fill(ctx, &p->desc.operands[i], &k, NULL, 0, false));
+        if (k.workspace_bytes > need) need = k.workspace_bytes;
+        fg_gemm_name_append(info->kernel, sizeof info->kernel, &k);
+    }
     for (int i = 0; i < p->lowered.count; i++) {
         fg_gemm *g = &p->lowered.gemm[i];
         g->allow_tf32 = (desc->flags & FG_PLAN_ALLOW_TF32) && g->dtype == FG_F32;
@@ -153,7 +231,8 @@ static fg_status check_run(const struct fg_plan *p, const fg_tensor *ops) {
                            e->operands[i].name, fg_dtype_name(got->dtype), fg_shape_str(got, b, sizeof b),
                            fg_dtype_name(want->dtype), fg_shape_str(want, a, sizeof a));
         }
-        if (!present(p, i)) continue;
+        if (got->rank == 0 && (p->optional_mask >> i & 1u) && !present(p, i)) continue; /* absent */
+        /* every operand given passes the pointer checks, whether this configuration reads it or not */
         FG_TRY(fg_check_data(p->ctx, e->name, e->operands[i].name, got));
         if (got->data && (uintptr_t)got->data % p->desc.alignment != 0 && fg_numel(got) > 0)
             return fg_fail(FG_ERR_MISALIGNED,
@@ -174,7 +253,8 @@ static fg_status check_run(const struct fg_plan *p, const fg_tensor *ops) {
 }
 
 static void resolve(fg_mat *m, const fg_tensor *ops, size_t es) {
-    m->data = m->operand >= 0 ? (char *)ops[m->operand].data + m->offset * (int64_t)es : NULL;
+    const void *base = m->operand >= 0 ? ops[m->operand].data : NULL; /* NULL: an empty view */
+    m->data = base ? (char *)base + m->offset * (int64_t)es : NULL;
 }
 
 static fg_status plan_run(struct fg_plan *p, const fg_tensor *ops, void *ws, size_t ws_bytes) {
@@ -187,6 +267,11 @@ static fg_status plan_run(struct fg_plan *p, const fg_tensor *ops, void *ws, siz
         fg_kernel_info k;
         memset(&k, 0, sizeof k);
         FG_TRY(p->lowered.driver(p->ctx, &p->desc, ops, p->lowered.priv, &k, ws, ws_bytes, true));
+    }
+    for (int i = 0; i < p->decl->n_operands; i++) {
+        if (!(p->zero_mask >> i & 1u)) continue;
+        fg_kernel_info k;
+        FG_TRY(zero_fill(p->ctx, &ops[i], &k, ws, ws_bytes, true));
     }
     if (p->lowered.is_elementwise) {
         fg_ew e = p->lowered.ew;

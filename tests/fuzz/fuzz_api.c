@@ -208,14 +208,21 @@ typedef struct operand {
 
 static size_t dsize(fg_dtype t) { return fg_dtype_size(t); }
 
-/* The view's byte extent in 128 bits; -1 when it is not a view we can allocate. */
+/* The view's byte extent in 128 bits; -1 when it is not a view we can allocate, or has
+ * more elements than the cap. */
 static int64_t view_extent(const fg_tensor *t) {
     if (t->rank < 0 || t->rank > FG_MAX_RANK) return -1;
     size_t es = dsize(t->dtype);
     if (es == 0) es = 4;
     bool all_zero = true;
     for (int i = 0; i < t->rank; i++) all_zero = all_zero && t->stride[i] == 0;
-    __int128 last = 0, s = 1;
+    __int128 last = 0, s = 1, numel = 1;
+    for (int i = 0; i < t->rank; i++)
+        if (t->shape[i] == 0) numel = 0;
+    for (int i = 0; i < t->rank && numel; i++) {
+        numel *= t->shape[i] > 0 ? t->shape[i] : 1;
+        if (numel > CAP_BYTES) return -1; /* the work per call stays small (broadcast views too) */
+    }
     for (int i = t->rank - 1; i >= 0; i--) {
         if (t->shape[i] < 0) return -1;
         __int128 st = all_zero ? s : t->stride[i];
@@ -237,11 +244,13 @@ static void mark_view(const operand *o) {
     if (es == 0 || t->rank < 0 || t->rank > FG_MAX_RANK) return;
     int64_t stride[FG_MAX_RANK], s = 1, idx[FG_MAX_RANK] = {0};
     bool all_zero = true;
-    for (int i = 0; i < t->rank; i++) all_zero = all_zero && t->stride[i] == 0;
-    for (int i = t->rank - 1; i >= 0; i--) {
+    for (int i = 0; i < t->rank; i++) {
+        all_zero = all_zero && t->stride[i] == 0;
+        if (t->shape[i] == 0) return; /* empty */
+    }
+    for (int i = t->rank - 1; i >= 0; i--) { /* not big: every product is small */
         stride[i] = all_zero ? s : t->stride[i];
-        s *= t->shape[i] > 0 ? t->shape[i] : 1;
-        if (t->shape[i] == 0) return;
+        s *= t->shape[i];
     }
     arena *a = &arenas[o->arena];
     const size_t base = (size_t)((uint8_t *)t->data - (a->mem + GUARD));

@@ -102,6 +102,12 @@ static fg_status check_inputs(const char *op, const fg_tensor *h, const fg_tenso
     if (t->shape[0] != h->shape[0])
         return fg_fail(FG_ERR_SHAPE, "%s: target.shape[0]=%lld but h.shape[0]=N=%lld", op, (long long)t->shape[0],
                        (long long)h->shape[0]);
+    /* A softmax over no classes has no value, and logits that depend on neither h nor w
+       would cost N·V with nothing in memory to bound it. N = 0 is an empty batch. */
+    if (V == 0 && N > 0)
+        return fg_fail(FG_ERR_SHAPE, "%s: w.shape[0]=V=0: a softmax over no classes is undefined", op);
+    if (D == 0 && N > 0)
+        return fg_fail(FG_ERR_SHAPE, "%s: h.shape[1]=D=0: the logits would depend on neither h nor w", op);
     return fg_check_contiguous(op, "target", t);
 }
 
@@ -272,6 +278,22 @@ static fg_status cast(run_ctx *r, size_t src_off, void *dst, fg_dtype dst_dtype,
     return step(r, &c);
 }
 
+/* The gradients of an empty batch (N = 0) are sums over no rows: dw [V, D] and db [V] are
+ * written as zeros (k = 0 products), or left as they are when accumulating. */
+static fg_status zero_sums(run_ctx *r, int dwi, int dbi) {
+    const fg_plan_desc *d = r->d;
+    if (d->accumulate) return FG_OK;
+    const int64_t V = r->g.V, D = r->g.D;
+    const fg_mat none = fg_mat_at(NULL, 1, 1);
+    if (has(&d->operands[dwi]))
+        FG_TRY(gemm(r, V, D, 0, none, none, fg_mat_at((void *)data_of(r, dwi), D, 1), 0.0, false, NULL,
+                    d->operands[dwi].dtype == r->acc));
+    if (has(&d->operands[dbi]))
+        FG_TRY(gemm(r, 1, V, 0, none, none, fg_mat_at((void *)data_of(r, dbi), V, 1), 0.0, false, NULL,
+                    d->operands[dbi].dtype == r->acc));
+    return FG_OK;
+}
+
 /* ------------------------------------------------------------------ forward */
 
 static fg_status forward(run_ctx *r) {
@@ -329,6 +351,7 @@ static fg_status backward(run_ctx *r) {
     c.entropy_in = data_of(r, LB_ENT);
     FG_TRY(step(r, &c));
     if (!want_dh && !want_dw && !want_db) return FG_OK;
+    if (g->N == 0) return zero_sums(r, LB_DW, LB_DB);
 
     char *h = (char *)data_of(r, LB_H), *w = (char *)data_of(r, LB_W);
     char *dh = (char *)data_of(r, LB_DH), *dw = (char *)data_of(r, LB_DW);
@@ -442,6 +465,7 @@ static fg_status cross_entropy(run_ctx *r) {
         red.r0 = 0, red.rows = g->N;
         FG_TRY(step(r, &red));
     }
+    if (g->N == 0) return zero_sums(r, CE_DW, CE_DB);
     if (want_db) FG_TRY(cast(r, L->db_acc, (void *)data_of(r, CE_DB), d->operands[CE_DB].dtype, g->V, d->accumulate));
     return FG_OK;
 }

@@ -718,9 +718,11 @@ static bool ptr16(const void *p) { return (uintptr_t)p % 16 == 0; }
 
 /* Whether the own sm_90a GEMM (src/cuda/linear_act_gemm.cu) takes the problem, and as which step.
  * It is the one kernel with the epilogues cuBLASLt lacks (an activation other than relu, pre or
- * its slope kept, a formed operand with its column sums), and for plain written f16 / bf16
- * products of its INPUT and WEIGHT layouts it is level with cuBLASLt (docs/decisions.md): both
- * take it where it fits (a full wave of 128 × 256 tiles, 6e9 multiply-adds, 16-byte aligned). */
+ * its slope kept, a formed operand with its column sums): those take it where it fits (a full
+ * wave of 128 × 256 tiles, 6e9 multiply-adds, 16-byte aligned). A plain written f16 / bf16
+ * product of its INPUT or WEIGHT layout takes it only for a long reduction (k ≥ 16384): its
+ * fixed cost per tile is paid back there, while at k = 4096 / 8192 cuBLASLt is 3% / 1.5% faster
+ * (docs/decisions.md). */
 static bool own_takes(fg_context *ctx, const fg_gemm *g, bool run, fg_act_step *step) {
     if (g->dtype != FG_F16 && g->dtype != FG_BF16) return false;
     if (g->batch != 1 || g->alpha != 1.0 || g->beta != 0.0 || g->c_f32) return false;
@@ -737,6 +739,8 @@ static bool own_takes(fg_context *ctx, const fg_gemm *g, bool run, fg_act_step *
     if (g->epi.form) {
         if (s != FG_ACT_STEP_GEMM_INPUT || !fg_cuda_act_form_takes(g->epi.form)) return false;
         s = FG_ACT_STEP_GEMM_INPUT_FORM;
+    } else if (s != FG_ACT_STEP_GEMM_FORWARD && g->k < 16384) {
+        return false; /* a plain product with a short reduction: cuBLASLt */
     }
     if (run && !(ptr16(g->a.data) && ptr16(g->b.data) && ptr16(g->c.data) && (!g->epi.has_aux || ptr16(g->epi.aux)) &&
                  (!g->epi.form || (ptr16(g->epi.dy) && ptr16(g->epi.pre)))))

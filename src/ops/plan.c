@@ -19,6 +19,7 @@ struct fg_plan {
     double opts[FG_OPTIONS_BYTES / sizeof(double)];
     unsigned output_mask, optional_mask;
     unsigned zero_mask;     /* outputs that are sums over an empty set: written as zeros */
+    bool nothing_to_write;  /* every output absent or empty: the run returns at once */
     fg_lowered lowered;
     fg_plan_info info;
 };
@@ -134,6 +135,12 @@ static fg_status plan_init(fg_context *ctx, const fg_plan_desc *desc, struct fg_
         if (p->output_mask >> i & 1u) FG_TRY(fg_check_no_self_overlap(e->name, e->operands[i].name, t));
     }
     FG_TRY(e->lower(&p->desc, &p->lowered));
+    p->nothing_to_write = true;
+    for (int i = 0; i < e->n_operands; i++)
+        if ((p->output_mask >> i & 1u) && p->desc.operands[i].rank != 0 && !fg_is_empty(&p->desc.operands[i]))
+            p->nothing_to_write = false;
+        else if ((p->output_mask >> i & 1u) && p->desc.operands[i].rank == 0 && !(p->optional_mask >> i & 1u))
+            p->nothing_to_write = false; /* a required rank-0 output is a scalar */
     p->lowered.ew.align = p->desc.alignment;
     for (int i = 0; i < p->lowered.count; i++) FG_TRY(check_gemm(e, &p->lowered.gemm[i]));
     if (p->lowered.is_elementwise && p->lowered.ew.numel == 0 && !p->lowered.ew.accumulate)
@@ -263,6 +270,10 @@ static fg_status plan_run(struct fg_plan *p, const fg_tensor *ops, void *ws, siz
         return fg_fail(FG_ERR_WORKSPACE, "%s: workspace of %zu bytes given, %zu needed", p->decl->name,
                        ws ? ws_bytes : 0, p->info.workspace_bytes);
     fg_record_reset(p->ctx);
+    if (p->nothing_to_write) { /* an empty problem, whatever its other dims: nothing to compute */
+        fg_clear_error();
+        return FG_OK;
+    }
     if (p->lowered.driver) {
         fg_kernel_info k;
         memset(&k, 0, sizeof k);

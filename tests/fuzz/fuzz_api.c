@@ -529,6 +529,18 @@ static void op_call(rd *r, bool use_plan) {
     resolve(ops, n);
     mark_outputs(ops, n);
     const bool runnable = !any_big(ops, n);
+    if (getenv("FUZZ_TRACE")) { /* replaying a finding: what the call is */
+        dprintf(saved_err, "%s op %d acc %d flags %u align %u variant %d\n", use_plan ? "plan" : "one-call", (int)op,
+                acc, flags, alignment, variant);
+        for (int i = 0; i < n; i++) {
+            dprintf(saved_err, "  %d: %s%s dtype %d rank %d data %p shape", i, ops[i].absent ? "absent " : "",
+                    ops[i].null_ptr ? "NULL " : "", (int)ops[i].t.dtype, ops[i].t.rank, ops[i].t.data);
+            for (int d = 0; d < ops[i].t.rank && d < FG_MAX_RANK; d++) dprintf(saved_err, " %lld", (long long)ops[i].t.shape[d]);
+            dprintf(saved_err, " stride");
+            for (int d = 0; d < ops[i].t.rank && d < FG_MAX_RANK; d++) dprintf(saved_err, " %lld", (long long)ops[i].t.stride[d]);
+            dprintf(saved_err, "\n");
+        }
+    }
     char what[128];
     snprintf(what, sizeof what, "%s(%s, op %d %s)", use_plan ? "plan" : "one-call", known ? info.name : "?", (int)op,
              ctx ? "" : "ctx NULL");

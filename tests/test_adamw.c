@@ -74,6 +74,11 @@ static void steps(fg_context *ctx, fg_backend be, const variant *va) {
     state s;
     make_state(&s, be, va);
     fg_adamw_hparams hp = {1e-3, 0.9, 0.999, 1e-8, 0.01, 1, 0};
+    /* f16/bf16 params without a master copy: a step of 1e-3 is below their resolution at
+       |p| ~ 1 (bf16: 2^-8), so p would not change and a check could pass without the update;
+       a step of 0.05 is many of their units, and each element is checked to one rounding */
+    const bool low_direct = !va->master && va->p != FG_F32;
+    if (low_direct) hp.lr = 0.05;
     for (int step = 1; step <= 3; step++) {
         hp.step = step;
         hp.grad_scale = step == 2 ? 0.5 : 0;
@@ -122,10 +127,30 @@ static void steps(fg_context *ctx, fg_backend be, const variant *va) {
             }
             double err = th_relerr(got, dref, sizes[i]);
             /* f32 math on a step of size ~lr: 1e-4 of the step is f32 rounding of p (|p| ~ 1 vs lr 1e-3) */
-            /* (bf16/f16 params without a master copy lose most of a step to rounding; their
-               check is the params one below) */
             if (va->master || va->p == FG_F32)
                 TH_CHECK(err <= 1e-3, "adamw %s %s: update relerr %.3g", what, label, err);
+            if (low_direct) {
+                /* each element within one unit of the dtype of the f64 update, and the update
+                   (the sum of |Δp|) more than 4 such units per element: a missing or wrong update
+                   cannot pass */
+                const int mant = va->p == FG_BF16 ? 7 : 10;
+                double step_sum = 0, unit_sum = 0, worst = 0;
+                for (int64_t k = 0; k < sizes[i]; k++) {
+                    const double ref = rp[i][k];
+                    double unit = ldexp(1.0, ilogb(fabs(ref) > 1e-30 ? ref : 1e-30) - mant);
+                    if (va->p == FG_F16 && unit < 0x1p-24) unit = 0x1p-24; /* f16's subnormal spacing */
+                    /* one rounding to the dtype, plus the f32 math's error on |p| and the step */
+                    const double allowed = unit + 0x1p-20 * (fabs(old[k]) + fabs(dref[k]));
+                    const double off = fabs(got[k] + old[k] - ref) / allowed;
+                    if (!(off <= worst)) worst = off;
+                    step_sum += fabs(dref[k]);
+                    unit_sum += unit;
+                }
+                TH_CHECK(worst <= 1.0, "adamw %s %s: an element is off the update by %.3g times one %s rounding",
+                         what, label, worst, fg_dtype_name(va->p));
+                TH_CHECK(step_sum > 4 * unit_sum, "adamw %s %s: the step (%.3g) is not large against the dtype's "
+                         "resolution (%.3g): the check could pass without it", what, label, step_sum, unit_sum);
+            }
             th_verify("adamw exp_avg", &s.m[i], rm[i], 1e-5, label);
             th_verify("adamw exp_avg_sq", &s.v[i], rv[i], 1e-5, label);
             th_verify("adamw params", &s.p[i], rp[i], th_tol(va->p, false), label);

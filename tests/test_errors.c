@@ -87,7 +87,7 @@ static void problem_init(problem *p, const op_case *c, int64_t n_rows) {
         t->rank = c->s[i].rank;
         int64_t n = 1;
         for (int d = 0; d < t->rank; d++) n *= (t->shape[d] = dims[c->s[i].d[d]]);
-        p->bytes[i] = (size_t)(n + SLACK) * 8;
+        p->bytes[i] = ((size_t)(n + SLACK) * 8 + 63) & ~(size_t)63; /* aligned_alloc: a multiple of 64 */
         p->mem[i] = aligned_alloc(64, p->bytes[i]);
         for (size_t k = 0; k < p->bytes[i] / 4; k++) ((float *)p->mem[i])[k] = target ? 0.0f : 0.5f;
         t->data = p->mem[i];

@@ -53,5 +53,13 @@ static fg_status cpu_act(fg_context *ctx, const fg_act_call *c) {
 }
 
 const fg_backend_ops fg_cpu_backend = {
-    "cpu", true, cpu_gemm, cpu_elementwise, cpu_adamw, cpu_logp_scratch, cpu_logp, cpu_act_plan, cpu_act,
+    .name = "cpu",
+    .f64_kernels = true,
+    .gemm = cpu_gemm,
+    .elementwise = cpu_elementwise,
+    .adamw = cpu_adamw,
+    .logp_scratch = cpu_logp_scratch,
+    .logp = cpu_logp,
+    .act_plan = cpu_act_plan,
+    .act = cpu_act,
 };

@@ -113,6 +113,15 @@ static fg_status cuda_act(fg_context *ctx, const fg_act_call *c) {
     return FG_OK;
 }
 
+/* Designated in the struct's declaration order (C++ requires it). */
 extern "C" const fg_backend_ops fg_cuda_backend = {
-    "cuda", false, cuda_gemm, cuda_elementwise, cuda_adamw, fg_cuda_logp_scratch, cuda_logp, cuda_act_plan, cuda_act,
+    .name = "cuda",
+    .f64_kernels = false,
+    .gemm = cuda_gemm,
+    .elementwise = cuda_elementwise,
+    .adamw = cuda_adamw,
+    .logp_scratch = fg_cuda_logp_scratch,
+    .logp = cuda_logp,
+    .act_plan = cuda_act_plan,
+    .act = cuda_act,
 };

@@ -280,8 +280,8 @@ def stream_rows(exps, dtypes, reps, np_bf16_max):
             for name, passes, f_fg, f_np in cases:
                 if name == "lerp_bwd":
                     def f_fg():  # dy = a; da, db into preallocated arrays as numpy's (the plan API)
-                        ops.run("binary_backward", [a, None, None, None, out, out2, None], ops._BINARY_BWD_NAMES,
-                                kind=_lib.BINARY["lerp"], scalars=(0.3,))
+                        ops.run("binary_backward", dict(dy=a, da=out, db=out2),
+                                options=ops._elementwise(_lib.BINARY, "lerp", (0.3,)))
                 nbytes = passes * n * es
                 t_fg = timed(f_fg, reps)
                 t_np = timed(f_np, max(3, reps // 3) if dname == "bf16" else reps) if np_ok else None
@@ -342,7 +342,7 @@ def act_rows(reps, N=8192, K=256, M=1024):
     # preallocated y and pre, and the backward forming g in pre's memory (consume_pre: pre is
     # dead after the backward in training), so that neither side pays for fresh pages per call
     def fwd():
-        ops.run("linear_act_forward", [x, w, b, y, pre], ["x", "w", "b", "y", "pre"], kind=_lib.ACT["gelu_tanh"])
+        ops.run("linear_act_forward", dict(x=x, w=w, b=b, y=y, pre=pre), options=ops._act_options("gelu_tanh"))
 
     def bwd():
         fg.linear_act_backward(dy, x, w, b, pre=pre, act="gelu_tanh", out=(dx, dw, db), consume_pre=True)

@@ -6,12 +6,21 @@
  * launches — fg_plan_info.kernel against the backend's own launch record
  * (fg_context_last_kernels) — on every backend present, including the CUDA paths of
  * linear + activation that are chosen when the plan is made. Also: a plan refuses data
- * aligned below what its descriptor declared, and writes nothing.
+ * aligned below what its descriptor declared, and writes nothing. On CUDA, no op synchronizes
+ * the host or allocates synchronously: every case's run is repeated inside a CUDA stream capture
+ * (the graph launched, its results compared with the uncaptured run), and so is an AdamW step.
  */
 #include "harness.h"
 
 #include <math.h>
 #include <stddef.h>
+
+#ifdef FG_TEST_HAVE_CUDA
+#include <cuda_runtime_api.h>
+/* the stream the CUDA context runs on (capture needs one other than the legacy stream; a
+   blocking one, so the harness's synchronous copies still wait for it) */
+static cudaStream_t graph_stream;
+#endif
 
 /* ------------------------------------------------------------------ the table */
 
@@ -131,6 +140,75 @@ static bool pieces_in(const char *want, const char *have, bool loose, char *miss
     return true;
 }
 
+#ifdef FG_TEST_HAVE_CUDA
+/* The no-host-sync check. `call` (a plan run or a one-call function) once more inside a stream
+ * capture in global mode, where a host synchronization, a synchronous allocation or a copy to
+ * pageable memory invalidates the capture and a launch on another stream is an error; nothing may
+ * execute while capturing (every operand is still as `before` when the capture ends); the graph
+ * launched must leave every operand as the uncaptured run did (`after`): bit for bit when the
+ * plan promises determinism, else within the dtype's tolerance. */
+typedef fg_status (*graph_fn)(void *arg);
+
+static void graph_check(const char *label, graph_fn call, void *arg, th_operand *const *opd, int n,
+                        void *const *before, bool deterministic) {
+    void *after[FG_MAX_OPERANDS] = {0};
+    for (int i = 0; i < n; i++) after[i] = th_snapshot(&opd[i]->buf), th_restore(&opd[i]->buf, before[i]);
+    cudaGraph_t graph = NULL;
+    cudaGraphExec_t exec = NULL;
+    fg_status st = FG_OK;
+    cudaError_t e = cudaStreamBeginCapture(graph_stream, cudaStreamCaptureModeGlobal);
+    TH_CHECK(e == cudaSuccess, "graph %s: cudaStreamBeginCapture: %s", label, cudaGetErrorString(e));
+    if (e != cudaSuccess) goto done;
+    st = call(arg);
+    e = cudaStreamEndCapture(graph_stream, &graph);
+    TH_CHECK(st == FG_OK, "graph %s: the run inside the capture returned %s (%s)", label, fg_status_string(st),
+             fg_last_error());
+    TH_CHECK(e == cudaSuccess && graph, "graph %s: the capture failed: %s (a host sync or a synchronous "
+             "allocation inside the op?)", label, cudaGetErrorString(e));
+    if (st != FG_OK || e != cudaSuccess || !graph) goto done;
+    for (int i = 0; i < n; i++)
+        TH_CHECK(th_unchanged(&opd[i]->buf, before[i]), "graph %s: operand %d changed while capturing", label, i);
+    e = cudaGraphInstantiateWithFlags(&exec, graph, 0);
+    if (e == cudaSuccess) e = cudaGraphLaunch(exec, graph_stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(graph_stream);
+    TH_CHECK(e == cudaSuccess, "graph %s: instantiate / launch: %s", label, cudaGetErrorString(e));
+    if (e != cudaSuccess) goto done;
+    for (int i = 0; i < n; i++) {
+        if (th_unchanged(&opd[i]->buf, after[i])) continue;
+        double err = INFINITY;
+        if (!deterministic) { /* values of the whole storage, as uncaptured and as the graph left them */
+            th_operand whole = *opd[i];
+            whole.t = th_tensor(&whole.buf, 0, 1, &whole.buf.n, NULL);
+            double *got = malloc(sizeof(double) * (size_t)(whole.buf.n + 1)), *ref = malloc(sizeof(double) * (size_t)(whole.buf.n + 1));
+            th_get(&whole.buf, &whole.t, got);
+            th_restore(&whole.buf, after[i]);
+            th_get(&whole.buf, &whole.t, ref);
+            err = th_relerr(got, ref, whole.buf.n);
+            free(got), free(ref);
+        }
+        TH_CHECK(err <= th_tol(opd[i]->buf.dtype, false), "graph %s: operand %d differs from the uncaptured run%s "
+                 "(relerr %.3g)", label, i, deterministic ? " (the plan is deterministic: bit for bit)" : "", err);
+    }
+done:
+    if (exec) cudaGraphExecDestroy(exec);
+    if (graph) cudaGraphDestroy(graph);
+    cudaGetLastError();
+    for (int i = 0; i < n; i++) free(after[i]);
+}
+
+typedef struct plan_run_arg {
+    fg_plan *plan;
+    const fg_tensor *ops;
+    void *ws;
+    size_t ws_bytes;
+} plan_run_arg;
+
+static fg_status plan_run_fn(void *p) {
+    plan_run_arg *a = p;
+    return fg_plan_run(a->plan, a->ops, a->ws, a->ws_bytes);
+}
+#endif
+
 /* Plans, runs and compares what the plan named with what the backend launched. */
 static void run_case(fg_context *ctx, fg_backend be, plan_case *c) {
     fg_plan_desc d;
@@ -149,6 +227,13 @@ static void run_case(fg_context *ctx, fg_backend be, plan_case *c) {
     TH_OK(fg_plan_info_get(plan, &info));
     th_buf ws = th_alloc(be, FG_F32, (int64_t)(info.workspace_bytes / 4 + 64));
     TH_OK(fg_plan_can_implement(plan, c->ops));
+#ifdef FG_TEST_HAVE_CUDA
+    th_operand *opd[FG_MAX_OPERANDS];
+    void *before[FG_MAX_OPERANDS];
+    int nopd = 0;
+    for (int i = 0; i < FG_MAX_OPERANDS && be == FG_BACKEND_CUDA; i++)
+        if (c->own[i].buf.ptr) opd[nopd] = &c->own[i], before[nopd++] = th_snapshot(&c->own[i].buf);
+#endif
     TH_OK(fg_plan_run(plan, c->ops, ws.ptr, info.workspace_bytes));
     const char *ran = fg_context_last_kernels(ctx);
     char missing[200] = "";
@@ -163,6 +248,13 @@ static void run_case(fg_context *ctx, fg_backend be, plan_case *c) {
         TH_CHECK(pieces_in(info.kernel, ran, false, missing, sizeof missing),
                  "%s %s: the plan named '%s', which did not run (ran '%s')", th_backend_name(be), c->label, missing,
                  ran);
+#ifdef FG_TEST_HAVE_CUDA
+    if (be == FG_BACKEND_CUDA) {
+        plan_run_arg a = {plan, c->ops, ws.ptr, info.workspace_bytes};
+        graph_check(c->label, plan_run_fn, &a, opd, nopd, before, info.precision.deterministic != 0);
+    }
+    for (int i = 0; i < nopd; i++) free(before[i]);
+#endif
     fg_plan_destroy(plan);
     th_free(&ws);
 }
@@ -291,6 +383,48 @@ static void act_cases(fg_context *ctx, fg_backend be, fg_dtype dt, int act, int6
     }
 }
 
+#ifdef FG_TEST_HAVE_CUDA
+/* AdamW is a one-call function outside the op table: its step (bf16 params with f32 master
+ * weights, two tensors, one past a 65536-element chunk) under the same capture check. */
+typedef struct adamw_arg {
+    fg_context *ctx;
+    const fg_adamw_hparams *hp;
+    const fg_tensor *p, *g, *m, *v, *w;
+} adamw_arg;
+
+static fg_status adamw_fn(void *p) {
+    adamw_arg *a = p;
+    return fg_adamw_step(a->ctx, a->hp, 2, a->p, a->g, a->m, a->v, a->w);
+}
+
+static void adamw_graph(fg_context *ctx) {
+    const int64_t n[2] = {65536 + 37, 1000};
+    th_operand o[5][2];
+    fg_tensor t[5][2];
+    const fg_dtype dts[5] = {FG_BF16, FG_BF16, FG_F32, FG_F32, FG_F32}; /* p, g, m, v, master */
+    th_operand *opd[FG_MAX_OPERANDS];
+    void *before[FG_MAX_OPERANDS];
+    int nopd = 0;
+    for (int k = 0; k < 5; k++)
+        for (int i = 0; i < 2; i++) {
+            o[k][i] = th_make(FG_BACKEND_CUDA, dts[k], 1, &n[i], 0);
+            th_randomize(&o[k][i]);
+            if (k == 3) { /* v >= 0 */
+                for (int64_t e = 0; e < o[k][i].n; e++) o[k][i].v[e] = fabs(o[k][i].v[e]);
+                th_put(&o[k][i].buf, &o[k][i].t, o[k][i].v);
+            }
+            t[k][i] = o[k][i].t;
+            if (k != 1) opd[nopd] = &o[k][i], before[nopd++] = th_snapshot(&o[k][i].buf);
+        }
+    fg_adamw_hparams hp = {1e-2, 0.9, 0.999, 1e-8, 0.01, 3, 0};
+    adamw_arg a = {ctx, &hp, t[0], t[1], t[2], t[3], t[4]};
+    TH_OK(adamw_fn(&a));
+    graph_check("adamw_step", adamw_fn, &a, opd, nopd, before, true);
+    for (int i = 0; i < nopd; i++) free(before[i]);
+    for (int k = 0; k < 5; k++) th_drop(&o[k][0]), th_drop(&o[k][1]);
+}
+#endif
+
 /* A plan made for 16-byte aligned data refuses a pointer 4 bytes off, writes nothing; one made
  * for 4 bytes takes it. */
 static void declared_alignment(fg_context *ctx, fg_backend be) {
@@ -347,6 +481,13 @@ int main(void) {
     for (int bi = 0; bi < nb; bi++) {
         fg_context *ctx = th_context(bes[bi], false);
         if (!ctx) continue;
+#ifdef FG_TEST_HAVE_CUDA
+        if (bes[bi] == FG_BACKEND_CUDA) {
+            TH_CHECK(cudaStreamCreate(&graph_stream) == cudaSuccess, "cudaStreamCreate");
+            TH_OK(fg_context_set_stream(ctx, graph_stream));
+            adamw_graph(ctx);
+        }
+#endif
         bool covered[64] = {false};
         const fg_dtype dts[2] = {FG_F32, FG_BF16};
         for (int di = 0; di < 2; di++) {
@@ -366,6 +507,9 @@ int main(void) {
         }
         declared_alignment(ctx, bes[bi]);
         fg_context_destroy(ctx);
+#ifdef FG_TEST_HAVE_CUDA
+        if (bes[bi] == FG_BACKEND_CUDA) cudaStreamDestroy(graph_stream);
+#endif
     }
     return th_finish("plans");
 }

@@ -2,9 +2,11 @@
 # gpu-check.sh — everything the lent GPU machine is for, in one call: build for sm_90a,
 # run every test driver on the GPU (with the > 2^31-element cases, FG_TEST_LARGE=1) where a
 # skipped CUDA case is a failure (FG_REQUIRE_CUDA=1), run every driver under
-# compute-sanitizer memcheck and the own sm_90a kernels under synccheck and racecheck
-# (tools/sanitize_act.py), run the Python suite against torch when present, run the
-# benchmark, and print a short summary last. Full logs go to $OUT.
+# compute-sanitizer memcheck and every own CUDA kernel under synccheck and racecheck
+# (tools/sanitize_ops.c: each once, at a small shape; it fails when a case stops launching
+# the kernel it is for), run the Python suite against torch when present, run the
+# benchmark, and print a short summary last. compute-sanitizer missing is a failure.
+# Full logs go to $OUT.
 # Knobs for partial runs: TESTS / MEMCHECK (driver names; default: every tests/test_*.c),
 # SKIP_SANITIZE=1 (no synccheck / racecheck), SKIP_PYTEST=1, SKIP_BENCH=1, SKIP_COMPARE=1,
 # BENCH_ARGS (e.g. --only-logp), COMPARE_ARGS (passed to bench/compare.py). Everything at once
@@ -56,18 +58,32 @@ else
   note "memcheck: FAILED, compute-sanitizer not found"
 fi
 
-if [ -z "${SKIP_SANITIZE:-}" ] && command -v compute-sanitizer >/dev/null 2>&1; then
-  for tool in synccheck racecheck; do  # the sm_90a kernels' barriers (tools/sanitize_act.py)
-    PYTHONPATH="$PWD/python:${PYTHONPATH:-}" FASTGRAD_LIBRARY="$PWD/$build/libfastgrad.so" \
-      compute-sanitizer --tool $tool --error-exitcode 9 python3 tools/sanitize_act.py > "$LOG/$tool.log" 2>&1
-    rc=$?
-    # racecheck also reports a hazard inside cuBLAS's own sm_90 kernels (nvjet_*: TMA /
-    # mbarrier ordering it does not model): only reports naming our kernels count
-    own=$(grep -E "Race reported|Barrier error|Error:" "$LOG/$tool.log" | grep -vc "nvjet_")
-    ok=$(grep -c "^sanitize_act: ok" "$LOG/$tool.log")
-    { [ "$own" -eq 0 ] && [ "$ok" -eq 1 ]; } || status=1
-    note "$tool (sm_90a act kernels): rc=$rc, reports naming our kernels: $own, program ok: $ok; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOG/$tool.log" | tail -1)"
-  done
+if [ -z "${SKIP_SANITIZE:-}" ]; then
+  # every own kernel once (tools/sanitize_ops.c), built against this build's library
+  cuda_home=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")
+  sm90=""
+  case ",${FASTGRAD_CUDA_ARCHS:-90a}," in *90a*) sm90=-DFG_TEST_HAVE_SM90A=1 ;; esac
+  if ! command -v compute-sanitizer >/dev/null 2>&1; then
+    status=1
+    note "synccheck / racecheck: FAILED, compute-sanitizer not found"
+  elif ! cc -std=gnu11 -O2 -DFG_TEST_HAVE_CUDA=1 $sm90 -Iinclude -Itests -I"$cuda_home/include" tools/sanitize_ops.c \
+         tests/harness.c -L$build -lfastgrad -L"$cuda_home/lib64" -lcudart -lm -Wl,-rpath,"$PWD/$build" \
+         -o $build/sanitize_ops > "$LOG/sanitize_build.log" 2>&1; then
+    status=1
+    note "sanitize_ops: build FAILED ($(tail -3 "$LOG/sanitize_build.log"))"
+  else
+    for tool in synccheck racecheck; do
+      compute-sanitizer --tool $tool --error-exitcode 9 $build/sanitize_ops > "$LOG/$tool.log" 2>&1
+      rc=$?
+      # racecheck also reports a hazard inside cuBLAS's own sm_90 kernels (nvjet_*: TMA /
+      # mbarrier ordering it does not model): only reports naming our kernels count
+      own=$(grep -E "Race reported|Barrier error|Error:" "$LOG/$tool.log" | grep -vc "nvjet_")
+      ok=$(grep -c "^sanitize_ops: ok" "$LOG/$tool.log")
+      { [ "$own" -eq 0 ] && [ "$ok" -eq 1 ]; } || status=1
+      note "$tool (every own kernel): rc=$rc, reports naming our kernels: $own, program ok: $ok; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOG/$tool.log" | tail -1)"
+      [ "$ok" -eq 1 ] || grep -E "^FAIL" "$LOG/$tool.log" | head -10
+    done
+  fi
 fi
 
 if [ -d python/tests ] && [ -z "${SKIP_PYTEST:-}" ]; then

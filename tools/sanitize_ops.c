@@ -1,0 +1,329 @@
+/*
+ * sanitize_ops.c — every own CUDA kernel of the library, launched once at a small shape, for
+ * compute-sanitizer's racecheck and synccheck (scripts/gpu-check.sh builds it against
+ * build-gpu/ and runs it under both tools). The test drivers are too slow under those tools;
+ * this program gives them each kernel's barriers, shared memory and asynchronous copies in a
+ * few calls: the GEMM primitive's GEMV / column-sum / rank-1 / axpby kernels, the elementwise
+ * fast, general and reduction kernels, the linear + activation passes, tile kernels, one-kernel
+ * backwards and the sm_90a GEMM (all three products, g formed, the slope form), the log-prob
+ * row, tile, single-block and cast kernels (deterministic column sums included) and AdamW.
+ *
+ * Each case names the kernel it is there for, and the program fails when the backend launched
+ * something else (fg_context_last_kernels): a changed dispatch rule cannot silently drop a
+ * kernel from the sanitizers. Outputs are NaN-poisoned first and must come back finite (the
+ * drivers check the values). Prints "sanitize_ops: ok" last when every case ran as named.
+ *
+ *   cc -std=gnu11 -O2 -DFG_TEST_HAVE_CUDA=1 [-DFG_TEST_HAVE_SM90A=1] -Iinclude -Itests \
+ *      -I$CUDA/include tools/sanitize_ops.c tests/harness.c -Lbuild-gpu -lfastgrad \
+ *      -L$CUDA/lib64 -lcudart -lm -o sanitize_ops
+ *   compute-sanitizer --tool racecheck ./sanitize_ops
+ */
+#include "harness.h"
+
+#include <math.h>
+
+static fg_context *ctx;
+static int failed;
+
+/* What the last op launched must contain `want` (NULL: the op's kernels are not named). */
+static void launched(const char *label, fg_status st, const char *want) {
+    const char *ran = fg_context_last_kernels(ctx);
+    printf("%-44s %s\n", label, st == FG_OK ? ran : fg_last_error());
+    if (st != FG_OK) {
+        printf("FAIL %s: %s (%s)\n", label, fg_status_string(st), fg_last_error());
+        failed++;
+    } else if (want && !strstr(ran, want)) {
+        printf("FAIL %s: launched '%s', not the '%s' this case is for\n", label, ran, want);
+        failed++;
+    }
+}
+
+static void written(const char *label, th_operand *o) {
+    double *v = malloc(sizeof(double) * (size_t)(o->n + 1));
+    th_get(&o->buf, &o->t, v);
+    int64_t bad = -1;
+    for (int64_t i = 0; i < o->n && bad < 0; i++)
+        if (!isfinite(v[i])) bad = i;
+    if (bad >= 0) {
+        printf("FAIL %s: element %lld of %lld is %g (not written?)\n", label, (long long)bad, (long long)o->n, v[bad]);
+        failed++;
+    }
+    free(v);
+}
+
+static th_operand make(fg_dtype dt, int rank, const int64_t *shape, int layout) {
+    th_operand o = th_make(FG_BACKEND_CUDA, dt, rank, shape, layout);
+    th_randomize(&o);
+    return o;
+}
+
+static th_operand out(fg_dtype dt, int rank, const int64_t *shape, int layout) {
+    th_operand o = th_make(FG_BACKEND_CUDA, dt, rank, shape, layout);
+    th_poison(&o.buf);
+    return o;
+}
+
+/* ------------------------------------------------------------------ the GEMM primitive */
+
+static void gemm_kernels(void) {
+    const fg_dtype dt = FG_BF16;
+    {   /* one row: a GEMV; dx of one row and db reduce along columns (slices + finish) */
+        int64_t x1[2] = {1, 1000}, w[2] = {300, 1000}, b[1] = {300}, y1[2] = {1, 300};
+        th_operand X = make(dt, 2, x1, 0), W = make(dt, 2, w, 0), B = make(dt, 1, b, 0), Y = out(dt, 2, y1, 0);
+        launched("linear_forward one row", fg_linear_forward(ctx, &X.t, &W.t, &B.t, &Y.t), "gemv_dot<");
+        written("linear_forward one row", &Y);
+        th_operand DX = out(dt, 2, x1, 0);
+        launched("linear_backward_input one row", fg_linear_backward_input(ctx, &Y.t, &W.t, &DX.t, 0), "gemv_");
+        written("linear_backward_input one row", &DX);
+        int64_t dy[2] = {1000, 300};
+        th_operand DY = make(dt, 2, dy, 0), DB = out(dt, 1, b, 0);
+        launched("linear_backward_bias (column sums)", fg_linear_backward_bias(ctx, &DY.t, &DB.t, 0), "gemv_");
+        written("linear_backward_bias (column sums)", &DB);
+        th_drop(&X), th_drop(&W), th_drop(&B), th_drop(&Y), th_drop(&DX), th_drop(&DY), th_drop(&DB);
+    }
+    {   /* K = 0: y = b, written by axpby_2d */
+        int64_t x[2] = {37, 0}, w[2] = {40, 0}, b[1] = {40}, y[2] = {37, 40};
+        th_operand X = make(dt, 2, x, 0), W = make(dt, 2, w, 0), B = make(dt, 1, b, 0), Y = out(dt, 2, y, 0);
+        launched("linear_forward K = 0", fg_linear_forward(ctx, &X.t, &W.t, &B.t, &Y.t), "axpby_2d<");
+        written("linear_forward K = 0", &Y);
+        th_drop(&X), th_drop(&W), th_drop(&B), th_drop(&Y);
+    }
+    {   /* a low-precision batch sum: f32 buffer in and out through axpby_2d */
+        int64_t a[3] = {3, 37, 24}, dc[3] = {3, 37, 40}, db[2] = {24, 40};
+        th_operand A = make(dt, 3, a, 0), DC = make(dt, 3, dc, 0), DB = out(dt, 2, db, 0);
+        launched("matmul_backward_other batch sum", fg_matmul_backward_other(ctx, &A.t, &DC.t, &DB.t, 0), "f32 sum");
+        written("matmul_backward_other batch sum", &DB);
+        th_drop(&A), th_drop(&DC), th_drop(&DB);
+    }
+    {   /* an outer product of 2-byte values */
+        int64_t n[1] = {300}, m[1] = {1000}, z[2] = {300, 1000};
+        th_operand X = make(dt, 1, n, 0), Y = make(dt, 1, m, 0), Z = out(dt, 2, z, 0);
+        launched("outer_forward", fg_outer_forward(ctx, &X.t, &Y.t, &Z.t), "rank1<");
+        written("outer_forward", &Z);
+        th_drop(&X), th_drop(&Y), th_drop(&Z);
+    }
+}
+
+/* ------------------------------------------------------------------ elementwise */
+
+static void elementwise_kernels(void) {
+    int64_t nm[2] = {1000, 300}, m1[1] = {300};
+    const double cap[1] = {3.0};
+    for (int layout = 0; layout < 2; layout++) { /* contiguous: ew_fast; padded rows: ew_general */
+        th_operand X = make(FG_F32, 2, nm, layout), Y = out(FG_F32, 2, nm, layout);
+        const char *label = layout ? "unary_forward padded rows" : "unary_forward";
+        launched(label, fg_unary_forward(ctx, FG_UNARY_SOFTCAP, cap, &X.t, &Y.t), layout ? "ew_general<" : "ew_fast<");
+        written(label, &Y);
+        th_drop(&X), th_drop(&Y);
+    }
+    /* lerp's backward with b broadcast over the rows: db is an ordered reduction */
+    th_operand DY = make(FG_BF16, 2, nm, 0), A = make(FG_BF16, 2, nm, 0), B = make(FG_BF16, 1, m1, 0);
+    th_operand W = make(FG_BF16, 2, nm, 0), DA = out(FG_BF16, 2, nm, 0), DB = out(FG_BF16, 1, m1, 0);
+    th_operand DW = out(FG_BF16, 2, nm, 0);
+    launched("lerp_backward broadcast b",
+             fg_lerp_backward(ctx, &DY.t, &A.t, &B.t, &W.t, 0, &DA.t, &DB.t, &DW.t, 0), "ew_reduce");
+    written("lerp_backward da", &DA), written("lerp_backward db", &DB), written("lerp_backward dw", &DW);
+    th_drop(&DY), th_drop(&A), th_drop(&B), th_drop(&W), th_drop(&DA), th_drop(&DB), th_drop(&DW);
+}
+
+/* ------------------------------------------------------------------ linear + activation */
+
+typedef struct layer {
+    th_operand x, w, b, y, pre, dy, dx, dw, db;
+} layer;
+
+static layer make_layer(fg_dtype dt, int64_t N, int64_t K, int64_t M) {
+    int64_t nk[2] = {N, K}, mk[2] = {M, K}, m1[1] = {M}, nm[2] = {N, M};
+    layer l = {make(dt, 2, nk, 0), make(dt, 2, mk, 0), make(dt, 1, m1, 0), out(dt, 2, nm, 0), out(dt, 2, nm, 0),
+               make(dt, 2, nm, 0), out(dt, 2, nk, 0), out(dt, 2, mk, 0), out(dt, 1, m1, 0)};
+    /* pre-activations of a few units */
+    for (int64_t i = 0; i < l.x.n; i++) l.x.v[i] *= 2.0 / sqrt((double)K);
+    th_put(&l.x.buf, &l.x.t, l.x.v);
+    return l;
+}
+
+static void drop_layer(layer *l) {
+    th_drop(&l->x), th_drop(&l->w), th_drop(&l->b), th_drop(&l->y), th_drop(&l->pre), th_drop(&l->dy);
+    th_drop(&l->dx), th_drop(&l->dw), th_drop(&l->db);
+}
+
+static void grads_finite(const char *label, layer *l, bool dw) {
+    written(label, &l->dx);
+    if (dw) written(label, &l->dw), written(label, &l->db);
+}
+
+static void act_kernels(void) {
+    {   /* f32: cuBLASLt's product, then the activation pass and the gradient pass (db's column
+           sums, the cast) */
+        layer l = make_layer(FG_F32, 67, 200, 72);
+        launched("linear_act f32 forward", fg_linear_act_forward(ctx, FG_ACT_GELU_TANH, &l.x.t, &l.w.t, &l.b.t, &l.y.t,
+                                                                 &l.pre.t), "act_gelu_tanh<");
+        written("linear_act f32 forward", &l.y);
+        launched("linear_act f32 backward", fg_linear_act_backward(ctx, FG_ACT_GELU_TANH, &l.dy.t, &l.pre.t, &l.x.t, &l.w.t,
+                                                                   &l.b.t, &l.dx.t, &l.dw.t, &l.db.t, 0), "act_grad_");
+        grads_finite("linear_act f32 backward", &l, true);
+        drop_layer(&l);
+    }
+    {   /* short K in bf16: the tile kernels (forward; the gradient with pre recomputed, dx
+           alone; the one-kernel backward of the cheap-slope activations) */
+        layer l = make_layer(FG_BF16, 67, 40, 72);
+        launched("linear_act tile forward", fg_linear_act_forward(ctx, FG_ACT_GELU_TANH, &l.x.t, &l.w.t, &l.b.t, &l.y.t,
+                                                                  &l.pre.t), "linear_act_tile_");
+        written("linear_act tile forward", &l.y);
+        launched("linear_act grad tile", fg_linear_act_backward(ctx, FG_ACT_GELU_TANH, &l.dy.t, NULL, &l.x.t, &l.w.t,
+                                                                &l.b.t, &l.dx.t, NULL, NULL, 0), "linear_act_grad_tile_");
+        grads_finite("linear_act grad tile", &l, false);
+        launched("linear_act backward tile", fg_linear_act_backward(ctx, FG_ACT_SILU, &l.dy.t, NULL, &l.x.t, &l.w.t,
+                                                                    &l.b.t, &l.dx.t, &l.dw.t, &l.db.t, 0),
+                 "linear_act_bwd_tile_");
+        grads_finite("linear_act backward tile", &l, true);
+        drop_layer(&l);
+    }
+#ifdef FG_TEST_HAVE_SM90A
+    fg_plan_desc d;
+    memset(&d, 0, sizeof d);
+    fg_plan *plan = NULL;
+    fg_plan_info info;
+    int64_t s2[2] = {64, 64};
+    th_operand px = make(FG_BF16, 2, s2, 0), pw = make(FG_BF16, 2, s2, 0), py = out(FG_BF16, 2, s2, 0);
+    d.op = FG_OP_LINEAR_FORWARD, d.operands[0] = px.t, d.operands[1] = pw.t, d.operands[3] = py.t;
+    const bool sm90 = fg_plan_create(ctx, &d, &plan) == FG_OK && fg_plan_info_get(plan, &info) == FG_OK && info.arch == 90;
+    fg_plan_destroy(plan);
+    th_drop(&px), th_drop(&pw), th_drop(&py);
+    if (!sm90) {
+        printf("FAIL: an sm_90a build on a device that is not 9.0: the sm_90a kernels cannot run here\n");
+        failed++;
+        return;
+    }
+    {   /* the one-kernel backward on sm_90a (pre kept): many row tiles, so its stages go round */
+        layer l = make_layer(FG_BF16, 20000, 128, 256);
+        launched("linear_act bwd90", fg_linear_act_backward(ctx, FG_ACT_SILU, &l.dy.t, &l.pre.t, &l.x.t, &l.w.t, &l.b.t,
+                                                            &l.dx.t, &l.dw.t, &l.db.t, 0), "linear_act_bwd90_");
+        grads_finite("linear_act bwd90", &l, true);
+        drop_layer(&l);
+    }
+    {   /* the own sm_90a GEMM's epilogues at their smallest (one wave of 128 × 256 tiles, 6.6e9
+           multiply-adds): the forward keeping pre, dx's product forming g (silu), the slope form */
+        layer l = make_layer(FG_BF16, 4224, 1536, 1024);
+        launched("gemm90 forward", fg_linear_act_forward(ctx, FG_ACT_GELU_TANH, &l.x.t, &l.w.t, &l.b.t, &l.y.t, &l.pre.t),
+                 "linear_act_gemm90_");
+        written("gemm90 forward", &l.y), written("gemm90 forward pre", &l.pre);
+        launched("gemm90 dx forming g", fg_linear_act_backward(ctx, FG_ACT_SILU, &l.dy.t, &l.pre.t, &l.x.t, &l.w.t, &l.b.t,
+                                                               &l.dx.t, &l.dw.t, &l.db.t, 0), "gemm90_dx_formed_g");
+        grads_finite("gemm90 dx forming g", &l, true);
+        launched("gemm90 slope forward", fg_linear_act_forward_slope(ctx, FG_ACT_GELU_TANH, &l.x.t, &l.w.t, &l.b.t, &l.y.t,
+                                                                     &l.pre.t), "linear_act_gemm90_");
+        written("gemm90 slope forward", &l.pre);
+        th_poison(&l.dx.buf), th_poison(&l.dw.buf), th_poison(&l.db.buf);
+        launched("gemm90 slope backward", fg_linear_act_backward_slope(ctx, FG_ACT_GELU_TANH, &l.dy.t, &l.pre.t, &l.x.t,
+                                                                       &l.w.t, &l.b.t, &l.dx.t, &l.dw.t, &l.db.t, 0),
+                 "gemm90_dx_formed_g");
+        grads_finite("gemm90 slope backward", &l, true);
+        drop_layer(&l);
+    }
+    {   /* its plain INPUT and WEIGHT products, taken for a reduction of 16384 or more: Linear's dx
+           and dw with 13 × 12 output tiles (two buffers viewed both ways) */
+        const int64_t R = 16384, M = 1664, K = 3072;
+        int64_t rm[2] = {R, M}, mr[2] = {M, R}, rk[2] = {R, K}, mk[2] = {M, K};
+        th_operand a = make(FG_BF16, 2, rm, 0), b = make(FG_BF16, 2, rk, 0), c = out(FG_BF16, 2, mk, 0);
+        for (int64_t i = 0; i < b.n; i++) b.v[i] *= 1.0 / 64; /* sums of 16384 terms stay small */
+        th_put(&b.buf, &b.t, b.v);
+        fg_tensor dy_in = fg_tensor_make(a.buf.ptr, FG_BF16, 2, mr); /* dy [M rows, R] · w [R, K] */
+        launched("gemm90 plain dx", fg_linear_backward_input(ctx, &dy_in, &b.t, &c.t, 0), "gemm90_dx_none");
+        written("gemm90 plain dx", &c);
+        th_poison(&c.buf); /* dyᵀ [M, R] · x [R, K] */
+        launched("gemm90 plain dw", fg_linear_backward_weight(ctx, &a.t, &b.t, &c.t, 0), "gemm90_dw_");
+        written("gemm90 plain dw", &c);
+        th_drop(&a), th_drop(&b), th_drop(&c);
+    }
+#endif
+}
+
+/* ------------------------------------------------------------------ log-prob */
+
+static void logp_kernels(void) {
+    const fg_dtype dt = FG_BF16;
+    const int64_t N = 50, D = 32, V = 1000;
+    int64_t hd[2] = {N, D}, vd[2] = {V, D}, v1[1] = {V}, n1[1] = {N}, one[1] = {1};
+    th_operand h = make(dt, 2, hd, 0), w = make(dt, 2, vd, 0), b = make(dt, 1, v1, 0);
+    for (int64_t i = 0; i < h.n; i++) h.v[i] *= 3.0 / sqrt((double)D);
+    th_put(&h.buf, &h.t, h.v);
+    th_buf tb = th_alloc(FG_BACKEND_CUDA, FG_I64, N);
+    int64_t *t = malloc(sizeof(int64_t) * (size_t)N);
+    for (int64_t n = 0; n < N; n++) t[n] = (int64_t)(th_rand_u64() % (uint64_t)V);
+    th_put_raw(&tb, t, sizeof(int64_t) * (size_t)N);
+    fg_tensor target = th_tensor(&tb, 0, 1, n1, NULL);
+    th_operand logp = out(FG_F32, 1, n1, 0), lse = out(FG_F32, 1, n1, 0), ent = out(FG_F32, 1, n1, 0);
+    th_operand dl = make(FG_F32, 1, n1, 0), dh = out(dt, 2, hd, 0), dw = out(dt, 2, vd, 0), db = out(dt, 1, v1, 0);
+    th_operand loss = out(FG_F32, 1, one, 0);
+    for (int tiles = 0; tiles < 2; tiles++) { /* whole rows; then tiles of a few hundred logits */
+        fg_logp_options o;
+        memset(&o, 0, sizeof o);
+        if (tiles) o.max_tile_elements = 7 * 300;
+        char label[64];
+        snprintf(label, sizeof label, "linear_logp_forward%s", tiles ? " small tiles" : "");
+        launched(label, fg_linear_logp_forward(ctx, &o, &h.t, &w.t, &b.t, &target, &logp.t, &lse.t, &ent.t), NULL);
+        written(label, &logp), written(label, &ent);
+        snprintf(label, sizeof label, "linear_logp_backward%s", tiles ? " small tiles" : "");
+        launched(label, fg_linear_logp_backward(ctx, &o, &dl.t, NULL, NULL, &h.t, &w.t, &b.t, &target, &lse.t, NULL, &dh.t,
+                                                &dw.t, &db.t, 0), NULL);
+        written(label, &dh), written(label, &dw), written(label, &db);
+        o.label_smoothing = 0.1, o.z_loss = 1e-3; /* the mean: the single-block count and reduction */
+        snprintf(label, sizeof label, "linear_cross_entropy%s", tiles ? " small tiles" : "");
+        th_poison(&dh.buf), th_poison(&dw.buf);
+        launched(label, fg_linear_cross_entropy(ctx, &o, &h.t, &w.t, &b.t, &target, NULL, &loss.t, &lse.t, &dh.t, &dw.t,
+                                                &db.t, 0), NULL);
+        written(label, &loss), written(label, &dh), written(label, &dw);
+    }
+    fg_status st = fg_context_check(ctx);
+    launched("linear_logp device flag", st, NULL);
+    th_drop(&h), th_drop(&w), th_drop(&b), th_drop(&logp), th_drop(&lse), th_drop(&ent), th_drop(&dl);
+    th_drop(&dh), th_drop(&dw), th_drop(&db), th_drop(&loss);
+    th_free(&tb);
+    free(t);
+}
+
+/* ------------------------------------------------------------------ AdamW */
+
+static void adamw_kernel(void) {
+    const int64_t n[2] = {65536 + 37, 1000};
+    th_operand p[2], g[2], m[2], v[2], w[2];
+    fg_tensor tp[2], tg[2], tm[2], tv[2], tw[2];
+    for (int i = 0; i < 2; i++) {
+        p[i] = make(FG_BF16, 1, &n[i], 0), g[i] = make(FG_BF16, 1, &n[i], 0), m[i] = make(FG_F32, 1, &n[i], 0);
+        v[i] = make(FG_F32, 1, &n[i], 0), w[i] = make(FG_F32, 1, &n[i], 0);
+        for (int64_t e = 0; e < v[i].n; e++) v[i].v[e] = fabs(v[i].v[e]);
+        th_put(&v[i].buf, &v[i].t, v[i].v);
+        tp[i] = p[i].t, tg[i] = g[i].t, tm[i] = m[i].t, tv[i] = v[i].t, tw[i] = w[i].t;
+    }
+    fg_adamw_hparams hp = {1e-3, 0.9, 0.999, 1e-8, 0.01, 1, 0};
+    launched("adamw_step (bf16, master)", fg_adamw_step(ctx, &hp, 2, tp, tg, tm, tv, tw), "adamw_multi_tensor");
+    launched("adamw_step (bf16)", fg_adamw_step(ctx, &hp, 2, tp, tg, tm, tv, NULL), "adamw_multi_tensor");
+    for (int i = 0; i < 2; i++) {
+        written("adamw p", &p[i]), written("adamw master", &w[i]);
+        th_drop(&p[i]), th_drop(&g[i]), th_drop(&m[i]), th_drop(&v[i]), th_drop(&w[i]);
+    }
+}
+
+int main(void) {
+    th_init("sanitize_ops");
+    if (!fg_backend_available(FG_BACKEND_CUDA)) {
+        printf("FAIL sanitize_ops: the CUDA backend is not available here\n");
+        return 1;
+    }
+    ctx = th_context(FG_BACKEND_CUDA, false);
+    gemm_kernels();
+    elementwise_kernels();
+    act_kernels();
+    logp_kernels();
+    adamw_kernel();
+    fg_status st = fg_context_check(ctx);
+    if (st != FG_OK) printf("FAIL sanitize_ops: %s (%s)\n", fg_status_string(st), fg_last_error()), failed++;
+    fg_context_destroy(ctx);
+    if (failed) {
+        printf("sanitize_ops: %d failure(s)\n", failed);
+        return 1;
+    }
+    printf("sanitize_ops: ok\n");
+    return 0;
+}

@@ -196,8 +196,38 @@ typedef enum fg_op {
     /* Linear + bias + activation (options: fg_linear_act_options).                       */
     FG_OP_LINEAR_ACT_FORWARD = 18,     /* 0:x [...,K] 1:w [M,K] 2:b [M] (opt) 3:y [...,M]
                                           4:saved [...,M] (opt: pre or its slope)             */
-    FG_OP_LINEAR_ACT_BACKWARD = 19     /* 0:dy [...,M] 1:saved (opt; absent: pre recomputed)
+    FG_OP_LINEAR_ACT_BACKWARD = 19,    /* 0:dy [...,M] 1:saved (opt; absent: pre recomputed)
                                           2:x 3:w 4:b (opt) 5:dx (opt) 6:dw (opt) 7:db (opt)  */
+    /* Normalization family (see "Normalization and dropout" below). Row norms (LayerNorm,
+       RMSNorm over the last dim D; options fg_norm_options), rows = the leading dims:      */
+    FG_OP_NORM_FORWARD = 20,           /* 0:x [...,D] 1:r [...,D] (opt: s = x + dropout(r) is normed)
+                                          2:w [D] (opt) 3:b [D] (opt) 4:y [...,D] 5:s [...,D] (opt)
+                                          6:mean [rows] (opt) 7:rstd [rows] (opt)               */
+    FG_OP_NORM_BACKWARD = 21,          /* 0:dy 1:ds (opt) 2:x (the normed input) 3:w (opt)
+                                          4:mean (opt) 5:rstd (opt) 6:dx (opt) 7:dr (opt)
+                                          8:dw (opt) 9:db (opt)                                 */
+    /* BatchNorm per channel over all leading dims of x [..., C] (fg_batch_norm_options);
+       sums: f64 [2C + 1], the split form's all-reducible statistics.                       */
+    FG_OP_BATCH_NORM_FORWARD = 22,     /* 0:x 1:r (opt) 2:w [C] (opt) 3:b [C] (opt)
+                                          4:running_mean [C] (opt) 5:running_var [C] (opt)
+                                          6:y 7:s (opt) 8:mean [C] (opt) 9:rstd [C] (opt)       */
+    FG_OP_BATCH_NORM_BACKWARD = 23,    /* 0:dy 1:x 2:w (opt) 3:mean 4:rstd 5:dx (opt) 6:dr (opt)
+                                          7:dw (opt) 8:db (opt)                                 */
+    FG_OP_BATCH_NORM_STATS = 24,       /* 0:x 1:r (opt) 2:s (opt) 3:sums                        */
+    FG_OP_BATCH_NORM_APPLY = 25,       /* 0:x 1:sums (opt: eval) 2:w (opt) 3:b (opt)
+                                          4:running_mean (opt) 5:running_var (opt) 6:y
+                                          7:mean (opt) 8:rstd (opt)                             */
+    FG_OP_BATCH_NORM_BACKWARD_STATS = 26, /* 0:dy 1:x 2:mean 3:rstd 4:sums                     */
+    FG_OP_BATCH_NORM_BACKWARD_APPLY = 27, /* 0:dy 1:x 2:w (opt) 3:mean 4:rstd 5:sums 6:dx (opt)
+                                          7:dr (opt) 8:dw (opt) 9:db (opt)                      */
+    /* Dropout (fg_dropout_options)                                                          */
+    FG_OP_DROPOUT_FORWARD = 28,        /* 0:x 1:y                                               */
+    FG_OP_DROPOUT_BACKWARD = 29,       /* 0:dy 1:dx                                             */
+    /* RevIN, per instance over time of x [..., L, C] (fg_revin_options)                     */
+    FG_OP_REVIN_STATS = 30,            /* 0:x [...,L,C] 1:mean [...,C] 2:stdev [...,C]          */
+    FG_OP_REVIN_FORWARD = 31,          /* 0:x 1:w [C] (opt) 2:b [C] (opt) 3:mean 4:stdev 5:y    */
+    FG_OP_REVIN_BACKWARD = 32          /* 0:dy 1:x 2:w (opt) 3:b (opt) 4:mean 5:stdev 6:dx (opt)
+                                          7:dw (opt) 8:db (opt)                                 */
 } fg_op;
 
 #define FG_MAX_OPERANDS 16
@@ -593,6 +623,154 @@ FG_NODISCARD FG_API fg_status fg_linear_cross_entropy(
     const fg_tensor *b, const fg_tensor *target, const fg_tensor *row_weight, const fg_tensor *loss,
     const fg_tensor *lse, const fg_tensor *dh, const fg_tensor *dw, const fg_tensor *db,
     int accumulate);
+
+/* ------------------------------------------------------------------ Normalization and dropout */
+/* Common to the family:
+ *  - x's last dim is the normalized (row norms) or channel (BatchNorm, RevIN) dim and must be
+ *    contiguous; the leading dims must collapse into one row stride (padded rows are fine).
+ *    f32, f16, bf16 (+ f64 on the CPU); statistics and sums are f32 (f64 for f64), and the
+ *    saved statistics (mean, rstd, stdev) are f32 (f64 for f64) whatever x's dtype.
+ *  - Dropout is counter-based (src/core/rng.h, Philox4x32-10): element i (its flat row-major
+ *    index in the logical tensor the dropout applies to) is kept when its uniform
+ *    u(seed, offset, i) >= p, and then multiplied by 1/(1 − p) (0 when p = 1); a dropped element
+ *    is multiplied by 0, so a NaN stays NaN as in PyTorch. The mask is never stored: the backward
+ *    regenerates it from the same (seed, offset), with the same bits on every backend. Give each
+ *    dropout site and step its own offset (or seed).
+ *  - An output may be exactly an input (the same view): s over x updates a residual stream in
+ *    place, dx over dy reuses the gradient's memory.
+ *  - Deterministic: per-block partial sums finished in a fixed order; no floating-point atomics.
+ *  - Zero-initialized options are the defaults; eps < 0, non-finite eps, p outside [0, 1] and
+ *    momentum outside [0, 1] are refused (FG_ERR_INVALID_VALUE). */
+
+/* A dropout: drop probability p in [0, 1] (0: none), and the generator's (seed, offset). */
+typedef struct fg_dropout_options {
+    double p;
+    uint64_t seed, offset;
+} fg_dropout_options;
+
+typedef enum fg_norm_kind {
+    FG_NORM_LAYER = 0,  /* y = (s − mean)·rstd·w + b,  rstd = 1/√(var + eps), var biased  */
+    FG_NORM_RMS = 1     /* y = s·rstd·w + b,           rstd = 1/√(mean(s²) + eps)         */
+} fg_norm_kind;
+
+/* Options of the row norms (FG_OP_NORM_*). */
+typedef struct fg_norm_options {
+    fg_norm_kind kind;
+    double eps;                   /* >= 0; 0 means 1e-5                                 */
+    fg_dropout_options dropout;   /* on the residual branch r                           */
+} fg_norm_options;
+
+/* Row norms over the last dim: with r given, s = x + dropout(r) (written to s when given: the
+ * next residual) is normalized, else s = x. w, b: [D], x's dtype, absent = 1 / 0. mean, rstd:
+ * [rows] or x's leading shape, f32 (f64 for f64), saved for the backward when given (mean only
+ * for LayerNorm; RMSNorm has none). Any D >= 1. */
+FG_NODISCARD FG_API fg_status fg_norm_forward(fg_context *ctx, const fg_norm_options *opt, const fg_tensor *x,
+                                              const fg_tensor *r, const fg_tensor *w, const fg_tensor *b,
+                                              const fg_tensor *y, const fg_tensor *s, const fg_tensor *mean,
+                                              const fg_tensor *rstd);
+/* The backward from dy (and ds, the gradient s receives from the residual path, or NULL):
+ *   g = dy·w,  x̂ = (x − mean)·rstd (RMS: x·rstd),
+ *   dsum = rstd·(g − mean(g) − x̂·mean(g·x̂)) + ds    (RMS: rstd·(g − x̂·mean(g·x̂)) + ds)
+ *   dx = dsum, dr = dsum·mask/(1 − p) (opt->dropout as in the forward), dw = Σ dy·x̂, db = Σ dy
+ * x is the normalized input (s of a fused forward). mean and rstd NULL: recomputed from x (the
+ * forward's bits). Each of dx, dr, dw, db may be NULL; dw, db: w's dtype or f32. accumulate
+ * adds into every requested output. */
+FG_NODISCARD FG_API fg_status fg_norm_backward(fg_context *ctx, const fg_norm_options *opt, const fg_tensor *dy,
+                                               const fg_tensor *ds, const fg_tensor *x, const fg_tensor *w,
+                                               const fg_tensor *mean, const fg_tensor *rstd, const fg_tensor *dx,
+                                               const fg_tensor *dr, const fg_tensor *dw, const fg_tensor *db,
+                                               int accumulate);
+
+/* Options of BatchNorm (FG_OP_BATCH_NORM_*). */
+typedef struct fg_batch_norm_options {
+    int32_t eval;                 /* 0: training (batch statistics), 1: evaluation (running) */
+    double eps;                   /* >= 0; 0 means 1e-5                                   */
+    double momentum;              /* in [0, 1]; 0 means 0.1 (PyTorch's default). Running
+                                     stats that must stay fixed in training: pass none      */
+    fg_dropout_options dropout;   /* on the residual branch r                             */
+} fg_batch_norm_options;
+
+/* BatchNorm over all leading dims of x [..., C] (N rows), per channel (PatchTST's BatchNorm1d
+ * over every token, after the residual add: r gives s = x + dropout(r), written to s when given).
+ * Training: mean and the biased variance of the batch normalize; running_mean/running_var (both
+ * or neither; f32 or x's dtype) become (1 − momentum)·running + momentum·batch with the unbiased
+ * variance (N > 1 rows required). Evaluation: the running statistics normalize (both required).
+ * y = (s − mean)·rstd·w + b; w, b: [C], f32 or x's dtype, absent = 1 / 0. mean, rstd: [C],
+ * f32 (f64 for f64): what normalized, saved for the backward. The batch reduction is two-phase
+ * (per-block partials, then a finish in a fixed order): deterministic. */
+FG_NODISCARD FG_API fg_status fg_batch_norm_forward(fg_context *ctx, const fg_batch_norm_options *opt,
+                                                    const fg_tensor *x, const fg_tensor *r, const fg_tensor *w,
+                                                    const fg_tensor *b, const fg_tensor *running_mean,
+                                                    const fg_tensor *running_var, const fg_tensor *y,
+                                                    const fg_tensor *s, const fg_tensor *mean, const fg_tensor *rstd);
+/* Training: with x̂ = (x − mean)·rstd, dw = Σ dy·x̂, db = Σ dy (over the N rows),
+ *   dx = w·rstd·(dy − db/N − x̂·dw/N);  evaluation (opt->eval): dx = w·rstd·dy.
+ * dr = dx·mask/(1 − p) (opt->dropout as in the forward). x is the normalized input (s). Each of
+ * dx, dr, dw, db may be NULL; dw, db: w's dtype or f32. */
+FG_NODISCARD FG_API fg_status fg_batch_norm_backward(fg_context *ctx, const fg_batch_norm_options *opt,
+                                                     const fg_tensor *dy, const fg_tensor *x, const fg_tensor *w,
+                                                     const fg_tensor *mean, const fg_tensor *rstd,
+                                                     const fg_tensor *dx, const fg_tensor *dr, const fg_tensor *dw,
+                                                     const fg_tensor *db, int accumulate);
+/* The split form, for synchronized BatchNorm across devices: each device reduces its rows into
+ * sums = {Σ s [C], Σ s² [C], N} (f64, [2C + 1]; all-reduce them with a plain sum), then applies.
+ *   stats:  s = x + dropout(r) (written to s when given; apply then takes s as its x) → sums
+ *   apply:  sums (the all-reduced ones; NULL in evaluation) → mean, var, running stats, y
+ * The forward above is stats + apply on one device. */
+FG_NODISCARD FG_API fg_status fg_batch_norm_stats(fg_context *ctx, const fg_batch_norm_options *opt,
+                                                  const fg_tensor *x, const fg_tensor *r, const fg_tensor *s,
+                                                  const fg_tensor *sums);
+FG_NODISCARD FG_API fg_status fg_batch_norm_apply(fg_context *ctx, const fg_batch_norm_options *opt,
+                                                  const fg_tensor *x, const fg_tensor *sums, const fg_tensor *w,
+                                                  const fg_tensor *b, const fg_tensor *running_mean,
+                                                  const fg_tensor *running_var, const fg_tensor *y,
+                                                  const fg_tensor *mean, const fg_tensor *rstd);
+/* The backward's split: sums = {Σ dy [C], Σ dy·x̂ [C], N} (f64 [2C + 1]; all-reduce them), then
+ * dx, dr from them, and dw = Σ dy·x̂, db = Σ dy from the sums given (after an all-reduce these
+ * are the whole batch's: do not average them again across devices). */
+FG_NODISCARD FG_API fg_status fg_batch_norm_backward_stats(fg_context *ctx, const fg_batch_norm_options *opt,
+                                                           const fg_tensor *dy, const fg_tensor *x,
+                                                           const fg_tensor *mean, const fg_tensor *rstd,
+                                                           const fg_tensor *sums);
+FG_NODISCARD FG_API fg_status fg_batch_norm_backward_apply(fg_context *ctx, const fg_batch_norm_options *opt,
+                                                           const fg_tensor *dy, const fg_tensor *x,
+                                                           const fg_tensor *w, const fg_tensor *mean,
+                                                           const fg_tensor *rstd, const fg_tensor *sums,
+                                                           const fg_tensor *dx, const fg_tensor *dr,
+                                                           const fg_tensor *dw, const fg_tensor *db, int accumulate);
+
+/* y = x·mask/(1 − p), and its backward dx = dy·mask/(1 − p) with the same (seed, offset)
+ * (accumulate adds into dx). Any shape whose last dim is contiguous. */
+FG_NODISCARD FG_API fg_status fg_dropout_forward(fg_context *ctx, const fg_dropout_options *opt, const fg_tensor *x,
+                                                 const fg_tensor *y);
+FG_NODISCARD FG_API fg_status fg_dropout_backward(fg_context *ctx, const fg_dropout_options *opt,
+                                                  const fg_tensor *dy, const fg_tensor *dx, int accumulate);
+
+/* Options of RevIN (FG_OP_REVIN_*), the reversible instance normalization of PatchTST's
+ * input and output. */
+typedef struct fg_revin_options {
+    double eps;                   /* >= 0; 0 means 1e-5                                   */
+    int32_t denorm;               /* forward / backward: 0 normalize, 1 denormalize       */
+    int32_t subtract_last;        /* stats: mean holds the last time step instead         */
+} fg_revin_options;
+
+/* x [..., L, C]: per instance (the leading dims) and channel, over the L time steps:
+ *   stats      mean (or x[..., L−1, c] with subtract_last), stdev = √(var + eps), var biased
+ *   normalize  y = (x − mean)/stdev·w + b
+ *   denorm     y = (x − b)/(w + eps²)·stdev + mean      (x: the model's output [..., T, C])
+ * mean, stdev: x's shape without its L dim, f32 (f64 for f64); w, b: [C] of x's dtype, absent =
+ * 1 / 0. The backward treats mean and stdev as constants, as PatchTST's RevIN (which detaches
+ * them) does: dx = dy·w/stdev (denorm: dy·stdev/(w + eps²)), dw and db summed over the
+ * instances and time steps. Each of dx, dw, db may be NULL; dw, db: w's dtype or f32. */
+FG_NODISCARD FG_API fg_status fg_revin_stats(fg_context *ctx, const fg_revin_options *opt, const fg_tensor *x,
+                                             const fg_tensor *mean, const fg_tensor *stdev);
+FG_NODISCARD FG_API fg_status fg_revin_forward(fg_context *ctx, const fg_revin_options *opt, const fg_tensor *x,
+                                               const fg_tensor *w, const fg_tensor *b, const fg_tensor *mean,
+                                               const fg_tensor *stdev, const fg_tensor *y);
+FG_NODISCARD FG_API fg_status fg_revin_backward(fg_context *ctx, const fg_revin_options *opt, const fg_tensor *dy,
+                                                const fg_tensor *x, const fg_tensor *w, const fg_tensor *b,
+                                                const fg_tensor *mean, const fg_tensor *stdev, const fg_tensor *dx,
+                                                const fg_tensor *dw, const fg_tensor *db, int accumulate);
 
 #ifdef __cplusplus
 }

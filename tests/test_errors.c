@@ -16,14 +16,18 @@
 
 /* ------------------------------------------------------------------ valid operands per op */
 
-enum { D_N, D_K, D_M, D_B, D_ONE };
-static int64_t dims[5] = {3, 4, 5, 2, 1};
+enum { D_N, D_K, D_M, D_B, D_ONE, D_SUMS };
+static int64_t dims[6] = {3, 4, 5, 2, 1, 9};
 
 #define NK 2, {D_N, D_K}
 #define MK 2, {D_M, D_K}
 #define NM 2, {D_N, D_M}
 #define V_N 1, {D_N}
 #define V_M 1, {D_M}
+#define V_K 1, {D_K}
+#define SUMS 1, {D_SUMS} /* BatchNorm's f64 sums [2K + 1] */
+#define BNK 3, {D_B, D_N, D_K}
+#define BK 2, {D_B, D_K}
 /* shapes given as rank + dims per operand (an op's order, as in fastgrad.h's fg_op) */
 typedef struct shape_t {
     int rank;
@@ -58,6 +62,19 @@ static const op_case cases[] = {
     {FG_OP_LINEAR_CROSS_ENTROPY, 10, {{NK}, {MK}, {V_M}, {V_N}, {V_N}, {1, {D_ONE}}, {V_N}, {NK}, {MK}, {V_M}}, 0},
     {FG_OP_LINEAR_ACT_FORWARD, 5, {{NK}, {MK}, {V_M}, {NM}, {NM}}, 0},
     {FG_OP_LINEAR_ACT_BACKWARD, 8, {{NM}, {NM}, {NK}, {MK}, {V_M}, {NK}, {MK}, {V_M}}, 0},
+    {FG_OP_NORM_FORWARD, 8, {{NK}, {NK}, {V_K}, {V_K}, {NK}, {NK}, {V_N}, {V_N}}, 0},
+    {FG_OP_NORM_BACKWARD, 10, {{NK}, {NK}, {NK}, {V_K}, {V_N}, {V_N}, {NK}, {NK}, {V_K}, {V_K}}, 0},
+    {FG_OP_BATCH_NORM_FORWARD, 10, {{NK}, {NK}, {V_K}, {V_K}, {V_K}, {V_K}, {NK}, {NK}, {V_K}, {V_K}}, 0},
+    {FG_OP_BATCH_NORM_BACKWARD, 9, {{NK}, {NK}, {V_K}, {V_K}, {V_K}, {NK}, {NK}, {V_K}, {V_K}}, 0},
+    {FG_OP_BATCH_NORM_STATS, 4, {{NK}, {NK}, {NK}, {SUMS}}, 0},
+    {FG_OP_BATCH_NORM_APPLY, 9, {{NK}, {SUMS}, {V_K}, {V_K}, {V_K}, {V_K}, {NK}, {V_K}, {V_K}}, 0},
+    {FG_OP_BATCH_NORM_BACKWARD_STATS, 5, {{NK}, {NK}, {V_K}, {V_K}, {SUMS}}, 0},
+    {FG_OP_BATCH_NORM_BACKWARD_APPLY, 10, {{NK}, {NK}, {V_K}, {V_K}, {V_K}, {SUMS}, {NK}, {NK}, {V_K}, {V_K}}, 0},
+    {FG_OP_DROPOUT_FORWARD, 2, {{NK}, {NK}}, 0},
+    {FG_OP_DROPOUT_BACKWARD, 2, {{NK}, {NK}}, 0},
+    {FG_OP_REVIN_STATS, 3, {{BNK}, {BK}, {BK}}, 0},
+    {FG_OP_REVIN_FORWARD, 6, {{BNK}, {V_K}, {V_K}, {BK}, {BK}, {BNK}}, 0},
+    {FG_OP_REVIN_BACKWARD, 9, {{BNK}, {BNK}, {V_K}, {V_K}, {BK}, {BK}, {BNK}, {V_K}, {V_K}}, 0},
 };
 #define N_CASES ((int)(sizeof cases / sizeof cases[0]))
 
@@ -73,6 +90,10 @@ typedef struct problem {
     fg_elementwise_options ew;
     fg_linear_act_options act;
     fg_logp_options logp;
+    fg_norm_options norm;
+    fg_batch_norm_options bn;
+    fg_dropout_options drop;
+    fg_revin_options revin;
 } problem;
 
 static void problem_init(problem *p, const op_case *c, int64_t n_rows) {
@@ -83,7 +104,7 @@ static void problem_init(problem *p, const op_case *c, int64_t n_rows) {
     for (int i = 0; i < c->n; i++) {
         fg_tensor *t = &p->ops[i];
         const bool target = strcmp(p->info.operands[i].name, "target") == 0;
-        t->dtype = target ? FG_I32 : FG_F32;
+        t->dtype = target ? FG_I32 : strcmp(p->info.operands[i].name, "sums") == 0 ? FG_F64 : FG_F32;
         t->rank = c->s[i].rank;
         int64_t n = 1;
         for (int d = 0; d < t->rank; d++) n *= (t->shape[d] = dims[c->s[i].d[d]]);
@@ -101,6 +122,14 @@ static void problem_init(problem *p, const op_case *c, int64_t n_rows) {
     } else if (p->info.options_type && strcmp(p->info.options_type, "fg_linear_act_options") == 0) {
         p->act.act = FG_ACT_GELU_TANH;
         p->desc.options = &p->act, p->desc.options_size = sizeof p->act;
+    } else if (p->info.options_type && strcmp(p->info.options_type, "fg_norm_options") == 0) {
+        p->desc.options = &p->norm, p->desc.options_size = sizeof p->norm;
+    } else if (p->info.options_type && strcmp(p->info.options_type, "fg_batch_norm_options") == 0) {
+        p->desc.options = &p->bn, p->desc.options_size = sizeof p->bn;
+    } else if (p->info.options_type && strcmp(p->info.options_type, "fg_dropout_options") == 0) {
+        p->desc.options = &p->drop, p->desc.options_size = sizeof p->drop;
+    } else if (p->info.options_type && strcmp(p->info.options_type, "fg_revin_options") == 0) {
+        p->desc.options = &p->revin, p->desc.options_size = sizeof p->revin;
     } else if (p->info.options_type) {
         p->desc.options = &p->logp, p->desc.options_size = sizeof p->logp;
     }
@@ -268,6 +297,8 @@ static bool c_option(problem *p, size_t *w) {
     p->ew.kind = 99;
     p->act.act = (fg_activation)99;
     p->logp.temperature = -1;
+    p->norm.eps = p->bn.eps = p->revin.eps = -1;
+    p->drop.p = -1;
     return true;
 }
 static bool c_empty(problem *p, size_t *w) { (void)p, (void)w; return true; } /* built with N = 0 */
@@ -290,7 +321,8 @@ static const bad_class classes[] = {
     {"workspace", "fg_plan_run is given one byte less workspace than the plan asks", c_workspace},
     {"accumulate", "fg_plan_desc.accumulate is 2", c_accumulate},
     {"flags", "fg_plan_desc.flags has an unknown bit (0x100)", c_flags},
-    {"option", "the family's option is out of range (kind / act 99, temperature -1)", c_option},
+    {"option", "the family's option is out of range (kind / act 99, temperature -1, eps -1, dropout p -1)",
+     c_option},
     {"N = 0", "the leading (batch) dim N is 0: an empty problem (sums over it are written as zeros)", c_empty},
 };
 #define N_CLASSES ((int)(sizeof classes / sizeof classes[0]))

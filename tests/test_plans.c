@@ -425,6 +425,155 @@ static void adamw_graph(fg_context *ctx) {
 }
 #endif
 
+/* Values of operand i replaced (a positive variance, a row count in BatchNorm's sums). */
+static void set_values(plan_case *c, int i, double (*f)(int64_t k, int64_t n)) {
+    for (int64_t k = 0; k < c->own[i].n; k++) c->own[i].v[k] = f(k, c->own[i].n);
+    th_put(&c->own[i].buf, &c->own[i].t, c->own[i].v);
+}
+static double positive(int64_t k, int64_t n) { (void)n; return 0.5 + 0.25 * (double)(k % 5); }
+static double bn_sums(int64_t k, int64_t n) { /* {Σ s, Σ s², N = 10} of a mean 0.1·j, variance ~1 */
+    const int64_t C = (n - 1) / 2;
+    return k == n - 1 ? 10.0 : k < C ? (double)k : 10.0 * (1.0 + 0.01 * (double)((k - C) * (k - C)));
+}
+
+/* The normalization family: every op, the row norms at a short and (CUDA) a long row, with the
+ * residual and without, statistics saved and recomputed; BatchNorm in training and eval, split;
+ * dropout; RevIN. */
+static void norm_cases(fg_context *ctx, fg_backend be, fg_dtype dt, int64_t rows, int64_t D, bool *covered) {
+    const fg_dtype acc = dt == FG_F64 ? FG_F64 : FG_F32;
+    const int64_t xs[2] = {rows, D}, d1[1] = {D}, r1[1] = {rows}, sn[1] = {2 * D + 1};
+    const int64_t rv[3] = {3, 10, D}, st[2] = {3, D};
+    char label[96];
+    plan_case c;
+    fg_norm_options no;
+    memset(&no, 0, sizeof no);
+    for (int v = 0; v < 4; v++) {
+        fg_norm_options o = no;
+        o.kind = v % 2 ? FG_NORM_RMS : FG_NORM_LAYER;
+        const bool resid = v >= 2;
+        if (resid) o.dropout.p = 0.1, o.dropout.seed = 3;
+        snprintf(label, sizeof label, "norm_forward %s%s %lldx%lld", v % 2 ? "rms" : "layer", resid ? " +r" : "",
+                 (long long)rows, (long long)D);
+        memset(&c, 0, sizeof c);
+        c.op = FG_OP_NORM_FORWARD, c.label = label, covered[c.op] = true;
+        c.options = &o, c.options_size = sizeof o;
+        add(&c, be, 0, dt, 2, xs), add(&c, be, 2, dt, 1, d1), add(&c, be, 3, dt, 1, d1), add(&c, be, 4, dt, 2, xs);
+        if (resid) add(&c, be, 1, dt, 2, xs), add(&c, be, 5, dt, 2, xs);
+        if (!(v % 2)) add(&c, be, 6, acc, 1, r1);
+        add(&c, be, 7, acc, 1, r1);
+        run_case(ctx, be, &c);
+        drop_case(&c);
+        snprintf(label, sizeof label, "norm_backward %s%s %lldx%lld", v % 2 ? "rms" : "layer",
+                 resid ? " +ds +dr, stats recomputed" : "", (long long)rows, (long long)D);
+        memset(&c, 0, sizeof c);
+        c.op = FG_OP_NORM_BACKWARD, c.label = label, covered[c.op] = true;
+        c.options = &o, c.options_size = sizeof o, c.accumulate = v == 1;
+        add(&c, be, 0, dt, 2, xs), add(&c, be, 2, dt, 2, xs), add(&c, be, 3, dt, 1, d1), add(&c, be, 6, dt, 2, xs);
+        add(&c, be, 8, acc, 1, d1), add(&c, be, 9, dt, 1, d1);
+        if (resid) add(&c, be, 1, dt, 2, xs), add(&c, be, 7, dt, 2, xs);
+        else {
+            if (!(v % 2)) add(&c, be, 4, acc, 1, r1);
+            add(&c, be, 5, acc, 1, r1), set_values(&c, 5, positive);
+        }
+        run_case(ctx, be, &c);
+        drop_case(&c);
+    }
+    fg_batch_norm_options bo;
+    memset(&bo, 0, sizeof bo);
+    for (int v = 0; v < 2; v++) {
+        fg_batch_norm_options o = bo;
+        o.eval = v;
+        if (!v) o.dropout.p = 0.2;
+        snprintf(label, sizeof label, "batch_norm_forward %s %lldx%lld", v ? "eval" : "training +r", (long long)rows,
+                 (long long)D);
+        memset(&c, 0, sizeof c);
+        c.op = FG_OP_BATCH_NORM_FORWARD, c.label = label, covered[c.op] = true;
+        c.options = &o, c.options_size = sizeof o;
+        add(&c, be, 0, dt, 2, xs), add(&c, be, 2, acc, 1, d1), add(&c, be, 3, acc, 1, d1);
+        add(&c, be, 4, acc, 1, d1), add(&c, be, 5, acc, 1, d1), set_values(&c, 5, positive);
+        add(&c, be, 6, dt, 2, xs), add(&c, be, 8, acc, 1, d1), add(&c, be, 9, acc, 1, d1);
+        if (!v) add(&c, be, 1, dt, 2, xs), add(&c, be, 7, dt, 2, xs);
+        run_case(ctx, be, &c);
+        drop_case(&c);
+        snprintf(label, sizeof label, "batch_norm_backward %s %lldx%lld", v ? "eval" : "training", (long long)rows,
+                 (long long)D);
+        memset(&c, 0, sizeof c);
+        c.op = FG_OP_BATCH_NORM_BACKWARD, c.label = label, covered[c.op] = true;
+        c.options = &o, c.options_size = sizeof o, c.accumulate = v;
+        add(&c, be, 0, dt, 2, xs), add(&c, be, 1, dt, 2, xs), add(&c, be, 2, dt, 1, d1), add(&c, be, 3, acc, 1, d1);
+        add(&c, be, 4, acc, 1, d1), add(&c, be, 5, dt, 2, xs), add(&c, be, 7, acc, 1, d1), add(&c, be, 8, acc, 1, d1);
+        if (!v) add(&c, be, 6, dt, 2, xs);
+        run_case(ctx, be, &c);
+        drop_case(&c);
+    }
+    memset(&c, 0, sizeof c);
+    c.op = FG_OP_BATCH_NORM_STATS, c.label = "batch_norm_stats +r", covered[c.op] = true;
+    fg_batch_norm_options so = bo;
+    so.dropout.p = 0.3;
+    c.options = &so, c.options_size = sizeof so;
+    add(&c, be, 0, dt, 2, xs), add(&c, be, 1, dt, 2, xs), add(&c, be, 2, dt, 2, xs), add(&c, be, 3, FG_F64, 1, sn);
+    run_case(ctx, be, &c);
+    drop_case(&c);
+    memset(&c, 0, sizeof c);
+    c.op = FG_OP_BATCH_NORM_APPLY, c.label = "batch_norm_apply", covered[c.op] = true;
+    c.options = &bo, c.options_size = sizeof bo;
+    add(&c, be, 0, dt, 2, xs), add(&c, be, 1, FG_F64, 1, sn), set_values(&c, 1, bn_sums);
+    add(&c, be, 2, dt, 1, d1), add(&c, be, 3, dt, 1, d1), add(&c, be, 4, dt, 1, d1), add(&c, be, 5, dt, 1, d1);
+    add(&c, be, 6, dt, 2, xs), add(&c, be, 7, acc, 1, d1), add(&c, be, 8, acc, 1, d1);
+    run_case(ctx, be, &c);
+    drop_case(&c);
+    memset(&c, 0, sizeof c);
+    c.op = FG_OP_BATCH_NORM_BACKWARD_STATS, c.label = "batch_norm_backward_stats", covered[c.op] = true;
+    c.options = &bo, c.options_size = sizeof bo;
+    add(&c, be, 0, dt, 2, xs), add(&c, be, 1, dt, 2, xs), add(&c, be, 2, acc, 1, d1), add(&c, be, 3, acc, 1, d1);
+    add(&c, be, 4, FG_F64, 1, sn);
+    run_case(ctx, be, &c);
+    drop_case(&c);
+    memset(&c, 0, sizeof c);
+    c.op = FG_OP_BATCH_NORM_BACKWARD_APPLY, c.label = "batch_norm_backward_apply", covered[c.op] = true;
+    c.options = &so, c.options_size = sizeof so;
+    add(&c, be, 0, dt, 2, xs), add(&c, be, 1, dt, 2, xs), add(&c, be, 2, dt, 1, d1), add(&c, be, 3, acc, 1, d1);
+    add(&c, be, 4, acc, 1, d1), add(&c, be, 5, FG_F64, 1, sn), set_values(&c, 5, bn_sums);
+    add(&c, be, 6, dt, 2, xs), add(&c, be, 7, dt, 2, xs), add(&c, be, 8, dt, 1, d1), add(&c, be, 9, dt, 1, d1);
+    run_case(ctx, be, &c);
+    drop_case(&c);
+    fg_dropout_options dop = {0.25, 42, 7};
+    for (int v = 0; v < 2; v++) {
+        memset(&c, 0, sizeof c);
+        c.op = v ? FG_OP_DROPOUT_BACKWARD : FG_OP_DROPOUT_FORWARD, covered[c.op] = true;
+        c.label = v ? "dropout_backward (accumulate)" : "dropout_forward";
+        c.options = &dop, c.options_size = sizeof dop, c.accumulate = v;
+        add(&c, be, 0, dt, 2, xs), add(&c, be, 1, dt, 2, xs);
+        run_case(ctx, be, &c);
+        drop_case(&c);
+    }
+    fg_revin_options ro = {0, 0, 0};
+    memset(&c, 0, sizeof c);
+    c.op = FG_OP_REVIN_STATS, c.label = "revin_stats", covered[c.op] = true;
+    c.options = &ro, c.options_size = sizeof ro;
+    add(&c, be, 0, dt, 3, rv), add(&c, be, 1, acc, 2, st), add(&c, be, 2, acc, 2, st);
+    run_case(ctx, be, &c);
+    drop_case(&c);
+    for (int v = 0; v < 2; v++) {
+        fg_revin_options o = {0, v, 0};
+        memset(&c, 0, sizeof c);
+        c.op = FG_OP_REVIN_FORWARD, c.label = v ? "revin_forward denorm" : "revin_forward", covered[c.op] = true;
+        c.options = &o, c.options_size = sizeof o;
+        add(&c, be, 0, dt, 3, rv), add(&c, be, 1, dt, 1, d1), add(&c, be, 2, dt, 1, d1), add(&c, be, 3, acc, 2, st);
+        add(&c, be, 4, acc, 2, st), set_values(&c, 4, positive), add(&c, be, 5, dt, 3, rv);
+        run_case(ctx, be, &c);
+        drop_case(&c);
+        memset(&c, 0, sizeof c);
+        c.op = FG_OP_REVIN_BACKWARD, c.label = v ? "revin_backward denorm" : "revin_backward", covered[c.op] = true;
+        c.options = &o, c.options_size = sizeof o;
+        add(&c, be, 0, dt, 3, rv), add(&c, be, 1, dt, 3, rv), add(&c, be, 2, dt, 1, d1), add(&c, be, 3, dt, 1, d1);
+        add(&c, be, 4, acc, 2, st), add(&c, be, 5, acc, 2, st), set_values(&c, 5, positive);
+        add(&c, be, 6, dt, 3, rv), add(&c, be, 7, acc, 1, d1), add(&c, be, 8, dt, 1, d1);
+        run_case(ctx, be, &c);
+        drop_case(&c);
+    }
+}
+
 /* A plan made for 16-byte aligned data refuses a pointer 4 bytes off, writes nothing; one made
  * for 4 bytes takes it. */
 static void declared_alignment(fg_context *ctx, fg_backend be) {
@@ -494,8 +643,11 @@ int main(void) {
             linear_cases(ctx, bes[bi], dts[di], covered);
             act_cases(ctx, bes[bi], dts[di], FG_ACT_GELU_TANH, 67, 40, 72, covered); /* short K */
             act_cases(ctx, bes[bi], dts[di], FG_ACT_RELU, 67, 200, 72, covered);
+            norm_cases(ctx, bes[bi], dts[di], 67, 40, covered);
         }
         if (bes[bi] == FG_BACKEND_CUDA) { /* the wide layers' own GEMM paths (a full wave of tiles) */
+            norm_cases(ctx, bes[bi], FG_BF16, 300, 4096, covered);  /* a long row: the block-per-row path */
+            norm_cases(ctx, bes[bi], FG_BF16, 301, 4099, covered);  /* no 16-byte rows */
             act_cases(ctx, bes[bi], FG_BF16, FG_ACT_GELU_TANH, 4096, 2048, 2048, covered);
             act_cases(ctx, bes[bi], FG_BF16, FG_ACT_SILU, 4096, 2048, 2048, covered);
             act_cases(ctx, bes[bi], FG_BF16, FG_ACT_SILU, 20000, 128, 256, covered); /* one-kernel backward */

@@ -126,6 +126,7 @@ ACT_SAVED = _enum("FG_ACT_SAVED_", ["pre", "slope"])
 REDUCTION = _enum("FG_REDUCTION_", ["mean", "sum", "none"])
 UNARY = _enum("FG_UNARY_", ["scale", "pow", "leaky_relu", "elu", "clamp", "softcap"])
 BINARY = _enum("FG_BINARY_", ["lerp", "axpby"])
+NORM = _enum("FG_NORM_", ["layer", "rms"])
 
 _STATUS_NAMES = ["FG_OK", "FG_ERR_NULL_POINTER", "FG_ERR_INVALID_VALUE", "FG_ERR_SHAPE", "FG_ERR_DTYPE",
                  "FG_ERR_WRONG_DEVICE", "FG_ERR_MISALIGNED", "FG_ERR_WORKSPACE", "FG_ERR_OVERFLOW", "FG_ERR_ALIAS",
@@ -293,6 +294,49 @@ class AdamWHparams(ctypes.Structure):
     ]
 
 
+class DropoutOptions(_Options):
+    _fields_ = [
+        ("p", ctypes.c_double),
+        ("seed", ctypes.c_uint64),
+        ("offset", ctypes.c_uint64),
+    ]
+
+
+class NormOptions(_Options):
+    _fields_ = [
+        ("kind", _enum_t),
+        ("eps", ctypes.c_double),
+        ("dropout", DropoutOptions),
+    ]
+
+
+class BatchNormOptions(_Options):
+    _fields_ = [
+        ("eval", ctypes.c_int32),
+        ("eps", ctypes.c_double),
+        ("momentum", ctypes.c_double),
+        ("dropout", DropoutOptions),
+    ]
+
+
+class RevinOptions(_Options):
+    _fields_ = [
+        ("eps", ctypes.c_double),
+        ("denorm", ctypes.c_int32),
+        ("subtract_last", ctypes.c_int32),
+    ]
+
+
+class AttentionOptions(_Options):
+    _fields_ = [
+        ("scale", ctypes.c_double),
+        ("causal", ctypes.c_int32),
+        ("dropout_p", ctypes.c_double),
+        ("seed", ctypes.c_uint64),
+        ("offset", ctypes.c_uint64),
+    ]
+
+
 def struct_key(s):
     """A ctypes struct's field values as a tuple (arrays as tuples), led by its type."""
     def value(v):
@@ -317,9 +361,15 @@ STRUCTS = {
     "fg_linear_act_options": LinearActOptions,
     "fg_logp_options": LogpOptions,
     "fg_adamw_hparams": AdamWHparams,
+    "fg_dropout_options": DropoutOptions,
+    "fg_norm_options": NormOptions,
+    "fg_batch_norm_options": BatchNormOptions,
+    "fg_revin_options": RevinOptions,
 }
 # The options struct an op's fg_op_info.options_type names.
-OPTIONS = {"fg_elementwise_options": ElementwiseOptions, "fg_linear_act_options": LinearActOptions,
+OPTIONS = {"fg_dropout_options": DropoutOptions, "fg_norm_options": NormOptions,
+           "fg_batch_norm_options": BatchNormOptions, "fg_revin_options": RevinOptions,
+           "fg_elementwise_options": ElementwiseOptions, "fg_linear_act_options": LinearActOptions,
            "fg_logp_options": LogpOptions}
 
 

@@ -424,6 +424,92 @@ const char *fg_act_step_name(fg_act_step step);
 /* "<step>_<act><<dtype>>" into buf. */
 void fg_act_step_label(char *buf, size_t len, fg_act_step step, int act, fg_dtype dtype);
 
+/* ------------------------------------------------------------------ normalization steps */
+
+/* A dropout as the kernels apply it (src/core/rng.h): element i is kept when its uniform
+ * u >= threshold·2^-24 (that is, u >= p), and multiplied by m = keep ? scale : 0. */
+typedef struct fg_dropout_gen {
+    bool on;                 /* p > 0 */
+    uint32_t threshold;      /* ceil(p·2^24) */
+    float scale;             /* 1/(1 − p) rounded to f32; 0 when p = 1 */
+    double scale64;          /* the same in f64 (f64 problems) */
+    uint64_t seed, offset;
+} fg_dropout_gen;
+
+/* fg_dropout_gen of (p, seed, offset); p in [0, 1] (validated by the front door). */
+fg_dropout_gen fg_dropout_make(double p, uint64_t seed, uint64_t offset);
+
+/* The steps of the normalization family (src/ops/norm.c); every backend implements all of
+ * them (src/cpu/norm.c, src/cuda/norm.cu). Data are rows × cols blocks of `dtype` with the last
+ * dim contiguous and a row stride per operand (ld_*, elements); NULL: absent. Statistics (mean,
+ * rstd, stdev) are of type acc (f32; f64 for f64 problems); sums are f64.
+ *   ROWS_FORWARD   s = x + dropout(r) (r NULL: s = x; written when s is not NULL), per row
+ *                  mean / rstd of s (kind), y = x̂·w + b; mean, rstd written when not NULL
+ *   ROWS_BACKWARD  dsum = rstd·(g − mean(g) − x̂·mean(g·x̂)) + ds (RMS: no mean(g) term),
+ *                  g = dy·w; dx = dsum, dr = dsum·m; dw = Σ dy·x̂, db = Σ dy over the rows
+ *                  (per-block partials in scratch, finished in order into dw_dtype / db_dtype);
+ *                  mean / rstd NULL: recomputed from x as ROWS_FORWARD computes them
+ *   BN_STATS       s = x + dropout(r) (written when s is not NULL) → sums = {Σ s, Σ s², N}
+ *                  per channel (per-block partials around each block's first row, finished
+ *                  in f64 in block order)
+ *   BN_APPLY       mean, var from sums (eval: the running stats) → mean / rstd (written when
+ *                  not NULL), running stats updated (training, when given), y = (x − mean)·
+ *                  rstd·w + b (w, b, running stats of w_dtype / stat_dtype)
+ *   BN_BACKWARD_STATS  sums = {Σ dy, Σ dy·x̂, N} (x̂ from mean, rstd)
+ *   BN_BACKWARD_APPLY  dx = w·rstd·(dy − Σdy/N − x̂·Σdy·x̂/N) (eval: w·rstd·dy), dr = dx·m;
+ *                  dw = Σ dy·x̂, db = Σ dy from sums (accumulate adds)
+ *   DROPOUT        y = x·m (accumulate adds into y)
+ *   REVIN_STATS    x: inst instances of steps × cols rows → mean (or the last step), stdev
+ *                  [inst, cols] (in rstd)
+ *   REVIN_APPLY    y = (x − mean)/stdev·w + b, or (denorm) (x − b)/(w + eps²)·stdev + mean
+ *   REVIN_BACKWARD dx, and dw, db summed over every row (partials in scratch, as ROWS_BACKWARD)
+ * The dropout index of element (i, j) is i·cols + j. Planning (run = false) touches no data
+ * (the pointers of the operands present then point at a placeholder that is never read, so the
+ * plan sees which are given; sums too) and fills `need` (the scratch bytes the step uses) and
+ * `name` (the kernels it launches, the labels it records when running, joined by " ; "); it
+ * depends only on the problem's sizes, dtypes, which operands are present and `align`, so a
+ * run makes the same choices. Running, the step records each kernel it launches
+ * (fg_record_kernel) and uses scratch (scratch_bytes >= the planned need). */
+typedef enum fg_norm_step {
+    FG_NORM_STEP_ROWS_FORWARD,
+    FG_NORM_STEP_ROWS_BACKWARD,
+    FG_NORM_STEP_BN_STATS,
+    FG_NORM_STEP_BN_APPLY,
+    FG_NORM_STEP_BN_BACKWARD_STATS,
+    FG_NORM_STEP_BN_BACKWARD_APPLY,
+    FG_NORM_STEP_DROPOUT,
+    FG_NORM_STEP_REVIN_STATS,
+    FG_NORM_STEP_REVIN_APPLY,
+    FG_NORM_STEP_REVIN_BACKWARD
+} fg_norm_step;
+
+typedef struct fg_norm_call {
+    fg_norm_step step;
+    fg_dtype dtype, acc;
+    fg_dtype w_dtype;        /* w and b (BatchNorm: x's dtype or f32) */
+    fg_dtype stat_dtype;     /* running_mean / running_var */
+    fg_dtype dw_dtype, db_dtype;
+    int kind;                /* fg_norm_kind */
+    bool eval, denorm, subtract_last, accumulate;
+    int64_t rows, cols;      /* RevIN: rows = inst·steps */
+    int64_t inst, steps;
+    double eps, momentum;
+    fg_dropout_gen drop;
+    const void *x, *r, *dy, *ds, *w, *b;
+    void *y, *s, *dx, *dr, *dw, *db;
+    int64_t ld_x, ld_r, ld_y, ld_s, ld_dy, ld_ds, ld_dx, ld_dr;
+    void *mean, *rstd;       /* read by the backward steps, written by the forward ones */
+    void *running_mean, *running_var;
+    double *sums;            /* f64 [2·cols + 1] */
+    void *scratch;
+    size_t scratch_bytes;
+    uint32_t align;          /* bytes every pointer is declared aligned to */
+    size_t need;             /* planning: scratch bytes */
+    char name[160];          /* planning: kernel labels */
+} fg_norm_call;
+
+fg_status fg_cpu_norm(fg_context *ctx, fg_norm_call *c, bool run);
+
 /* ------------------------------------------------------------------ backends */
 
 /* What a backend implements. The front doors (src/ops/) and the plan mechanism reach kernels
@@ -441,6 +527,7 @@ typedef struct fg_backend_ops {
     fg_status (*logp)(fg_context *ctx, const fg_logp_call *c);
     fg_status (*act_plan)(fg_context *ctx, const fg_act_problem *p, fg_act_path *path);
     fg_status (*act)(fg_context *ctx, const fg_act_call *c);
+    fg_status (*norm)(fg_context *ctx, fg_norm_call *c, bool run); /* plans (run = false) or runs a step */
 } fg_backend_ops;
 
 extern const fg_backend_ops fg_cpu_backend;

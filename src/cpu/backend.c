@@ -62,4 +62,5 @@ const fg_backend_ops fg_cpu_backend = {
     .logp = cpu_logp,
     .act_plan = cpu_act_plan,
     .act = cpu_act,
+    .norm = fg_cpu_norm,
 };

@@ -1,0 +1,914 @@
+/*
+ * norm.c — the CPU backend's steps of the normalization family (the step list is in
+ * core/internal.h; validation and the walk are in ops/norm.c): the reference kernels.
+ *
+ *  - Row norms: one row at a time, held in a per-thread f32 buffer (f64 for f64): the residual
+ *    sum s = x + dropout(r) rounded to the storage type (what PyTorch's eager x + dropout(r)
+ *    would hold, so a backward that recomputes the statistics from the stored s gets the
+ *    forward's bits), two passes over the buffer for the mean and the variance, one for the
+ *    output. The backward's dw / db are summed per fixed block of rows in f64, and the blocks
+ *    are added in order: the bits do not depend on the thread count.
+ *  - BatchNorm: per fixed block of rows, per channel, f64 sums of s − K and (s − K)² around the
+ *    block's first row K (no cancellation for data far from zero), finished in block order into
+ *    the f64 sums {Σ s, Σ s², N} that the split form hands the caller.
+ *  - Dropout masks come from src/core/rng.h in chunks of 4 (one Philox call each).
+ * f32 / f16 / bf16 math is f32, vectorizable (FG_CPU_CLONES); f64 problems run the same
+ * formulas in f64.
+ */
+#include "cpu.h"
+#include "vec.h"
+
+#include "../core/rng.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#define ALIGN_UP(x) (((x) + 255) & ~(size_t)255)
+enum { CHUNK = 1024 };      /* dropout multipliers made per call */
+enum { LANES = 16 };        /* independent partial sums of a row reduction (vectorizable) */
+enum { MAX_BLOCKS = 256 };  /* fixed row blocks of the column sums */
+
+/* ------------------------------------------------------------------ dropout */
+
+/* m[k] = the multiplier of element idx0 + k (keep ? scale : 0), k < n. */
+static void drop_mults(const fg_dropout_gen *g, uint64_t idx0, int64_t n, float *m) {
+    const float thr = (float)g->threshold * (1.0f / 16777216.0f), scale = g->scale;
+    int64_t k = 0;
+    uint64_t idx = idx0;
+    while (k < n) {
+        float u[4];
+        fg_dropout_uniform4(g->seed, g->offset, idx >> 2, u);
+        for (int64_t l = (int64_t)(idx & 3); l < 4 && k < n; l++, k++, idx++) m[k] = u[l] >= thr ? scale : 0.0f;
+    }
+}
+
+static void drop_mults64(const fg_dropout_gen *g, uint64_t idx0, int64_t n, double *m) {
+    const float thr = (float)g->threshold * (1.0f / 16777216.0f);
+    int64_t k = 0;
+    uint64_t idx = idx0;
+    while (k < n) {
+        float u[4];
+        fg_dropout_uniform4(g->seed, g->offset, idx >> 2, u);
+        for (int64_t l = (int64_t)(idx & 3); l < 4 && k < n; l++, k++, idx++) m[k] = u[l] >= thr ? g->scale64 : 0.0;
+    }
+}
+
+/* ------------------------------------------------------------------ helpers */
+
+/* v rounded to storage type t (and back); t a constant at the call */
+FG_INLINE float round_to(fg_dtype t, float v) {
+    switch (t) {
+    case FG_F16: return fg_v_f16_to_f32(fg_v_f32_to_f16(v));
+    case FG_BF16: return fg_v_bf16_to_f32(fg_v_f32_to_bf16(v));
+    default: return v;
+    }
+}
+
+/* Σ a[j] − shift over n values, in LANES independent partial sums added in a fixed order */
+FG_INLINE float sum_f(const float *a, int64_t n, float shift, bool square) {
+    float acc[LANES] = {0};
+    int64_t j = 0;
+    for (; j + LANES <= n; j += LANES)
+        for (int k = 0; k < LANES; k++) {
+            const float v = a[j + k] - shift;
+            acc[k] += square ? v * v : v;
+        }
+    for (int k = 0; j < n; j++, k++) {
+        const float v = a[j] - shift;
+        acc[k] += square ? v * v : v;
+    }
+    float s = 0.0f;
+    for (int k = 0; k < LANES; k++) s += acc[k];
+    return s;
+}
+
+FG_INLINE float dot_f(const float *a, const float *b, int64_t n) {
+    float acc[LANES] = {0};
+    int64_t j = 0;
+    for (; j + LANES <= n; j += LANES)
+        for (int k = 0; k < LANES; k++) acc[k] += a[j + k] * b[j + k];
+    for (int k = 0; j < n; j++, k++) acc[k] += a[j] * b[j];
+    float s = 0.0f;
+    for (int k = 0; k < LANES; k++) s += acc[k];
+    return s;
+}
+
+/* mean and rstd of a row (kind: LayerNorm two-pass, RMSNorm mean of squares) */
+FG_INLINE void row_stats(int kind, const float *a, int64_t n, float eps, float *mean, float *rstd) {
+    if (kind == FG_NORM_RMS) {
+        *mean = 0.0f;
+        *rstd = 1.0f / sqrtf(sum_f(a, n, 0.0f, true) / (float)n + eps);
+        return;
+    }
+    const float m = sum_f(a, n, 0.0f, false) / (float)n;
+    *mean = m;
+    *rstd = 1.0f / sqrtf(sum_f(a, n, m, true) / (float)n + eps);
+}
+
+static void row_stats64(int kind, const double *a, int64_t n, double eps, double *mean, double *rstd) {
+    double s = 0.0, q = 0.0;
+    if (kind == FG_NORM_RMS) {
+        for (int64_t j = 0; j < n; j++) q += a[j] * a[j];
+        *mean = 0.0;
+        *rstd = 1.0 / sqrt(q / (double)n + eps);
+        return;
+    }
+    for (int64_t j = 0; j < n; j++) s += a[j];
+    const double m = s / (double)n;
+    for (int64_t j = 0; j < n; j++) q += (a[j] - m) * (a[j] - m);
+    *mean = m;
+    *rstd = 1.0 / sqrt(q / (double)n + eps);
+}
+
+/* The fixed row blocks of a column sum over `rows` rows of `cols` columns (their count and
+ * height depend on the problem only). */
+static void col_blocks(int64_t rows, int64_t cols, int64_t *nb, int64_t *rb) {
+    int64_t cap = (int64_t)(1 << 21) / (cols > 0 ? 2 * cols : 1);
+    if (cap > MAX_BLOCKS) cap = MAX_BLOCKS;
+    if (cap < 1) cap = 1;
+    int64_t h = (rows + cap - 1) / cap;
+    if (h < 32) h = 32;
+    *rb = h;
+    *nb = rows > 0 ? (rows + h - 1) / h : 0;
+}
+
+/* out[j] (+)= Σ_b part[b·stride + j] in block order, stored as dtype t, j < n */
+static void finish_cols(const fg_context *ctx, const double *part, int64_t nb, int64_t stride, int64_t n, void *out,
+                        fg_dtype t, bool accumulate) {
+    if (!out) return;
+    const int team = fg_cpu_team(ctx, n * (nb + 1), 1 << 15);
+#pragma omp parallel for schedule(static) num_threads(team) if (team > 1)
+    for (int64_t j = 0; j < n; j++) {
+        double v = 0.0;
+        for (int64_t b = 0; b < nb; b++) v += part[b * stride + j];
+        if (accumulate) v += fg_load_f64(out, t, j);
+        fg_store_f64(out, t, j, v);
+    }
+}
+
+static int threads_for(const fg_context *ctx) { return fg_cpu_threads(ctx); }
+
+/* ------------------------------------------------------------------ row norms: f32 math */
+
+typedef struct row_buf {
+    float *s, *a, *m; /* the row, a second row (g / x̂), dropout multipliers */
+} row_buf;
+
+FG_INLINE void load_row(fg_dtype t, const void *p, int64_t off, int64_t n, float *out) {
+#pragma GCC ivdep
+    for (int64_t j = 0; j < n; j++) out[j] = fg_v_ld(p, t, off + j);
+}
+
+/* s = x + m·r rounded to t (r NULL: x), into b->s */
+FG_INLINE void residual_row(const fg_norm_call *c, fg_dtype t, int64_t i, const row_buf *b) {
+    const int64_t D = c->cols, xo = i * c->ld_x;
+    if (!c->r) {
+        load_row(t, c->x, xo, D, b->s);
+        return;
+    }
+    const int64_t ro = i * c->ld_r;
+    for (int64_t j0 = 0; j0 < D; j0 += CHUNK) {
+        const int64_t n = D - j0 < CHUNK ? D - j0 : CHUNK;
+        if (c->drop.on) {
+            drop_mults(&c->drop, (uint64_t)(i * D + j0), n, b->m);
+#pragma GCC ivdep
+            for (int64_t j = 0; j < n; j++)
+                b->s[j0 + j] = round_to(t, fg_v_ld(c->x, t, xo + j0 + j) + b->m[j] * fg_v_ld(c->r, t, ro + j0 + j));
+        } else {
+#pragma GCC ivdep
+            for (int64_t j = 0; j < n; j++)
+                b->s[j0 + j] = round_to(t, fg_v_ld(c->x, t, xo + j0 + j) + fg_v_ld(c->r, t, ro + j0 + j));
+        }
+    }
+}
+
+FG_INLINE void rows_forward_t(const fg_norm_call *c, fg_dtype t, int64_t r0, int64_t r1, const row_buf *b) {
+    const int64_t D = c->cols;
+    const float eps = (float)c->eps;
+    for (int64_t i = r0; i < r1; i++) {
+        residual_row(c, t, i, b);
+        float mean, rstd;
+        row_stats(c->kind, b->s, D, eps, &mean, &rstd);
+        if (c->mean) ((float *)c->mean)[i] = mean;
+        if (c->rstd) ((float *)c->rstd)[i] = rstd;
+        const int64_t yo = i * c->ld_y;
+        if (c->s) {
+            const int64_t so = i * c->ld_s;
+#pragma GCC ivdep
+            for (int64_t j = 0; j < D; j++) fg_v_st(c->s, t, so + j, b->s[j]);
+        }
+        if (c->w && c->b) {
+#pragma GCC ivdep
+            for (int64_t j = 0; j < D; j++)
+                fg_v_st(c->y, t, yo + j, (b->s[j] - mean) * rstd * fg_v_ld(c->w, t, j) + fg_v_ld(c->b, t, j));
+        } else if (c->w) {
+#pragma GCC ivdep
+            for (int64_t j = 0; j < D; j++) fg_v_st(c->y, t, yo + j, (b->s[j] - mean) * rstd * fg_v_ld(c->w, t, j));
+        } else if (c->b) {
+#pragma GCC ivdep
+            for (int64_t j = 0; j < D; j++) fg_v_st(c->y, t, yo + j, (b->s[j] - mean) * rstd + fg_v_ld(c->b, t, j));
+        } else {
+#pragma GCC ivdep
+            for (int64_t j = 0; j < D; j++) fg_v_st(c->y, t, yo + j, (b->s[j] - mean) * rstd);
+        }
+    }
+}
+
+FG_CPU_CLONES
+static void rows_forward_f(const fg_norm_call *c, int64_t r0, int64_t r1, const row_buf *b) {
+    if (c->dtype == FG_BF16) rows_forward_t(c, FG_BF16, r0, r1, b);
+    else if (c->dtype == FG_F16) rows_forward_t(c, FG_F16, r0, r1, b);
+    else rows_forward_t(c, FG_F32, r0, r1, b);
+}
+
+/* The backward of rows [r0, r1); part (2·D f64: dw then db sums, added to) or NULL. */
+FG_INLINE void rows_backward_t(const fg_norm_call *c, fg_dtype t, int64_t r0, int64_t r1, const row_buf *b,
+                               double *part) {
+    const int64_t D = c->cols;
+    const float eps = (float)c->eps, inv_d = 1.0f / (float)D;
+    const bool rms = c->kind == FG_NORM_RMS;
+    for (int64_t i = r0; i < r1; i++) {
+        const int64_t xo = i * c->ld_x, dyo = i * c->ld_dy;
+        load_row(t, c->x, xo, D, b->s);
+        float mean, rstd;
+        if (c->rstd) {
+            mean = rms ? 0.0f : ((const float *)c->mean)[i];
+            rstd = ((const float *)c->rstd)[i];
+        } else {
+            row_stats(c->kind, b->s, D, eps, &mean, &rstd);
+        }
+        /* b->s becomes x̂, b->a becomes g = dy·w */
+#pragma GCC ivdep
+        for (int64_t j = 0; j < D; j++) {
+            const float dy = fg_v_ld(c->dy, t, dyo + j);
+            b->s[j] = (b->s[j] - mean) * rstd;
+            b->a[j] = c->w ? dy * fg_v_ld(c->w, t, j) : dy;
+        }
+        if (part) {
+            double *pw = part, *pb = part + D;
+#pragma GCC ivdep
+            for (int64_t j = 0; j < D; j++) {
+                const float dy = fg_v_ld(c->dy, t, dyo + j);
+                pw[j] += (double)(dy * b->s[j]);
+                pb[j] += (double)dy;
+            }
+        }
+        if (!c->dx && !c->dr) continue;
+        const float c1 = dot_f(b->a, b->s, D) * inv_d;
+        const float c2 = rms ? 0.0f : sum_f(b->a, D, 0.0f, false) * inv_d;
+        const int64_t dso = i * c->ld_ds, dxo = i * c->ld_dx, dro = i * c->ld_dr;
+        for (int64_t j0 = 0; j0 < D; j0 += CHUNK) {
+            const int64_t n = D - j0 < CHUNK ? D - j0 : CHUNK;
+            if (c->dr && c->drop.on) drop_mults(&c->drop, (uint64_t)(i * D + j0), n, b->m);
+#pragma GCC ivdep
+            for (int64_t k = 0; k < n; k++) {
+                const int64_t j = j0 + k;
+                float v = rstd * (b->a[j] - c2 - b->s[j] * c1);
+                if (c->ds) v += fg_v_ld(c->ds, t, dso + j);
+                if (c->dr) {
+                    float m = c->drop.on ? b->m[k] * v : v;
+                    if (c->accumulate) m += fg_v_ld(c->dr, t, dro + j);
+                    fg_v_st(c->dr, t, dro + j, m);
+                }
+                if (c->dx) fg_v_st(c->dx, t, dxo + j, c->accumulate ? v + fg_v_ld(c->dx, t, dxo + j) : v);
+            }
+        }
+    }
+}
+
+FG_CPU_CLONES
+static void rows_backward_f(const fg_norm_call *c, int64_t r0, int64_t r1, const row_buf *b, double *part) {
+    if (c->dtype == FG_BF16) rows_backward_t(c, FG_BF16, r0, r1, b, part);
+    else if (c->dtype == FG_F16) rows_backward_t(c, FG_F16, r0, r1, b, part);
+    else rows_backward_t(c, FG_F32, r0, r1, b, part);
+}
+
+/* ------------------------------------------------------------------ row norms: f64 */
+
+typedef struct row_buf64 {
+    double *s, *a, *m;
+} row_buf64;
+
+static void rows_forward_64(const fg_norm_call *c, int64_t r0, int64_t r1, const row_buf64 *b) {
+    const int64_t D = c->cols;
+    const double *x = c->x, *r = c->r, *w = c->w, *bb = c->b;
+    double *y = c->y, *s = c->s;
+    for (int64_t i = r0; i < r1; i++) {
+        const int64_t xo = i * c->ld_x, ro = i * c->ld_r;
+        if (r && c->drop.on) {
+            for (int64_t j0 = 0; j0 < D; j0 += CHUNK) {
+                const int64_t n = D - j0 < CHUNK ? D - j0 : CHUNK;
+                drop_mults64(&c->drop, (uint64_t)(i * D + j0), n, b->m);
+                for (int64_t k = 0; k < n; k++) b->s[j0 + k] = x[xo + j0 + k] + b->m[k] * r[ro + j0 + k];
+            }
+        } else {
+            for (int64_t j = 0; j < D; j++) b->s[j] = x[xo + j] + (r ? r[ro + j] : 0.0);
+        }
+        double mean, rstd;
+        row_stats64(c->kind, b->s, D, c->eps, &mean, &rstd);
+        if (c->mean) ((double *)c->mean)[i] = mean;
+        if (c->rstd) ((double *)c->rstd)[i] = rstd;
+        if (s)
+            for (int64_t j = 0; j < D; j++) s[i * c->ld_s + j] = b->s[j];
+        for (int64_t j = 0; j < D; j++)
+            y[i * c->ld_y + j] = (b->s[j] - mean) * rstd * (w ? w[j] : 1.0) + (bb ? bb[j] : 0.0);
+    }
+}
+
+static void rows_backward_64(const fg_norm_call *c, int64_t r0, int64_t r1, const row_buf64 *b, double *part) {
+    const int64_t D = c->cols;
+    const double *x = c->x, *dy = c->dy, *ds = c->ds, *w = c->w;
+    double *dx = c->dx, *dr = c->dr;
+    const bool rms = c->kind == FG_NORM_RMS;
+    for (int64_t i = r0; i < r1; i++) {
+        const int64_t xo = i * c->ld_x, dyo = i * c->ld_dy;
+        for (int64_t j = 0; j < D; j++) b->s[j] = x[xo + j];
+        double mean, rstd;
+        if (c->rstd) {
+            mean = rms ? 0.0 : ((const double *)c->mean)[i];
+            rstd = ((const double *)c->rstd)[i];
+        } else {
+            row_stats64(c->kind, b->s, D, c->eps, &mean, &rstd);
+        }
+        double c1 = 0.0, c2 = 0.0;
+        for (int64_t j = 0; j < D; j++) {
+            b->s[j] = (b->s[j] - mean) * rstd;
+            b->a[j] = dy[dyo + j] * (w ? w[j] : 1.0);
+            c1 += b->a[j] * b->s[j];
+            c2 += b->a[j];
+            if (part) part[j] += dy[dyo + j] * b->s[j], part[D + j] += dy[dyo + j];
+        }
+        c1 /= (double)D;
+        c2 = rms ? 0.0 : c2 / (double)D;
+        if (!dx && !dr) continue;
+        for (int64_t j0 = 0; j0 < D; j0 += CHUNK) {
+            const int64_t n = D - j0 < CHUNK ? D - j0 : CHUNK;
+            if (dr && c->drop.on) drop_mults64(&c->drop, (uint64_t)(i * D + j0), n, b->m);
+            for (int64_t k = 0; k < n; k++) {
+                const int64_t j = j0 + k;
+                double v = rstd * (b->a[j] - c2 - b->s[j] * c1);
+                if (ds) v += ds[i * c->ld_ds + j];
+                if (dr) {
+                    const double m = c->drop.on ? b->m[k] * v : v;
+                    dr[i * c->ld_dr + j] = c->accumulate ? dr[i * c->ld_dr + j] + m : m;
+                }
+                if (dx) dx[i * c->ld_dx + j] = c->accumulate ? dx[i * c->ld_dx + j] + v : v;
+            }
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ row norm steps */
+
+/* Per-thread row buffers: 2·D values + CHUNK multipliers, in the accumulator's type. */
+static size_t row_buf_bytes(const fg_norm_call *c) {
+    const size_t es = c->dtype == FG_F64 ? 8 : 4;
+    return ALIGN_UP((size_t)(2 * c->cols + CHUNK) * es);
+}
+
+static void *thread_buf(const fg_norm_call *c, size_t off, size_t per, int id) {
+    return (char *)c->scratch + off + per * (size_t)id;
+}
+
+static fg_status rows_forward(fg_context *ctx, fg_norm_call *c, bool run) {
+    const size_t per = row_buf_bytes(c);
+    const int nt = threads_for(ctx);
+    if (!run) {
+        c->need = per * (size_t)nt;
+        snprintf(c->name, sizeof c->name, "cpu:%s_forward", c->kind == FG_NORM_RMS ? "rms_norm" : "layer_norm");
+        return FG_OK;
+    }
+    int team = fg_cpu_team(ctx, c->rows * c->cols, 1 << 14);
+    if (team > nt) team = nt;
+#pragma omp parallel num_threads(team) if (team > 1)
+    {
+        const int id = omp_get_thread_num();
+        int64_t lo, hi;
+        fg_cpu_share(c->rows, omp_get_num_threads(), id, 1, &lo, &hi);
+        char *p = thread_buf(c, 0, per, id);
+        if (c->dtype == FG_F64) {
+            row_buf64 b = {(double *)p, (double *)p + c->cols, (double *)p + 2 * c->cols};
+            rows_forward_64(c, lo, hi, &b);
+        } else {
+            row_buf b = {(float *)p, (float *)p + c->cols, (float *)p + 2 * c->cols};
+            rows_forward_f(c, lo, hi, &b);
+        }
+    }
+    fg_record_kernel(ctx, c->name);
+    return FG_OK;
+}
+
+static fg_status rows_backward(fg_context *ctx, fg_norm_call *c, bool run) {
+    const size_t per = row_buf_bytes(c);
+    const int nt = threads_for(ctx);
+    const bool sums = c->dw || c->db;
+    int64_t nb = 0, rb = 1;
+    if (sums) col_blocks(c->rows, c->cols, &nb, &rb);
+    const size_t part_bytes = ALIGN_UP((size_t)(nb * 2 * c->cols) * sizeof(double));
+    if (!run) {
+        c->need = part_bytes + per * (size_t)nt;
+        snprintf(c->name, sizeof c->name, "cpu:%s_backward", c->kind == FG_NORM_RMS ? "rms_norm" : "layer_norm");
+        return FG_OK;
+    }
+    double *part = sums ? (double *)c->scratch : NULL;
+    const int64_t units = sums ? nb : c->rows;
+    int team = fg_cpu_team(ctx, c->rows * c->cols, 1 << 14);
+    if (team > nt) team = nt;
+    if (team > units) team = units > 0 ? (int)units : 1;
+#pragma omp parallel num_threads(team) if (team > 1)
+    {
+        const int id = omp_get_thread_num();
+        int64_t lo, hi;
+        fg_cpu_share(units, omp_get_num_threads(), id, 1, &lo, &hi);
+        char *p = thread_buf(c, part_bytes, per, id);
+        for (int64_t u = lo; u < hi; u++) {
+            const int64_t r0 = sums ? u * rb : u, r1 = sums ? (r0 + rb < c->rows ? r0 + rb : c->rows) : u + 1;
+            double *pp = sums ? part + u * 2 * c->cols : NULL;
+            if (pp) memset(pp, 0, (size_t)(2 * c->cols) * sizeof(double));
+            if (c->dtype == FG_F64) {
+                row_buf64 b = {(double *)p, (double *)p + c->cols, (double *)p + 2 * c->cols};
+                rows_backward_64(c, r0, r1, &b, pp);
+            } else {
+                row_buf b = {(float *)p, (float *)p + c->cols, (float *)p + 2 * c->cols};
+                rows_backward_f(c, r0, r1, &b, pp);
+            }
+        }
+    }
+    if (sums) {
+        finish_cols(ctx, part, nb, 2 * c->cols, c->cols, c->dw, c->dw_dtype, c->accumulate);
+        finish_cols(ctx, part + c->cols, nb, 2 * c->cols, c->cols, c->db, c->db_dtype, c->accumulate);
+    }
+    fg_record_kernel(ctx, c->name);
+    return FG_OK;
+}
+
+/* ------------------------------------------------------------------ BatchNorm */
+
+/* s = x + m·r of one row into out (f64), storing s when asked; mults: CHUNK scratch */
+static void bn_row(const fg_norm_call *c, int64_t i, double *out, float *mults) {
+    const fg_dtype t = c->dtype;
+    const int64_t C = c->cols, xo = i * c->ld_x;
+    if (!c->r) {
+        for (int64_t j = 0; j < C; j++) out[j] = fg_v_ldd(c->x, t, xo + j);
+        return;
+    }
+    const int64_t ro = i * c->ld_r;
+    for (int64_t j0 = 0; j0 < C; j0 += CHUNK) {
+        const int64_t n = C - j0 < CHUNK ? C - j0 : CHUNK;
+        if (c->drop.on) drop_mults(&c->drop, (uint64_t)(i * C + j0), n, mults);
+        for (int64_t k = 0; k < n; k++) {
+            const int64_t j = j0 + k;
+            double v;
+            if (t == FG_F64) {
+                const double m = c->drop.on ? (mults[k] != 0.0f ? c->drop.scale64 : 0.0) : 1.0;
+                v = fg_v_ldd(c->x, t, xo + j) + m * fg_v_ldd(c->r, t, ro + j);
+            } else {
+                const float m = c->drop.on ? mults[k] : 1.0f;
+                v = round_to(t, fg_v_ld(c->x, t, xo + j) + m * fg_v_ld(c->r, t, ro + j));
+            }
+            out[j] = v;
+            if (c->s) fg_v_std(c->s, t, i * c->ld_s + j, v);
+        }
+    }
+}
+
+/* Per block of rows, per channel: K (the block's first row), Σ (s − K), Σ (s − K)²; then the
+   sums in block order. */
+static fg_status bn_stats(fg_context *ctx, fg_norm_call *c, bool run) {
+    const int64_t C = c->cols;
+    int64_t nb, rb;
+    col_blocks(c->rows, 3 * C, &nb, &rb);
+    const int nt = threads_for(ctx);
+    const size_t part_bytes = ALIGN_UP((size_t)(nb * 3 * C) * sizeof(double));
+    const size_t per = ALIGN_UP((size_t)C * sizeof(double) + CHUNK * sizeof(float));
+    if (!run) {
+        c->need = part_bytes + per * (size_t)nt;
+        snprintf(c->name, sizeof c->name, "cpu:batch_norm_stats");
+        return FG_OK;
+    }
+    double *part = (double *)c->scratch;
+    int team = fg_cpu_team(ctx, c->rows * C, 1 << 14);
+    if (team > nt) team = nt;
+    if (team > nb) team = nb > 0 ? (int)nb : 1;
+#pragma omp parallel num_threads(team) if (team > 1)
+    {
+        const int id = omp_get_thread_num();
+        int64_t lo, hi;
+        fg_cpu_share(nb, omp_get_num_threads(), id, 1, &lo, &hi);
+        double *row = (double *)thread_buf(c, part_bytes, per, id);
+        float *mults = (float *)(row + C);
+        for (int64_t b = lo; b < hi; b++) {
+            double *K = part + b * 3 * C, *A = K + C, *B = A + C;
+            const int64_t r0 = b * rb, r1 = r0 + rb < c->rows ? r0 + rb : c->rows;
+            bn_row(c, r0, row, mults);
+            for (int64_t j = 0; j < C; j++) K[j] = row[j], A[j] = 0.0, B[j] = 0.0;
+            for (int64_t i = r0 + 1; i < r1; i++) {
+                bn_row(c, i, row, mults);
+#pragma GCC ivdep
+                for (int64_t j = 0; j < C; j++) {
+                    const double d = row[j] - K[j];
+                    A[j] += d;
+                    B[j] += d * d;
+                }
+            }
+        }
+    }
+    double *sums = c->sums;
+    const int cteam = fg_cpu_team(ctx, C * (nb + 1), 1 << 15);
+#pragma omp parallel for schedule(static) num_threads(cteam) if (cteam > 1)
+    for (int64_t j = 0; j < C; j++) {
+        double s1 = 0.0, s2 = 0.0;
+        for (int64_t b = 0; b < nb; b++) {
+            const double K = part[b * 3 * C + j], A = part[b * 3 * C + C + j], B = part[b * 3 * C + 2 * C + j];
+            const int64_t n = (b + 1) * rb < c->rows ? rb : c->rows - b * rb;
+            s1 += (double)n * K + A;
+            s2 += B + 2.0 * K * A + (double)n * K * K;
+        }
+        sums[j] = s1;
+        sums[C + j] = s2;
+    }
+    sums[2 * C] = (double)c->rows;
+    fg_record_kernel(ctx, c->name);
+    return FG_OK;
+}
+
+/* The channel's mean, biased variance and rstd: from the sums (training) or the running stats. */
+static void bn_channel(const fg_norm_call *c, int64_t j, double *mean, double *var, double *rstd) {
+    if (c->eval) {
+        *mean = fg_load_f64(c->running_mean, c->stat_dtype, j);
+        *var = fg_load_f64(c->running_var, c->stat_dtype, j);
+    } else {
+        const double n = c->sums[2 * c->cols];
+        *mean = c->sums[j] / n;
+        const double v = c->sums[c->cols + j] / n - *mean * *mean;
+        *var = v > 0.0 ? v : (v == v ? 0.0 : v);
+    }
+    *rstd = 1.0 / sqrt(*var + c->eps);
+}
+
+static fg_status bn_apply(fg_context *ctx, fg_norm_call *c, bool run) {
+    const int64_t C = c->cols;
+    const int nt = threads_for(ctx);
+    const size_t chan_bytes = ALIGN_UP((size_t)(3 * C) * sizeof(double));
+    const size_t per = ALIGN_UP((size_t)C * sizeof(double) + CHUNK * sizeof(float));
+    if (!run) {
+        c->need = chan_bytes + per * (size_t)nt;
+        snprintf(c->name, sizeof c->name, "cpu:batch_norm_apply");
+        return FG_OK;
+    }
+    /* per channel: mean, scale = w·rstd, b */
+    double *mean_c = (double *)c->scratch, *scale_c = mean_c + C, *shift_c = scale_c + C;
+    const double n = c->eval ? 0.0 : c->sums[2 * C];
+    for (int64_t j = 0; j < C; j++) {
+        double mean, var, rstd;
+        bn_channel(c, j, &mean, &var, &rstd);
+        const double w = c->w ? fg_load_f64(c->w, c->w_dtype, j) : 1.0, b = c->b ? fg_load_f64(c->b, c->w_dtype, j) : 0.0;
+        mean_c[j] = mean, scale_c[j] = w * rstd, shift_c[j] = b;
+        if (c->mean) fg_store_f64(c->mean, c->acc, j, mean);
+        if (c->rstd) fg_store_f64(c->rstd, c->acc, j, rstd);
+        if (!c->eval && c->running_mean) {
+            const double m = c->momentum, unbiased = var * n / (n - 1.0);
+            fg_store_f64(c->running_mean, c->stat_dtype, j,
+                         (1.0 - m) * fg_load_f64(c->running_mean, c->stat_dtype, j) + m * mean);
+            fg_store_f64(c->running_var, c->stat_dtype, j,
+                         (1.0 - m) * fg_load_f64(c->running_var, c->stat_dtype, j) + m * unbiased);
+        }
+    }
+    const fg_dtype t = c->dtype;
+    int team = fg_cpu_team(ctx, c->rows * C, 1 << 14);
+    if (team > nt) team = nt;
+#pragma omp parallel num_threads(team) if (team > 1)
+    {
+        const int id = omp_get_thread_num();
+        int64_t lo, hi;
+        fg_cpu_share(c->rows, omp_get_num_threads(), id, 1, &lo, &hi);
+        double *row = (double *)thread_buf(c, chan_bytes, per, id);
+        float *mults = (float *)(row + C);
+        for (int64_t i = lo; i < hi; i++) {
+            const int64_t yo = i * c->ld_y;
+            if (c->r) {
+                bn_row(c, i, row, mults);
+                for (int64_t j = 0; j < C; j++) fg_v_std(c->y, t, yo + j, (row[j] - mean_c[j]) * scale_c[j] + shift_c[j]);
+            } else if (t == FG_F64) {
+                const double *x = (const double *)c->x + i * c->ld_x;
+                for (int64_t j = 0; j < C; j++) ((double *)c->y)[yo + j] = (x[j] - mean_c[j]) * scale_c[j] + shift_c[j];
+            } else {
+                const int64_t xo = i * c->ld_x;
+                for (int64_t j = 0; j < C; j++)
+                    fg_v_st(c->y, t, yo + j,
+                            (fg_v_ld(c->x, t, xo + j) - (float)mean_c[j]) * (float)scale_c[j] + (float)shift_c[j]);
+            }
+        }
+    }
+    fg_record_kernel(ctx, c->name);
+    return FG_OK;
+}
+
+static fg_status bn_backward_stats(fg_context *ctx, fg_norm_call *c, bool run) {
+    const int64_t C = c->cols;
+    int64_t nb, rb;
+    col_blocks(c->rows, 2 * C, &nb, &rb);
+    const size_t part_bytes = ALIGN_UP((size_t)(nb * 2 * C) * sizeof(double));
+    if (!run) {
+        c->need = part_bytes;
+        snprintf(c->name, sizeof c->name, "cpu:batch_norm_backward_stats");
+        return FG_OK;
+    }
+    double *part = (double *)c->scratch;
+    const fg_dtype t = c->dtype;
+    int team = fg_cpu_team(ctx, c->rows * C, 1 << 14);
+    if (team > nb) team = nb > 0 ? (int)nb : 1;
+#pragma omp parallel for schedule(static) num_threads(team) if (team > 1)
+    for (int64_t b = 0; b < nb; b++) {
+        double *A = part + b * 2 * C, *B = A + C;
+        for (int64_t j = 0; j < C; j++) A[j] = 0.0, B[j] = 0.0;
+        const int64_t r0 = b * rb, r1 = r0 + rb < c->rows ? r0 + rb : c->rows;
+        for (int64_t i = r0; i < r1; i++) {
+            const int64_t xo = i * c->ld_x, dyo = i * c->ld_dy;
+#pragma GCC ivdep
+            for (int64_t j = 0; j < C; j++) {
+                const double dy = fg_v_ldd(c->dy, t, dyo + j);
+                A[j] += dy;
+                B[j] += dy * (fg_v_ldd(c->x, t, xo + j) - fg_load_f64(c->mean, c->acc, j));
+            }
+        }
+    }
+    double *sums = c->sums;
+    for (int64_t j = 0; j < C; j++) {
+        double a = 0.0, b = 0.0;
+        for (int64_t k = 0; k < nb; k++) a += part[k * 2 * C + j], b += part[k * 2 * C + C + j];
+        sums[j] = a;
+        sums[C + j] = b * fg_load_f64(c->rstd, c->acc, j);
+    }
+    sums[2 * C] = (double)c->rows;
+    fg_record_kernel(ctx, c->name);
+    return FG_OK;
+}
+
+static fg_status bn_backward_apply(fg_context *ctx, fg_norm_call *c, bool run) {
+    const int64_t C = c->cols;
+    const size_t chan_bytes = ALIGN_UP((size_t)(4 * C) * sizeof(double));
+    const int nt = threads_for(ctx);
+    const size_t per = ALIGN_UP(CHUNK * sizeof(float));
+    if (!run) {
+        c->need = chan_bytes + per * (size_t)nt;
+        snprintf(c->name, sizeof c->name, "cpu:batch_norm_backward_apply");
+        return FG_OK;
+    }
+    const bool want_d = c->dx || c->dr;
+    if (c->sums) {
+        for (int64_t j = 0; j < C; j++) {
+            if (c->dw) {
+                const double old = c->accumulate ? fg_load_f64(c->dw, c->dw_dtype, j) : 0.0;
+                fg_store_f64(c->dw, c->dw_dtype, j, old + c->sums[C + j]);
+            }
+            if (c->db) {
+                const double old = c->accumulate ? fg_load_f64(c->db, c->db_dtype, j) : 0.0;
+                fg_store_f64(c->db, c->db_dtype, j, old + c->sums[j]);
+            }
+        }
+    }
+    if (want_d) {
+        /* dx = a·dy + k·(x − mean) + e per channel: a = w·rstd, k = −a·rstd·Σdy·x̂/N, e = −a·Σdy/N */
+        double *mean_c = (double *)c->scratch, *a_c = mean_c + C, *k_c = a_c + C, *e_c = k_c + C;
+        for (int64_t j = 0; j < C; j++) {
+            const double rstd = fg_load_f64(c->rstd, c->acc, j), w = c->w ? fg_load_f64(c->w, c->w_dtype, j) : 1.0;
+            mean_c[j] = fg_load_f64(c->mean, c->acc, j);
+            a_c[j] = w * rstd;
+            if (c->eval) {
+                k_c[j] = e_c[j] = 0.0;
+            } else {
+                const double n = c->sums[2 * C];
+                k_c[j] = -a_c[j] * rstd * c->sums[C + j] / n;
+                e_c[j] = -a_c[j] * c->sums[j] / n;
+            }
+        }
+        const fg_dtype t = c->dtype;
+        int team = fg_cpu_team(ctx, c->rows * C, 1 << 14);
+        if (team > nt) team = nt;
+#pragma omp parallel num_threads(team) if (team > 1)
+        {
+            const int id = omp_get_thread_num();
+            int64_t lo, hi;
+            fg_cpu_share(c->rows, omp_get_num_threads(), id, 1, &lo, &hi);
+            float *mults = (float *)thread_buf(c, chan_bytes, per, id);
+            for (int64_t i = lo; i < hi; i++) {
+                const int64_t xo = i * c->ld_x, dyo = i * c->ld_dy, dxo = i * c->ld_dx, dro = i * c->ld_dr;
+                for (int64_t j0 = 0; j0 < C; j0 += CHUNK) {
+                    const int64_t n = C - j0 < CHUNK ? C - j0 : CHUNK;
+                    if (c->dr && c->drop.on) drop_mults(&c->drop, (uint64_t)(i * C + j0), n, mults);
+                    for (int64_t k = 0; k < n; k++) {
+                        const int64_t j = j0 + k;
+                        const double v = a_c[j] * fg_v_ldd(c->dy, t, dyo + j) +
+                                         k_c[j] * (fg_v_ldd(c->x, t, xo + j) - mean_c[j]) + e_c[j];
+                        if (c->dx) fg_v_std(c->dx, t, dxo + j, c->accumulate ? v + fg_v_ldd(c->dx, t, dxo + j) : v);
+                        if (c->dr) {
+                            double m = v;
+                            if (c->drop.on)
+                                m = t == FG_F64 ? (mults[k] != 0.0f ? c->drop.scale64 : 0.0) * v : (double)(mults[k] * (float)v);
+                            fg_v_std(c->dr, t, dro + j, c->accumulate ? m + fg_v_ldd(c->dr, t, dro + j) : m);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    fg_record_kernel(ctx, c->name);
+    return FG_OK;
+}
+
+/* ------------------------------------------------------------------ dropout */
+
+/* Elements [j0, j0 + n) of row i (flat index i·cols + j), n <= CHUNK. */
+FG_INLINE void dropout_t(const fg_norm_call *c, fg_dtype t, int64_t i, int64_t j0, int64_t n, float *m) {
+    const int64_t xo = i * c->ld_x + j0, yo = i * c->ld_y + j0;
+    if (c->drop.on) drop_mults(&c->drop, (uint64_t)(i * c->cols + j0), n, m);
+    else
+        for (int64_t k = 0; k < n; k++) m[k] = 1.0f;
+    if (c->accumulate) {
+#pragma GCC ivdep
+        for (int64_t k = 0; k < n; k++) fg_v_st(c->y, t, yo + k, fg_v_ld(c->y, t, yo + k) + fg_v_ld(c->x, t, xo + k) * m[k]);
+    } else {
+#pragma GCC ivdep
+        for (int64_t k = 0; k < n; k++) fg_v_st(c->y, t, yo + k, fg_v_ld(c->x, t, xo + k) * m[k]);
+    }
+}
+
+FG_CPU_CLONES
+static void dropout_chunk(const fg_norm_call *c, int64_t i, int64_t j0, int64_t n, float *m) {
+    if (c->dtype == FG_BF16) dropout_t(c, FG_BF16, i, j0, n, m);
+    else if (c->dtype == FG_F16) dropout_t(c, FG_F16, i, j0, n, m);
+    else dropout_t(c, FG_F32, i, j0, n, m);
+}
+
+static void dropout_chunk64(const fg_norm_call *c, int64_t i, int64_t j0, int64_t n, double *m) {
+    const double *x = (const double *)c->x + i * c->ld_x + j0;
+    double *y = (double *)c->y + i * c->ld_y + j0;
+    if (c->drop.on) drop_mults64(&c->drop, (uint64_t)(i * c->cols + j0), n, m);
+    for (int64_t k = 0; k < n; k++) {
+        const double v = x[k] * (c->drop.on ? m[k] : 1.0);
+        y[k] = c->accumulate ? y[k] + v : v;
+    }
+}
+
+/* Units of one row's CHUNK elements, split among the threads. */
+static fg_status dropout(fg_context *ctx, fg_norm_call *c, bool run) {
+    const int nt = threads_for(ctx);
+    const size_t per = ALIGN_UP(CHUNK * sizeof(double));
+    if (!run) {
+        c->need = per * (size_t)nt;
+        snprintf(c->name, sizeof c->name, "cpu:dropout");
+        return FG_OK;
+    }
+    const int64_t chunks = (c->cols + CHUNK - 1) / CHUNK, units = c->rows * chunks;
+    int team = fg_cpu_team(ctx, c->rows * c->cols, 1 << 15);
+    if (team > nt) team = nt;
+#pragma omp parallel num_threads(team) if (team > 1)
+    {
+        const int id = omp_get_thread_num();
+        int64_t lo, hi;
+        fg_cpu_share(units, omp_get_num_threads(), id, 1, &lo, &hi);
+        void *buf = thread_buf(c, 0, per, id);
+        for (int64_t u = lo; u < hi; u++) {
+            const int64_t i = u / chunks, j0 = (u % chunks) * CHUNK;
+            const int64_t n = c->cols - j0 < CHUNK ? c->cols - j0 : CHUNK;
+            if (c->dtype == FG_F64) dropout_chunk64(c, i, j0, n, buf);
+            else dropout_chunk(c, i, j0, n, buf);
+        }
+    }
+    fg_record_kernel(ctx, c->name);
+    return FG_OK;
+}
+
+/* ------------------------------------------------------------------ RevIN */
+
+/* Row l of instance n: the flat row n·steps + l. */
+static fg_status revin_stats(fg_context *ctx, fg_norm_call *c, bool run) {
+    if (!run) {
+        c->need = 0;
+        snprintf(c->name, sizeof c->name, "cpu:revin_stats");
+        return FG_OK;
+    }
+    const int64_t C = c->cols, L = c->steps;
+    const fg_dtype t = c->dtype;
+    const int team = fg_cpu_team(ctx, c->inst * L * C, 1 << 14);
+#pragma omp parallel for schedule(static) num_threads(team) if (team > 1)
+    for (int64_t n = 0; n < c->inst; n++)
+        for (int64_t j = 0; j < C; j++) {
+            double s = 0.0, q = 0.0;
+            for (int64_t l = 0; l < L; l++) s += fg_v_ldd(c->x, t, (n * L + l) * c->ld_x + j);
+            const double mean = s / (double)L;
+            for (int64_t l = 0; l < L; l++) {
+                const double d = fg_v_ldd(c->x, t, (n * L + l) * c->ld_x + j) - mean;
+                q += d * d;
+            }
+            const double center = c->subtract_last ? fg_v_ldd(c->x, t, (n * L + L - 1) * c->ld_x + j) : mean;
+            fg_store_f64(c->mean, c->acc, n * C + j, center);
+            fg_store_f64(c->rstd, c->acc, n * C + j, sqrt(q / (double)L + c->eps));
+        }
+    fg_record_kernel(ctx, c->name);
+    return FG_OK;
+}
+
+static fg_status revin_apply(fg_context *ctx, fg_norm_call *c, bool run) {
+    if (!run) {
+        c->need = 0;
+        snprintf(c->name, sizeof c->name, "cpu:revin_%s", c->denorm ? "denorm" : "norm");
+        return FG_OK;
+    }
+    const int64_t C = c->cols, L = c->steps;
+    const fg_dtype t = c->dtype;
+    const double eps2 = c->eps * c->eps;
+    const int team = fg_cpu_team(ctx, c->rows * C, 1 << 14);
+#pragma omp parallel for schedule(static) num_threads(team) if (team > 1)
+    for (int64_t i = 0; i < c->rows; i++) {
+        const int64_t n = L > 0 ? i / L : 0;
+        for (int64_t j = 0; j < C; j++) {
+            const double x = fg_v_ldd(c->x, t, i * c->ld_x + j);
+            const double mean = fg_load_f64(c->mean, c->acc, n * C + j), sd = fg_load_f64(c->rstd, c->acc, n * C + j);
+            const double w = c->w ? fg_v_ldd(c->w, t, j) : 1.0, b = c->b ? fg_v_ldd(c->b, t, j) : 0.0;
+            double y;
+            if (t == FG_F64) y = c->denorm ? (x - b) / (w + eps2) * sd + mean : (x - mean) / sd * w + b;
+            else if (c->denorm) y = ((float)x - (float)b) / ((float)w + (float)eps2) * (float)sd + (float)mean;
+            else y = ((float)x - (float)mean) / (float)sd * (float)w + (float)b;
+            fg_v_std(c->y, t, i * c->ld_y + j, y);
+        }
+    }
+    fg_record_kernel(ctx, c->name);
+    return FG_OK;
+}
+
+static fg_status revin_backward(fg_context *ctx, fg_norm_call *c, bool run) {
+    const int64_t C = c->cols, L = c->steps;
+    const bool sums = c->dw || c->db;
+    int64_t nb = 0, rb = 1;
+    if (sums) col_blocks(c->rows, C, &nb, &rb);
+    const size_t part_bytes = ALIGN_UP((size_t)(nb * 2 * C) * sizeof(double));
+    if (!run) {
+        c->need = part_bytes;
+        snprintf(c->name, sizeof c->name, "cpu:revin_%s_backward", c->denorm ? "denorm" : "norm");
+        return FG_OK;
+    }
+    const fg_dtype t = c->dtype;
+    const double eps2 = c->eps * c->eps;
+    double *part = (double *)c->scratch;
+    const int64_t units = sums ? nb : c->rows;
+    const int team = fg_cpu_team(ctx, c->rows * C, 1 << 14);
+#pragma omp parallel for schedule(static) num_threads(team) if (team > 1)
+    for (int64_t u = 0; u < units; u++) {
+        const int64_t r0 = sums ? u * rb : u, r1 = sums ? (r0 + rb < c->rows ? r0 + rb : c->rows) : u + 1;
+        double *pw = sums ? part + u * 2 * C : NULL, *pb = pw ? pw + C : NULL;
+        if (pw)
+            for (int64_t j = 0; j < 2 * C; j++) pw[j] = 0.0;
+        for (int64_t i = r0; i < r1; i++) {
+            const int64_t n = L > 0 ? i / L : 0;
+            for (int64_t j = 0; j < C; j++) {
+                const double dy = fg_v_ldd(c->dy, t, i * c->ld_dy + j), x = fg_v_ldd(c->x, t, i * c->ld_x + j);
+                const double sd = fg_load_f64(c->rstd, c->acc, n * C + j);
+                const double w = c->w ? fg_v_ldd(c->w, t, j) : 1.0, b = c->b ? fg_v_ldd(c->b, t, j) : 0.0;
+                double dx, gw, gb;
+                if (c->denorm) {
+                    const double inv = 1.0 / (w + eps2);
+                    dx = dy * sd * inv;
+                    gw = -dy * (x - b) * sd * inv * inv;
+                    gb = -dy * sd * inv;
+                } else {
+                    const double mean = fg_load_f64(c->mean, c->acc, n * C + j);
+                    dx = dy * w / sd;
+                    gw = dy * (x - mean) / sd;
+                    gb = dy;
+                }
+                if (c->dx) {
+                    const int64_t o = i * c->ld_dx + j;
+                    fg_v_std(c->dx, t, o, c->accumulate ? dx + fg_v_ldd(c->dx, t, o) : dx);
+                }
+                if (pw) pw[j] += gw, pb[j] += gb;
+            }
+        }
+    }
+    if (sums) {
+        finish_cols(ctx, part, nb, 2 * C, C, c->dw, c->dw_dtype, c->accumulate);
+        finish_cols(ctx, part + C, nb, 2 * C, C, c->db, c->db_dtype, c->accumulate);
+    }
+    fg_record_kernel(ctx, c->name);
+    return FG_OK;
+}
+
+/* ------------------------------------------------------------------ entry */
+
+fg_status fg_cpu_norm(fg_context *ctx, fg_norm_call *c, bool run) {
+    switch (c->step) {
+    case FG_NORM_STEP_ROWS_FORWARD: return rows_forward(ctx, c, run);
+    case FG_NORM_STEP_ROWS_BACKWARD: return rows_backward(ctx, c, run);
+    case FG_NORM_STEP_BN_STATS: return bn_stats(ctx, c, run);
+    case FG_NORM_STEP_BN_APPLY: return bn_apply(ctx, c, run);
+    case FG_NORM_STEP_BN_BACKWARD_STATS: return bn_backward_stats(ctx, c, run);
+    case FG_NORM_STEP_BN_BACKWARD_APPLY: return bn_backward_apply(ctx, c, run);
+    case FG_NORM_STEP_DROPOUT: return dropout(ctx, c, run);
+    case FG_NORM_STEP_REVIN_STATS: return revin_stats(ctx, c, run);
+    case FG_NORM_STEP_REVIN_APPLY: return revin_apply(ctx, c, run);
+    case FG_NORM_STEP_REVIN_BACKWARD: return revin_backward(ctx, c, run);
+    }
+    return fg_fail(FG_ERR_INTERNAL, "cpu norm: unknown step %d", (int)c->step);
+}

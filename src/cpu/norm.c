@@ -13,8 +13,10 @@
  *    the f64 sums {Σ s, Σ s², N} that the split form hands the caller.
  *  - Dropout masks come from src/core/rng.h in chunks of 4 (one Philox call each).
  * f32 / f16 / bf16 math is f32, vectorizable (FG_CPU_CLONES); f64 problems run the same
- * formulas in f64.
+ * formulas in f64. No multiply-add is contracted into an FMA (fp-contract off): s = x + m·r is
+ * a multiply then an add, as the CUDA backend forms it, on every x86 level the clones pick.
  */
+#pragma GCC optimize("fp-contract=off")
 #include "cpu.h"
 #include "vec.h"
 
@@ -31,27 +33,36 @@ enum { MAX_BLOCKS = 256 };  /* fixed row blocks of the column sums */
 
 /* ------------------------------------------------------------------ dropout */
 
-/* m[k] = the multiplier of element idx0 + k (keep ? scale : 0), k < n. */
-static void drop_mults(const fg_dropout_gen *g, uint64_t idx0, int64_t n, float *m) {
-    const float thr = (float)g->threshold * (1.0f / 16777216.0f), scale = g->scale;
-    int64_t k = 0;
-    uint64_t idx = idx0;
-    while (k < n) {
-        float u[4];
-        fg_dropout_uniform4(g->seed, g->offset, idx >> 2, u);
-        for (int64_t l = (int64_t)(idx & 3); l < 4 && k < n; l++, k++, idx++) m[k] = u[l] >= thr ? scale : 0.0f;
+/* The multipliers of quads q0 … q0 + nq − 1 (elements 4·q0 …) into out: one Philox call a quad,
+   kept when (r >> 8) >= threshold (u >= p, compared as integers). A plain loop over independent
+   quads, which the compiler vectorizes (the 32 × 32 → 64-bit products are SIMD multiplies). */
+FG_INLINE void quad_mults(const fg_dropout_gen *g, uint64_t q0, int64_t nq, float *restrict out) {
+    const uint32_t k0 = (uint32_t)g->seed, k1 = (uint32_t)(g->seed >> 32);
+    const uint32_t c2 = (uint32_t)g->offset, c3 = (uint32_t)(g->offset >> 32), thr = g->threshold;
+    const float scale = g->scale;
+    for (int64_t k = 0; k < nq; k++) {
+        const uint64_t q = q0 + (uint64_t)k;
+        const fg_philox4 r = fg_philox4x32_10((uint32_t)q, (uint32_t)(q >> 32), c2, c3, k0, k1);
+        out[4 * k + 0] = (r.v[0] >> 8) >= thr ? scale : 0.0f;
+        out[4 * k + 1] = (r.v[1] >> 8) >= thr ? scale : 0.0f;
+        out[4 * k + 2] = (r.v[2] >> 8) >= thr ? scale : 0.0f;
+        out[4 * k + 3] = (r.v[3] >> 8) >= thr ? scale : 0.0f;
     }
 }
 
+/* m[k] = the multiplier of element idx0 + k (keep ? scale : 0), k < n <= CHUNK. */
+FG_CPU_CLONES
+static void drop_mults(const fg_dropout_gen *g, uint64_t idx0, int64_t n, float *m) {
+    float quads[CHUNK + 8];
+    const uint64_t q0 = idx0 >> 2, q1 = (idx0 + (uint64_t)n + 3) >> 2;
+    quad_mults(g, q0, (int64_t)(q1 - q0), quads);
+    memcpy(m, quads + (idx0 & 3), (size_t)n * sizeof(float));
+}
+
 static void drop_mults64(const fg_dropout_gen *g, uint64_t idx0, int64_t n, double *m) {
-    const float thr = (float)g->threshold * (1.0f / 16777216.0f);
-    int64_t k = 0;
-    uint64_t idx = idx0;
-    while (k < n) {
-        float u[4];
-        fg_dropout_uniform4(g->seed, g->offset, idx >> 2, u);
-        for (int64_t l = (int64_t)(idx & 3); l < 4 && k < n; l++, k++, idx++) m[k] = u[l] >= thr ? g->scale64 : 0.0;
-    }
+    float f[CHUNK];
+    drop_mults(g, idx0, n, f);
+    for (int64_t k = 0; k < n; k++) m[k] = f[k] != 0.0f ? g->scale64 : 0.0;
 }
 
 /* ------------------------------------------------------------------ helpers */
@@ -238,40 +249,58 @@ FG_INLINE void rows_backward_t(const fg_norm_call *c, fg_dtype t, int64_t r0, in
         } else {
             row_stats(c->kind, b->s, D, eps, &mean, &rstd);
         }
-        /* b->s becomes x̂, b->a becomes g = dy·w */
-#pragma GCC ivdep
-        for (int64_t j = 0; j < D; j++) {
-            const float dy = fg_v_ld(c->dy, t, dyo + j);
-            b->s[j] = (b->s[j] - mean) * rstd;
-            b->a[j] = c->w ? dy * fg_v_ld(c->w, t, j) : dy;
-        }
+        /* b->s becomes x̂, b->a becomes g = dy·w; the block's dw / db sums gain dy·x̂ and dy */
         if (part) {
             double *pw = part, *pb = part + D;
 #pragma GCC ivdep
             for (int64_t j = 0; j < D; j++) {
-                const float dy = fg_v_ld(c->dy, t, dyo + j);
-                pw[j] += (double)(dy * b->s[j]);
+                const float dy = fg_v_ld(c->dy, t, dyo + j), xh = (b->s[j] - mean) * rstd;
+                b->s[j] = xh;
+                b->a[j] = c->w ? dy * fg_v_ld(c->w, t, j) : dy;
+                pw[j] += (double)(dy * xh);
                 pb[j] += (double)dy;
+            }
+        } else {
+#pragma GCC ivdep
+            for (int64_t j = 0; j < D; j++) {
+                const float dy = fg_v_ld(c->dy, t, dyo + j);
+                b->s[j] = (b->s[j] - mean) * rstd;
+                b->a[j] = c->w ? dy * fg_v_ld(c->w, t, j) : dy;
             }
         }
         if (!c->dx && !c->dr) continue;
         const float c1 = dot_f(b->a, b->s, D) * inv_d;
         const float c2 = rms ? 0.0f : sum_f(b->a, D, 0.0f, false) * inv_d;
         const int64_t dso = i * c->ld_ds, dxo = i * c->ld_dx, dro = i * c->ld_dr;
+        /* b->a becomes dsum (one branch-free loop each, so each vectorizes) */
+#pragma GCC ivdep
+        for (int64_t j = 0; j < D; j++) b->a[j] = rstd * (b->a[j] - c2 - b->s[j] * c1);
+        if (c->ds) {
+#pragma GCC ivdep
+            for (int64_t j = 0; j < D; j++) b->a[j] += fg_v_ld(c->ds, t, dso + j);
+        }
+        if (c->dx) {
+            if (c->accumulate) {
+#pragma GCC ivdep
+                for (int64_t j = 0; j < D; j++) fg_v_st(c->dx, t, dxo + j, b->a[j] + fg_v_ld(c->dx, t, dxo + j));
+            } else {
+#pragma GCC ivdep
+                for (int64_t j = 0; j < D; j++) fg_v_st(c->dx, t, dxo + j, b->a[j]);
+            }
+        }
+        if (!c->dr) continue;
         for (int64_t j0 = 0; j0 < D; j0 += CHUNK) {
             const int64_t n = D - j0 < CHUNK ? D - j0 : CHUNK;
-            if (c->dr && c->drop.on) drop_mults(&c->drop, (uint64_t)(i * D + j0), n, b->m);
+            if (c->drop.on) drop_mults(&c->drop, (uint64_t)(i * D + j0), n, b->m);
+            else
+                for (int64_t k = 0; k < n; k++) b->m[k] = 1.0f;
+            if (c->accumulate) {
 #pragma GCC ivdep
-            for (int64_t k = 0; k < n; k++) {
-                const int64_t j = j0 + k;
-                float v = rstd * (b->a[j] - c2 - b->s[j] * c1);
-                if (c->ds) v += fg_v_ld(c->ds, t, dso + j);
-                if (c->dr) {
-                    float m = c->drop.on ? b->m[k] * v : v;
-                    if (c->accumulate) m += fg_v_ld(c->dr, t, dro + j);
-                    fg_v_st(c->dr, t, dro + j, m);
-                }
-                if (c->dx) fg_v_st(c->dx, t, dxo + j, c->accumulate ? v + fg_v_ld(c->dx, t, dxo + j) : v);
+                for (int64_t k = 0; k < n; k++)
+                    fg_v_st(c->dr, t, dro + j0 + k, b->m[k] * b->a[j0 + k] + fg_v_ld(c->dr, t, dro + j0 + k));
+            } else {
+#pragma GCC ivdep
+                for (int64_t k = 0; k < n; k++) fg_v_st(c->dr, t, dro + j0 + k, b->m[k] * b->a[j0 + k]);
             }
         }
     }
@@ -445,30 +474,97 @@ static fg_status rows_backward(fg_context *ctx, fg_norm_call *c, bool run) {
 
 /* ------------------------------------------------------------------ BatchNorm */
 
-/* s = x + m·r of one row into out (f64), storing s when asked; mults: CHUNK scratch */
-static void bn_row(const fg_norm_call *c, int64_t i, double *out, float *mults) {
-    const fg_dtype t = c->dtype;
+/* Per-thread buffers of the BatchNorm steps: one row (f64, or f32 for the f32 family) and CHUNK
+   dropout multipliers. */
+static size_t bn_buf_bytes(int64_t C) { return ALIGN_UP((size_t)C * sizeof(double) + CHUNK * sizeof(float)); }
+
+/* s of row i (x + m·r rounded to t, or x) into row, stored to c->s when asked */
+FG_INLINE void bn_row_t(const fg_norm_call *c, fg_dtype t, int64_t i, float *row, float *mults) {
     const int64_t C = c->cols, xo = i * c->ld_x;
     if (!c->r) {
-        for (int64_t j = 0; j < C; j++) out[j] = fg_v_ldd(c->x, t, xo + j);
+        load_row(t, c->x, xo, C, row);
         return;
     }
     const int64_t ro = i * c->ld_r;
     for (int64_t j0 = 0; j0 < C; j0 += CHUNK) {
         const int64_t n = C - j0 < CHUNK ? C - j0 : CHUNK;
-        if (c->drop.on) drop_mults(&c->drop, (uint64_t)(i * C + j0), n, mults);
+        if (c->drop.on) {
+            drop_mults(&c->drop, (uint64_t)(i * C + j0), n, mults);
+#pragma GCC ivdep
+            for (int64_t k = 0; k < n; k++)
+                row[j0 + k] = round_to(t, fg_v_ld(c->x, t, xo + j0 + k) + mults[k] * fg_v_ld(c->r, t, ro + j0 + k));
+        } else {
+#pragma GCC ivdep
+            for (int64_t k = 0; k < n; k++)
+                row[j0 + k] = round_to(t, fg_v_ld(c->x, t, xo + j0 + k) + fg_v_ld(c->r, t, ro + j0 + k));
+        }
+    }
+    if (c->s) {
+        const int64_t so = i * c->ld_s;
+#pragma GCC ivdep
+        for (int64_t j = 0; j < C; j++) fg_v_st(c->s, t, so + j, row[j]);
+    }
+}
+
+static void bn_row_64(const fg_norm_call *c, int64_t i, double *row, float *mults) {
+    const int64_t C = c->cols;
+    const double *x = (const double *)c->x + i * c->ld_x, *r = c->r ? (const double *)c->r + i * c->ld_r : NULL;
+    for (int64_t j0 = 0; j0 < C; j0 += CHUNK) {
+        const int64_t n = C - j0 < CHUNK ? C - j0 : CHUNK;
+        if (r && c->drop.on) drop_mults(&c->drop, (uint64_t)(i * C + j0), n, mults);
         for (int64_t k = 0; k < n; k++) {
-            const int64_t j = j0 + k;
-            double v;
-            if (t == FG_F64) {
-                const double m = c->drop.on ? (mults[k] != 0.0f ? c->drop.scale64 : 0.0) : 1.0;
-                v = fg_v_ldd(c->x, t, xo + j) + m * fg_v_ldd(c->r, t, ro + j);
-            } else {
-                const float m = c->drop.on ? mults[k] : 1.0f;
-                v = round_to(t, fg_v_ld(c->x, t, xo + j) + m * fg_v_ld(c->r, t, ro + j));
+            const double m = !r ? 0.0 : !c->drop.on ? 1.0 : mults[k] != 0.0f ? c->drop.scale64 : 0.0;
+            row[j0 + k] = x[j0 + k] + (r ? m * r[j0 + k] : 0.0);
+        }
+    }
+    if (c->s)
+        for (int64_t j = 0; j < C; j++) ((double *)c->s)[i * c->ld_s + j] = row[j];
+}
+
+/* Blocks [b0, b1) of rb rows: per channel K (the block's first row), Σ (s − K), Σ (s − K)² */
+FG_INLINE void bn_stats_t(const fg_norm_call *c, fg_dtype t, int64_t b0, int64_t b1, int64_t rb, double *part,
+                          float *row, float *mults) {
+    const int64_t C = c->cols;
+    for (int64_t b = b0; b < b1; b++) {
+        double *K = part + b * 3 * C, *A = K + C, *B = A + C;
+        const int64_t r0 = b * rb, r1 = r0 + rb < c->rows ? r0 + rb : c->rows;
+        bn_row_t(c, t, r0, row, mults);
+        for (int64_t j = 0; j < C; j++) K[j] = row[j], A[j] = 0.0, B[j] = 0.0;
+        for (int64_t i = r0 + 1; i < r1; i++) {
+            bn_row_t(c, t, i, row, mults);
+#pragma GCC ivdep
+            for (int64_t j = 0; j < C; j++) {
+                const double d = (double)row[j] - K[j];
+                A[j] += d;
+                B[j] += d * d;
             }
-            out[j] = v;
-            if (c->s) fg_v_std(c->s, t, i * c->ld_s + j, v);
+        }
+    }
+}
+
+FG_CPU_CLONES
+static void bn_stats_f(const fg_norm_call *c, int64_t b0, int64_t b1, int64_t rb, double *part, float *row,
+                       float *mults) {
+    if (c->dtype == FG_BF16) bn_stats_t(c, FG_BF16, b0, b1, rb, part, row, mults);
+    else if (c->dtype == FG_F16) bn_stats_t(c, FG_F16, b0, b1, rb, part, row, mults);
+    else bn_stats_t(c, FG_F32, b0, b1, rb, part, row, mults);
+}
+
+static void bn_stats_64(const fg_norm_call *c, int64_t b0, int64_t b1, int64_t rb, double *part, double *row,
+                        float *mults) {
+    const int64_t C = c->cols;
+    for (int64_t b = b0; b < b1; b++) {
+        double *K = part + b * 3 * C, *A = K + C, *B = A + C;
+        const int64_t r0 = b * rb, r1 = r0 + rb < c->rows ? r0 + rb : c->rows;
+        bn_row_64(c, r0, row, mults);
+        for (int64_t j = 0; j < C; j++) K[j] = row[j], A[j] = 0.0, B[j] = 0.0;
+        for (int64_t i = r0 + 1; i < r1; i++) {
+            bn_row_64(c, i, row, mults);
+            for (int64_t j = 0; j < C; j++) {
+                const double d = row[j] - K[j];
+                A[j] += d;
+                B[j] += d * d;
+            }
         }
     }
 }
@@ -480,8 +576,7 @@ static fg_status bn_stats(fg_context *ctx, fg_norm_call *c, bool run) {
     int64_t nb, rb;
     col_blocks(c->rows, 3 * C, &nb, &rb);
     const int nt = threads_for(ctx);
-    const size_t part_bytes = ALIGN_UP((size_t)(nb * 3 * C) * sizeof(double));
-    const size_t per = ALIGN_UP((size_t)C * sizeof(double) + CHUNK * sizeof(float));
+    const size_t part_bytes = ALIGN_UP((size_t)(nb * 3 * C) * sizeof(double)), per = bn_buf_bytes(C);
     if (!run) {
         c->need = part_bytes + per * (size_t)nt;
         snprintf(c->name, sizeof c->name, "cpu:batch_norm_stats");
@@ -498,21 +593,8 @@ static fg_status bn_stats(fg_context *ctx, fg_norm_call *c, bool run) {
         fg_cpu_share(nb, omp_get_num_threads(), id, 1, &lo, &hi);
         double *row = (double *)thread_buf(c, part_bytes, per, id);
         float *mults = (float *)(row + C);
-        for (int64_t b = lo; b < hi; b++) {
-            double *K = part + b * 3 * C, *A = K + C, *B = A + C;
-            const int64_t r0 = b * rb, r1 = r0 + rb < c->rows ? r0 + rb : c->rows;
-            bn_row(c, r0, row, mults);
-            for (int64_t j = 0; j < C; j++) K[j] = row[j], A[j] = 0.0, B[j] = 0.0;
-            for (int64_t i = r0 + 1; i < r1; i++) {
-                bn_row(c, i, row, mults);
-#pragma GCC ivdep
-                for (int64_t j = 0; j < C; j++) {
-                    const double d = row[j] - K[j];
-                    A[j] += d;
-                    B[j] += d * d;
-                }
-            }
-        }
+        if (c->dtype == FG_F64) bn_stats_64(c, lo, hi, rb, part, row, mults);
+        else bn_stats_f(c, lo, hi, rb, part, (float *)row, mults);
     }
     double *sums = c->sums;
     const int cteam = fg_cpu_team(ctx, C * (nb + 1), 1 << 15);
@@ -547,24 +629,63 @@ static void bn_channel(const fg_norm_call *c, int64_t j, double *mean, double *v
     *rstd = 1.0 / sqrt(*var + c->eps);
 }
 
+/* y = (s − mean)·scale + shift over rows [lo, hi), per-channel f32 coefficients */
+FG_INLINE void bn_apply_t(const fg_norm_call *c, fg_dtype t, int64_t lo, int64_t hi, const float *mean,
+                          const float *scale, const float *shift, float *row, float *mults) {
+    const int64_t C = c->cols;
+    for (int64_t i = lo; i < hi; i++) {
+        const int64_t yo = i * c->ld_y, xo = i * c->ld_x;
+        if (c->r) {
+            bn_row_t(c, t, i, row, mults);
+#pragma GCC ivdep
+            for (int64_t j = 0; j < C; j++) fg_v_st(c->y, t, yo + j, (row[j] - mean[j]) * scale[j] + shift[j]);
+        } else {
+#pragma GCC ivdep
+            for (int64_t j = 0; j < C; j++)
+                fg_v_st(c->y, t, yo + j, (fg_v_ld(c->x, t, xo + j) - mean[j]) * scale[j] + shift[j]);
+        }
+    }
+}
+
+FG_CPU_CLONES
+static void bn_apply_f(const fg_norm_call *c, int64_t lo, int64_t hi, const float *mean, const float *scale,
+                       const float *shift, float *row, float *mults) {
+    if (c->dtype == FG_BF16) bn_apply_t(c, FG_BF16, lo, hi, mean, scale, shift, row, mults);
+    else if (c->dtype == FG_F16) bn_apply_t(c, FG_F16, lo, hi, mean, scale, shift, row, mults);
+    else bn_apply_t(c, FG_F32, lo, hi, mean, scale, shift, row, mults);
+}
+
+static void bn_apply_64(const fg_norm_call *c, int64_t lo, int64_t hi, const double *mean, const double *scale,
+                        const double *shift, double *row, float *mults) {
+    const int64_t C = c->cols;
+    for (int64_t i = lo; i < hi; i++) {
+        double *y = (double *)c->y + i * c->ld_y;
+        const double *x = (const double *)c->x + i * c->ld_x;
+        if (c->r) bn_row_64(c, i, row, mults), x = row;
+        for (int64_t j = 0; j < C; j++) y[j] = (x[j] - mean[j]) * scale[j] + shift[j];
+    }
+}
+
 static fg_status bn_apply(fg_context *ctx, fg_norm_call *c, bool run) {
     const int64_t C = c->cols;
     const int nt = threads_for(ctx);
-    const size_t chan_bytes = ALIGN_UP((size_t)(3 * C) * sizeof(double));
-    const size_t per = ALIGN_UP((size_t)C * sizeof(double) + CHUNK * sizeof(float));
+    const size_t chan_bytes = ALIGN_UP((size_t)(3 * C) * sizeof(double)), per = bn_buf_bytes(C);
     if (!run) {
         c->need = chan_bytes + per * (size_t)nt;
         snprintf(c->name, sizeof c->name, "cpu:batch_norm_apply");
         return FG_OK;
     }
-    /* per channel: mean, scale = w·rstd, b */
-    double *mean_c = (double *)c->scratch, *scale_c = mean_c + C, *shift_c = scale_c + C;
+    /* per channel: mean, scale = w·rstd, shift = b (f64 for f64, else f32) */
+    const bool f64 = c->dtype == FG_F64;
+    double *md = (double *)c->scratch, *sd = md + C, *hd = sd + C;
+    float *mf = (float *)c->scratch, *sf = mf + C, *hf = sf + C;
     const double n = c->eval ? 0.0 : c->sums[2 * C];
     for (int64_t j = 0; j < C; j++) {
         double mean, var, rstd;
         bn_channel(c, j, &mean, &var, &rstd);
         const double w = c->w ? fg_load_f64(c->w, c->w_dtype, j) : 1.0, b = c->b ? fg_load_f64(c->b, c->w_dtype, j) : 0.0;
-        mean_c[j] = mean, scale_c[j] = w * rstd, shift_c[j] = b;
+        if (f64) md[j] = mean, sd[j] = w * rstd, hd[j] = b;
+        else mf[j] = (float)mean, sf[j] = (float)(w * rstd), hf[j] = (float)b;
         if (c->mean) fg_store_f64(c->mean, c->acc, j, mean);
         if (c->rstd) fg_store_f64(c->rstd, c->acc, j, rstd);
         if (!c->eval && c->running_mean) {
@@ -575,7 +696,6 @@ static fg_status bn_apply(fg_context *ctx, fg_norm_call *c, bool run) {
                          (1.0 - m) * fg_load_f64(c->running_var, c->stat_dtype, j) + m * unbiased);
         }
     }
-    const fg_dtype t = c->dtype;
     int team = fg_cpu_team(ctx, c->rows * C, 1 << 14);
     if (team > nt) team = nt;
 #pragma omp parallel num_threads(team) if (team > 1)
@@ -585,42 +705,18 @@ static fg_status bn_apply(fg_context *ctx, fg_norm_call *c, bool run) {
         fg_cpu_share(c->rows, omp_get_num_threads(), id, 1, &lo, &hi);
         double *row = (double *)thread_buf(c, chan_bytes, per, id);
         float *mults = (float *)(row + C);
-        for (int64_t i = lo; i < hi; i++) {
-            const int64_t yo = i * c->ld_y;
-            if (c->r) {
-                bn_row(c, i, row, mults);
-                for (int64_t j = 0; j < C; j++) fg_v_std(c->y, t, yo + j, (row[j] - mean_c[j]) * scale_c[j] + shift_c[j]);
-            } else if (t == FG_F64) {
-                const double *x = (const double *)c->x + i * c->ld_x;
-                for (int64_t j = 0; j < C; j++) ((double *)c->y)[yo + j] = (x[j] - mean_c[j]) * scale_c[j] + shift_c[j];
-            } else {
-                const int64_t xo = i * c->ld_x;
-                for (int64_t j = 0; j < C; j++)
-                    fg_v_st(c->y, t, yo + j,
-                            (fg_v_ld(c->x, t, xo + j) - (float)mean_c[j]) * (float)scale_c[j] + (float)shift_c[j]);
-            }
-        }
+        if (f64) bn_apply_64(c, lo, hi, md, sd, hd, row, mults);
+        else bn_apply_f(c, lo, hi, mf, sf, hf, (float *)row, mults);
     }
     fg_record_kernel(ctx, c->name);
     return FG_OK;
 }
 
-static fg_status bn_backward_stats(fg_context *ctx, fg_norm_call *c, bool run) {
+/* Blocks [b0, b1): per channel Σ dy and Σ dy·(x − mean) */
+FG_INLINE void bn_bstats_t(const fg_norm_call *c, fg_dtype t, int64_t b0, int64_t b1, int64_t rb, double *part,
+                           const float *mean) {
     const int64_t C = c->cols;
-    int64_t nb, rb;
-    col_blocks(c->rows, 2 * C, &nb, &rb);
-    const size_t part_bytes = ALIGN_UP((size_t)(nb * 2 * C) * sizeof(double));
-    if (!run) {
-        c->need = part_bytes;
-        snprintf(c->name, sizeof c->name, "cpu:batch_norm_backward_stats");
-        return FG_OK;
-    }
-    double *part = (double *)c->scratch;
-    const fg_dtype t = c->dtype;
-    int team = fg_cpu_team(ctx, c->rows * C, 1 << 14);
-    if (team > nb) team = nb > 0 ? (int)nb : 1;
-#pragma omp parallel for schedule(static) num_threads(team) if (team > 1)
-    for (int64_t b = 0; b < nb; b++) {
+    for (int64_t b = b0; b < b1; b++) {
         double *A = part + b * 2 * C, *B = A + C;
         for (int64_t j = 0; j < C; j++) A[j] = 0.0, B[j] = 0.0;
         const int64_t r0 = b * rb, r1 = r0 + rb < c->rows ? r0 + rb : c->rows;
@@ -628,11 +724,61 @@ static fg_status bn_backward_stats(fg_context *ctx, fg_norm_call *c, bool run) {
             const int64_t xo = i * c->ld_x, dyo = i * c->ld_dy;
 #pragma GCC ivdep
             for (int64_t j = 0; j < C; j++) {
-                const double dy = fg_v_ldd(c->dy, t, dyo + j);
-                A[j] += dy;
-                B[j] += dy * (fg_v_ldd(c->x, t, xo + j) - fg_load_f64(c->mean, c->acc, j));
+                const float dy = fg_v_ld(c->dy, t, dyo + j);
+                A[j] += (double)dy;
+                B[j] += (double)(dy * (fg_v_ld(c->x, t, xo + j) - mean[j]));
             }
         }
+    }
+}
+
+FG_CPU_CLONES
+static void bn_bstats_f(const fg_norm_call *c, int64_t b0, int64_t b1, int64_t rb, double *part, const float *mean) {
+    if (c->dtype == FG_BF16) bn_bstats_t(c, FG_BF16, b0, b1, rb, part, mean);
+    else if (c->dtype == FG_F16) bn_bstats_t(c, FG_F16, b0, b1, rb, part, mean);
+    else bn_bstats_t(c, FG_F32, b0, b1, rb, part, mean);
+}
+
+static void bn_bstats_64(const fg_norm_call *c, int64_t b0, int64_t b1, int64_t rb, double *part, const double *mean) {
+    const int64_t C = c->cols;
+    for (int64_t b = b0; b < b1; b++) {
+        double *A = part + b * 2 * C, *B = A + C;
+        for (int64_t j = 0; j < C; j++) A[j] = 0.0, B[j] = 0.0;
+        const int64_t r0 = b * rb, r1 = r0 + rb < c->rows ? r0 + rb : c->rows;
+        for (int64_t i = r0; i < r1; i++) {
+            const double *x = (const double *)c->x + i * c->ld_x, *dy = (const double *)c->dy + i * c->ld_dy;
+            for (int64_t j = 0; j < C; j++) A[j] += dy[j], B[j] += dy[j] * (x[j] - mean[j]);
+        }
+    }
+}
+
+static fg_status bn_backward_stats(fg_context *ctx, fg_norm_call *c, bool run) {
+    const int64_t C = c->cols;
+    int64_t nb, rb;
+    col_blocks(c->rows, 2 * C, &nb, &rb);
+    const size_t part_bytes = ALIGN_UP((size_t)(nb * 2 * C) * sizeof(double));
+    const size_t chan_bytes = ALIGN_UP((size_t)C * sizeof(double));
+    if (!run) {
+        c->need = part_bytes + chan_bytes;
+        snprintf(c->name, sizeof c->name, "cpu:batch_norm_backward_stats");
+        return FG_OK;
+    }
+    double *part = (double *)c->scratch, *md = (double *)((char *)c->scratch + part_bytes);
+    float *mf = (float *)md;
+    const bool f64 = c->dtype == FG_F64;
+    for (int64_t j = 0; j < C; j++) {
+        const double m = fg_load_f64(c->mean, c->acc, j);
+        if (f64) md[j] = m;
+        else mf[j] = (float)m;
+    }
+    int team = fg_cpu_team(ctx, c->rows * C, 1 << 14);
+    if (team > nb) team = nb > 0 ? (int)nb : 1;
+#pragma omp parallel num_threads(team) if (team > 1)
+    {
+        int64_t lo, hi;
+        fg_cpu_share(nb, omp_get_num_threads(), omp_get_thread_num(), 1, &lo, &hi);
+        if (f64) bn_bstats_64(c, lo, hi, rb, part, md);
+        else bn_bstats_f(c, lo, hi, rb, part, mf);
     }
     double *sums = c->sums;
     for (int64_t j = 0; j < C; j++) {
@@ -646,6 +792,59 @@ static fg_status bn_backward_stats(fg_context *ctx, fg_norm_call *c, bool run) {
     return FG_OK;
 }
 
+/* dx = a·dy + k·(x − mean) + e per channel, dr = dx·m, rows [lo, hi) */
+FG_INLINE void bn_bapply_t(const fg_norm_call *c, fg_dtype t, int64_t lo, int64_t hi, const float *mean, const float *a,
+                           const float *kk, const float *e, float *mults) {
+    const int64_t C = c->cols;
+    for (int64_t i = lo; i < hi; i++) {
+        const int64_t xo = i * c->ld_x, dyo = i * c->ld_dy, dxo = i * c->ld_dx, dro = i * c->ld_dr;
+        for (int64_t j0 = 0; j0 < C; j0 += CHUNK) {
+            const int64_t n = C - j0 < CHUNK ? C - j0 : CHUNK;
+            if (c->dr && c->drop.on) drop_mults(&c->drop, (uint64_t)(i * C + j0), n, mults);
+#pragma GCC ivdep
+            for (int64_t q = 0; q < n; q++) {
+                const int64_t j = j0 + q;
+                const float v = a[j] * fg_v_ld(c->dy, t, dyo + j) + kk[j] * (fg_v_ld(c->x, t, xo + j) - mean[j]) + e[j];
+                if (c->dx) fg_v_st(c->dx, t, dxo + j, c->accumulate ? v + fg_v_ld(c->dx, t, dxo + j) : v);
+                if (c->dr) {
+                    const float m = c->drop.on ? mults[q] * v : v;
+                    fg_v_st(c->dr, t, dro + j, c->accumulate ? m + fg_v_ld(c->dr, t, dro + j) : m);
+                }
+            }
+        }
+    }
+}
+
+FG_CPU_CLONES
+static void bn_bapply_f(const fg_norm_call *c, int64_t lo, int64_t hi, const float *mean, const float *a,
+                        const float *kk, const float *e, float *mults) {
+    if (c->dtype == FG_BF16) bn_bapply_t(c, FG_BF16, lo, hi, mean, a, kk, e, mults);
+    else if (c->dtype == FG_F16) bn_bapply_t(c, FG_F16, lo, hi, mean, a, kk, e, mults);
+    else bn_bapply_t(c, FG_F32, lo, hi, mean, a, kk, e, mults);
+}
+
+static void bn_bapply_64(const fg_norm_call *c, int64_t lo, int64_t hi, const double *mean, const double *a,
+                         const double *kk, const double *e, float *mults) {
+    const int64_t C = c->cols;
+    for (int64_t i = lo; i < hi; i++) {
+        const double *x = (const double *)c->x + i * c->ld_x, *dy = (const double *)c->dy + i * c->ld_dy;
+        double *dx = c->dx ? (double *)c->dx + i * c->ld_dx : NULL, *dr = c->dr ? (double *)c->dr + i * c->ld_dr : NULL;
+        for (int64_t j0 = 0; j0 < C; j0 += CHUNK) {
+            const int64_t n = C - j0 < CHUNK ? C - j0 : CHUNK;
+            if (dr && c->drop.on) drop_mults(&c->drop, (uint64_t)(i * C + j0), n, mults);
+            for (int64_t q = 0; q < n; q++) {
+                const int64_t j = j0 + q;
+                const double v = a[j] * dy[j] + kk[j] * (x[j] - mean[j]) + e[j];
+                if (dx) dx[j] = c->accumulate ? dx[j] + v : v;
+                if (dr) {
+                    const double m = c->drop.on ? (mults[q] != 0.0f ? c->drop.scale64 : 0.0) * v : v;
+                    dr[j] = c->accumulate ? dr[j] + m : m;
+                }
+            }
+        }
+    }
+}
+
 static fg_status bn_backward_apply(fg_context *ctx, fg_norm_call *c, bool run) {
     const int64_t C = c->cols;
     const size_t chan_bytes = ALIGN_UP((size_t)(4 * C) * sizeof(double));
@@ -656,7 +855,6 @@ static fg_status bn_backward_apply(fg_context *ctx, fg_norm_call *c, bool run) {
         snprintf(c->name, sizeof c->name, "cpu:batch_norm_backward_apply");
         return FG_OK;
     }
-    const bool want_d = c->dx || c->dr;
     if (c->sums) {
         for (int64_t j = 0; j < C; j++) {
             if (c->dw) {
@@ -669,50 +867,36 @@ static fg_status bn_backward_apply(fg_context *ctx, fg_norm_call *c, bool run) {
             }
         }
     }
-    if (want_d) {
-        /* dx = a·dy + k·(x − mean) + e per channel: a = w·rstd, k = −a·rstd·Σdy·x̂/N, e = −a·Σdy/N */
-        double *mean_c = (double *)c->scratch, *a_c = mean_c + C, *k_c = a_c + C, *e_c = k_c + C;
-        for (int64_t j = 0; j < C; j++) {
-            const double rstd = fg_load_f64(c->rstd, c->acc, j), w = c->w ? fg_load_f64(c->w, c->w_dtype, j) : 1.0;
-            mean_c[j] = fg_load_f64(c->mean, c->acc, j);
-            a_c[j] = w * rstd;
-            if (c->eval) {
-                k_c[j] = e_c[j] = 0.0;
-            } else {
-                const double n = c->sums[2 * C];
-                k_c[j] = -a_c[j] * rstd * c->sums[C + j] / n;
-                e_c[j] = -a_c[j] * c->sums[j] / n;
-            }
+    if (!c->dx && !c->dr) {
+        fg_record_kernel(ctx, c->name);
+        return FG_OK;
+    }
+    /* dx = a·dy + k·(x − mean) + e per channel: a = w·rstd, k = −a·rstd·Σdy·x̂/N, e = −a·Σdy/N */
+    const bool f64 = c->dtype == FG_F64;
+    double *md = (double *)c->scratch, *ad = md + C, *kd = ad + C, *ed = kd + C;
+    float *mf = (float *)c->scratch, *af = mf + C, *kf = af + C, *ef = kf + C;
+    for (int64_t j = 0; j < C; j++) {
+        const double rstd = fg_load_f64(c->rstd, c->acc, j), w = c->w ? fg_load_f64(c->w, c->w_dtype, j) : 1.0;
+        const double a = w * rstd, mean = fg_load_f64(c->mean, c->acc, j);
+        double k = 0.0, e = 0.0;
+        if (!c->eval) {
+            const double n = c->sums[2 * C];
+            k = -a * rstd * c->sums[C + j] / n;
+            e = -a * c->sums[j] / n;
         }
-        const fg_dtype t = c->dtype;
-        int team = fg_cpu_team(ctx, c->rows * C, 1 << 14);
-        if (team > nt) team = nt;
+        if (f64) md[j] = mean, ad[j] = a, kd[j] = k, ed[j] = e;
+        else mf[j] = (float)mean, af[j] = (float)a, kf[j] = (float)k, ef[j] = (float)e;
+    }
+    int team = fg_cpu_team(ctx, c->rows * C, 1 << 14);
+    if (team > nt) team = nt;
 #pragma omp parallel num_threads(team) if (team > 1)
-        {
-            const int id = omp_get_thread_num();
-            int64_t lo, hi;
-            fg_cpu_share(c->rows, omp_get_num_threads(), id, 1, &lo, &hi);
-            float *mults = (float *)thread_buf(c, chan_bytes, per, id);
-            for (int64_t i = lo; i < hi; i++) {
-                const int64_t xo = i * c->ld_x, dyo = i * c->ld_dy, dxo = i * c->ld_dx, dro = i * c->ld_dr;
-                for (int64_t j0 = 0; j0 < C; j0 += CHUNK) {
-                    const int64_t n = C - j0 < CHUNK ? C - j0 : CHUNK;
-                    if (c->dr && c->drop.on) drop_mults(&c->drop, (uint64_t)(i * C + j0), n, mults);
-                    for (int64_t k = 0; k < n; k++) {
-                        const int64_t j = j0 + k;
-                        const double v = a_c[j] * fg_v_ldd(c->dy, t, dyo + j) +
-                                         k_c[j] * (fg_v_ldd(c->x, t, xo + j) - mean_c[j]) + e_c[j];
-                        if (c->dx) fg_v_std(c->dx, t, dxo + j, c->accumulate ? v + fg_v_ldd(c->dx, t, dxo + j) : v);
-                        if (c->dr) {
-                            double m = v;
-                            if (c->drop.on)
-                                m = t == FG_F64 ? (mults[k] != 0.0f ? c->drop.scale64 : 0.0) * v : (double)(mults[k] * (float)v);
-                            fg_v_std(c->dr, t, dro + j, c->accumulate ? m + fg_v_ldd(c->dr, t, dro + j) : m);
-                        }
-                    }
-                }
-            }
-        }
+    {
+        const int id = omp_get_thread_num();
+        int64_t lo, hi;
+        fg_cpu_share(c->rows, omp_get_num_threads(), id, 1, &lo, &hi);
+        float *mults = (float *)thread_buf(c, chan_bytes, per, id);
+        if (f64) bn_bapply_64(c, lo, hi, md, ad, kd, ed, mults);
+        else bn_bapply_f(c, lo, hi, mf, af, kf, ef, mults);
     }
     fg_record_kernel(ctx, c->name);
     return FG_OK;

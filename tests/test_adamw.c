@@ -3,7 +3,9 @@
  * params, bf16/f16 params with f32 state (with and without f32 master weights, grads in
  * the params' dtype or f32), many tensors of awkward sizes (1 ... past one 65536-element
  * chunk, misaligned), several steps, grad scaling, against a float64 reference of one
- * step from the current state; the same bits when repeated; bad input untouched.
+ * step from the current state, the update itself against the f64 one (not only the new
+ * value), and with master weights params that are exactly those rounded; weight decay and eps
+ * given a share of the step the tolerances see; the same bits when repeated; bad input untouched.
  */
 #include "harness.h"
 
@@ -73,7 +75,10 @@ static void steps(fg_context *ctx, fg_backend be, const variant *va) {
              va->master ? " +master" : "");
     state s;
     make_state(&s, be, va);
-    fg_adamw_hparams hp = {1e-3, 0.9, 0.999, 1e-8, 0.01, 1, 0};
+    /* weight decay 0.1: its term (lr·wd·p) is then about 2% of an f32 step, twenty times the
+       update's tolerance, so a lost or misplaced decay cannot pass (at 0.01 it moved the update
+       by 1.1-2 times that tolerance) */
+    fg_adamw_hparams hp = {1e-3, 0.9, 0.999, 1e-8, 0.1, 1, 0};
     /* f16/bf16 params without a master copy: a step of 1e-3 is below their resolution at
        |p| ~ 1 (bf16: 2^-8), so p would not change and a check could pass without the update;
        a step of 0.05 is many of their units, and each element is checked to one rounding */
@@ -88,6 +93,19 @@ static void steps(fg_context *ctx, fg_backend be, const variant *va) {
             for (int64_t k = 0; k < s.g[i].n; k++) {
                 double sign = (k * 2654435761u + (uint64_t)i) % 3 == 0 ? -1 : 1;
                 s.g[i].v[k] = sign * (0.05 + fabs(s.g[i].v[k]));
+            }
+            if (step == 1 && i == 2) {
+                /* gradients of about 1e-6 on zero second moments: √v̂ is then |g| and eps (1e-8)
+                   about 1% of the denominator √v̂ + eps, ten times the update's tolerance (with the
+                   other tensors' moments eps is 1e-7 of it: a dropped eps passed there) */
+                for (int64_t k = 0; k < s.g[i].n; k++) {
+                    double sign = (k * 2654435761u + (uint64_t)i) % 3 == 0 ? -1 : 1;
+                    s.g[i].v[k] = sign * 1e-6 * (1 + 0.5 * fabs(th_rand()));
+                    s.m[i].v[k] = sign * 1e-6;
+                    s.v[i].v[k] = 0;
+                }
+                th_put(&s.m[i].buf, &s.m[i].t, s.m[i].v);
+                th_put(&s.v[i].buf, &s.v[i].t, s.v[i].v);
             }
             th_round(va->g, s.g[i].v, s.g[i].n);
             th_put(&s.g[i].buf, &s.g[i].t, s.g[i].v);
@@ -154,6 +172,17 @@ static void steps(fg_context *ctx, fg_backend be, const variant *va) {
             th_verify("adamw exp_avg", &s.m[i], rm[i], 1e-5, label);
             th_verify("adamw exp_avg_sq", &s.v[i], rv[i], 1e-5, label);
             th_verify("adamw params", &s.p[i], rp[i], th_tol(va->p, false), label);
+            if (va->master) { /* the params are the updated master weights rounded: exactly */
+                double *pw = malloc(sizeof(double) * (size_t)sizes[i]), *pp = malloc(sizeof(double) * (size_t)sizes[i]);
+                th_get(&s.w[i].buf, &s.w[i].t, pw);
+                th_get(&s.p[i].buf, &s.p[i].t, pp);
+                th_round(va->p, pw, sizes[i]);
+                int64_t bad = 0;
+                for (int64_t k = 0; k < sizes[i]; k++) bad += !(pp[k] == pw[k]);
+                TH_CHECK(bad == 0, "adamw %s %s: %lld params are not their master weight rounded", what, label,
+                         (long long)bad);
+                free(pw), free(pp);
+            }
             free(got); free(dref); free(rp[i]); free(rm[i]); free(rv[i]);
         }
     }

@@ -226,8 +226,14 @@ typedef enum fg_op {
     /* RevIN, per instance over time of x [..., L, C] (fg_revin_options)                     */
     FG_OP_REVIN_STATS = 30,            /* 0:x [...,L,C] 1:mean [...,C] 2:stdev [...,C]          */
     FG_OP_REVIN_FORWARD = 31,          /* 0:x 1:w [C] (opt) 2:b [C] (opt) 3:mean 4:stdev 5:y    */
-    FG_OP_REVIN_BACKWARD = 32          /* 0:dy 1:x 2:w (opt) 3:b (opt) 4:mean 5:stdev 6:dx (opt)
+    FG_OP_REVIN_BACKWARD = 32,         /* 0:dy 1:x 2:w (opt) 3:b (opt) 4:mean 5:stdev 6:dx (opt)
                                           7:dw (opt) 8:db (opt)                                 */
+    /* Multi-head attention (fg_attention_options); q, k, v, o [B,H,L,hd], scores [B,H,L,L]   */
+    FG_OP_ATTENTION_FORWARD = 33,      /* 0:q 1:k 2:v 3:lengths [B] (opt, i32/i64)
+                                          4:scores_in (opt) 5:o 6:lse [B,H,L] 7:scores_out (opt) */
+    FG_OP_ATTENTION_BACKWARD = 34      /* 0:do 1:dscores (opt) 2:q 3:k 4:v 5:lengths (opt)
+                                          6:scores_in (opt) 7:o 8:lse 9:dq (opt) 10:dk (opt)
+                                          11:dv (opt) 12:dscores_in (opt)                        */
 } fg_op;
 
 #define FG_MAX_OPERANDS 16
@@ -771,6 +777,61 @@ FG_NODISCARD FG_API fg_status fg_revin_backward(fg_context *ctx, const fg_revin_
                                                 const fg_tensor *x, const fg_tensor *w, const fg_tensor *b,
                                                 const fg_tensor *mean, const fg_tensor *stdev, const fg_tensor *dx,
                                                 const fg_tensor *dw, const fg_tensor *db, int accumulate);
+
+/* ------------------------------------------------------------------ Attention */
+/* Multi-head scaled dot-product attention, forward and backward, without an [L, L] buffer
+ * (unless the caller asks for the scores). For each sequence b and head h, query rows i and key
+ * columns j in [0, L):
+ *   s_ij  = scale·q_i·k_j + scores_in_ij           (scores_in optional: a bias, or the previous
+ *                                                   layer's scores in PatchTST's residual attention)
+ *   masked (s_ij = −∞) where j > i (causal) or j >= lengths[b] (key padding)
+ *   lse_i = log Σ_j exp(s_ij),   p_ij = exp(s_ij − lse_i)
+ *   p̃_ij  = p_ij·keep_ij/(1 − dropout_p)           (dropout on the probabilities; see below)
+ *   o_i   = Σ_j p̃_ij·v_j
+ * scores_out (optional) receives s, −∞ at the masked positions: the next layer's scores_in.
+ * A row with no unmasked key (lengths[b] = 0, or scores_in −∞ across it) gives o = 0, lse = −∞
+ * and no gradient. The dropout mask is src/core/rng.h's (the one of the normalization family):
+ * the element index of (b, h, i, j) is ((b·H + h)·L + i)·L + j, the flat index into the logical
+ * [B, H, L, L] probabilities, under the options' (seed, offset); the backward regenerates it.
+ *
+ * q, k, v, o, do, dq, dk, dv: [B, H, L, hd], one dtype (f32, f16, bf16, f64), any strides (a
+ * packed [B, L, 3, H, hd] projection is read in place as three strided views; a zero stride
+ * broadcasts an input). scores_in, scores_out, dscores, dscores_in: [B, H, L, L], all of one
+ * dtype: q's or f32 (f64 for f64). lse: [B, H, L] contiguous, f32 (f64 for f64). lengths: [B],
+ * i32 or i64, each in [0, L]: a value outside makes every output of that sequence NaN and
+ * fg_context_check() return FG_ERR_DEVICE_VALUE with the sequence (the op does not read the
+ * values on the host). Sums are f32 (f64 for f64), in a fixed order: deterministic. The kernel
+ * (fg_plan_info.kernel): the CPU backend's rows, blocked per (sequence, head) with O(L·hd)
+ * memory per thread; on CUDA a whole-sequence kernel for short sequences (L <= 128, hd <= 64,
+ * every dtype), a tiled online-softmax (flash) kernel on tensor cores for f16 / bf16 with hd
+ * 32, 64 or 128, and a tiled kernel for the rest. */
+typedef struct fg_attention_options {
+    double scale;            /* finite; 0 means 1/√hd (1 when hd = 0)                     */
+    int32_t causal;          /* 0 or 1                                                     */
+    double dropout_p;        /* in [0, 1)                                                  */
+    uint64_t seed, offset;   /* the dropout's generator                                    */
+} fg_attention_options;
+
+/* The forward: o and lse (what the backward needs besides the inputs), and scores_out when
+ * given. lengths and scores_in may be NULL. */
+FG_NODISCARD FG_API fg_status fg_attention_forward(fg_context *ctx, const fg_attention_options *opt,
+                                                   const fg_tensor *q, const fg_tensor *k, const fg_tensor *v,
+                                                   const fg_tensor *lengths, const fg_tensor *scores_in,
+                                                   const fg_tensor *o, const fg_tensor *lse,
+                                                   const fg_tensor *scores_out);
+/* The backward, the probabilities recomputed from lse: with dp̃_ij = do_i·v_j, dp = dp̃·keep/(1 − p),
+ * D_i = do_i·o_i and G = dscores (the gradient scores_out received; NULL: none),
+ *   ds_ij = p_ij·(dp_ij − D_i) + G_ij   (0 at masked positions)
+ *   dq_i = scale·Σ_j ds_ij·k_j,  dk_j = scale·Σ_i ds_ij·q_i,  dv_j = Σ_i p̃_ij·do_i,  dscores_in = ds
+ * Each of dq, dk, dv, dscores_in may be NULL (dscores_in needs scores_in); accumulate adds into
+ * every requested output. opt, lengths and scores_in as in the forward. */
+FG_NODISCARD FG_API fg_status fg_attention_backward(fg_context *ctx, const fg_attention_options *opt,
+                                                    const fg_tensor *d_o, const fg_tensor *dscores,
+                                                    const fg_tensor *q, const fg_tensor *k, const fg_tensor *v,
+                                                    const fg_tensor *lengths, const fg_tensor *scores_in,
+                                                    const fg_tensor *o, const fg_tensor *lse, const fg_tensor *dq,
+                                                    const fg_tensor *dk, const fg_tensor *dv,
+                                                    const fg_tensor *dscores_in, int accumulate);
 
 #ifdef __cplusplus
 }

@@ -574,6 +574,41 @@ static void norm_cases(fg_context *ctx, fg_backend be, fg_dtype dt, int64_t rows
     }
 }
 
+/* Attention at a shape: the forward with every optional operand, the backward with every
+ * gradient; on CUDA the shapes pick the short, flash and tiled kernels. */
+static void attention_cases(fg_context *ctx, fg_backend be, fg_dtype dt, int64_t B, int64_t H, int64_t L, int64_t hd,
+                            bool scores, bool *covered) {
+    int64_t q4[4] = {B, H, L, hd}, s4[4] = {B, H, L, L}, r3[3] = {B, H, L}, b1[1] = {B};
+    const fg_dtype acc = dt == FG_F64 ? FG_F64 : FG_F32;
+    fg_attention_options o;
+    memset(&o, 0, sizeof o);
+    o.causal = 1;
+    char label[96];
+    plan_case c;
+    for (int fwd = 1; fwd >= 0; fwd--) {
+        snprintf(label, sizeof label, "attention_%s %s %lldx%lldx%lldx%lld%s", fwd ? "forward" : "backward",
+                 fg_dtype_name(dt), (long long)B, (long long)H, (long long)L, (long long)hd, scores ? " scores" : "");
+        memset(&c, 0, sizeof c);
+        c.op = fwd ? FG_OP_ATTENTION_FORWARD : FG_OP_ATTENTION_BACKWARD;
+        c.label = label;
+        covered[c.op] = true;
+        c.options = &o, c.options_size = sizeof o;
+        if (fwd) {
+            add(&c, be, 0, dt, 4, q4), add(&c, be, 1, dt, 4, q4), add(&c, be, 2, dt, 4, q4);
+            add(&c, be, 5, dt, 4, q4), add(&c, be, 6, acc, 3, r3);
+            if (scores) add(&c, be, 4, dt, 4, s4), add(&c, be, 7, dt, 4, s4);
+        } else {
+            add(&c, be, 0, dt, 4, q4), add(&c, be, 2, dt, 4, q4), add(&c, be, 3, dt, 4, q4), add(&c, be, 4, dt, 4, q4);
+            add(&c, be, 7, dt, 4, q4), add(&c, be, 8, acc, 3, r3);
+            add(&c, be, 9, dt, 4, q4), add(&c, be, 10, dt, 4, q4), add(&c, be, 11, dt, 4, q4);
+            if (scores) add(&c, be, 1, dt, 4, s4), add(&c, be, 6, dt, 4, s4), add(&c, be, 12, dt, 4, s4);
+        }
+        add(&c, be, fwd ? 3 : 5, FG_I64, 1, b1); /* lengths 0: every row empty, still a full run */
+        run_case(ctx, be, &c);
+        drop_case(&c);
+    }
+}
+
 /* A plan made for 16-byte aligned data refuses a pointer 4 bytes off, writes nothing; one made
  * for 4 bytes takes it. */
 static void declared_alignment(fg_context *ctx, fg_backend be) {
@@ -644,6 +679,9 @@ int main(void) {
             act_cases(ctx, bes[bi], dts[di], FG_ACT_GELU_TANH, 67, 40, 72, covered); /* short K */
             act_cases(ctx, bes[bi], dts[di], FG_ACT_RELU, 67, 200, 72, covered);
             norm_cases(ctx, bes[bi], dts[di], 67, 40, covered);
+            attention_cases(ctx, bes[bi], dts[di], 2, 3, 42, 8, true, covered);   /* short */
+            attention_cases(ctx, bes[bi], dts[di], 1, 2, 200, 64, false, covered); /* flash (bf16) / tiled */
+            attention_cases(ctx, bes[bi], dts[di], 1, 2, 150, 48, true, covered);  /* tiled */
         }
         if (bes[bi] == FG_BACKEND_CUDA) { /* the wide layers' own GEMM paths (a full wave of tiles) */
             norm_cases(ctx, bes[bi], FG_BF16, 300, 4096, covered);  /* a long row: the block-per-row path */

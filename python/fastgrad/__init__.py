@@ -9,7 +9,8 @@ values, ops and their operands) is read from the loaded library, and the ctypes 
 are checked against it at import (fastgrad.AbiError when they differ).
 """
 from ._lib import AbiError, FastgradError, version
-from .ops import (adamw_step, axpby_backward, axpby_forward, context_check, last_kernels, lerp_backward, lerp_forward,
+from .ops import (adamw_step, attention_backward, attention_forward, attention_options, axpby_backward, axpby_forward,
+                  context_check, last_kernels, lerp_backward, lerp_forward,
                   linear_act_backward, linear_act_forward, linear_backward_bias, linear_backward_input,
                   linear_backward_weight, linear_cross_entropy_onepass,
                   linear_forward, linear_logp_backward, linear_logp_forward, logp_options, matmul_backward_input,
@@ -23,6 +24,7 @@ try:
 except ImportError:  # pragma: no cover - no torch in CI
     pass
 else:
+    from .autograd import Attention, AttentionFunction, attention  # noqa: F401
     from .autograd import (ELU, AdamW, Clamp, LeakyReLU, Lerp, Linear, LinearAct, LinearCrossEntropy, LinearFunction,
                            Matmul, MatmulFunction, Outer, OuterFunction, Softcap, axpby, clamp, elu, leaky_relu, lerp,
                            linear, linear_act, linear_cross_entropy, linear_logp, matmul, outer, pow, scale, softcap)

@@ -337,6 +337,16 @@ class AttentionOptions(_Options):
     ]
 
 
+class AttentionOptions(_Options):
+    _fields_ = [
+        ("scale", ctypes.c_double),
+        ("causal", ctypes.c_int32),
+        ("dropout_p", ctypes.c_double),
+        ("seed", ctypes.c_uint64),
+        ("offset", ctypes.c_uint64),
+    ]
+
+
 def struct_key(s):
     """A ctypes struct's field values as a tuple (arrays as tuples), led by its type."""
     def value(v):
@@ -365,12 +375,13 @@ STRUCTS = {
     "fg_norm_options": NormOptions,
     "fg_batch_norm_options": BatchNormOptions,
     "fg_revin_options": RevinOptions,
+    "fg_attention_options": AttentionOptions,
 }
 # The options struct an op's fg_op_info.options_type names.
 OPTIONS = {"fg_dropout_options": DropoutOptions, "fg_norm_options": NormOptions,
            "fg_batch_norm_options": BatchNormOptions, "fg_revin_options": RevinOptions,
            "fg_elementwise_options": ElementwiseOptions, "fg_linear_act_options": LinearActOptions,
-           "fg_logp_options": LogpOptions}
+           "fg_logp_options": LogpOptions, "fg_attention_options": AttentionOptions}
 
 
 def layout_mismatches():

@@ -512,3 +512,63 @@ class LinearAct(Linear):
 
     def extra_repr(self):
         return super().extra_repr() + f", act={self.act}, save_pre={self.save_pre}"
+
+
+class AttentionFunction(torch.autograd.Function):
+    """Multi-head attention on [B, H, L, hd] tensors: o (and the pre-softmax scores when asked).
+    Saves q, k, v, o and the f32 row log-sum-exp; the backward recomputes the probabilities."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, scores_in, lengths, causal, scale, dropout_p, seed, return_scores, scores_dtype):
+        opt = ops.attention_options(causal, scale, dropout_p, seed, 0)
+        o, lse, scores = _call(ops.attention_forward, q, k, v, lengths, scores_in, return_scores, scores_dtype,
+                               options=opt)
+        ctx.save_for_backward(q, k, v, o, lse, scores_in, lengths)
+        ctx.opt = opt
+        ctx.return_scores = return_scores
+        ctx.mark_non_differentiable(lse)
+        return (o, scores) if return_scores else o
+
+    @staticmethod
+    def backward(ctx, do, dscores=None):
+        q, k, v, o, lse, scores_in, lengths = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        if not any(need[:4]):
+            return (None,) * 11
+        if do is None:
+            do = torch.zeros_like(o)
+        dq, dk, dv, ds = _call(ops.attention_backward, do, q, k, v, o, lse, lengths, scores_in, dscores,
+                               need=(need[0], need[1], need[2], scores_in is not None and need[3]), options=ctx.opt)
+        return dq, dk, dv, ds, None, None, None, None, None, None, None
+
+
+def attention(q, k, v, causal=False, scale=None, scores_in=None, return_scores=False, dropout_p=0.0, lengths=None,
+              seed=None, scores_dtype=None):
+    """Multi-head scaled dot-product attention on [B, H, L, hd] tensors (any strides: e.g. a
+    [B, L, 3, H, hd] projection viewed per head), with its fused backward and no [L, L] buffer:
+    o = softmax(q·kᵀ·scale + scores_in, masked) · v, the softmax's probabilities dropped with
+    dropout_p (a mask from the counter-based generator under `seed`, drawn from torch's default
+    generator when None). lengths [B]: key-padding lengths. return_scores: also the pre-softmax
+    scores (-inf where masked; scores_in's dtype, else scores_dtype or q's) — PatchTST's residual
+    attention feeds them to the next layer as its scores_in. Returns o, or (o, scores)."""
+    if dropout_p > 0 and seed is None:
+        seed = int(torch.randint(0, 2**62, (1,)).item())
+    return AttentionFunction.apply(q, k, v, scores_in, lengths, causal, scale, float(dropout_p), seed or 0,
+                                   bool(return_scores), scores_dtype)
+
+
+class Attention(torch.nn.Module):
+    """The attention core as a module (no projections): causal / dropout fixed at construction,
+    dropout only in training mode; forward(q, k, v, scores_in=None, lengths=None) as
+    fastgrad.attention."""
+
+    def __init__(self, causal=False, dropout=0.0, scale=None, return_scores=False):
+        super().__init__()
+        self.causal, self.dropout, self.scale, self.return_scores = causal, float(dropout), scale, return_scores
+
+    def forward(self, q, k, v, scores_in=None, lengths=None):
+        return attention(q, k, v, self.causal, self.scale, scores_in, self.return_scores,
+                         self.dropout if self.training else 0.0, lengths)
+
+    def extra_repr(self):
+        return f"causal={self.causal}, dropout={self.dropout}, scale={self.scale}, return_scores={self.return_scores}"

@@ -526,6 +526,63 @@ def context_check(device=None):
     ctx.check()
 
 
+# ------------------------------------------------------------------ Attention
+
+def attention_options(causal=False, scale=None, dropout_p=0.0, seed=0, offset=0):
+    """The fg_attention_options: scale None means 1/sqrt(hd); dropout on the probabilities with
+    the counter-based generator's (seed, offset)."""
+    return _lib.AttentionOptions(scale=0.0 if scale is None else float(scale), causal=int(bool(causal)),
+                                 dropout_p=float(dropout_p), seed=int(seed) & (2**64 - 1),
+                                 offset=int(offset) & (2**64 - 1))
+
+
+def _heads_like(ref, shape, dtype=None):
+    """A [B, H, L, hd] output stored as [B, L, H, hd] (what the projection after attention reads
+    without a copy)."""
+    b, h, l, d = shape
+    out = _empty_like_family(ref, (b, l, h, d), dtype)
+    return out.transpose(1, 2) if _is_torch(out) else out.transpose(0, 2, 1, 3)
+
+
+def attention_forward(q, k, v, lengths=None, scores_in=None, return_scores=False, scores_dtype=None, options=None):
+    """(o, lse, scores or None) of multi-head attention (see fg_attention_forward): q, k, v
+    [B, H, L, hd] with any strides, lengths [B] int32/int64 key-padding lengths, scores_in
+    [B, H, L, L] added to the scaled scores. The scores returned (the pre-softmax s, -inf where
+    masked) take scores_in's dtype, else scores_dtype (default q's). o is stored [B, L, H, hd]."""
+    b, h, l, d = q.shape
+    acc = _row_dtype(q)
+    o = _heads_like(q, (b, h, l, d))
+    lse = _empty_like_family(q, (b, h, l), acc)
+    sdt = scores_in.dtype if scores_in is not None else (scores_dtype or q.dtype)
+    scores = _empty_like_family(q, (b, h, l, l), sdt) if return_scores else None
+    run("attention_forward", dict(q=q, k=k, v=v, lengths=lengths, scores_in=scores_in, o=o, lse=lse,
+                                  scores_out=scores), options=options or attention_options())
+    return o, lse, scores
+
+
+def attention_backward(do, q, k, v, o, lse, lengths=None, scores_in=None, dscores=None, need=(True, True, True, True),
+                       options=None, out=(None, None, None, None), accumulate=False):
+    """(dq, dk, dv, dscores_in): the gradients of attention_forward's inputs from do (and dscores,
+    the gradient its scores received); None where not needed (dscores_in only with scores_in).
+    `out` may supply the buffers (then accumulate may add into them)."""
+    want = [need[0], need[1], need[2], need[3] and scores_in is not None]
+    grads = []
+    for i, (w, given) in enumerate(zip(want, out)):
+        if not w:
+            grads.append(None)
+        elif given is not None:
+            grads.append(given)
+        elif i < 3:
+            grads.append(_heads_like(do, tuple(q.shape)))
+        else:
+            grads.append(_empty_like_family(do, tuple(scores_in.shape), scores_in.dtype))
+    dq, dk, dv, ds = grads
+    run("attention_backward", dict(do=do, dscores=dscores, q=q, k=k, v=v, lengths=lengths, scores_in=scores_in, o=o,
+                                   lse=lse, dq=dq, dk=dk, dv=dv, dscores_in=ds), accumulate,
+        options=options or attention_options())
+    return dq, dk, dv, ds
+
+
 # ------------------------------------------------------------------ AdamW
 
 def adamw_step(params, grads, exp_avg, exp_avg_sq, *, lr, beta1, beta2, eps, weight_decay, step, grad_scale=1.0,
@@ -558,4 +615,5 @@ __all__ = ["FastgradError", "set_allow_tf32", "plan_info", "linear_forward", "li
            "matmul_backward_other", "outer_forward", "outer_backward_input", "outer_backward_other",
            "unary_forward", "unary_backward", "lerp_forward", "lerp_backward", "axpby_forward", "axpby_backward",
            "adamw_step", "logp_options", "linear_logp_forward", "linear_logp_backward", "linear_cross_entropy_onepass",
-           "context_check", "last_kernels", "linear_act_forward", "linear_act_backward"]
+           "context_check", "last_kernels", "linear_act_forward", "linear_act_backward", "attention_options",
+           "attention_forward", "attention_backward"]

@@ -69,6 +69,8 @@ static const struct {
     S(fg_batch_norm_options), F(fg_batch_norm_options, eval), F(fg_batch_norm_options, eps),
     F(fg_batch_norm_options, momentum), F(fg_batch_norm_options, dropout),
     S(fg_revin_options), F(fg_revin_options, eps), F(fg_revin_options, denorm), F(fg_revin_options, subtract_last),
+    S(fg_attention_options), F(fg_attention_options, scale), F(fg_attention_options, causal),
+    F(fg_attention_options, dropout_p), F(fg_attention_options, seed), F(fg_attention_options, offset),
 };
 #undef S
 #undef F

@@ -510,6 +510,74 @@ typedef struct fg_norm_call {
 
 fg_status fg_cpu_norm(fg_context *ctx, fg_norm_call *c, bool run);
 
+/* ------------------------------------------------------------------ attention */
+
+/* A sequence's bad key-padding length (outside [0, L]): its outputs are NaN. */
+#define FG_FLAG_BAD_LENGTH 2ull
+
+/* The kernels of the attention family (src/ops/attention.c): the CPU backend's rows, and on
+ * CUDA the whole-sequence kernel (L <= 128), the tensor-core flash kernels (f16 / bf16, hd 32 /
+ * 64 / 128, unit-stride rows) and the tiled SIMT kernels (everything else). */
+typedef enum fg_attn_kernel {
+    FG_ATTN_CPU,
+    FG_ATTN_SHORT,
+    FG_ATTN_FLASH,
+    FG_ATTN_TILED
+} fg_attn_kernel;
+
+/* An attention problem as its plan sees it (no pointers): what the backend's plan hook picks
+ * the kernel from. */
+typedef struct fg_attn_problem {
+    bool forward;
+    fg_dtype dtype;          /* q, k, v, o, do, dq, dk, dv */
+    fg_dtype sdtype;         /* the score operands (dtype or acc) */
+    fg_dtype acc;            /* lse, and the sums: f32 (f64 for f64) */
+    fg_dtype ldtype;         /* lengths: i32 / i64 */
+    int64_t B, H, L, hd;
+    bool causal, has_lengths, has_scores_in, has_scores_out, has_dscores, dropout;
+    bool want_dq, want_dk, want_dv, want_dscores_in;
+    bool accumulate;
+    bool unit_rows;          /* every [B, H, L, hd] operand has stride 1 along hd and its other
+                                strides multiples of 16 bytes */
+    uint32_t align;          /* bytes every operand's data is declared aligned to */
+} fg_attn_problem;
+
+/* The backend's choice, kept in the plan (fg_lowered.priv). */
+typedef struct fg_attn_path {
+    fg_attn_kernel kernel;
+    int group;               /* SHORT: heads per block; FLASH: head dim */
+    size_t workspace;        /* bytes of workspace the run needs */
+    char name[96];           /* the kernels it launches, as fg_plan_info.kernel and the launch
+                                record name them (" ; "-joined) */
+} fg_attn_path;
+
+/* An operand of shape [B, H, L, X] (X = hd, or L for the scores): data and strides in elements;
+ * data NULL: absent. */
+typedef struct fg_attn_view {
+    void *data;
+    int64_t sb, sh, sl, sx;
+} fg_attn_view;
+
+/* One run: the problem and the path its plan chose, the resolved options, the operands. */
+typedef struct fg_attn_call {
+    fg_attn_problem p;
+    fg_attn_path path;
+    double scale;
+    double dropout_p;
+    float keep_threshold;    /* the dropout keeps u >= keep_threshold (= ceil(p·2^24)·2^-24) */
+    double keep_scale;       /* 1/(1 − p) */
+    uint64_t seed, offset;
+    const void *lengths;
+    fg_attn_view q, k, v, o, scores_in, scores_out; /* forward and backward */
+    fg_attn_view d_o, dscores, dq, dk, dv, dscores_in; /* backward */
+    void *lse;               /* [B, H, L] contiguous, acc */
+    void *ws;
+    size_t ws_bytes;
+} fg_attn_call;
+
+fg_status fg_cpu_attn_plan(fg_context *ctx, const fg_attn_problem *p, fg_attn_path *path);
+fg_status fg_cpu_attn(fg_context *ctx, const fg_attn_call *c);
+
 /* ------------------------------------------------------------------ backends */
 
 /* What a backend implements. The front doors (src/ops/) and the plan mechanism reach kernels
@@ -528,6 +596,8 @@ typedef struct fg_backend_ops {
     fg_status (*act_plan)(fg_context *ctx, const fg_act_problem *p, fg_act_path *path);
     fg_status (*act)(fg_context *ctx, const fg_act_call *c);
     fg_status (*norm)(fg_context *ctx, fg_norm_call *c, bool run); /* plans (run = false) or runs a step */
+    fg_status (*attn_plan)(fg_context *ctx, const fg_attn_problem *p, fg_attn_path *path);
+    fg_status (*attn)(fg_context *ctx, const fg_attn_call *c); /* runs the plan's path */
 } fg_backend_ops;
 
 extern const fg_backend_ops fg_cpu_backend;

@@ -63,4 +63,6 @@ const fg_backend_ops fg_cpu_backend = {
     .act_plan = cpu_act_plan,
     .act = cpu_act,
     .norm = fg_cpu_norm,
+    .attn_plan = fg_cpu_attn_plan,
+    .attn = fg_cpu_attn,
 };

@@ -1,0 +1,203 @@
+/*
+ * attention.c — the CPU backend's attention (the reference the CUDA kernels are tested
+ * against): forward and backward per (sequence, head), the heads spread over OpenMP threads.
+ * Each (sequence, head) is one thread's from start to end — its K and V converted once to
+ * f32 (f64 for f64), the rows walked in order, dK and dV summed in that order — so the result
+ * does not depend on the thread count, and memory is O(L·hd) per thread (the workspace: one
+ * slice a thread). The body is src/cpu/attention_rows.h, in f32 and in f64.
+ *
+ * Key-padding lengths are checked here, where the host sees them: a length outside [0, L]
+ * makes every output of its sequence NaN and raises FG_FLAG_BAD_LENGTH (fg_context_check), as
+ * the CUDA kernels do on the device.
+ */
+#include "cpu.h"
+#include "vec.h"
+
+#include "../core/rng.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+/* A strided row of n elements of dtype t (from element off) as f32, and f32 values stored into
+ * one (added to what is there when add); the dtype switch outside the loops, so each loop is
+ * one conversion the compiler can vectorize. */
+static void ld_row_f32(float *dst, const void *src, fg_dtype t, int64_t off, int64_t st, int64_t n) {
+    switch (t) {
+    case FG_F16: {
+        const uint16_t *p = (const uint16_t *)src + off;
+        for (int64_t i = 0; i < n; i++) dst[i] = fg_v_f16_to_f32(p[i * st]);
+        break;
+    }
+    case FG_BF16: {
+        const uint16_t *p = (const uint16_t *)src + off;
+        for (int64_t i = 0; i < n; i++) dst[i] = fg_v_bf16_to_f32(p[i * st]);
+        break;
+    }
+    case FG_F64: {
+        const double *p = (const double *)src + off;
+        for (int64_t i = 0; i < n; i++) dst[i] = (float)p[i * st];
+        break;
+    }
+    default: {
+        const float *p = (const float *)src + off;
+        for (int64_t i = 0; i < n; i++) dst[i] = p[i * st];
+        break;
+    }
+    }
+}
+
+static void st_row_f32(void *dst, fg_dtype t, int64_t off, int64_t st, const float *src, int64_t n, bool add) {
+    switch (t) {
+    case FG_F16: {
+        uint16_t *p = (uint16_t *)dst + off;
+        for (int64_t i = 0; i < n; i++) p[i * st] = fg_v_f32_to_f16(add ? fg_v_f16_to_f32(p[i * st]) + src[i] : src[i]);
+        break;
+    }
+    case FG_BF16: {
+        uint16_t *p = (uint16_t *)dst + off;
+        for (int64_t i = 0; i < n; i++)
+            p[i * st] = fg_v_f32_to_bf16(add ? fg_v_bf16_to_f32(p[i * st]) + src[i] : src[i]);
+        break;
+    }
+    case FG_F64: {
+        double *p = (double *)dst + off;
+        for (int64_t i = 0; i < n; i++) p[i * st] = add ? p[i * st] + src[i] : src[i];
+        break;
+    }
+    default: {
+        float *p = (float *)dst + off;
+        for (int64_t i = 0; i < n; i++) p[i * st] = add ? p[i * st] + src[i] : src[i];
+        break;
+    }
+    }
+}
+
+/* The same in f64 (an f64 problem's operands are all f64). */
+static void ld_row_f64(double *dst, const void *src, fg_dtype t, int64_t off, int64_t st, int64_t n) {
+    for (int64_t i = 0; i < n; i++) dst[i] = fg_v_ldd(src, t, off + i * st);
+}
+
+static void st_row_f64(void *dst, fg_dtype t, int64_t off, int64_t st, const double *src, int64_t n, bool add) {
+    for (int64_t i = 0; i < n; i++)
+        fg_v_std(dst, t, off + i * st, add ? fg_v_ldd(dst, t, off + i * st) + src[i] : src[i]);
+}
+
+#define REAL float
+#define LD(p, t, i) fg_v_ld(p, t, i)
+#define ST(p, t, i, v) fg_v_st(p, t, i, v)
+#define LD_ROW ld_row_f32
+#define ST_ROW st_row_f32
+#define EXP(x) fg_v_exp(x)
+#define LOG(x) logf(x)
+#define FWD_UNIT fwd_unit_f32
+#define BWD_UNIT bwd_unit_f32
+#include "attention_rows.h"
+#undef REAL
+#undef LD
+#undef ST
+#undef LD_ROW
+#undef ST_ROW
+#undef EXP
+#undef LOG
+#undef FWD_UNIT
+#undef BWD_UNIT
+
+#define REAL double
+#define LD(p, t, i) fg_v_ldd(p, t, i)
+#define ST(p, t, i, v) fg_v_std(p, t, i, v)
+#define LD_ROW ld_row_f64
+#define ST_ROW st_row_f64
+#define EXP(x) exp(x)
+#define LOG(x) log(x)
+#define FWD_UNIT fwd_unit_f64
+#define BWD_UNIT bwd_unit_f64
+#include "attention_rows.h"
+#undef REAL
+#undef LD
+#undef ST
+#undef LD_ROW
+#undef ST_ROW
+#undef EXP
+#undef LOG
+#undef FWD_UNIT
+#undef BWD_UNIT
+
+/* Bytes of one thread's slice of the workspace (64-byte multiples). */
+static size_t slice_bytes(const fg_attn_problem *p) {
+    const size_t real = p->dtype == FG_F64 ? 8 : 4;
+    const size_t n = p->forward ? (size_t)(3 * p->L * p->hd + 2 * p->L + 2 * p->hd)
+                                : (size_t)(5 * p->L * p->hd + 4 * p->L + 4 * p->hd);
+    return (n * real + 63) & ~(size_t)63;
+}
+
+fg_status fg_cpu_attn_plan(fg_context *ctx, const fg_attn_problem *p, fg_attn_path *path) {
+    memset(path, 0, sizeof *path);
+    path->kernel = FG_ATTN_CPU;
+    path->workspace = slice_bytes(p) * (size_t)fg_cpu_threads(ctx);
+    snprintf(path->name, sizeof path->name, "attn_rows_%s<%s>", p->forward ? "fwd" : "bwd", fg_dtype_name(p->dtype));
+    return FG_OK;
+}
+
+static int64_t length_of(const fg_attn_call *c, int64_t b) {
+    if (!c->lengths) return c->p.L;
+    return c->p.ldtype == FG_I32 ? (int64_t)((const int32_t *)c->lengths)[b] : ((const int64_t *)c->lengths)[b];
+}
+
+/* Every element of view v's sequence b ([H, L, X]) set to NaN. */
+static void fill_nan(const fg_attn_view *v, fg_dtype t, int64_t b, int64_t H, int64_t L, int64_t X) {
+    if (!v->data) return;
+    for (int64_t h = 0; h < H; h++)
+        for (int64_t i = 0; i < L; i++)
+            for (int64_t x = 0; x < X; x++) fg_v_std(v->data, t, b * v->sb + h * v->sh + i * v->sl + x * v->sx, NAN);
+}
+
+fg_status fg_cpu_attn(fg_context *ctx, const fg_attn_call *c) {
+    const fg_attn_problem *p = &c->p;
+    const int64_t B = p->B, H = p->H, L = p->L, hd = p->hd;
+    const size_t slice = slice_bytes(p);
+    if (slice > c->ws_bytes)
+        return fg_fail(FG_ERR_WORKSPACE, "attention: workspace of %zu bytes given, %zu needed", c->ws_bytes, slice);
+    int64_t bad = -1;
+    for (int64_t b = 0; b < B && c->lengths; b++) {
+        const int64_t len = length_of(c, b);
+        if (len >= 0 && len <= L) continue;
+        if (bad < 0) bad = b;
+        if (p->forward) {
+            fill_nan(&c->o, p->dtype, b, H, L, hd);
+            fill_nan(&c->scores_out, p->sdtype, b, H, L, L);
+            for (int64_t e = 0; e < H * L; e++) fg_v_std(c->lse, p->acc, b * H * L + e, NAN);
+        } else {
+            fill_nan(&c->dq, p->dtype, b, H, L, hd);
+            fill_nan(&c->dk, p->dtype, b, H, L, hd);
+            fill_nan(&c->dv, p->dtype, b, H, L, hd);
+            fill_nan(&c->dscores_in, p->sdtype, b, H, L, L);
+        }
+    }
+    if (bad >= 0) fg_host_flag_raise(ctx, FG_FLAG_BAD_LENGTH, bad);
+    const int64_t units = B * H;
+    int team = fg_cpu_team(ctx, units * L * (L + 1) * (hd + 1), 1 << 16);
+    if (slice && (size_t)team > c->ws_bytes / slice) team = (int)(c->ws_bytes / slice);
+    if (team < 1) team = 1;
+    const bool f64 = p->dtype == FG_F64;
+#pragma omp parallel num_threads(team) if (team > 1)
+    {
+        const int tid = team > 1 ? omp_get_thread_num() : 0;
+        void *buf = (char *)c->ws + (size_t)tid * slice;
+#pragma omp for schedule(static)
+        for (int64_t u = 0; u < units; u++) {
+            const int64_t b = u / H, h = u % H;
+            const int64_t len = length_of(c, b);
+            if (len < 0 || len > L) continue;
+            if (p->forward) {
+                if (f64) fwd_unit_f64(c, b, h, len, buf);
+                else fwd_unit_f32(c, b, h, len, buf);
+            } else {
+                if (f64) bwd_unit_f64(c, b, h, len, buf);
+                else bwd_unit_f32(c, b, h, len, buf);
+            }
+        }
+    }
+    fg_record_kernel(ctx, c->path.name);
+    return FG_OK;
+}

@@ -603,7 +603,9 @@ typedef struct fg_logp_options {
  * Precision: the logits h·wᵀ + b are rounded to the inputs' dtype before the softmax, as
  * F.linear's output is (in bf16 a logit of size |z| carries up to |z|·2^-8 of absolute
  * error, so each p is off by up to that fraction); the softmax, its sums and the
- * per-row statistics are f32 (f64 for f64).
+ * per-row statistics are f32 (f64 for f64). The gradients' dz = ∂L/∂z is formed in the
+ * same tile, in the inputs' dtype, before the products dh = dz·w and dw = dzᵀ·h take it
+ * (db sums it in f32 before that rounding).
  * Deterministic: every sum has a fixed order; no floating-point atomics. */
 FG_NODISCARD FG_API fg_status fg_linear_logp_forward(fg_context *ctx, const fg_logp_options *opt,
                                                      const fg_tensor *h, const fg_tensor *w,

@@ -619,6 +619,21 @@ static void dropout_checks(fg_context *ctx, fg_backend be, void **cpu_bits, size
     }
 }
 
+/* A scalar (rank 0) is one element at flat index 0. */
+static void dropout_scalar(fg_context *ctx, fg_backend be) {
+    th_operand x = make(be, FG_F32, 0, NULL, 0, false), y = make(be, FG_F32, 0, NULL, 0, false);
+    double v = 1.5, want[1];
+    th_put(&x.buf, &x.t, &v);
+    for (uint64_t seed = 0; seed < 8; seed++) { /* kept for some seeds, dropped for others */
+        fg_dropout_options opt = {0.5, seed, 0};
+        want[0] = v * mult(0.5, seed, 0, 0);
+        th_poison(&y.buf);
+        TH_OK(fg_dropout_forward(ctx, &opt, &x.t, &y.t));
+        th_verify("y (scalar)", &y, want, 0, th_backend_name(be));
+    }
+    th_drop(&x), th_drop(&y);
+}
+
 /* The fused residual's mask is the dropout op's, and the norm backward's dr regenerates it:
  * with x = 0 and r = 1, s = m exactly; dr must be m·dx element by element. */
 static void residual_mask(fg_context *ctx, fg_backend be) {
@@ -1063,6 +1078,7 @@ int main(void) {
         bn_split(ctx, bes[bi], FG_BF16);
         dropout_checks(ctx, bes[bi], cpu_bits, cpu_bytes);
         residual_mask(ctx, bes[bi]);
+        dropout_scalar(ctx, bes[bi]);
         revin_checks(ctx, bes[bi]);
         nan_propagation(ctx, bes[bi]);
         reruns_and_in_place(ctx, bes[bi]);

@@ -211,8 +211,15 @@ static fg_status sums_of(const char *op, const fg_tensor *t, int64_t C) {
  * its plan sees which operands are there, as the run will. */
 static _Alignas(256) char placeholder[256];
 
+/* Given: a required operand always (rank 0 is a scalar then), an optional one when its rank is not 0. */
+static bool present(const fg_plan_desc *d, int i) {
+    if (has(&d->operands[i])) return true;
+    const fg_op_decl *e = fg_op_find(d->op, NULL);
+    return e && i < e->n_operands && !e->operands[i].optional;
+}
+
 static const void *in_of(const fg_tensor *ops, const fg_plan_desc *d, int i) {
-    if (!has(&d->operands[i])) return NULL;
+    if (!present(d, i)) return NULL;
     return ops ? ops[i].data : placeholder;
 }
 
@@ -220,7 +227,7 @@ static void *out_of(const fg_tensor *ops, const fg_plan_desc *d, int i) { return
 
 static int64_t ld_of(const fg_plan_desc *d, int i) {
     const fg_tensor *t = &d->operands[i];
-    if (!has(t)) return 0;
+    if (!has(t)) return 1; /* absent, or a scalar */
     int64_t rows = 0, cols = 0, ld = 0;
     if (rows_of("", "", t, 0, &rows, &cols, &ld) != FG_OK) return 0; /* validated by the lowering */
     return ld;

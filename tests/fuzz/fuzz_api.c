@@ -373,6 +373,10 @@ typedef union options {
     fg_elementwise_options ew;
     fg_logp_options logp;
     fg_linear_act_options act;
+    fg_norm_options norm;
+    fg_batch_norm_options bn;
+    fg_dropout_options drop;
+    fg_revin_options revin;
     uint8_t bytes[256];
 } options;
 
@@ -411,6 +415,27 @@ static void read_options(rd *r, const fg_op_info *info, options *o, const void *
         o->act.act = (fg_activation)((int)(u8(r) % 10) - 1);
         o->act.saved = (fg_act_saved)((int)(u8(r) % 4) - 1);
         o->act.consume = (int)(u8(r) % 4) - 1;
+    } else if (strcmp(info->options_type, "fg_norm_options") == 0) {
+        const uint8_t f = u8(r);
+        o->norm.kind = (fg_norm_kind)((int)(u8(r) % 4) - 1);
+        o->norm.eps = f & 1 ? scalar(r) : 0;
+        o->norm.dropout.p = f & 2 ? scalar(r) : 0;
+        o->norm.dropout.seed = u8(r), o->norm.dropout.offset = f & 4 ? UINT64_MAX - u8(r) : u8(r);
+    } else if (strcmp(info->options_type, "fg_batch_norm_options") == 0) {
+        const uint8_t f = u8(r);
+        o->bn.eval = (int)(u8(r) % 4) - 1;
+        o->bn.eps = f & 1 ? scalar(r) : 0;
+        o->bn.momentum = f & 2 ? scalar(r) : 0;
+        o->bn.dropout.p = f & 4 ? scalar(r) : 0;
+        o->bn.dropout.seed = u8(r);
+    } else if (strcmp(info->options_type, "fg_dropout_options") == 0) {
+        o->drop.p = scalar(r);
+        o->drop.seed = u8(r), o->drop.offset = u8(r);
+    } else if (strcmp(info->options_type, "fg_revin_options") == 0) {
+        const uint8_t f = u8(r);
+        o->revin.eps = f & 1 ? scalar(r) : 0;
+        o->revin.denorm = (int)(u8(r) % 4) - 1;
+        o->revin.subtract_last = f & 2 ? 1 : 0;
     }
 }
 
@@ -432,7 +457,30 @@ static fg_status call_one(fg_context *ctx, fg_op op, int variant, const operand 
     const fg_logp_options *lo = optp ? &opt->logp : NULL;
     const fg_linear_act_options *ao = optp ? &opt->act : NULL;
     const fg_activation act = opt->act.act;
+    const fg_norm_options *no = optp ? &opt->norm : NULL;
+    const fg_batch_norm_options *bo = optp ? &opt->bn : NULL;
+    const fg_dropout_options *dp = optp ? &opt->drop : NULL;
+    const fg_revin_options *ro = optp ? &opt->revin : NULL;
     switch (op) {
+    case FG_OP_NORM_FORWARD: return fg_norm_forward(ctx, no, P[0], P[1], P[2], P[3], P[4], P[5], P[6], P[7]);
+    case FG_OP_NORM_BACKWARD:
+        return fg_norm_backward(ctx, no, P[0], P[1], P[2], P[3], P[4], P[5], P[6], P[7], P[8], P[9], acc);
+    case FG_OP_BATCH_NORM_FORWARD:
+        return fg_batch_norm_forward(ctx, bo, P[0], P[1], P[2], P[3], P[4], P[5], P[6], P[7], P[8], P[9]);
+    case FG_OP_BATCH_NORM_BACKWARD:
+        return fg_batch_norm_backward(ctx, bo, P[0], P[1], P[2], P[3], P[4], P[5], P[6], P[7], P[8], acc);
+    case FG_OP_BATCH_NORM_STATS: return fg_batch_norm_stats(ctx, bo, P[0], P[1], P[2], P[3]);
+    case FG_OP_BATCH_NORM_APPLY:
+        return fg_batch_norm_apply(ctx, bo, P[0], P[1], P[2], P[3], P[4], P[5], P[6], P[7], P[8]);
+    case FG_OP_BATCH_NORM_BACKWARD_STATS: return fg_batch_norm_backward_stats(ctx, bo, P[0], P[1], P[2], P[3], P[4]);
+    case FG_OP_BATCH_NORM_BACKWARD_APPLY:
+        return fg_batch_norm_backward_apply(ctx, bo, P[0], P[1], P[2], P[3], P[4], P[5], P[6], P[7], P[8], P[9], acc);
+    case FG_OP_DROPOUT_FORWARD: return fg_dropout_forward(ctx, dp, P[0], P[1]);
+    case FG_OP_DROPOUT_BACKWARD: return fg_dropout_backward(ctx, dp, P[0], P[1], acc);
+    case FG_OP_REVIN_STATS: return fg_revin_stats(ctx, ro, P[0], P[1], P[2]);
+    case FG_OP_REVIN_FORWARD: return fg_revin_forward(ctx, ro, P[0], P[1], P[2], P[3], P[4], P[5]);
+    case FG_OP_REVIN_BACKWARD:
+        return fg_revin_backward(ctx, ro, P[0], P[1], P[2], P[3], P[4], P[5], P[6], P[7], P[8], acc);
     case FG_OP_LINEAR_FORWARD: return fg_linear_forward(ctx, P[0], P[1], P[2], P[3]);
     case FG_OP_LINEAR_BACKWARD_INPUT: return fg_linear_backward_input(ctx, P[0], P[1], P[2], acc);
     case FG_OP_LINEAR_BACKWARD_WEIGHT: return fg_linear_backward_weight(ctx, P[0], P[1], P[2], acc);

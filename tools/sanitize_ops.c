@@ -88,10 +88,12 @@ static void gemm_kernels(void) {
         written("linear_forward K = 0", &Y);
         th_drop(&X), th_drop(&W), th_drop(&B), th_drop(&Y);
     }
-    {   /* a low-precision batch sum: f32 buffer in and out through axpby_2d */
-        int64_t a[3] = {3, 37, 24}, dc[3] = {3, 37, 40}, db[2] = {24, 40};
-        th_operand A = make(dt, 3, a, 0), DC = make(dt, 3, dc, 0), DB = out(dt, 2, db, 0);
-        launched("matmul_backward_other batch sum", fg_matmul_backward_other(ctx, &A.t, &DC.t, &DB.t, 0), "f32 sum");
+    {   /* a low-precision batch sum: f32 buffer in and out through axpby_2d (a's batches a row apart:
+           batches side by side along k would be one longer product instead) */
+        int64_t a[3] = {3, 37, 24}, apad[3] = {3, 38, 24}, as[3] = {38 * 24, 24, 1}, dc[3] = {3, 37, 40}, db[2] = {24, 40};
+        th_operand A = make(dt, 3, apad, 0), DC = make(dt, 3, dc, 0), DB = out(dt, 2, db, 0);
+        A.t = th_tensor(&A.buf, 0, 3, a, as);
+        launched("matmul_backward_other batch sum", fg_matmul_backward_other(ctx, &A.t, &DC.t, &DB.t, 0), "x batch, f32 sum");
         written("matmul_backward_other batch sum", &DB);
         th_drop(&A), th_drop(&DC), th_drop(&DB);
     }
@@ -197,6 +199,7 @@ static void act_kernels(void) {
     }
     {   /* the one-kernel backward on sm_90a (pre kept): many row tiles, so its stages go round */
         layer l = make_layer(FG_BF16, 20000, 128, 256);
+        th_randomize(&l.pre); /* a kept pre (the forward's output elsewhere) */
         launched("linear_act bwd90", fg_linear_act_backward(ctx, FG_ACT_SILU, &l.dy.t, &l.pre.t, &l.x.t, &l.w.t, &l.b.t,
                                                             &l.dx.t, &l.dw.t, &l.db.t, 0), "linear_act_bwd90_");
         grads_finite("linear_act bwd90", &l, true);

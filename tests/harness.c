@@ -13,7 +13,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
-int th_failures, th_checks, th_skips;
+int th_failures, th_checks, th_skips, th_unrequested;
 static uint64_t rng_state;
 const fg_dtype th_dtypes[4] = {FG_F32, FG_F16, FG_BF16, FG_F64};
 
@@ -46,8 +46,17 @@ int th_finish(const char *name) {
         fprintf(stderr, "FAIL %s: %d case(s) skipped with FG_REQUIRE_CUDA=1\n", name, th_skips);
         th_failures++;
     }
-    printf("%s: %d checks, %d failed, %d skipped\n", name, th_checks, th_failures, th_skips);
+    printf("%s: %d checks, %d failed, %d skipped", name, th_checks, th_failures, th_skips);
+    if (th_unrequested) printf(" (+%d not requested)", th_unrequested);
+    printf("\n");
     return th_failures ? 1 : 0;
+}
+
+bool th_large(const char *what) {
+    if (getenv("FG_TEST_LARGE")) return true;
+    printf("SKIP (not requested): %s; set FG_TEST_LARGE=1\n", what);
+    th_unrequested++;
+    return false;
 }
 
 const char *th_backend_name(fg_backend be) { return be == FG_BACKEND_CUDA ? "cuda" : "cpu"; }

@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-extern int th_failures, th_checks, th_skips;
+extern int th_failures, th_checks, th_skips, th_unrequested;
 
 #define TH_CHECK(cond, ...)                                                                   \
     do {                                                                                      \
@@ -34,6 +34,11 @@ extern int th_failures, th_checks, th_skips;
         TH_CHECK(th_s_ == FG_OK, "%s -> %s: %s", #expr, fg_status_string(th_s_), fg_last_error()); \
     } while (0)
 
+/* The cases past 2^31 elements (minutes, tens of GB of device memory) run only when
+ * FG_TEST_LARGE is set: false otherwise, after a SKIP line that counts as not requested
+ * (th_unrequested), not as a skipped case, so FG_REQUIRE_CUDA=1 runs under a tool that
+ * leaves them out (compute-sanitizer) still pass; gpu-check runs them in its main pass. */
+bool th_large(const char *what);
 /* Seeds the generator (fresh unless FG_TEST_SEED is set) and prints the seed. */
 void th_init(const char *name);
 /* Prints the summary; returns the process exit code. */

@@ -304,11 +304,7 @@ int main(void) {
         for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) steps(ctx, bes[bi], &variants[v]);
         bad_input(ctx, bes[bi]);
 #ifdef FG_TEST_HAVE_CUDA
-        if (bes[bi] == FG_BACKEND_CUDA && getenv("FG_TEST_LARGE")) large(ctx);
-        else if (bes[bi] == FG_BACKEND_CUDA) {
-            printf("SKIP: large (> 2^31 elements) case; set FG_TEST_LARGE=1 on a GPU with 40 GB free\n");
-            th_skips++;
-        }
+        if (bes[bi] == FG_BACKEND_CUDA && th_large("the > 2^31-element case (a GPU with 40 GB free)")) large(ctx);
 #endif
         TH_OK(fg_context_check(ctx));
         fg_context_destroy(ctx);

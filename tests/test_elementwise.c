@@ -457,11 +457,7 @@ int main(void) {
         bad_input(ctx, bes[bi]);
         plan_report(ctx, bes[bi]);
 #ifdef FG_TEST_HAVE_CUDA
-        if (bes[bi] == FG_BACKEND_CUDA && getenv("FG_TEST_LARGE")) large(ctx);
-        else if (bes[bi] == FG_BACKEND_CUDA) {
-            printf("SKIP: large (> 2^31 elements) cases; set FG_TEST_LARGE=1 on a GPU with 20 GB free\n");
-            th_skips++;
-        }
+        if (bes[bi] == FG_BACKEND_CUDA && th_large("the > 2^31-element cases (a GPU with 20 GB free)")) large(ctx);
 #endif
         TH_OK(fg_context_check(ctx));
         fg_context_destroy(ctx);

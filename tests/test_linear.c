@@ -413,13 +413,10 @@ int main(void) {
                 run_case(tf, FG_BACKEND_CUDA, FG_F32, &cases[ci], true);
             fg_context_destroy(tf);
 #ifdef FG_TEST_HAVE_CUDA
-            if (getenv("FG_TEST_LARGE")) {
+            if (th_large("the > 2^31-element cases (a GPU with 8 GB free)")) {
                 fg_context *big = th_context(FG_BACKEND_CUDA, false);
                 large(big);
                 fg_context_destroy(big);
-            } else {
-                printf("SKIP: large (> 2^31 elements) cases; set FG_TEST_LARGE=1 on a GPU with 8 GB free\n");
-                th_skips++;
             }
 #endif
         }

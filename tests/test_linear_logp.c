@@ -486,11 +486,7 @@ static void check_sampled(const char *what, const double *got, const double *ref
  * against f64, every other exactly 0) and dw whole (a sum over the sampled rows) without
  * forming the 2.3e9 logits on the host. */
 static void large_logits(fg_context *cuda) {
-    if (!getenv("FG_TEST_LARGE")) {
-        printf("SKIP large (N·V > 2^31): set FG_TEST_LARGE=1\n");
-        th_skips++;
-        return;
-    }
+    if (!th_large("N·V > 2^31 logits")) return;
     problem p = {16384, 32, 140000, false, {0}, FG_I64, 0};
     const int64_t N = p.N, D = p.D, V = p.V, cross = ((int64_t)1 << 31) / V;
     inputs g = make_inputs(FG_BACKEND_CUDA, FG_BF16, &p);

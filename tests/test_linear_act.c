@@ -437,17 +437,19 @@ static void wide_forward(fg_context *ctx, fg_backend be, fg_dtype dt) {
     free(rp), free(ry), free(rs), free(got), free(sub);
 }
 
-/* The backward of a layer large enough for the sm_90a GEMM's dx = g·w and dw = gᵀ·x (each a
- * full wave of 128 × 256 tiles, ≥ 6e9 multiply-adds; reductions M = 2440 and N = 4200 end in
- * partial 64-wide slices, rows and columns in partial tiles). Aligned, every activation from a
- * kept pre: dx's product forms g itself (GEMM_INPUT_FORM) for relu, silu, sigmoid and tanh,
- * the others take the gradient pass; for silu also with
- * pre consumed (g in pre's memory), with dx alone (no db sums), with pre recomputed (the
- * reference's pre is then the test's f64 x·wᵀ + b rounded to the dtype, on the sampled rows
- * and columns, and db is checked on the sampled columns), and twice with the same bits. Misaligned (cuBLASLt's products and the pass): none and silu. dx on every
+/* The backward of a layer large enough for the sm_90a GEMM's dx = g·w forming g (a full wave of
+ * 128 × 256 tiles, ≥ 6e9 multiply-adds; reductions M = 2440 and N = 4200 end in partial 64-wide
+ * slices, rows and columns in partial tiles). Aligned, every activation from a kept pre: dx's
+ * product forms g itself (GEMM_INPUT_FORM) for relu, silu, sigmoid and tanh, the others take the
+ * gradient pass; for silu also with pre consumed (g in pre's memory), with dx alone (no db
+ * sums), with pre recomputed (the reference's pre is then the test's f64 x·wᵀ + b rounded to the
+ * dtype, on the sampled rows and columns, and db is checked on the sampled columns), and twice
+ * with the same bits. Misaligned (cuBLASLt's products and the pass): none and silu. dx on every
  * 37th row and the last three, dw on every 37th row of its M and the last three, db whole, all
  * against f64; every element of dx and dw written; on a 9.0 device with an sm_90a build the plan
- * must name the kernels. */
+ * must name the formed product, and cuBLASLt's for the plain ones (dw = gᵀ·x reduces over
+ * N = 4200, an unformed dx over M = 2440: the GEMM primitive gives the own GEMM a plain product
+ * only for a reduction of 16384 or more). */
 enum { WB_KEEP, WB_CONSUME, WB_DX_ONLY, WB_RECOMPUTE, WB_TWICE, WB_SLOPE, WB_SLOPE_CONSUME, WB_MODES };
 static const char *wb_mode_names[WB_MODES] = {"",       " pre consumed", " dx only", " pre recomputed", " twice",
                                               " slope form", " slope form consumed"};
@@ -593,9 +595,11 @@ static void wide_backward(fg_context *ctx, fg_backend be, fg_dtype dt) {
                     const bool formed = slope || act == FG_ACT_RELU || act == FG_ACT_SILU || act == FG_ACT_SIGMOID ||
                                         act == FG_ACT_TANH;
                     if (info.arch == 90)
-                        TH_CHECK(strstr(info.kernel, "gemm90_dx") != NULL && strstr(info.kernel, "gemm90_dw") != NULL &&
-                                     (strstr(info.kernel, "gemm90_dx_formed_g") != NULL) == formed,
-                                 "%s: the plan runs %s, not the sm_90a GEMMs (dx forming g: %d)", lab, info.kernel, (int)formed);
+                        TH_CHECK((strstr(info.kernel, "gemm90_dx_formed_g") != NULL) == formed &&
+                                     strstr(info.kernel, "gemm90_dw") == NULL &&
+                                     (formed || strstr(info.kernel, "gemm90_dx") == NULL),
+                                 "%s: the plan runs %s (want the sm_90a GEMM forming g: %d; the plain products, "
+                                 "reductions below 16384, on cuBLASLt)", lab, info.kernel, (int)formed);
                 }
 #endif
             }

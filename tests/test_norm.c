@@ -619,6 +619,54 @@ static void dropout_checks(fg_context *ctx, fg_backend be, void **cpu_bits, size
     }
 }
 
+/* The residual sum s = x + m·r (an f32 multiply, an f32 add, rounded once to the dtype) has the
+ * same bits on every backend, from the fused row norm and from BatchNorm's stats step. Inputs from
+ * a formula, so each backend gets the same ones. */
+static void residual_bits(fg_context *ctx, fg_backend be, void **cpu_bits) {
+    const int64_t shape[2] = {23, 1000}, n = 23 * 1000, sn[1] = {2 * 1000 + 1};
+    for (int di = 0; di < 3; di++) {
+        const fg_dtype dt = th_dtypes[di];
+        const size_t bytes = (size_t)n * fg_dtype_size(dt);
+        char label[64];
+        snprintf(label, sizeof label, "[%s %s residual bits]", th_backend_name(be), fg_dtype_name(dt));
+        th_operand x = make(be, dt, 2, shape, 0, false), r = make(be, dt, 2, shape, 0, false);
+        th_operand y = make(be, dt, 2, shape, 0, false), s = make(be, dt, 2, shape, 0, false);
+        th_operand s2 = make(be, dt, 2, shape, 0, false), sums = make(be, FG_F64, 1, sn, 0, false);
+        for (int64_t i = 0; i < n; i++) x.v[i] = sin(0.37 * (double)i), r.v[i] = cos(0.11 * (double)i) * 3.3;
+        th_round(dt, x.v, n), th_round(dt, r.v, n);
+        th_put(&x.buf, &x.t, x.v), th_put(&r.buf, &r.t, r.v);
+        fg_norm_options opt;
+        memset(&opt, 0, sizeof opt);
+        opt.dropout.p = 0.3, opt.dropout.seed = 2024, opt.dropout.offset = 6;
+        TH_OK(fg_norm_forward(ctx, &opt, &x.t, &r.t, NULL, NULL, &y.t, &s.t, NULL, NULL));
+        fg_batch_norm_options bo;
+        memset(&bo, 0, sizeof bo);
+        bo.dropout = opt.dropout;
+        TH_OK(fg_batch_norm_stats(ctx, &bo, &x.t, &r.t, &s2.t, &sums.t));
+        void *a = malloc(bytes), *b = malloc(bytes);
+        th_get_raw(&s.buf, a, bytes), th_get_raw(&s2.buf, b, bytes);
+        TH_CHECK(memcmp(a, b, bytes) == 0, "%s: the row norm's s and batch_norm_stats' s differ", label);
+        /* and each element is x + m·r as documented */
+        double *got = dalloc(n);
+        th_get(&s.buf, &s.t, got);
+        int64_t bad = 0;
+        for (int64_t i = 0; i < n; i++) {
+            double want = (double)((float)x.v[i] + (float)mult(0.3, 2024, 6, i) * (float)r.v[i]);
+            th_round(dt, &want, 1);
+            bad += got[i] != want;
+        }
+        TH_CHECK(bad == 0, "%s: %lld elements of s are not x + m·r rounded once", label, (long long)bad);
+        if (be == FG_BACKEND_CPU) {
+            free(cpu_bits[di]);
+            cpu_bits[di] = a, a = NULL;
+        } else if (cpu_bits[di]) {
+            TH_CHECK(memcmp(cpu_bits[di], a, bytes) == 0, "%s: CUDA's s differs from the CPU's", label);
+        }
+        free(a), free(b), free(got);
+        th_drop(&x), th_drop(&r), th_drop(&y), th_drop(&s), th_drop(&s2), th_drop(&sums);
+    }
+}
+
 /* A scalar (rank 0) is one element at flat index 0. */
 static void dropout_scalar(fg_context *ctx, fg_backend be) {
     th_operand x = make(be, FG_F32, 0, NULL, 0, false), y = make(be, FG_F32, 0, NULL, 0, false);
@@ -1068,7 +1116,7 @@ int main(void) {
     th_init("norm");
     fg_backend bes[2];
     const int nb = th_backends(bes);
-    void *cpu_bits[4] = {NULL};
+    void *cpu_bits[4] = {NULL}, *s_bits[3] = {NULL};
     size_t cpu_bytes[4] = {0};
     for (int bi = 0; bi < nb; bi++) {
         fg_context *ctx = th_context(bes[bi], false);
@@ -1079,6 +1127,7 @@ int main(void) {
         dropout_checks(ctx, bes[bi], cpu_bits, cpu_bytes);
         residual_mask(ctx, bes[bi]);
         dropout_scalar(ctx, bes[bi]);
+        residual_bits(ctx, bes[bi], s_bits);
         revin_checks(ctx, bes[bi]);
         nan_propagation(ctx, bes[bi]);
         reruns_and_in_place(ctx, bes[bi]);
@@ -1095,5 +1144,6 @@ int main(void) {
         fg_context_destroy(ctx);
     }
     for (int i = 0; i < 4; i++) free(cpu_bits[i]);
+    for (int i = 0; i < 3; i++) free(s_bits[i]);
     return th_finish("norm");
 }

@@ -1,7 +1,12 @@
 #!/usr/bin/env python3
 """make_corpus.py - writes tests/fuzz/corpus/: one valid call per op (plan API and one-call
 function, a few dtypes), AdamW, fg_convert, the context calls and the helpers, in the byte
-format fuzz_api.c decodes (see its reader). The fuzzer mutates these into the bad inputs."""
+format fuzz_api.c decodes (see its reader). The fuzzer mutates these into the bad inputs.
+Beside them, valid calls that reach the compute paths behind options, which mutation finds
+too rarely (an option flag shifts every byte after it): the log-prob options one by one
+(temperature, softcap, ignore_index, smoothing, z-loss, grad scale, small tiles) in every
+dtype with its accumulator-typed rows, each activation with the saved pre and the saved
+slope through every one-call variant, and each elementwise kind."""
 import os
 import sys
 
@@ -12,10 +17,11 @@ N, K, M, B, ONE, ZERO, SIX, BIG = range(8)
 S = {"0": 0, "1": 1, "-1": 2, "0.5": 3, "2": 4, "1e-3": 8, "0.999": 14, "1e-8": 15, "0.25": 6}
 
 
-def operand(dims, absent=False):
+def operand(dims, absent=False, dtype=None):
     if absent:
         return bytes([3, 0, 0, 0])  # mode 3: absent; rank, dtype, stride mode
-    return bytes([0, len(dims), 0]) + bytes(dims) + bytes([0])
+    # dtype byte 0: the call's dtype (or its integer one for targets); 224 + 2 + t: dtype t
+    return bytes([0, len(dims), 0 if dtype is None else 226 + dtype]) + bytes(dims) + bytes([0])
 
 
 EW = bytes([4, 0, S["0.5"], S["2"], 0, 0])       # full options, kind 0, scalars
@@ -48,11 +54,69 @@ OPS = {
 }
 
 
-def op_call(kind, op, dtype, opts, dims, variant=0, acc=0, align=0):
+def op_call(kind, op, dtype, opts, dims, variant=0, acc=0, align=0, typed=None):
+    """typed: {operand index: dtype} for operands not of the call's dtype"""
     b = bytes([kind, 0, op, dtype, acc, 0, align, variant]) + opts
-    for d in dims:
-        b += operand(d or [], absent=d is None)
+    for i, d in enumerate(dims):
+        b += operand(d or [], absent=d is None, dtype=(typed or {}).get(i))
     return b + bytes([0])  # fill: zeros (valid targets)
+
+
+F32, F16, BF16, F64 = 0, 1, 2, 3
+# the log-prob rows (logp, lse, entropy, upstream gradients, loss, row weights) are f32 (f64 for f64)
+LOGP_ROWS = {15: (4, 5, 6), 16: (0, 1, 2, 7, 8), 17: (4, 5, 6)}
+
+
+def logp_opts(flags, reduction=0, ignore=-1, tiles=3):
+    """flags: 1 temperature 0.5, 2 softcap 3, 4 ignore_index, 8 smoothing 0.25, 16 z-loss 1e-3,
+    32 grad scale 2, 64 tiles (byte 3: 7 logits; 2: 2)"""
+    b = bytes([4, flags])
+    if flags & 1:
+        b += bytes([S["0.5"]])
+    if flags & 2:
+        b += bytes([5])  # softcap 3
+    b += bytes([ignore + 1, reduction + 1])
+    if flags & 8:
+        b += bytes([S["0.25"]])
+    if flags & 16:
+        b += bytes([S["1e-3"]])
+    if flags & 32:
+        b += bytes([S["2"]])
+    if flags & 64:
+        b += bytes([tiles])
+    return b
+
+
+def option_seeds(seeds):
+    for dt, dn in ((F32, "f32"), (F16, "f16"), (BF16, "bf16"), (F64, "f64")):
+        acc = F64 if dt == F64 else F32
+        for op in (15, 16, 17):
+            dims = OPS[op][1]
+            typed = {i: acc for i in LOGP_ROWS[op]}
+            for flags in (1, 2, 4, 8, 16, 32, 64, 2 | 64, 127):
+                for red in ((0, 1, 2) if op == 17 and flags == 127 else (0,)):
+                    opts = logp_opts(flags, reduction=red, ignore=0 if flags & 4 else -1, tiles=2 if flags == 64 else 3)
+                    d = dims if not (op == 17 and red == 2) else dims[:5] + [[N]] + dims[6:]
+                    seeds[f"op{op:02d}_{dn}_logp{flags:03d}_r{red}"] = op_call(0 if flags & 1 else 2, op, dt, opts, d, typed=typed)
+        for act in range(7):  # each activation through two of the one-call variants in turn
+            for saved in (0, 1):
+                v = act % 3  # forward: _ex, plain, slope
+                fdims = OPS[18][1] if v != 1 or act % 2 else OPS[18][1][:4] + [None]
+                seeds[f"op18_{dn}_act{act}_s{saved}_v{v}"] = op_call(2, 18, dt, bytes([4, act + 1, saved + 1, 1]),
+                                                                    fdims, variant=v)
+                for v in (act % 7, (act + 3) % 7):  # backward: _ex, plain, consume, slope, input, weight, bias
+                    bdims = OPS[19][1] if v != 1 or act % 2 else [OPS[19][1][0], None] + OPS[19][1][2:]
+                    seeds[f"op19_{dn}_act{act}_s{saved}_v{v}"] = op_call(2, 19, dt, bytes([4, act + 1, saved + 1, 1]),
+                                                                        bdims, variant=v, acc=v % 2)
+            seeds[f"op19_{dn}_act{act}_plan"] = op_call(0, 19, dt, bytes([4, act + 1, 1, 1]), OPS[19][1])
+        for kind in range(6):  # unary: scale, pow, leaky_relu, elu, clamp, softcap
+            for op in (11, 12):
+                opts = bytes([4, kind + 1, S["0.5"], S["2"], S["-1"], S["2"]])
+                seeds[f"op{op:02d}_{dn}_unary{kind}"] = op_call(2, op, dt, opts, OPS[op][1], acc=op % 2)
+        for kind in range(2):  # binary: lerp, axpby
+            for op in (13, 14):
+                opts = bytes([4, kind + 1, S["0.25"], S["2"], 0, 0])
+                seeds[f"op{op:02d}_{dn}_binary{kind}"] = op_call(2, op, dt, opts, OPS[op][1], variant=2 * kind)
 
 
 def main():
@@ -69,6 +133,7 @@ def main():
         seeds[f"op{op:02d}_call_f64"] = op_call(2, op, 3, opts, dims, acc=1)
     seeds["op13_call_axpby"] = op_call(2, 13, 0, EW_AXPBY, OPS[13][1], variant=2)
     seeds["op17_call_none"] = op_call(2, 17, 0, LOGP_NONE, OPS[17][1][:5] + [[N]] + OPS[17][1][6:])
+    option_seeds(seeds)
     # adamw: ctx lr b1 b2 eps wd step gs count lb, then operands list by list, fill
     for lb, name in ((0, "f32"), (1 | 4, "f16_master"), (2, "bf16")):
         nl = 5 if lb & 4 else 4

@@ -176,6 +176,11 @@ bool fg_cuda_act_form_takes(int act);
 /* Turns a CUDA error into FG_ERR_BACKEND with the call named. */
 fg_status fg_cuda_fail(cudaError_t err, const char *what);
 
+/* The attention family (src/cuda/attention.cu): the plan hook picks the path (short sequences,
+ * tensor cores, tiled) and names its kernels; the run launches them and records those names. */
+extern "C" fg_status fg_cuda_attn_plan(fg_context *ctx, const fg_attn_problem *p, fg_attn_path *path);
+extern "C" fg_status fg_cuda_attn(fg_context *ctx, const fg_attn_call *c);
+
 /* Whether the device is a 9.0 one (Hopper: what the sm_90a kernels run on). */
 static inline bool fg_cuda_is_sm90(int device) {
     int major = 0, minor = 0;

@@ -1,0 +1,114 @@
+/*
+ * attention.cuh — what the CUDA attention kernels share (attention.cu: the whole-sequence and
+ * tiled SIMT kernels; attention_flash.cu: the tensor-core kernels): the run's parameters as a
+ * kernel argument, element access through [B, H, L, X] views with element strides, the
+ * key-padding length of a sequence and the flag a bad one raises, the dropout factor of an
+ * element (src/core/rng.h, index ((b·H + h)·L + i)·L + j), and warp reductions that keep a NaN.
+ * Why one place: every path must mask, drop and flag exactly as the CPU reference does
+ * (src/cpu/attention_rows.h), so the rules are written once.
+ */
+#ifndef FG_CUDA_ATTENTION_CUH
+#define FG_CUDA_ATTENTION_CUH
+
+#include "cuda_internal.h"
+#include "elem.cuh"
+
+#include "../core/rng.h"
+
+#include <math.h>
+#include <stdint.h>
+
+/* A [B, H, L, X] operand: base pointer and element strides; p NULL: absent. */
+struct attn_view {
+    void *p;
+    int64_t sb, sh, sl, sx;
+};
+
+template <typename X>
+__device__ __forceinline__ X *at(const attn_view &v, int64_t b, int64_t h, int64_t i, int64_t x) {
+    return (X *)v.p + (b * v.sb + h * v.sh + i * v.sl + x * v.sx);
+}
+
+struct attn_params {
+    int B, H, L, hd;
+    float scale;
+    bool causal, dropout, accumulate, len64;
+    float keep_threshold, keep_scale;
+    unsigned long long seed, offset;
+    const void *lengths;     /* [B] i32 / i64, NULL: none */
+    attn_view q, k, v, o, sin, sout;         /* forward (and o, q, k, v, sin for the backward) */
+    attn_view dout, dso, dq, dk, dv, dsin;   /* backward */
+    float *lse;              /* [B, H, L] */
+    float *D;                /* backward: the workspace's D = Σ do·o per row, [B, H, L] */
+    unsigned long long *flag;
+};
+
+/* The sequence's key count; a length outside [0, L] sets *bad (the caller NaNs what it owns). */
+__device__ __forceinline__ int seq_len(const attn_params &a, int64_t b, bool *bad) {
+    *bad = false;
+    if (!a.lengths) return a.L;
+    const int64_t n = a.len64 ? ((const long long *)a.lengths)[b] : (int64_t)((const int *)a.lengths)[b];
+    if (n < 0 || n > a.L) {
+        *bad = true;
+        return 0;
+    }
+    return (int)n;
+}
+
+/* The first bad length's sequence for fg_context_check (the smallest index wins). */
+__device__ __forceinline__ void raise_bad_length(const attn_params &a, int64_t b) {
+    atomicCAS(a.flag, 0ull, (unsigned long long)FG_FLAG_BAD_LENGTH);
+    atomicMax(a.flag + 1, ~(unsigned long long)b);
+}
+
+/* The keys query i sees: [0, jend). */
+__device__ __forceinline__ int key_end(const attn_params &a, int i, int len) {
+    return a.causal ? min(i + 1, len) : len;
+}
+
+/* fg_dropout_uniform's value, the word picked by selects (its r.v[i & 3] indexes the words
+   dynamically, which puts them in local memory on the device) */
+__device__ __forceinline__ float dropout_u(uint64_t seed, uint64_t offset, uint64_t idx) {
+    const uint64_t q = idx >> 2;
+    const fg_philox4 r = fg_philox4x32_10((uint32_t)q, (uint32_t)(q >> 32), (uint32_t)offset, (uint32_t)(offset >> 32),
+                                          (uint32_t)seed, (uint32_t)(seed >> 32));
+    const unsigned k = (unsigned)(idx & 3);
+    const uint32_t w = k == 0 ? r.v[0] : k == 1 ? r.v[1] : k == 2 ? r.v[2] : r.v[3];
+    return (float)(w >> 8) * (1.0f / 16777216.0f);
+}
+
+/* The dropout factor of (b, h, i, j): keep_scale when kept, 0 when dropped, 1 without dropout. */
+__device__ __forceinline__ float keep_factor(const attn_params &a, int64_t n, int i, int j) {
+    if (!a.dropout) return 1.f;
+    const uint64_t idx = ((uint64_t)n * (uint64_t)a.L + (uint64_t)i) * (uint64_t)a.L + (uint64_t)j;
+    return dropout_u(a.seed, a.offset, idx) >= a.keep_threshold ? a.keep_scale : 0.f;
+}
+
+/* max that keeps a NaN (fmaxf drops it: a NaN score must make its row NaN, as on the CPU) */
+__device__ __forceinline__ float nan_max(float a, float b) { return (a > b || a != a) ? a : b; }
+
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x = nan_max(x, __shfl_xor_sync(0xffffffffu, x, o));
+    return x;
+}
+
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+
+/* The tensor-core path (attention_flash.cu): whether it takes a problem, and its run (the
+   backward starts with fg_cuda_attn_rowdot's D = Σ do·o into a.D). */
+bool fg_cuda_attn_flash_fits(const fg_attn_problem *p);
+cudaError_t fg_cuda_attn_flash(const attn_params &a, bool forward, fg_dtype dtype, cudaStream_t st);
+cudaError_t fg_cuda_attn_rowdot(const attn_params &a, fg_dtype dtype, cudaStream_t st);
+
+/* Host: the kernel arguments of a call (f32 lse; f64 never reaches the CUDA kernels). */
+static inline attn_view attn_view_of(const fg_attn_view &v) {
+    attn_view r = {v.data, v.sb, v.sh, v.sl, v.sx};
+    return r;
+}
+
+#endif

@@ -1,0 +1,563 @@
+/*
+ * attention_flash.cu — the attention family's tensor-core path (f16 / bf16, head dims 32, 64 and
+ * 128, rows with a unit head-dim stride and 16-byte aligned, no score operands): the tiled online
+ * softmax of FlashAttention-2 on mma.sync m16n8k16 (f32 accumulators), for GPT-style sequences
+ * of any length.
+ *
+ *  forward  a block takes 64 query rows of one head (a warp 16); key tiles of 64 stream through
+ *           shared memory by cp.async, two stages; S = q·kᵀ stays in registers, the running max
+ *           and sum are kept per row (in log2 units), P̃ (dropped out) is rounded to the dtype
+ *           and fed to P̃·v straight from S's accumulator layout. Blocks of a causal head are
+ *           issued longest first.
+ *  backward D = Σ do·o per row (attention.cu's row kernel), then two kernels that each own what
+ *           they write, so no float atomics and the same bits every run:
+ *           dk, dv  a block owns 64 keys (a warp 16) and walks the query tiles that see them:
+ *                   Sᵀ = k·qᵀ and dPᵀ = v·doᵀ, Pᵀ from lse, dSᵀ = Pᵀ ⊙ (dPᵀ − D),
+ *                   dv += P̃ᵀ·do, dk += dSᵀ·q
+ *           dq      a block owns 64 query rows and walks the key tiles they see: S, dP, dS as
+ *                   above, dq += dS·k
+ *           P recomputed in each from lse; P̃ and dS rounded to the dtype for the products, as
+ *           FlashAttention does.
+ * Fragment layouts (PTX ISA, mma.m16n8k16): A a0 (row g, k 2t..2t+1), a1 (g + 8, 2t), a2 (g,
+ * 2t + 8), a3 (g + 8, 2t + 8); B b0 (k 2t..2t+1, col g), b1 (k 2t + 8, g); C c0 c1 (g, 2t..2t+1),
+ * c2 c3 (g + 8, 2t..2t+1), with g = lane / 4 and t = lane % 4. So a C tile pair is an A operand
+ * as it stands, and ldmatrix gives B from row-major k (keys × d: plain) or v / q / do / k used as
+ * the k-dimension rows (trans). Shared rows are padded by 16 bytes: ldmatrix without bank
+ * conflicts.
+ */
+#include "attention.cuh"
+#include "mma.cuh"
+
+namespace {
+
+constexpr int FW = 4;            /* warps a block */
+constexpr int FBQ = 64;          /* query rows a block (forward, dq) */
+constexpr int FBK = 64;          /* keys a tile (forward, dq) and a block (dk, dv) */
+constexpr float LOG2E = 1.4426950408889634f;
+constexpr float LN2 = 0.6931471805599453f;
+constexpr float NEG_INF = -INFINITY;
+
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+__device__ __forceinline__ float nan_f() { return __int_as_float(0x7fc00000); }
+
+template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+/* `rows` rows of HD elements of view v (rows r0 …, head (b, h)) into shared memory [rows][HD + 8]
+   by 16-byte cp.async; rows at or past L are zeros. */
+template <typename T, int HD>
+__device__ __forceinline__ void load_rows(const attn_view &v, int64_t b, int64_t h, int r0, int L, int rows, T *dst) {
+    constexpr int CH = HD / 8, LDS = HD + 8;
+    for (int e = threadIdx.x; e < rows * CH; e += FW * 32) {
+        const int r = e / CH, c = e - r * CH;
+        const bool valid = r0 + r < L;
+        const T *src = at<T>(v, b, h, valid ? r0 + r : 0, 0) + c * 8;
+        copy16(smem_at(dst + r * LDS + c * 8), src, valid);
+    }
+}
+
+/* A operand (16 × 16 at row r0, col c0) of a row-major [..][LDS] tile */
+template <typename T>
+__device__ __forceinline__ void ld_a(const T *s, int lds, int r0, int c0, uint32_t a[4]) {
+    const int l = threadIdx.x % 32;
+    const T *p = s + (r0 + (l % 8) + 8 * ((l / 8) % 2)) * lds + c0 + 8 * (l / 16);
+    ldsm4(smem_at(p), a[0], a[1], a[2], a[3]);
+}
+
+/* B operands of two n8 tiles (n0, n0 + 8) × k16 at k0 from a tile stored [n][k] (keys × d) */
+template <typename T>
+__device__ __forceinline__ void ld_b(const T *s, int lds, int n0, int k0, uint32_t b0[2], uint32_t b1[2]) {
+    const int l = threadIdx.x % 32;
+    const T *p = s + (n0 + (l % 8) + 8 * (l / 16)) * lds + k0 + 8 * ((l / 8) % 2);
+    ldsm4(smem_at(p), b0[0], b0[1], b1[0], b1[1]);
+}
+
+/* B operands of two n8 tiles (n0, n0 + 8) × k16 at k0 from a tile stored [k][n] (transposed) */
+template <typename T>
+__device__ __forceinline__ void ld_bt(const T *s, int lds, int k0, int n0, uint32_t b0[2], uint32_t b1[2]) {
+    const int l = threadIdx.x % 32;
+    const T *p = s + (k0 + (l % 8) + 8 * ((l / 8) % 2)) * lds + n0 + 8 * (l / 16);
+    ldsm4t(smem_at(p), b0[0], b0[1], b1[0], b1[1]);
+}
+
+/* ================================================================== forward */
+
+template <typename T, int HD>
+__global__ void __launch_bounds__(FW * 32) flash_fwd_kernel(attn_params a) {
+    constexpr int LDS = HD + 8, NT = FBK / 8, DT = HD / 8;
+    extern __shared__ __align__(16) unsigned char smraw[];
+    T *Qs = reinterpret_cast<T *>(smraw), *Ks = Qs + FBQ * LDS, *Vs = Ks + 2 * FBK * LDS;
+    const int L = a.L, nqb = (L + FBQ - 1) / FBQ;
+    const int64_t n = blockIdx.x / nqb, b = n / a.H, h = n % a.H;
+    const int qb = nqb - 1 - (int)(blockIdx.x % nqb); /* the longest causal blocks first */
+    const int q0 = qb * FBQ;
+    const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
+    bool bad;
+    const int len = seq_len(a, b, &bad);
+    if (bad) {
+        for (int e = threadIdx.x; e < FBQ * HD; e += FW * 32) {
+            const int r = e / HD, d = e - r * HD;
+            if (q0 + r < L) *at<T>(a.o, b, h, q0 + r, d) = from_acc<T>(nan_f());
+        }
+        for (int r = threadIdx.x; r < FBQ; r += FW * 32)
+            if (q0 + r < L) a.lse[n * L + q0 + r] = nan_f();
+        if (threadIdx.x == 0 && q0 == 0) raise_bad_length(a, b);
+        return;
+    }
+    const int last = min(q0 + FBQ, L) - 1;
+    const int jmax = a.causal ? min(last + 1, len) : len;
+    const int ntiles = (jmax + FBK - 1) / FBK;
+    load_rows<T, HD>(a.q, b, h, q0, L, FBQ, Qs);
+    if (ntiles > 0) {
+        load_rows<T, HD>(a.k, b, h, 0, L, FBK, Ks);
+        load_rows<T, HD>(a.v, b, h, 0, L, FBK, Vs);
+    }
+    copy_commit();
+    if (ntiles == 0) copy_wait<0>();
+    const float c = a.scale * LOG2E;
+    const int i_lo = q0 + 16 * w + g, i_hi = i_lo + 8; /* this thread's two rows */
+    float m2[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
+    float oacc[DT][4];
+#pragma unroll
+    for (int x = 0; x < DT; x++) oacc[x][0] = oacc[x][1] = oacc[x][2] = oacc[x][3] = 0.f;
+    for (int tile = 0; tile < ntiles; tile++) {
+        const int j0 = tile * FBK, buf = tile & 1;
+        if (tile + 1 < ntiles) {
+            load_rows<T, HD>(a.k, b, h, j0 + FBK, L, FBK, Ks + (buf ^ 1) * FBK * LDS);
+            load_rows<T, HD>(a.v, b, h, j0 + FBK, L, FBK, Vs + (buf ^ 1) * FBK * LDS);
+            copy_commit();
+            copy_wait<1>();
+        } else {
+            copy_wait<0>();
+        }
+        __syncthreads();
+        const T *K = Ks + buf * FBK * LDS, *V = Vs + buf * FBK * LDS;
+        float s[NT][4];
+#pragma unroll
+        for (int x = 0; x < NT; x++) s[x][0] = s[x][1] = s[x][2] = s[x][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++) {
+            uint32_t af[4];
+            ld_a(Qs, LDS, 16 * w, 16 * kk, af);
+#pragma unroll
+            for (int np = 0; np < NT / 2; np++) {
+                uint32_t b0[2], b1[2];
+                ld_b(K, LDS, 16 * np, 16 * kk, b0, b1);
+                mma16816<T>(s[2 * np], af, b0);
+                mma16816<T>(s[2 * np + 1], af, b1);
+            }
+        }
+        /* scale to log2 units and mask: causal, padding, keys past L */
+        const bool edge = j0 + FBK > jmax || (a.causal && j0 + FBK - 1 > q0 + 16 * w);
+        float mt[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+        for (int x = 0; x < NT; x++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float v = s[x][e] * c;
+                if (edge) {
+                    const int i = e < 2 ? i_lo : i_hi, j = j0 + 8 * x + 2 * t4 + (e & 1);
+                    if (j >= (a.causal ? min(i + 1, len) : len)) v = NEG_INF;
+                }
+                s[x][e] = v;
+                mt[e / 2] = fmaxf(mt[e / 2], v);
+            }
+        float alpha[2], mref[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            mt[r] = fmaxf(mt[r], __shfl_xor_sync(0xffffffffu, mt[r], 1));
+            mt[r] = fmaxf(mt[r], __shfl_xor_sync(0xffffffffu, mt[r], 2));
+            const float mn = fmaxf(m2[r], mt[r]);
+            mref[r] = mn == NEG_INF ? 0.f : mn; /* no key yet: every p is 0 */
+            alpha[r] = m2[r] == NEG_INF ? 0.f : ex2(m2[r] - mref[r]);
+            m2[r] = mn;
+            l[r] *= alpha[r];
+        }
+        uint32_t pf[NT / 2][4];
+#pragma unroll
+        for (int x = 0; x < NT; x++) {
+            float p[4];
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                p[e] = ex2(s[x][e] - mref[e / 2]);
+                l[e / 2] += p[e];
+                if (a.dropout) {
+                    const int i = e < 2 ? i_lo : i_hi, j = j0 + 8 * x + 2 * t4 + (e & 1);
+                    p[e] *= keep_factor(a, n, i, j);
+                }
+            }
+            pf[x / 2][(x & 1) * 2 + 0] = pack2<T>(p[0], p[1]);
+            pf[x / 2][(x & 1) * 2 + 1] = pack2<T>(p[2], p[3]);
+        }
+#pragma unroll
+        for (int x = 0; x < DT; x++) {
+            oacc[x][0] *= alpha[0], oacc[x][1] *= alpha[0];
+            oacc[x][2] *= alpha[1], oacc[x][3] *= alpha[1];
+        }
+#pragma unroll
+        for (int kk = 0; kk < NT / 2; kk++) {
+            /* A of keys 16kk … 16kk + 15: tiles 2kk (a0 a1) and 2kk + 1 (a2 a3) */
+            const uint32_t af[4] = {pf[kk][0], pf[kk][1], pf[kk][2], pf[kk][3]};
+#pragma unroll
+            for (int dp = 0; dp < DT / 2; dp++) {
+                uint32_t b0[2], b1[2];
+                ld_bt(V, LDS, 16 * kk, 16 * dp, b0, b1);
+                mma16816<T>(oacc[2 * dp], af, b0);
+                mma16816<T>(oacc[2 * dp + 1], af, b1);
+            }
+        }
+        __syncthreads(); /* the buffer is refilled two tiles on */
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int i = r ? i_hi : i_lo;
+        if (i >= L) continue;
+        const bool none = l[r] == 0.f;
+        const float inv = none ? 0.f : 1.f / l[r];
+        T *orow = at<T>(a.o, b, h, i, 0);
+#pragma unroll
+        for (int x = 0; x < DT; x++) {
+            const int d = 8 * x + 2 * t4;
+            from_acc2<T>(oacc[x][2 * r] * inv, oacc[x][2 * r + 1] * inv, orow + d);
+        }
+        if (t4 == 0) a.lse[n * L + i] = none ? NEG_INF : (m2[r] + __log2f(l[r])) * LN2;
+    }
+}
+
+/* ================================================================== backward: dk, dv */
+
+template <int HD> struct bwd_shape {
+    static constexpr int BQ = HD == 128 ? 32 : 64; /* query rows a tile (dk, dv) */
+};
+
+template <typename T, int HD>
+__global__ void __launch_bounds__(FW * 32) flash_dkdv_kernel(attn_params a) {
+    constexpr int LDS = HD + 8, BQ = bwd_shape<HD>::BQ, NT = BQ / 8, DT = HD / 8;
+    extern __shared__ __align__(16) unsigned char smraw[];
+    T *Ks = reinterpret_cast<T *>(smraw), *Vs = Ks + FBK * LDS, *Qs = Vs + FBK * LDS, *dOs = Qs + 2 * BQ * LDS;
+    float *lses = reinterpret_cast<float *>(dOs + 2 * BQ * LDS), *Ds = lses + 2 * BQ;
+    const int L = a.L, nkb = (L + FBK - 1) / FBK;
+    const int64_t n = blockIdx.x / nkb, b = n / a.H, h = n % a.H;
+    const int j0 = (int)(blockIdx.x % nkb) * FBK;
+    const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
+    bool bad;
+    const int len = seq_len(a, b, &bad);
+    if (bad) {
+        for (int e = threadIdx.x; e < FBK * HD; e += FW * 32) {
+            const int r = e / HD, d = e - r * HD;
+            if (j0 + r >= L) continue;
+            if (a.dk.p) *at<T>(a.dk, b, h, j0 + r, d) = from_acc<T>(nan_f());
+            if (a.dv.p) *at<T>(a.dv, b, h, j0 + r, d) = from_acc<T>(nan_f());
+        }
+        return; /* the dq kernel raises the flag */
+    }
+    const int qstart = j0 >= len ? L : (a.causal ? j0 / BQ * BQ : 0);
+    const int ntiles = (L - qstart + BQ - 1) / BQ;
+    load_rows<T, HD>(a.k, b, h, j0, L, FBK, Ks);
+    load_rows<T, HD>(a.v, b, h, j0, L, FBK, Vs);
+    auto load_q = [&](int i0, int buf) {
+        load_rows<T, HD>(a.q, b, h, i0, L, BQ, Qs + buf * BQ * LDS);
+        load_rows<T, HD>(a.dout, b, h, i0, L, BQ, dOs + buf * BQ * LDS);
+        for (int r = threadIdx.x; r < BQ; r += FW * 32) {
+            const int i = i0 + r;
+            lses[buf * BQ + r] = i < L ? a.lse[n * L + i] * LOG2E : NEG_INF;
+            Ds[buf * BQ + r] = i < L ? a.D[n * L + i] : 0.f;
+        }
+    };
+    if (ntiles > 0) load_q(qstart, 0);
+    copy_commit();
+    if (ntiles == 0) copy_wait<0>();
+    const float c = a.scale * LOG2E;
+    const int j_lo = j0 + 16 * w + g, j_hi = j_lo + 8; /* this thread's two keys */
+    float dk[DT][4], dv[DT][4];
+#pragma unroll
+    for (int x = 0; x < DT; x++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) dk[x][e] = dv[x][e] = 0.f;
+    for (int tile = 0; tile < ntiles; tile++) {
+        const int i0 = qstart + tile * BQ, buf = tile & 1;
+        __syncthreads(); /* lse / D of the other buffer are no longer read */
+        if (tile + 1 < ntiles) {
+            load_q(i0 + BQ, buf ^ 1);
+            copy_commit();
+            copy_wait<1>();
+        } else {
+            copy_wait<0>();
+        }
+        __syncthreads();
+        const T *Q = Qs + buf * BQ * LDS, *dO = dOs + buf * BQ * LDS;
+        const float *lse = lses + buf * BQ, *D = Ds + buf * BQ;
+        float s[NT][4], dp[NT][4];
+#pragma unroll
+        for (int x = 0; x < NT; x++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[x][e] = dp[x][e] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++) {
+            uint32_t ak[4], av[4];
+            ld_a(Ks, LDS, 16 * w, 16 * kk, ak);
+            ld_a(Vs, LDS, 16 * w, 16 * kk, av);
+#pragma unroll
+            for (int np = 0; np < NT / 2; np++) {
+                uint32_t b0[2], b1[2];
+                ld_b(Q, LDS, 16 * np, 16 * kk, b0, b1);
+                mma16816<T>(s[2 * np], ak, b0);
+                mma16816<T>(s[2 * np + 1], ak, b1);
+                ld_b(dO, LDS, 16 * np, 16 * kk, b0, b1);
+                mma16816<T>(dp[2 * np], av, b0);
+                mma16816<T>(dp[2 * np + 1], av, b1);
+            }
+        }
+        /* element (key j: row, query i: column) */
+        uint32_t pf[NT / 2][4], df[NT / 2][4];
+#pragma unroll
+        for (int x = 0; x < NT; x++) {
+            float pt[4], ds[4];
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int j = e < 2 ? j_lo : j_hi, r = 8 * x + 2 * t4 + (e & 1), i = i0 + r;
+                const float lr = lse[r];
+                const bool vis = i < L && lr != NEG_INF && j < (a.causal ? min(i + 1, len) : len);
+                const float p = vis ? ex2(s[x][e] * c - lr) : 0.f;
+                const float kd = vis ? keep_factor(a, n, i, j) : 0.f;
+                pt[e] = p * kd;
+                ds[e] = p * (dp[x][e] * kd - D[r]);
+            }
+            pf[x / 2][(x & 1) * 2 + 0] = pack2<T>(pt[0], pt[1]);
+            pf[x / 2][(x & 1) * 2 + 1] = pack2<T>(pt[2], pt[3]);
+            df[x / 2][(x & 1) * 2 + 0] = pack2<T>(ds[0], ds[1]);
+            df[x / 2][(x & 1) * 2 + 1] = pack2<T>(ds[2], ds[3]);
+        }
+#pragma unroll
+        for (int kk = 0; kk < NT / 2; kk++) {
+            const uint32_t ap[4] = {pf[kk][0], pf[kk][1], pf[kk][2], pf[kk][3]};
+            const uint32_t ad[4] = {df[kk][0], df[kk][1], df[kk][2], df[kk][3]};
+#pragma unroll
+            for (int dq2 = 0; dq2 < DT / 2; dq2++) {
+                uint32_t b0[2], b1[2];
+                ld_bt(dO, LDS, 16 * kk, 16 * dq2, b0, b1);
+                mma16816<T>(dv[2 * dq2], ap, b0);
+                mma16816<T>(dv[2 * dq2 + 1], ap, b1);
+                ld_bt(Q, LDS, 16 * kk, 16 * dq2, b0, b1);
+                mma16816<T>(dk[2 * dq2], ad, b0);
+                mma16816<T>(dk[2 * dq2 + 1], ad, b1);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int j = r ? j_hi : j_lo;
+        if (j >= L) continue;
+#pragma unroll
+        for (int x = 0; x < DT; x++) {
+            const int d = 8 * x + 2 * t4;
+            if (a.dk.p) {
+                T *o = at<T>(a.dk, b, h, j, d);
+                float v0 = dk[x][2 * r] * a.scale, v1 = dk[x][2 * r + 1] * a.scale;
+                if (a.accumulate) v0 += to_acc(o[0]), v1 += to_acc(o[1]);
+                from_acc2<T>(v0, v1, o);
+            }
+            if (a.dv.p) {
+                T *o = at<T>(a.dv, b, h, j, d);
+                float v0 = dv[x][2 * r], v1 = dv[x][2 * r + 1];
+                if (a.accumulate) v0 += to_acc(o[0]), v1 += to_acc(o[1]);
+                from_acc2<T>(v0, v1, o);
+            }
+        }
+    }
+}
+
+/* ================================================================== backward: dq */
+
+template <typename T, int HD>
+__global__ void __launch_bounds__(FW * 32) flash_dq_kernel(attn_params a) {
+    constexpr int LDS = HD + 8, NT = FBK / 8, DT = HD / 8;
+    extern __shared__ __align__(16) unsigned char smraw[];
+    T *Qs = reinterpret_cast<T *>(smraw), *dOs = Qs + FBQ * LDS, *Ks = dOs + FBQ * LDS, *Vs = Ks + 2 * FBK * LDS;
+    const int L = a.L, nqb = (L + FBQ - 1) / FBQ;
+    const int64_t n = blockIdx.x / nqb, b = n / a.H, h = n % a.H;
+    const int q0 = (nqb - 1 - (int)(blockIdx.x % nqb)) * FBQ;
+    const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
+    bool bad;
+    const int len = seq_len(a, b, &bad);
+    if (bad) {
+        for (int e = threadIdx.x; a.dq.p && e < FBQ * HD; e += FW * 32) {
+            const int r = e / HD, d = e - r * HD;
+            if (q0 + r < L) *at<T>(a.dq, b, h, q0 + r, d) = from_acc<T>(nan_f());
+        }
+        if (threadIdx.x == 0 && q0 == 0) raise_bad_length(a, b);
+        return;
+    }
+    if (!a.dq.p) return; /* launched for the flag alone */
+    const int last = min(q0 + FBQ, L) - 1;
+    const int jmax = a.causal ? min(last + 1, len) : len;
+    const int ntiles = (jmax + FBK - 1) / FBK;
+    load_rows<T, HD>(a.q, b, h, q0, L, FBQ, Qs);
+    load_rows<T, HD>(a.dout, b, h, q0, L, FBQ, dOs);
+    if (ntiles > 0) {
+        load_rows<T, HD>(a.k, b, h, 0, L, FBK, Ks);
+        load_rows<T, HD>(a.v, b, h, 0, L, FBK, Vs);
+    }
+    copy_commit();
+    if (ntiles == 0) copy_wait<0>();
+    const float c = a.scale * LOG2E;
+    const int i_lo = q0 + 16 * w + g, i_hi = i_lo + 8;
+    const float lse2[2] = {i_lo < L ? a.lse[n * L + i_lo] * LOG2E : NEG_INF,
+                           i_hi < L ? a.lse[n * L + i_hi] * LOG2E : NEG_INF};
+    const float Dr[2] = {i_lo < L ? a.D[n * L + i_lo] : 0.f, i_hi < L ? a.D[n * L + i_hi] : 0.f};
+    const int jend[2] = {a.causal ? min(i_lo + 1, len) : len, a.causal ? min(i_hi + 1, len) : len};
+    float dq[DT][4];
+#pragma unroll
+    for (int x = 0; x < DT; x++) dq[x][0] = dq[x][1] = dq[x][2] = dq[x][3] = 0.f;
+    for (int tile = 0; tile < ntiles; tile++) {
+        const int j0 = tile * FBK, buf = tile & 1;
+        if (tile + 1 < ntiles) {
+            load_rows<T, HD>(a.k, b, h, j0 + FBK, L, FBK, Ks + (buf ^ 1) * FBK * LDS);
+            load_rows<T, HD>(a.v, b, h, j0 + FBK, L, FBK, Vs + (buf ^ 1) * FBK * LDS);
+            copy_commit();
+            copy_wait<1>();
+        } else {
+            copy_wait<0>();
+        }
+        __syncthreads();
+        const T *K = Ks + buf * FBK * LDS, *V = Vs + buf * FBK * LDS;
+        float s[NT][4], dp[NT][4];
+#pragma unroll
+        for (int x = 0; x < NT; x++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[x][e] = dp[x][e] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++) {
+            uint32_t aq[4], ao[4];
+            ld_a(Qs, LDS, 16 * w, 16 * kk, aq);
+            ld_a(dOs, LDS, 16 * w, 16 * kk, ao);
+#pragma unroll
+            for (int np = 0; np < NT / 2; np++) {
+                uint32_t b0[2], b1[2];
+                ld_b(K, LDS, 16 * np, 16 * kk, b0, b1);
+                mma16816<T>(s[2 * np], aq, b0);
+                mma16816<T>(s[2 * np + 1], aq, b1);
+                ld_b(V, LDS, 16 * np, 16 * kk, b0, b1);
+                mma16816<T>(dp[2 * np], ao, b0);
+                mma16816<T>(dp[2 * np + 1], ao, b1);
+            }
+        }
+        uint32_t df[NT / 2][4];
+#pragma unroll
+        for (int x = 0; x < NT; x++) {
+            float ds[4];
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int r = e / 2, i = r ? i_hi : i_lo, j = j0 + 8 * x + 2 * t4 + (e & 1);
+                const bool vis = i < L && lse2[r] != NEG_INF && j < jend[r];
+                const float p = vis ? ex2(s[x][e] * c - lse2[r]) : 0.f;
+                const float kd = vis ? keep_factor(a, n, i, j) : 0.f;
+                ds[e] = p * (dp[x][e] * kd - Dr[r]);
+            }
+            df[x / 2][(x & 1) * 2 + 0] = pack2<T>(ds[0], ds[1]);
+            df[x / 2][(x & 1) * 2 + 1] = pack2<T>(ds[2], ds[3]);
+        }
+#pragma unroll
+        for (int kk = 0; kk < NT / 2; kk++) {
+            const uint32_t ad[4] = {df[kk][0], df[kk][1], df[kk][2], df[kk][3]};
+#pragma unroll
+            for (int dp2 = 0; dp2 < DT / 2; dp2++) {
+                uint32_t b0[2], b1[2];
+                ld_bt(K, LDS, 16 * kk, 16 * dp2, b0, b1);
+                mma16816<T>(dq[2 * dp2], ad, b0);
+                mma16816<T>(dq[2 * dp2 + 1], ad, b1);
+            }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int i = r ? i_hi : i_lo;
+        if (i >= L) continue;
+        T *orow = at<T>(a.dq, b, h, i, 0);
+#pragma unroll
+        for (int x = 0; x < DT; x++) {
+            const int d = 8 * x + 2 * t4;
+            float v0 = dq[x][2 * r] * a.scale, v1 = dq[x][2 * r + 1] * a.scale;
+            if (a.accumulate) v0 += to_acc(orow[d]), v1 += to_acc(orow[d + 1]);
+            from_acc2<T>(v0, v1, orow + d);
+        }
+    }
+}
+
+/* ================================================================== launch */
+
+template <typename T, int HD> constexpr size_t fwd_smem() { return sizeof(T) * (size_t)(FBQ + 4 * FBK) * (HD + 8); }
+template <typename T, int HD> constexpr size_t dkdv_smem() {
+    return sizeof(T) * (size_t)(2 * FBK + 4 * bwd_shape<HD>::BQ) * (HD + 8) + sizeof(float) * 4 * bwd_shape<HD>::BQ;
+}
+template <typename T, int HD> constexpr size_t dq_smem() { return sizeof(T) * (size_t)(2 * FBQ + 4 * FBK) * (HD + 8); }
+
+template <typename K> static cudaError_t allow(K kernel, size_t bytes) {
+    if (bytes <= 48 * 1024) return cudaSuccess;
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+}
+
+template <typename T, int HD> static cudaError_t run(const attn_params &a, bool forward, cudaStream_t st) {
+    const int64_t heads = (int64_t)a.B * a.H;
+    const unsigned qblocks = (unsigned)(heads * ((a.L + FBQ - 1) / FBQ));
+    cudaError_t e;
+    if (forward) {
+        if ((e = allow(flash_fwd_kernel<T, HD>, fwd_smem<T, HD>())) != cudaSuccess) return e;
+        flash_fwd_kernel<T, HD><<<qblocks, FW * 32, fwd_smem<T, HD>(), st>>>(a);
+        return cudaGetLastError();
+    }
+    if (a.dk.p || a.dv.p) {
+        if ((e = allow(flash_dkdv_kernel<T, HD>, dkdv_smem<T, HD>())) != cudaSuccess) return e;
+        const unsigned kblocks = (unsigned)(heads * ((a.L + FBK - 1) / FBK));
+        flash_dkdv_kernel<T, HD><<<kblocks, FW * 32, dkdv_smem<T, HD>(), st>>>(a);
+        if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    }
+    if ((e = allow(flash_dq_kernel<T, HD>, dq_smem<T, HD>())) != cudaSuccess) return e;
+    flash_dq_kernel<T, HD><<<qblocks, FW * 32, dq_smem<T, HD>(), st>>>(a);
+    return cudaGetLastError();
+}
+
+template <typename T> static cudaError_t run_hd(const attn_params &a, bool forward, cudaStream_t st) {
+    switch (a.hd) {
+    case 32: return run<T, 32>(a, forward, st);
+    case 64: return run<T, 64>(a, forward, st);
+    case 128: return run<T, 128>(a, forward, st);
+    default: return cudaErrorInvalidValue;
+    }
+}
+
+} // namespace
+
+bool fg_cuda_attn_flash_fits(const fg_attn_problem *p) {
+    if (p->dtype != FG_F16 && p->dtype != FG_BF16) return false;
+    if (p->hd != 32 && p->hd != 64 && p->hd != 128) return false;
+    if (!p->unit_rows || p->align < 16 || p->L < 1) return false;
+    if (p->has_scores_in || p->has_scores_out || p->has_dscores || p->want_dscores_in) return false;
+    return true;
+}
+
+cudaError_t fg_cuda_attn_flash(const attn_params &a, bool forward, fg_dtype dtype, cudaStream_t st) {
+    if (!forward) { /* D = Σ do·o: attention.cu's row kernel */
+        cudaError_t e = fg_cuda_attn_rowdot(a, dtype, st);
+        if (e != cudaSuccess) return e;
+    }
+    return dtype == FG_BF16 ? run_hd<__nv_bfloat16>(a, forward, st) : run_hd<__half>(a, forward, st);
+}

@@ -6,7 +6,8 @@
  * few calls: the GEMM primitive's GEMV / column-sum / rank-1 / axpby kernels, the elementwise
  * fast, general and reduction kernels, the linear + activation passes, tile kernels, one-kernel
  * backwards and the sm_90a GEMM (all three products, g formed, the slope form), the log-prob
- * row, tile, single-block and cast kernels (deterministic column sums included) and AdamW.
+ * row, tile, single-block and cast kernels (deterministic column sums included), the
+ * normalization family's row, column, apply, dropout and RevIN kernels, and AdamW.
  *
  * Each case names the kernel it is there for, and the program fails when the backend launched
  * something else (fg_context_last_kernels): a changed dispatch rule cannot silently drop a
@@ -286,6 +287,112 @@ static void logp_kernels(void) {
     free(t);
 }
 
+/* ------------------------------------------------------------------ normalization */
+
+/* The row norms' register kernels (a few lanes a row; a block a row; the backward's shared-memory
+ * dw / db past 48 KB), their loop kernels (an odd D) with the column kernel for dw / db, BatchNorm's
+ * column and apply kernels (16-byte vectors and single elements), dropout, RevIN. */
+static void norm_kernels(void) {
+    struct { fg_dtype dt; int64_t rows, d; const char *fwd, *bwd; } rows[] = {
+        {FG_BF16, 300, 128, "ln_fwd<bf16,v8,g4x4>", "ln_bwd<bf16,v8,g8x2>"},
+        {FG_F32, 40, 4096, "ln_fwd<f32,v4,g128x8>", "ln_bwd<f32,v4,g256x4>"},
+        {FG_BF16, 20, 12288, "ln_fwd<bf16,v8,g512x4>", "ln_bwd<bf16,v8,g512x4>"},
+        {FG_F32, 33, 1001, "ln_fwd_loop<f32,v1>", "ln_bwd_loop<f32,v1>"},
+    };
+    for (size_t k = 0; k < sizeof rows / sizeof rows[0]; k++) {
+        const fg_dtype dt = rows[k].dt;
+        int64_t xd[2] = {rows[k].rows, rows[k].d}, d1[1] = {rows[k].d}, r1[1] = {rows[k].rows};
+        th_operand X = make(dt, 2, xd, 0), R = make(dt, 2, xd, 0), W = make(dt, 1, d1, 0), B = make(dt, 1, d1, 0);
+        th_operand Y = out(dt, 2, xd, 0), S = out(dt, 2, xd, 0), M = out(FG_F32, 1, r1, 0), Q = out(FG_F32, 1, r1, 0);
+        th_operand DX = out(dt, 2, xd, 0), DR = out(dt, 2, xd, 0), DW = out(dt, 1, d1, 0), DB = out(dt, 1, d1, 0);
+        fg_norm_options o;
+        memset(&o, 0, sizeof o);
+        o.dropout.p = 0.25, o.dropout.seed = 9;
+        char label[80];
+        snprintf(label, sizeof label, "norm_forward + residual %s D=%lld", fg_dtype_name(dt), (long long)rows[k].d);
+        launched(label, fg_norm_forward(ctx, &o, &X.t, &R.t, &W.t, &B.t, &Y.t, &S.t, &M.t, &Q.t), rows[k].fwd);
+        written(label, &Y), written(label, &S), written(label, &Q);
+        snprintf(label, sizeof label, "norm_backward %s D=%lld", fg_dtype_name(dt), (long long)rows[k].d);
+        launched(label, fg_norm_backward(ctx, &o, &Y.t, &X.t, &S.t, &W.t, &M.t, &Q.t, &DX.t, &DR.t, &DW.t, &DB.t, 0),
+                 rows[k].bwd);
+        written(label, &DX), written(label, &DR), written(label, &DW), written(label, &DB);
+        o.kind = FG_NORM_RMS, o.dropout.p = 0;
+        th_poison(&DX.buf), th_poison(&DW.buf);
+        snprintf(label, sizeof label, "rms_norm_backward recomputed %s D=%lld", fg_dtype_name(dt), (long long)rows[k].d);
+        launched(label, fg_norm_backward(ctx, &o, &Y.t, NULL, &S.t, &W.t, NULL, NULL, &DX.t, NULL, &DW.t, NULL, 0),
+                 rows[k].d == 1001 ? "norm_params_cols" : "norm_params_sum");
+        written(label, &DX), written(label, &DW);
+        th_drop(&X), th_drop(&R), th_drop(&W), th_drop(&B), th_drop(&Y), th_drop(&S), th_drop(&M), th_drop(&Q);
+        th_drop(&DX), th_drop(&DR), th_drop(&DW), th_drop(&DB);
+    }
+    struct { fg_dtype dt; int64_t n, c; const char *vec; } bns[] = {{FG_BF16, 3000, 128, "v8"}, {FG_F32, 501, 7, "v1"}};
+    for (size_t k = 0; k < 2; k++) {
+        const fg_dtype dt = bns[k].dt;
+        int64_t xd[2] = {bns[k].n, bns[k].c}, c1[1] = {bns[k].c};
+        th_operand X = make(dt, 2, xd, 0), R = make(dt, 2, xd, 0), W = make(FG_F32, 1, c1, 0), B = make(FG_F32, 1, c1, 0);
+        th_operand RM = make(FG_F32, 1, c1, 0), RV = make(FG_F32, 1, c1, 0), Y = out(dt, 2, xd, 0), S = out(dt, 2, xd, 0);
+        th_operand M = out(FG_F32, 1, c1, 0), Q = out(FG_F32, 1, c1, 0), DX = out(dt, 2, xd, 0), DR = out(dt, 2, xd, 0);
+        th_operand DW = out(FG_F32, 1, c1, 0), DB = out(FG_F32, 1, c1, 0);
+        for (int64_t j = 0; j < RV.n; j++) RV.v[j] = 1.0 + fabs(RV.v[j]);
+        th_put(&RV.buf, &RV.t, RV.v);
+        fg_batch_norm_options o;
+        memset(&o, 0, sizeof o);
+        o.dropout.p = 0.3, o.dropout.seed = 5;
+        char label[80], want[40];
+        snprintf(label, sizeof label, "batch_norm_forward + residual %s C=%lld", fg_dtype_name(dt), (long long)bns[k].c);
+        snprintf(want, sizeof want, "bn_apply<%s,%s>", fg_dtype_name(dt), bns[k].vec);
+        launched(label, fg_batch_norm_forward(ctx, &o, &X.t, &R.t, &W.t, &B.t, &RM.t, &RV.t, &Y.t, &S.t, &M.t, &Q.t),
+                 want);
+        written(label, &Y), written(label, &S), written(label, &M), written(label, &RV);
+        snprintf(label, sizeof label, "batch_norm_backward %s C=%lld", fg_dtype_name(dt), (long long)bns[k].c);
+        snprintf(want, sizeof want, "bn_bwd_apply<%s,%s>", fg_dtype_name(dt), bns[k].vec);
+        launched(label, fg_batch_norm_backward(ctx, &o, &Y.t, &S.t, &W.t, &M.t, &Q.t, &DX.t, &DR.t, &DW.t, &DB.t, 0),
+                 want);
+        written(label, &DX), written(label, &DR), written(label, &DW), written(label, &DB);
+        th_drop(&X), th_drop(&R), th_drop(&W), th_drop(&B), th_drop(&RM), th_drop(&RV), th_drop(&Y), th_drop(&S);
+        th_drop(&M), th_drop(&Q), th_drop(&DX), th_drop(&DR), th_drop(&DW), th_drop(&DB);
+    }
+    {   /* dropout: contiguous (16-byte vectors and a tail), padded rows (single elements) */
+        int64_t xd[2] = {37, 1003};
+        fg_dropout_options o = {0.5, 77, 3};
+        for (int layout = 0; layout < 2; layout++) {
+            th_operand X = make(FG_BF16, 2, xd, layout), Y = out(FG_BF16, 2, xd, layout);
+            const char *label = layout ? "dropout_forward padded rows" : "dropout_forward";
+            launched(label, fg_dropout_forward(ctx, &o, &X.t, &Y.t), layout ? "dropout<bf16,v1>" : "dropout<bf16,v8>");
+            written(label, &Y);
+            th_drop(&X), th_drop(&Y);
+        }
+    }
+    {   /* RevIN: statistics, normalize, denormalize, their backwards */
+        int64_t xd[3] = {16, 336, 7}, pd[3] = {16, 96, 7}, st[2] = {16, 7}, c1[1] = {7};
+        th_operand X = make(FG_F32, 3, xd, 0), P = make(FG_F32, 3, pd, 0), W = make(FG_F32, 1, c1, 0);
+        th_operand B = make(FG_F32, 1, c1, 0), MU = out(FG_F32, 2, st, 0), SD = out(FG_F32, 2, st, 0);
+        th_operand Y = out(FG_F32, 3, xd, 0), O = out(FG_F32, 3, pd, 0), DX = out(FG_F32, 3, xd, 0);
+        th_operand DP = out(FG_F32, 3, pd, 0), DW = out(FG_F32, 1, c1, 0), DB = out(FG_F32, 1, c1, 0);
+        for (int64_t j = 0; j < W.n; j++) W.v[j] = 1.0 + fabs(W.v[j]);
+        th_put(&W.buf, &W.t, W.v);
+        fg_revin_options o;
+        memset(&o, 0, sizeof o);
+        launched("revin_stats", fg_revin_stats(ctx, &o, &X.t, &MU.t, &SD.t), "revin_stats<f32>");
+        written("revin_stats", &SD);
+        launched("revin_forward", fg_revin_forward(ctx, &o, &X.t, &W.t, &B.t, &MU.t, &SD.t, &Y.t), "revin_norm<f32>");
+        written("revin_forward", &Y);
+        launched("revin_backward", fg_revin_backward(ctx, &o, &Y.t, &X.t, &W.t, &B.t, &MU.t, &SD.t, &DX.t, &DW.t, &DB.t, 0),
+                 "revin_norm_bwd<f32>");
+        written("revin_backward", &DX), written("revin_backward", &DW);
+        o.denorm = 1;
+        launched("revin_forward denorm", fg_revin_forward(ctx, &o, &P.t, &W.t, &B.t, &MU.t, &SD.t, &O.t),
+                 "revin_denorm<f32>");
+        written("revin_forward denorm", &O);
+        launched("revin_backward denorm",
+                 fg_revin_backward(ctx, &o, &O.t, &P.t, &W.t, &B.t, &MU.t, &SD.t, &DP.t, &DW.t, &DB.t, 0),
+                 "revin_denorm_bwd<f32>");
+        written("revin_backward denorm", &DP), written("revin_backward denorm", &DB);
+        th_drop(&X), th_drop(&P), th_drop(&W), th_drop(&B), th_drop(&MU), th_drop(&SD), th_drop(&Y), th_drop(&O);
+        th_drop(&DX), th_drop(&DP), th_drop(&DW), th_drop(&DB);
+    }
+}
+
 /* ------------------------------------------------------------------ AdamW */
 
 static void adamw_kernel(void) {
@@ -319,6 +426,7 @@ int main(void) {
     elementwise_kernels();
     act_kernels();
     logp_kernels();
+    norm_kernels();
     adamw_kernel();
     fg_status st = fg_context_check(ctx);
     if (st != FG_OK) printf("FAIL sanitize_ops: %s (%s)\n", fg_status_string(st), fg_last_error()), failed++;

@@ -124,6 +124,7 @@ extern "C" const fg_backend_ops fg_cuda_backend = {
     .logp = cuda_logp,
     .act_plan = cuda_act_plan,
     .act = cuda_act,
+    .norm = fg_cuda_norm,
     .attn_plan = fg_cuda_attn_plan,
     .attn = fg_cuda_attn,
 };

@@ -176,6 +176,10 @@ bool fg_cuda_act_form_takes(int act);
 /* Turns a CUDA error into FG_ERR_BACKEND with the call named. */
 fg_status fg_cuda_fail(cudaError_t err, const char *what);
 
+/* The normalization family's steps (src/cuda/norm.cu): planning (run = false) fills c->need and
+ * c->name; running, it records each kernel it launches. */
+extern "C" fg_status fg_cuda_norm(fg_context *ctx, fg_norm_call *c, bool run);
+
 /* The attention family (src/cuda/attention.cu): the plan hook picks the path (short sequences,
  * tensor cores, tiled) and names its kernels; the run launches them and records those names. */
 extern "C" fg_status fg_cuda_attn_plan(fg_context *ctx, const fg_attn_problem *p, fg_attn_path *path);

@@ -1,0 +1,1458 @@
+/*
+ * norm.cu — the CUDA steps of the normalization family (their list and meaning: fg_norm_call in
+ * src/core/internal.h; the front door and its walk: src/ops/norm.c). Each step is planned and run
+ * by the same function (plan_*), so what a plan names is what runs.
+ *
+ *  ROWS_FORWARD / ROWS_BACKWARD  a group of G threads per row (G a power of two: a few lanes of
+ *      a warp for short rows, up to a block for long ones), the row held in registers as 16-byte
+ *      vectors (NV per thread): x (and r) read once, s and y written once. Sums are f32 trees
+ *      over the group (shuffles, then the group's warps in order in shared memory). The backward
+ *      runs a persistent grid whose threads keep their columns' dw / db in registers over the
+ *      rows they take; a block adds its groups in order and writes one partial row, and a
+ *      finish kernel adds the blocks' partials in block order. Rows that do not fit (D > 16384,
+ *      or D not a multiple of the vector, or pointers / row strides not 16-byte aligned) take
+ *      the loop kernels: a block a row, the statistics in one pass around the row's first
+ *      element (a shift that keeps E[d²] − E[d]² from cancelling), a second pass that writes;
+ *      their dw / db come from the column kernel below.
+ *  BN_* and the loop path's dw / db  a 2-D grid of column tiles × row slabs: threads own 16-byte
+ *      column vectors (one element when unaligned) and walk the slab's rows keeping f64 sums,
+ *      the block's rows are added in order, one partial row per slab; a finish kernel adds the
+ *      slabs in order. The apply kernels form each channel's coefficients from the f64 sums in
+ *      every block; the blocks of the first slab write mean / rstd, the running statistics and
+ *      dw / db.
+ *  DROPOUT  one pass, 16-byte vectors with a scalar tail. REVIN_*  per (instance, channel).
+ * Dropout masks are src/core/rng.h's, the same bits as the CPU backend's, regenerated in the
+ * backward; s = x + r·m is an f32 multiply then an f32 add (no FMA), rounded to the dtype, and
+ * the norm is taken of that rounded s — what the unfused x + dropout(r), norm(·) computes.
+ * No floating-point atomics anywhere: every sum has a fixed order, the same bits every run.
+ */
+#include "cuda_internal.h"
+#include "elem.cuh"
+
+#include "../core/rng.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+__device__ __forceinline__ int64_t cdiv_d(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+static int pow2_at_least(int64_t n) {
+    int p = 1;
+    while (p < n && p < (1 << 30)) p <<= 1;
+    return p;
+}
+
+/* ------------------------------------------------------------------ device helpers */
+
+/* A dropout as the kernels apply it: keep when u >= thr (thr = threshold·2^-24, exact in f32). */
+struct drop_t {
+    bool on;
+    float thr, scale;
+    uint64_t seed, offset;
+};
+
+/* m[e] for the N elements at flat indices i0 … i0 + N − 1: one Philox call per group of four. */
+template <int N>
+__device__ __forceinline__ void drop_mask(const drop_t &d, int64_t i0, float (&m)[N]) {
+    if (!d.on) {
+#pragma unroll
+        for (int e = 0; e < N; e++) m[e] = 1.f;
+        return;
+    }
+    uint64_t q = (uint64_t)i0 >> 2;
+    int o = (int)(i0 & 3);
+    float u[4];
+    fg_dropout_uniform4(d.seed, d.offset, q, u);
+#pragma unroll
+    for (int e = 0; e < N; e++) {
+        if (o == 4) {
+            fg_dropout_uniform4(d.seed, d.offset, ++q, u);
+            o = 0;
+        }
+        m[e] = u[o] >= d.thr ? d.scale : 0.f;
+        o++;
+    }
+}
+
+template <typename T> __device__ __forceinline__ float round_to(float v) { return to_acc(from_acc<T>(v)); }
+
+/* x + r·m without a fused multiply-add (the CPU's bits), rounded to T */
+template <typename T> __device__ __forceinline__ float residual(float x, float r, float m) {
+    return round_to<T>(__fadd_rn(x, __fmul_rn(r, m)));
+}
+
+/* Element i of a tensor of fg_dtype dt (f32 / f16 / bf16), as f32; and a store (+ the old value). */
+__device__ __forceinline__ float load_as(const void *p, int dt, int64_t i) {
+    switch (dt) {
+    case FG_F16: return __half2float(((const __half *)p)[i]);
+    case FG_BF16: return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
+    default: return ((const float *)p)[i];
+    }
+}
+
+__device__ __forceinline__ void store_as(void *p, int dt, int64_t i, float v, bool accumulate) {
+    if (accumulate) v += load_as(p, dt, i);
+    switch (dt) {
+    case FG_F16: ((__half *)p)[i] = __float2half_rn(v); break;
+    case FG_BF16: ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(v); break;
+    default: ((float *)p)[i] = v; break;
+    }
+}
+
+/* Sums of K values over a group of G threads (G a power of two; the block's threads are groups
+ * of G in order). G <= 32: xor shuffles inside the group; else also the group's warps, in order,
+ * through smem (>= blockDim/32·K floats). Every thread of the block must call it. */
+template <int K>
+__device__ __forceinline__ void group_sum(float (&v)[K], int G, float *smem) {
+    const int lanes = G < 32 ? G : 32;
+    for (int off = lanes >> 1; off > 0; off >>= 1)
+#pragma unroll
+        for (int k = 0; k < K; k++) v[k] += __shfl_xor_sync(0xffffffffu, v[k], off);
+    if (G <= 32) return;
+    const int warp = threadIdx.x >> 5, W = G >> 5, first = warp / W * W;
+    __syncthreads(); /* the previous call's readers are done */
+    if ((threadIdx.x & 31) == 0)
+#pragma unroll
+        for (int k = 0; k < K; k++) smem[warp * K + k] = v[k];
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        float t = 0.f;
+        for (int i = 0; i < W; i++) t += smem[(first + i) * K + k];
+        v[k] = t;
+    }
+}
+
+/* ------------------------------------------------------------------ row norms */
+
+struct rows_args {
+    int64_t rows, cols;
+    const void *x, *r, *w, *b, *dy, *ds;
+    void *y, *s, *dx, *dr;
+    int64_t ld_x, ld_r, ld_y, ld_s, ld_dy, ld_ds, ld_dx, ld_dr;
+    float *mean, *rstd;         /* saved statistics (NULL: not written / recomputed) */
+    float *mean_out, *rstd_out; /* the loop backward's recomputed statistics, for its dw / db */
+    float eps;
+    bool rms, accumulate;
+    drop_t drop;
+    float *part;                /* register backward: [gridDim.x][2][cols] (dw, db) */
+    bool want_dw, want_db;
+    int G;                      /* threads per row */
+};
+
+/* The forward, a row per group of G threads (at most 512), NV vectors of VEC elements per thread. */
+template <typename T, int VEC, int NV>
+__global__ void __launch_bounds__(512) rows_fwd_reg(const rows_args a) {
+    __shared__ float red[512 / 32 * 2];
+    const int G = a.G, R = blockDim.x / G, grp = threadIdx.x / G, t = threadIdx.x % G;
+    const int64_t nvec = a.cols / VEC;
+    const float inv_d = 1.f / (float)a.cols;
+    for (int64_t base = (int64_t)blockIdx.x * R; base < a.rows; base += (int64_t)gridDim.x * R) {
+        const int64_t row = base + grp;
+        const bool active = row < a.rows;
+        float v[NV][VEC];
+        float sum[1] = {0.f};
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            const int64_t vi = (int64_t)k * G + t;
+            const bool ok = active && vi < nvec;
+#pragma unroll
+            for (int e = 0; e < VEC; e++) v[k][e] = 0.f;
+            if (!ok) continue;
+            const vec_t<T, VEC> xv = load_vec<T, VEC>((const T *)a.x + row * a.ld_x + vi * VEC);
+            if (a.r) {
+                const vec_t<T, VEC> rv = load_vec<T, VEC>((const T *)a.r + row * a.ld_r + vi * VEC);
+                float m[VEC];
+                drop_mask<VEC>(a.drop, row * a.cols + vi * VEC, m);
+                vec_t<T, VEC> sv;
+#pragma unroll
+                for (int e = 0; e < VEC; e++) {
+                    v[k][e] = residual<T>(to_acc(xv.v[e]), to_acc(rv.v[e]), m[e]);
+                    sv.v[e] = from_acc<T>(v[k][e]);
+                }
+                if (a.s) store_vec<T, VEC>((T *)a.s + row * a.ld_s + vi * VEC, sv);
+            } else {
+#pragma unroll
+                for (int e = 0; e < VEC; e++) v[k][e] = to_acc(xv.v[e]);
+                if (a.s) store_vec<T, VEC>((T *)a.s + row * a.ld_s + vi * VEC, xv);
+            }
+#pragma unroll
+            for (int e = 0; e < VEC; e++) sum[0] += a.rms ? v[k][e] * v[k][e] : v[k][e];
+        }
+        group_sum<1>(sum, G, red);
+        float mean = 0.f, rstd;
+        if (a.rms) {
+            rstd = 1.f / sqrtf(sum[0] * inv_d + a.eps);
+        } else {
+            mean = sum[0] * inv_d;
+            float sq[1] = {0.f};
+#pragma unroll
+            for (int k = 0; k < NV; k++) {
+                const int64_t vi = (int64_t)k * G + t;
+                if (!active || vi >= nvec) continue;
+#pragma unroll
+                for (int e = 0; e < VEC; e++) {
+                    const float d = v[k][e] - mean;
+                    sq[0] += d * d;
+                }
+            }
+            group_sum<1>(sq, G, red + blockDim.x / 32);
+            rstd = 1.f / sqrtf(sq[0] * inv_d + a.eps);
+        }
+        if (!active) continue;
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            const int64_t vi = (int64_t)k * G + t;
+            if (vi >= nvec) continue;
+            vec_t<T, VEC> wv, bv, yv;
+            if (a.w) wv = load_vec<T, VEC>((const T *)a.w + vi * VEC);
+            if (a.b) bv = load_vec<T, VEC>((const T *)a.b + vi * VEC);
+#pragma unroll
+            for (int e = 0; e < VEC; e++) {
+                float o = (v[k][e] - mean) * rstd;
+                if (a.w) o *= to_acc(wv.v[e]);
+                if (a.b) o += to_acc(bv.v[e]);
+                yv.v[e] = from_acc<T>(o);
+            }
+            store_vec<T, VEC>((T *)a.y + row * a.ld_y + vi * VEC, yv);
+        }
+        if (t == 0) {
+            if (a.mean) a.mean[row] = mean;
+            if (a.rstd) a.rstd[row] = rstd;
+        }
+    }
+}
+
+/* The backward, as the forward's geometry. dw / db: each group's running sums over its rows in
+ * shared memory ([R][2][cols], column j of vector vi at e·nvec + vi, so a warp's updates fall in
+ * distinct banks), the groups added in order at the end: one partial row per block. */
+template <typename T, int VEC, int NV>
+__global__ void __launch_bounds__(512) rows_bwd_reg(const rows_args a) {
+    __shared__ float red[512 / 32 * 2];
+    extern __shared__ float pacc[];
+    const int G = a.G, R = blockDim.x / G, grp = threadIdx.x / G, t = threadIdx.x % G;
+    const int64_t nvec = a.cols / VEC;
+    const float inv_d = 1.f / (float)a.cols;
+    float *mine = a.part ? pacc + (int64_t)grp * 2 * a.cols : NULL;
+    if (mine) {
+        for (int64_t i = t; i < 2 * a.cols; i += G) mine[i] = 0.f;
+        __syncthreads(); /* (zeroed by other threads of the group than the ones that add into them) */
+    }
+    for (int64_t base = (int64_t)blockIdx.x * R; base < a.rows; base += (int64_t)gridDim.x * R) {
+        const int64_t row = base + grp;
+        const bool active = row < a.rows;
+        float xv[NV][VEC], g[NV][VEC];
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            const int64_t vi = (int64_t)k * G + t;
+#pragma unroll
+            for (int e = 0; e < VEC; e++) xv[k][e] = g[k][e] = 0.f;
+            if (!active || vi >= nvec) continue;
+            const vec_t<T, VEC> x = load_vec<T, VEC>((const T *)a.x + row * a.ld_x + vi * VEC);
+            const vec_t<T, VEC> dy = load_vec<T, VEC>((const T *)a.dy + row * a.ld_dy + vi * VEC);
+#pragma unroll
+            for (int e = 0; e < VEC; e++) xv[k][e] = to_acc(x.v[e]), g[k][e] = to_acc(dy.v[e]);
+        }
+        float mean = 0.f, rstd = 0.f;
+        if (a.rstd) {
+            if (active) {
+                rstd = a.rstd[row];
+                if (!a.rms) mean = a.mean[row];
+            }
+        } else { /* recomputed as the forward computes them */
+            float sum[1] = {0.f};
+#pragma unroll
+            for (int k = 0; k < NV; k++)
+#pragma unroll
+                for (int e = 0; e < VEC; e++) sum[0] += a.rms ? xv[k][e] * xv[k][e] : xv[k][e];
+            group_sum<1>(sum, G, red);
+            if (a.rms) {
+                rstd = 1.f / sqrtf(sum[0] * inv_d + a.eps);
+            } else {
+                mean = sum[0] * inv_d;
+                float sq[1] = {0.f};
+#pragma unroll
+                for (int k = 0; k < NV; k++) {
+                    const int64_t vi = (int64_t)k * G + t;
+                    if (!active || vi >= nvec) continue;
+#pragma unroll
+                    for (int e = 0; e < VEC; e++) {
+                        const float d = xv[k][e] - mean;
+                        sq[0] += d * d;
+                    }
+                }
+                group_sum<1>(sq, G, red + blockDim.x / 32);
+                rstd = 1.f / sqrtf(sq[0] * inv_d + a.eps);
+            }
+        }
+        /* xv becomes x̂, g becomes dy·w; dy·x̂ and dy go to the group's dw / db */
+        float sums[2] = {0.f, 0.f}; /* Σ g·x̂, Σ g */
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            const int64_t vi = (int64_t)k * G + t;
+            if (!active || vi >= nvec) continue;
+            vec_t<T, VEC> wv;
+            if (a.w) wv = load_vec<T, VEC>((const T *)a.w + vi * VEC);
+#pragma unroll
+            for (int e = 0; e < VEC; e++) {
+                const float xh = (xv[k][e] - mean) * rstd, dy = g[k][e];
+                if (mine) {
+                    float *pw = mine + e * nvec + vi, *pb = pw + a.cols;
+                    *pw += dy * xh;
+                    *pb += dy;
+                }
+                const float gw = a.w ? dy * to_acc(wv.v[e]) : dy;
+                xv[k][e] = xh;
+                g[k][e] = gw;
+                sums[0] += gw * xh;
+                sums[1] += gw;
+            }
+        }
+        group_sum<2>(sums, G, red);
+        if (!active) continue;
+        const float ca = sums[0] * inv_d, cb = a.rms ? 0.f : sums[1] * inv_d;
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            const int64_t vi = (int64_t)k * G + t;
+            if (vi >= nvec) continue;
+            float d[VEC];
+#pragma unroll
+            for (int e = 0; e < VEC; e++) d[e] = rstd * (g[k][e] - cb - xv[k][e] * ca);
+            if (a.ds) {
+                const vec_t<T, VEC> dsv = load_vec<T, VEC>((const T *)a.ds + row * a.ld_ds + vi * VEC);
+#pragma unroll
+                for (int e = 0; e < VEC; e++) d[e] += to_acc(dsv.v[e]);
+            }
+            if (a.dx) {
+                T *p = (T *)a.dx + row * a.ld_dx + vi * VEC;
+                vec_t<T, VEC> o;
+                if (a.accumulate) o = load_vec<T, VEC>(p);
+#pragma unroll
+                for (int e = 0; e < VEC; e++) o.v[e] = from_acc<T>(a.accumulate ? to_acc(o.v[e]) + d[e] : d[e]);
+                store_vec<T, VEC>(p, o);
+            }
+            if (a.dr) {
+                float m[VEC];
+                drop_mask<VEC>(a.drop, row * a.cols + vi * VEC, m);
+                T *p = (T *)a.dr + row * a.ld_dr + vi * VEC;
+                vec_t<T, VEC> o;
+                if (a.accumulate) o = load_vec<T, VEC>(p);
+#pragma unroll
+                for (int e = 0; e < VEC; e++) {
+                    const float v = d[e] * m[e];
+                    o.v[e] = from_acc<T>(a.accumulate ? to_acc(o.v[e]) + v : v);
+                }
+                store_vec<T, VEC>(p, o);
+            }
+        }
+    }
+    if (!a.part) return;
+    __syncthreads();
+    float *out = a.part + (int64_t)blockIdx.x * 2 * a.cols;
+    for (int64_t j = threadIdx.x; j < 2 * a.cols; j += blockDim.x) { /* out[q·cols + j'] in group order */
+        const int64_t q = j / a.cols, jj = j - q * a.cols, slot = q * a.cols + (jj % VEC) * nvec + jj / VEC;
+        float t2 = 0.f;
+        for (int gi = 0; gi < R; gi++) t2 += pacc[(int64_t)gi * 2 * a.cols + slot];
+        out[j] = t2;
+    }
+}
+
+/* The loop kernels: a block a row, VEC-element vectors (1: any alignment), any D. */
+template <typename T, int VEC>
+__device__ __forceinline__ void load_s(const rows_args &a, int64_t row, int64_t vi, float (&v)[VEC]) {
+    const vec_t<T, VEC> xv = load_vec<T, VEC>((const T *)a.x + row * a.ld_x + vi * VEC);
+    if (!a.r) {
+#pragma unroll
+        for (int e = 0; e < VEC; e++) v[e] = to_acc(xv.v[e]);
+        return;
+    }
+    const vec_t<T, VEC> rv = load_vec<T, VEC>((const T *)a.r + row * a.ld_r + vi * VEC);
+    float m[VEC];
+    drop_mask<VEC>(a.drop, row * a.cols + vi * VEC, m);
+#pragma unroll
+    for (int e = 0; e < VEC; e++) v[e] = residual<T>(to_acc(xv.v[e]), to_acc(rv.v[e]), m[e]);
+}
+
+/* mean and rstd of a row (the values load(vi) gives), in one pass around the row's first value */
+template <typename T, int VEC, typename F>
+__device__ __forceinline__ void loop_stats(const rows_args &a, int64_t nvec, float first, F load, float *red,
+                                           float *mean, float *rstd) {
+    const float shift = a.rms ? 0.f : first;
+    float acc[2] = {0.f, 0.f};
+    for (int64_t vi = threadIdx.x; vi < nvec; vi += blockDim.x) {
+        float v[VEC];
+        load(vi, v);
+#pragma unroll
+        for (int e = 0; e < VEC; e++) {
+            const float d = v[e] - shift;
+            acc[0] += d;
+            acc[1] += d * d;
+        }
+    }
+    group_sum<2>(acc, blockDim.x, red);
+    const float inv_d = 1.f / (float)a.cols;
+    if (a.rms) {
+        *mean = 0.f;
+        *rstd = 1.f / sqrtf(acc[1] * inv_d + a.eps);
+    } else {
+        const float m1 = acc[0] * inv_d, var = fmaxf(acc[1] * inv_d - m1 * m1, 0.f);
+        *mean = shift + m1;
+        *rstd = 1.f / sqrtf(var + a.eps);
+    }
+}
+
+template <typename T, int VEC>
+__global__ void __launch_bounds__(512) rows_fwd_loop(const rows_args a) {
+    __shared__ float red[512 / 32 * 2];
+    const int64_t nvec = a.cols / VEC;
+    for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
+        float first[1];
+        {
+            const float x0 = to_acc(((const T *)a.x)[row * a.ld_x]);
+            if (a.r) {
+                float m[1];
+                drop_mask<1>(a.drop, row * a.cols, m);
+                first[0] = residual<T>(x0, to_acc(((const T *)a.r)[row * a.ld_r]), m[0]);
+            } else {
+                first[0] = x0;
+            }
+        }
+        float mean, rstd;
+        loop_stats<T, VEC>(a, nvec, first[0],
+                           [&](int64_t vi, float (&v)[VEC]) {
+                               load_s<T, VEC>(a, row, vi, v);
+                               if (a.s) {
+                                   vec_t<T, VEC> sv;
+#pragma unroll
+                                   for (int e = 0; e < VEC; e++) sv.v[e] = from_acc<T>(v[e]);
+                                   store_vec<T, VEC>((T *)a.s + row * a.ld_s + vi * VEC, sv);
+                               }
+                           },
+                           red, &mean, &rstd);
+        for (int64_t vi = threadIdx.x; vi < nvec; vi += blockDim.x) {
+            float v[VEC];
+            if (a.s) { /* this thread's own s: the rounded values */
+                const vec_t<T, VEC> sv = load_vec<T, VEC>((const T *)a.s + row * a.ld_s + vi * VEC);
+#pragma unroll
+                for (int e = 0; e < VEC; e++) v[e] = to_acc(sv.v[e]);
+            } else {
+                load_s<T, VEC>(a, row, vi, v);
+            }
+            vec_t<T, VEC> wv, bv, yv;
+            if (a.w) wv = load_vec<T, VEC>((const T *)a.w + vi * VEC);
+            if (a.b) bv = load_vec<T, VEC>((const T *)a.b + vi * VEC);
+#pragma unroll
+            for (int e = 0; e < VEC; e++) {
+                float o = (v[e] - mean) * rstd;
+                if (a.w) o *= to_acc(wv.v[e]);
+                if (a.b) o += to_acc(bv.v[e]);
+                yv.v[e] = from_acc<T>(o);
+            }
+            store_vec<T, VEC>((T *)a.y + row * a.ld_y + vi * VEC, yv);
+        }
+        if (threadIdx.x == 0) {
+            if (a.mean) a.mean[row] = mean;
+            if (a.rstd) a.rstd[row] = rstd;
+        }
+    }
+}
+
+template <typename T, int VEC>
+__global__ void __launch_bounds__(512) rows_bwd_loop(const rows_args a) {
+    __shared__ float red[512 / 32 * 2];
+    const int64_t nvec = a.cols / VEC;
+    const float inv_d = 1.f / (float)a.cols;
+    for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
+        const T *xr = (const T *)a.x + row * a.ld_x, *dyr = (const T *)a.dy + row * a.ld_dy;
+        float mean = 0.f, rstd;
+        if (a.rstd) {
+            rstd = a.rstd[row];
+            if (!a.rms) mean = a.mean[row];
+        } else {
+            loop_stats<T, VEC>(a, nvec, to_acc(xr[0]),
+                               [&](int64_t vi, float (&v)[VEC]) {
+                                   const vec_t<T, VEC> xv = load_vec<T, VEC>(xr + vi * VEC);
+#pragma unroll
+                                   for (int e = 0; e < VEC; e++) v[e] = to_acc(xv.v[e]);
+                               },
+                               red, &mean, &rstd);
+        }
+        float acc[2] = {0.f, 0.f};
+        for (int64_t vi = threadIdx.x; vi < nvec; vi += blockDim.x) {
+            const vec_t<T, VEC> xv = load_vec<T, VEC>(xr + vi * VEC), dv = load_vec<T, VEC>(dyr + vi * VEC);
+            vec_t<T, VEC> wv;
+            if (a.w) wv = load_vec<T, VEC>((const T *)a.w + vi * VEC);
+#pragma unroll
+            for (int e = 0; e < VEC; e++) {
+                const float xh = (to_acc(xv.v[e]) - mean) * rstd;
+                const float gw = a.w ? to_acc(dv.v[e]) * to_acc(wv.v[e]) : to_acc(dv.v[e]);
+                acc[0] += gw * xh;
+                acc[1] += gw;
+            }
+        }
+        group_sum<2>(acc, blockDim.x, red);
+        const float ca = acc[0] * inv_d, cb = a.rms ? 0.f : acc[1] * inv_d;
+        for (int64_t vi = threadIdx.x; vi < nvec; vi += blockDim.x) {
+            const vec_t<T, VEC> xv = load_vec<T, VEC>(xr + vi * VEC), dv = load_vec<T, VEC>(dyr + vi * VEC);
+            vec_t<T, VEC> wv;
+            if (a.w) wv = load_vec<T, VEC>((const T *)a.w + vi * VEC);
+            float d[VEC];
+#pragma unroll
+            for (int e = 0; e < VEC; e++) {
+                const float xh = (to_acc(xv.v[e]) - mean) * rstd;
+                const float gw = a.w ? to_acc(dv.v[e]) * to_acc(wv.v[e]) : to_acc(dv.v[e]);
+                d[e] = rstd * (gw - cb - xh * ca);
+            }
+            if (a.ds) {
+                const vec_t<T, VEC> dsv = load_vec<T, VEC>((const T *)a.ds + row * a.ld_ds + vi * VEC);
+#pragma unroll
+                for (int e = 0; e < VEC; e++) d[e] += to_acc(dsv.v[e]);
+            }
+            if (a.dx) {
+                T *p = (T *)a.dx + row * a.ld_dx + vi * VEC;
+                vec_t<T, VEC> o;
+                if (a.accumulate) o = load_vec<T, VEC>(p);
+#pragma unroll
+                for (int e = 0; e < VEC; e++) o.v[e] = from_acc<T>(a.accumulate ? to_acc(o.v[e]) + d[e] : d[e]);
+                store_vec<T, VEC>(p, o);
+            }
+            if (a.dr) {
+                float m[VEC];
+                drop_mask<VEC>(a.drop, row * a.cols + vi * VEC, m);
+                T *p = (T *)a.dr + row * a.ld_dr + vi * VEC;
+                vec_t<T, VEC> o;
+                if (a.accumulate) o = load_vec<T, VEC>(p);
+#pragma unroll
+                for (int e = 0; e < VEC; e++) {
+                    const float v = d[e] * m[e];
+                    o.v[e] = from_acc<T>(a.accumulate ? to_acc(o.v[e]) + v : v);
+                }
+                store_vec<T, VEC>(p, o);
+            }
+        }
+        if (threadIdx.x == 0 && a.rstd_out) { /* for the column kernel's x̂ */
+            a.mean_out[row] = mean;
+            a.rstd_out[row] = rstd;
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ column sums (BatchNorm, dw / db) */
+
+/* What a column kernel sums (two quantities per column, f64 per thread) and writes. */
+enum col_kind {
+    COL_BN_STATS,     /* s = x + dropout(r) (written to s): Σ s, Σ s²                             */
+    COL_BN_BWD,       /* x̂ = (x − mean[c])·rstd[c]: Σ dy, Σ dy·x̂                                  */
+    COL_ROW_PARAMS,   /* x̂ = (x − mean[row])·rstd[row]: Σ dy·x̂, Σ dy (the row norms' dw, db)       */
+    COL_REVIN_BWD     /* RevIN's dx written; Σ dy·∂y/∂w, Σ dy·∂y/∂b                                */
+};
+
+struct col_args {
+    int64_t rows, cols, rows_per_slab;
+    const void *x, *r, *dy, *w, *b;
+    void *s, *dx;
+    int64_t ld_x, ld_r, ld_s, ld_dy, ld_dx;
+    const float *mean, *rstd; /* per column (BN), per row (row params), per (instance, column) (RevIN) */
+    int64_t steps;            /* RevIN: rows per instance */
+    bool denorm, accumulate;
+    float eps2;               /* RevIN: eps² */
+    drop_t drop;
+    double *part;             /* [slabs][2][cols] */
+};
+
+constexpr int COL_THREADS = 256;
+constexpr int COL_U = 4; /* rows a thread loads before it uses any (BatchNorm's column kernels) */
+
+/* Block (TX, TY): tx owns VEC columns of the tile, ty walks the slab's rows; KIND is a col_kind. */
+template <typename T, int VEC, int KIND>
+__global__ void __launch_bounds__(COL_THREADS) col_sums(const col_args a) {
+    __shared__ double sm[2][COL_THREADS * VEC];
+    const int TX = blockDim.x, TY = blockDim.y, tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t vi = (int64_t)blockIdx.x * TX + tx, nvec = cdiv_d(a.cols, VEC);
+    const int64_t j0 = vi * VEC;
+    const bool col_ok = vi < nvec;
+    const int64_t r0 = (int64_t)blockIdx.y * a.rows_per_slab;
+    const int64_t r1 = r0 + a.rows_per_slab < a.rows ? r0 + a.rows_per_slab : a.rows;
+    double s0[VEC], s1[VEC];
+#pragma unroll
+    for (int e = 0; e < VEC; e++) s0[e] = s1[e] = 0.0;
+    float c0[VEC], c1[VEC]; /* per column: BN_BWD mean, rstd; REVIN_BWD w, b */
+#pragma unroll
+    for (int e = 0; e < VEC; e++) c0[e] = c1[e] = 0.f;
+    if (col_ok && KIND == COL_BN_BWD)
+#pragma unroll
+        for (int e = 0; e < VEC; e++) c0[e] = a.mean[j0 + e], c1[e] = a.rstd[j0 + e];
+    if (col_ok && KIND == COL_REVIN_BWD)
+#pragma unroll
+        for (int e = 0; e < VEC; e++) {
+            c0[e] = a.w ? to_acc(((const T *)a.w)[j0 + e]) : 1.f;
+            c1[e] = a.b ? to_acc(((const T *)a.b)[j0 + e]) : 0.f;
+        }
+    if constexpr (KIND == COL_BN_STATS || KIND == COL_BN_BWD) {
+        /* COL_U rows a step, every load issued before any use: enough bytes in flight per thread */
+        for (int64_t row0 = r0 + ty; col_ok && row0 < r1; row0 += (int64_t)COL_U * TY) {
+            vec_t<T, VEC> xv[COL_U], ov[COL_U];
+#pragma unroll
+            for (int u = 0; u < COL_U; u++) {
+                const int64_t row = row0 + (int64_t)u * TY;
+                if (row >= r1) continue;
+                xv[u] = load_vec<T, VEC>((const T *)a.x + row * a.ld_x + j0);
+                if (KIND == COL_BN_BWD) ov[u] = load_vec<T, VEC>((const T *)a.dy + row * a.ld_dy + j0);
+                else if (a.r) ov[u] = load_vec<T, VEC>((const T *)a.r + row * a.ld_r + j0);
+            }
+#pragma unroll
+            for (int u = 0; u < COL_U; u++) {
+                const int64_t row = row0 + (int64_t)u * TY;
+                if (row >= r1) continue;
+                if constexpr (KIND == COL_BN_STATS) {
+                    float v[VEC];
+                    if (a.r) {
+                        float m[VEC];
+                        drop_mask<VEC>(a.drop, row * a.cols + j0, m);
+                        vec_t<T, VEC> sv;
+#pragma unroll
+                        for (int e = 0; e < VEC; e++) {
+                            v[e] = residual<T>(to_acc(xv[u].v[e]), to_acc(ov[u].v[e]), m[e]);
+                            sv.v[e] = from_acc<T>(v[e]);
+                        }
+                        if (a.s) store_vec<T, VEC>((T *)a.s + row * a.ld_s + j0, sv);
+                    } else {
+#pragma unroll
+                        for (int e = 0; e < VEC; e++) v[e] = to_acc(xv[u].v[e]);
+                    }
+#pragma unroll
+                    for (int e = 0; e < VEC; e++) {
+                        const double d = v[e];
+                        s0[e] += d;
+                        s1[e] = fma(d, d, s1[e]);
+                    }
+                } else {
+#pragma unroll
+                    for (int e = 0; e < VEC; e++) {
+                        const float xh = (to_acc(xv[u].v[e]) - c0[e]) * c1[e];
+                        const double dy = to_acc(ov[u].v[e]);
+                        s0[e] += dy;
+                        s1[e] = fma(dy, (double)xh, s1[e]);
+                    }
+                }
+            }
+        }
+    }
+    if constexpr (KIND == COL_ROW_PARAMS || KIND == COL_REVIN_BWD)
+    for (int64_t row = r0 + ty; col_ok && row < r1; row += TY) {
+        const vec_t<T, VEC> xv = load_vec<T, VEC>((const T *)a.x + row * a.ld_x + j0);
+        if constexpr (KIND == COL_ROW_PARAMS) {
+            const vec_t<T, VEC> dv = load_vec<T, VEC>((const T *)a.dy + row * a.ld_dy + j0);
+            const float rm = a.mean ? a.mean[row] : 0.f, rr = a.rstd[row];
+#pragma unroll
+            for (int e = 0; e < VEC; e++) {
+                const float xh = (to_acc(xv.v[e]) - rm) * rr;
+                const double dy = to_acc(dv.v[e]);
+                s0[e] = fma(dy, (double)xh, s0[e]);
+                s1[e] += dy;
+            }
+        } else { /* COL_REVIN_BWD */
+            const int64_t inst = row / a.steps;
+            const vec_t<T, VEC> dv = load_vec<T, VEC>((const T *)a.dy + row * a.ld_dy + j0);
+            vec_t<T, VEC> o;
+            if (a.dx && a.accumulate) o = load_vec<T, VEC>((T *)a.dx + row * a.ld_dx + j0);
+#pragma unroll
+            for (int e = 0; e < VEC; e++) {
+                const float mu = a.mean[inst * a.cols + j0 + e], sd = a.rstd[inst * a.cols + j0 + e];
+                const float x = to_acc(xv.v[e]), dy = to_acc(dv.v[e]);
+                float d, gw, gb;
+                if (!a.denorm) { /* y = (x − μ)/σ·w + b */
+                    d = dy * c0[e] / sd;
+                    gw = dy * ((x - mu) / sd);
+                    gb = dy;
+                } else { /* y = (x − b)/(w + ε²)·σ + μ */
+                    const float den = c0[e] + a.eps2;
+                    d = dy * sd / den;
+                    gw = -d * ((x - c1[e]) / den);
+                    gb = -d;
+                }
+                o.v[e] = from_acc<T>(a.accumulate ? to_acc(o.v[e]) + d : d);
+                s0[e] += (double)gw;
+                s1[e] += (double)gb;
+            }
+            if (a.dx) store_vec<T, VEC>((T *)a.dx + row * a.ld_dx + j0, o);
+        }
+    }
+    if (!a.part) return; /* (uniform: the block returns together) */
+    /* the block's rows in order (ty), then one partial row per slab */
+#pragma unroll
+    for (int e = 0; e < VEC; e++) sm[0][ty * TX * VEC + tx * VEC + e] = s0[e], sm[1][ty * TX * VEC + tx * VEC + e] = s1[e];
+    __syncthreads();
+    if (ty != 0 || !col_ok) return;
+    double *out = a.part + (int64_t)blockIdx.y * 2 * a.cols;
+#pragma unroll
+    for (int e = 0; e < VEC; e++) {
+        if (j0 + e >= a.cols) break;
+        double t0 = 0.0, t1 = 0.0;
+        for (int y = 0; y < TY; y++) t0 += sm[0][y * TX * VEC + tx * VEC + e], t1 += sm[1][y * TX * VEC + tx * VEC + e];
+        out[j0 + e] = t0;
+        out[a.cols + j0 + e] = t1;
+    }
+}
+
+/* The finish: tot[i] = Σ_p part[p·n2 + i] over p in order (n2 = 2·cols), 32 lanes a column each
+ * adding a run of partials, the runs added in lane order. Then: sums (f64, and sums[n2] = N), or
+ * dw (i < cols) / db (i >= cols) cast to their dtypes (+ their old values with accumulate). */
+struct finish_args {
+    const void *part;
+    bool part_f64;
+    int64_t parts, n2, cols;
+    double *sums;
+    double count;
+    void *dw, *db;
+    int dw_dtype, db_dtype;
+    bool accumulate;
+};
+
+constexpr int FIN_COLS = 8, FIN_LANES = 32;
+
+__global__ void __launch_bounds__(FIN_COLS *FIN_LANES) finish_kernel(const finish_args a) {
+    __shared__ double runs[FIN_COLS][FIN_LANES + 1];
+    const int lane = threadIdx.x % FIN_LANES, col = threadIdx.x / FIN_LANES;
+    const int64_t i = (int64_t)blockIdx.x * FIN_COLS + col;
+    const int64_t per = (a.parts + FIN_LANES - 1) / FIN_LANES;
+    const int64_t p0 = lane * per, p1 = p0 + per < a.parts ? p0 + per : a.parts;
+    double t = 0.0;
+    if (i < a.n2)
+        for (int64_t p = p0; p < p1; p++)
+            t += a.part_f64 ? ((const double *)a.part)[p * a.n2 + i] : (double)((const float *)a.part)[p * a.n2 + i];
+    runs[col][lane] = t;
+    __syncthreads();
+    if (blockIdx.x == 0 && threadIdx.x == 0 && a.sums) a.sums[a.n2] = a.count;
+    if (lane != 0 || i >= a.n2) return;
+    double tot = 0.0;
+    for (int l = 0; l < FIN_LANES; l++) tot += runs[col][l];
+    if (a.sums) {
+        a.sums[i] = tot;
+    } else if (i < a.cols) {
+        if (a.dw) store_as(a.dw, a.dw_dtype, i, (float)tot, a.accumulate);
+    } else if (a.db) {
+        store_as(a.db, a.db_dtype, i - a.cols, (float)tot, a.accumulate);
+    }
+}
+
+/* ------------------------------------------------------------------ BatchNorm apply */
+
+struct bn_args {
+    int64_t rows, cols, rows_per_slab;
+    bool eval, accumulate, backward;
+    const void *x, *r, *dy, *w, *b;
+    void *y, *s, *dx, *dr;
+    int64_t ld_x, ld_r, ld_y, ld_s, ld_dy, ld_dx, ld_dr;
+    int w_dtype, stat_dtype, dw_dtype, db_dtype;
+    const double *sums;          /* forward: Σs, Σs², N; backward: Σdy, Σdy·x̂, N */
+    void *running_mean, *running_var;
+    float *mean, *rstd;          /* forward: written (first slab); backward: read */
+    void *dw, *db;
+    double eps, momentum;
+    drop_t drop;
+};
+
+/* Per column of the tile: forward {mean, w·rstd, b}; backward {mean, rstd, w·rstd, Σdy/N, Σdy·x̂/N}.
+ * The first slab's blocks write mean / rstd and the running statistics (forward) or dw / db. */
+__device__ void bn_coefficients(const bn_args &a, int64_t j, float *k) {
+    if (!a.backward) {
+        double mean, var;
+        if (a.eval) {
+            mean = load_as(a.running_mean, a.stat_dtype, j);
+            var = load_as(a.running_var, a.stat_dtype, j);
+        } else {
+            const double n = a.sums[2 * a.cols];
+            mean = a.sums[j] / n;
+            var = a.sums[a.cols + j] / n - mean * mean;
+            if (var < 0.0) var = 0.0;
+        }
+        const float rstd = (float)(1.0 / sqrt(var + a.eps));
+        const float w = a.w ? load_as(a.w, a.w_dtype, j) : 1.f, b = a.b ? load_as(a.b, a.w_dtype, j) : 0.f;
+        k[0] = (float)mean, k[1] = w * rstd, k[2] = b;
+        if (blockIdx.y != 0) return;
+        if (a.mean) a.mean[j] = (float)mean;
+        if (a.rstd) a.rstd[j] = rstd;
+        if (!a.eval && a.running_mean) {
+            const double n = a.sums[2 * a.cols], mom = a.momentum;
+            const double unbiased = n > 1.0 ? var * n / (n - 1.0) : var;
+            const double rm = load_as(a.running_mean, a.stat_dtype, j), rv = load_as(a.running_var, a.stat_dtype, j);
+            store_as(a.running_mean, a.stat_dtype, j, (float)((1.0 - mom) * rm + mom * mean), false);
+            store_as(a.running_var, a.stat_dtype, j, (float)((1.0 - mom) * rv + mom * unbiased), false);
+        }
+        return;
+    }
+    const float mean = a.mean[j], rstd = a.rstd[j];
+    const float w = a.w ? load_as(a.w, a.w_dtype, j) : 1.f;
+    k[0] = mean, k[1] = rstd, k[2] = w * rstd, k[3] = 0.f, k[4] = 0.f;
+    if (a.sums) {
+        const double n = a.sums[2 * a.cols];
+        if (!a.eval && n > 0.0) k[3] = (float)(a.sums[j] / n), k[4] = (float)(a.sums[a.cols + j] / n);
+        if (blockIdx.y == 0) {
+            if (a.dw) store_as(a.dw, a.dw_dtype, j, (float)a.sums[a.cols + j], a.accumulate);
+            if (a.db) store_as(a.db, a.db_dtype, j, (float)a.sums[j], a.accumulate);
+        }
+    }
+}
+
+template <typename T, int VEC, bool BWD>
+__global__ void __launch_bounds__(COL_THREADS) bn_apply(const bn_args a) {
+    constexpr int NK = BWD ? 5 : 3;
+    __shared__ float kc[NK][COL_THREADS * VEC / 8 + 8];
+    const int TX = blockDim.x, TY = blockDim.y, tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t vi = (int64_t)blockIdx.x * TX + tx, nvec = cdiv_d(a.cols, VEC), j0 = vi * VEC;
+    const bool col_ok = vi < nvec;
+    if (ty == 0 && col_ok)
+#pragma unroll
+        for (int e = 0; e < VEC; e++) {
+            float k[5];
+            bn_coefficients(a, j0 + e, k);
+            for (int q = 0; q < NK; q++) kc[q][tx * VEC + e] = k[q];
+        }
+    __syncthreads();
+    if (!col_ok) return;
+    float k[NK][VEC];
+#pragma unroll
+    for (int e = 0; e < VEC; e++)
+#pragma unroll
+        for (int q = 0; q < NK; q++) k[q][e] = kc[q][tx * VEC + e];
+    const int64_t r0 = (int64_t)blockIdx.y * a.rows_per_slab;
+    const int64_t r1 = r0 + a.rows_per_slab < a.rows ? r0 + a.rows_per_slab : a.rows;
+    for (int64_t row0 = r0 + ty; row0 < r1; row0 += (int64_t)COL_U * TY) {
+        vec_t<T, VEC> xv[COL_U], ov[COL_U];
+#pragma unroll
+        for (int u = 0; u < COL_U; u++) { /* every load of the step before any store */
+            const int64_t row = row0 + (int64_t)u * TY;
+            if (row >= r1) continue;
+            xv[u] = load_vec<T, VEC>((const T *)a.x + row * a.ld_x + j0);
+            if (BWD) ov[u] = load_vec<T, VEC>((const T *)a.dy + row * a.ld_dy + j0);
+            else if (a.r) ov[u] = load_vec<T, VEC>((const T *)a.r + row * a.ld_r + j0);
+        }
+#pragma unroll
+        for (int u = 0; u < COL_U; u++) {
+            const int64_t row = row0 + (int64_t)u * TY;
+            if (row >= r1) continue;
+            if constexpr (!BWD) {
+                float v[VEC];
+                if (a.r) {
+                    float m[VEC];
+                    drop_mask<VEC>(a.drop, row * a.cols + j0, m);
+                    vec_t<T, VEC> sv;
+#pragma unroll
+                    for (int e = 0; e < VEC; e++) {
+                        v[e] = residual<T>(to_acc(xv[u].v[e]), to_acc(ov[u].v[e]), m[e]);
+                        sv.v[e] = from_acc<T>(v[e]);
+                    }
+                    if (a.s) store_vec<T, VEC>((T *)a.s + row * a.ld_s + j0, sv);
+                } else {
+#pragma unroll
+                    for (int e = 0; e < VEC; e++) v[e] = to_acc(xv[u].v[e]);
+                }
+                vec_t<T, VEC> yv;
+#pragma unroll
+                for (int e = 0; e < VEC; e++) yv.v[e] = from_acc<T>((v[e] - k[0][e]) * k[1][e] + k[2][e]);
+                store_vec<T, VEC>((T *)a.y + row * a.ld_y + j0, yv);
+            } else {
+                float d[VEC];
+#pragma unroll
+                for (int e = 0; e < VEC; e++) {
+                    const float xh = (to_acc(xv[u].v[e]) - k[0][e]) * k[1][e], dy = to_acc(ov[u].v[e]);
+                    d[e] = a.eval ? k[2][e] * dy : k[2][e] * (dy - k[3][e] - xh * k[NK - 1][e]);
+                }
+                if (a.dx) {
+                    T *p = (T *)a.dx + row * a.ld_dx + j0;
+                    vec_t<T, VEC> o;
+                    if (a.accumulate) o = load_vec<T, VEC>(p);
+#pragma unroll
+                    for (int e = 0; e < VEC; e++) o.v[e] = from_acc<T>(a.accumulate ? to_acc(o.v[e]) + d[e] : d[e]);
+                    store_vec<T, VEC>(p, o);
+                }
+                if (a.dr) {
+                    float m[VEC];
+                    drop_mask<VEC>(a.drop, row * a.cols + j0, m);
+                    T *p = (T *)a.dr + row * a.ld_dr + j0;
+                    vec_t<T, VEC> o;
+                    if (a.accumulate) o = load_vec<T, VEC>(p);
+#pragma unroll
+                    for (int e = 0; e < VEC; e++) {
+                        const float v = d[e] * m[e];
+                        o.v[e] = from_acc<T>(a.accumulate ? to_acc(o.v[e]) + v : v);
+                    }
+                    store_vec<T, VEC>(p, o);
+                }
+            }
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ dropout, RevIN */
+
+struct ew_args {
+    int64_t rows, cols;
+    const void *x;
+    void *y;
+    int64_t ld_x, ld_y;
+    bool accumulate;
+    drop_t drop;
+};
+
+/* y = x·m over rows × cols; 16-byte vectors over each row's first cols − cols % VEC elements,
+ * element by element after them. */
+template <typename T, int VEC>
+__global__ void __launch_bounds__(256) dropout_kernel(const ew_args a) {
+    const int64_t nvec = a.cols / VEC, tail = a.cols - nvec * VEC, per_row = nvec + tail;
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t row = blockIdx.y; row < a.rows; row += gridDim.y) {
+        const T *xr = (const T *)a.x + row * a.ld_x;
+        T *yr = (T *)a.y + row * a.ld_y;
+        for (int64_t u = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; u < per_row; u += stride) {
+            if (u < nvec) {
+                const vec_t<T, VEC> xv = load_vec<T, VEC>(xr + u * VEC);
+                float m[VEC];
+                drop_mask<VEC>(a.drop, row * a.cols + u * VEC, m);
+                vec_t<T, VEC> o;
+                if (a.accumulate) o = load_vec<T, VEC>(yr + u * VEC);
+#pragma unroll
+                for (int e = 0; e < VEC; e++) {
+                    const float v = __fmul_rn(to_acc(xv.v[e]), m[e]);
+                    o.v[e] = from_acc<T>(a.accumulate ? __fadd_rn(to_acc(o.v[e]), v) : v);
+                }
+                store_vec<T, VEC>(yr + u * VEC, o);
+            } else {
+                const int64_t j = nvec * VEC + (u - nvec);
+                float m[1];
+                drop_mask<1>(a.drop, row * a.cols + j, m);
+                const float v = __fmul_rn(to_acc(xr[j]), m[0]);
+                yr[j] = from_acc<T>(a.accumulate ? __fadd_rn(to_acc(yr[j]), v) : v);
+            }
+        }
+    }
+}
+
+struct revin_args {
+    int64_t inst, steps, cols;
+    const void *x, *w, *b;
+    void *y;
+    int64_t ld_x, ld_y;
+    float *mean, *stdev;
+    float eps, eps2;
+    bool denorm, subtract_last;
+};
+
+/* A thread per (instance, channel): mean and the biased variance over the steps, in f64, two
+ * passes; stdev = √(var + eps); subtract_last: mean holds the last step (stdev is still the
+ * deviation around the mean, as PatchTST's RevIN computes it). */
+template <typename T>
+__global__ void __launch_bounds__(256) revin_stats_kernel(const revin_args a) {
+    const int64_t n = a.inst * a.cols;
+    for (int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; q < n; q += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t i = q / a.cols, c = q % a.cols;
+        const T *xp = (const T *)a.x + i * a.steps * a.ld_x + c;
+        double sum = 0.0;
+        for (int64_t t = 0; t < a.steps; t++) sum += (double)to_acc(xp[t * a.ld_x]);
+        const double mean = sum / (double)a.steps;
+        double sq = 0.0;
+        for (int64_t t = 0; t < a.steps; t++) {
+            const double d = (double)to_acc(xp[t * a.ld_x]) - mean;
+            sq += d * d;
+        }
+        a.mean[q] = a.subtract_last ? to_acc(xp[(a.steps - 1) * a.ld_x]) : (float)mean;
+        a.stdev[q] = (float)sqrt(sq / (double)a.steps + (double)a.eps);
+    }
+}
+
+/* y = (x − μ)/σ·w + b, or (denorm) y = (x − b)/(w + ε²)·σ + μ, in PatchTST's order of operations. */
+template <typename T>
+__global__ void __launch_bounds__(256) revin_apply_kernel(const revin_args a) {
+    const int64_t rows = a.inst * a.steps;
+    for (int64_t row = blockIdx.y; row < rows; row += gridDim.y) {
+        const int64_t i = row / a.steps;
+        for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < a.cols; c += (int64_t)gridDim.x * blockDim.x) {
+            const float mu = a.mean[i * a.cols + c], sd = a.stdev[i * a.cols + c];
+            const float w = a.w ? to_acc(((const T *)a.w)[c]) : 1.f, b = a.b ? to_acc(((const T *)a.b)[c]) : 0.f;
+            float v = to_acc(((const T *)a.x)[row * a.ld_x + c]);
+            if (!a.denorm) {
+                v = (v - mu) / sd;
+                if (a.w) v = v * w;
+                if (a.b) v = v + b;
+            } else {
+                if (a.b) v = v - b;
+                if (a.w) v = v / (w + a.eps2);
+                v = v * sd + mu;
+            }
+            ((T *)a.y)[row * a.ld_y + c] = from_acc<T>(v);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ planning */
+
+static const char *dt_name(fg_dtype t) { return fg_dtype_name(t); }
+
+static void add_name(fg_norm_call *c, const char *piece) { fg_name_append(c->name, sizeof c->name, piece); }
+
+static drop_t drop_of(const fg_dropout_gen &g) {
+    drop_t d;
+    d.on = g.on;
+    d.thr = (float)g.threshold * (1.0f / 16777216.0f);
+    d.scale = g.scale;
+    d.seed = g.seed;
+    d.offset = g.offset;
+    return d;
+}
+
+/* 16-byte vectors of VEC elements over `cols` columns: every pointer declared 16-byte aligned,
+ * every present operand's row stride a multiple of the vector. */
+static bool vec_ok(const fg_norm_call *c, int VEC, const int64_t *lds, int n) {
+    if (c->align < 16 || c->cols % VEC != 0) return false;
+    for (int i = 0; i < n; i++)
+        if (lds[i] % VEC != 0) return false;
+    return true;
+}
+
+static int vec_of(fg_dtype t) { return t == FG_F32 ? 4 : 8; }
+
+/* The row norms' path. */
+struct rows_path {
+    bool reg, vec;    /* registers (else the loop kernels); 16-byte vectors */
+    bool params;      /* dw or db wanted */
+    int nv;           /* register path: vectors a thread */
+    size_t smem;      /* the register backward's dw / db sums, [R][2][cols] floats */
+    int G, block, R;  /* threads a row, a block; rows a block */
+    int64_t grid;
+    size_t stat_off;  /* loop backward: the recomputed statistics in scratch */
+    size_t need;
+};
+
+struct col_geom {
+    int vec, tx, ty;
+    int64_t tiles, slabs, per;
+};
+
+/* A column kernel's geometry: TX threads across column vectors (up to 32), TY across rows; slabs
+ * of rows so that the grid fills the device about four blocks deep. */
+static col_geom col_geometry(const fg_context *ctx, int64_t rows, int64_t cols, int vec) {
+    col_geom g;
+    g.vec = vec;
+    const int64_t nvec = cdiv(cols > 0 ? cols : 1, vec);
+    g.tx = (int)(nvec >= 32 ? 32 : pow2_at_least(nvec));
+    g.ty = COL_THREADS / g.tx;
+    g.tiles = cdiv(nvec, g.tx);
+    const int64_t target = (int64_t)(ctx->sm_count > 0 ? ctx->sm_count : 1) * 8;
+    int64_t slabs = target / g.tiles;
+    if (slabs < 1) slabs = 1;
+    const int64_t most = cdiv(rows > 0 ? rows : 1, (int64_t)g.ty * 4); /* at least 4 rows a thread */
+    if (slabs > most) slabs = most;
+    if (slabs > 65535) slabs = 65535;
+    g.per = cdiv(rows > 0 ? rows : 1, slabs);
+    g.slabs = rows > 0 ? cdiv(rows, g.per) : 0;
+    return g;
+}
+
+static size_t up256(size_t b) { return (b + 255) & ~(size_t)255; }
+
+/* Elements a thread and operand (NV = elements / VEC vectors) and at most 512 threads a row: rows up
+ * to 16384 elements stay in registers. The forward holds 32 (about 100 registers); the backward
+ * holds x̂ and g, 16 each up to 8192-element rows (about 120 registers), 32 past that (a few
+ * hundred bytes of spills to L1, against a second read of the rows from memory on the loop path). */
+constexpr int ROW_ELEMS = 32, ROW_ELEMS_BWD = 16, ROW_MAXG = 512;
+
+static rows_path plan_rows(const fg_context *ctx, const fg_norm_call *c, bool backward) {
+    rows_path p;
+    memset(&p, 0, sizeof p);
+    const int V = vec_of(c->dtype);
+    const int64_t lds[] = {c->x ? c->ld_x : 0, c->r ? c->ld_r : 0, c->y ? c->ld_y : 0, c->s ? c->ld_s : 0,
+                           c->dy ? c->ld_dy : 0, c->ds ? c->ld_ds : 0, c->dx ? c->ld_dx : 0, c->dr ? c->ld_dr : 0};
+    p.vec = vec_ok(c, V, lds, 8);
+    const int64_t nvec = p.vec ? c->cols / V : c->cols;
+    p.nv = (backward ? ROW_ELEMS_BWD : ROW_ELEMS) / V;
+    int64_t G = pow2_at_least(cdiv(nvec, p.nv));
+    if (backward && G > ROW_MAXG) p.nv = ROW_ELEMS / V, G = pow2_at_least(cdiv(nvec, p.nv));
+    p.reg = p.vec && G <= ROW_MAXG;
+    p.params = backward && (c->dw || c->db);
+    const int64_t sms = ctx->sm_count > 0 ? ctx->sm_count : 1;
+    if (p.reg) {
+        p.G = (int)G;
+        p.block = p.G > 128 ? p.G : 128;
+        p.R = p.block / p.G;
+        const int64_t blocks = cdiv(c->rows, p.R);
+        /* (the backward: 128-thread blocks of short rows keep their groups' dw / db in up to 32 KB) */
+        const int64_t resident = sms * (2048 / p.block) / (backward && p.params && p.block == 128 ? 2 : 1);
+        p.grid = backward ? (blocks < resident ? blocks : resident) : (blocks < resident * 8 ? blocks : resident * 8);
+        if (p.params) {
+            p.smem = (size_t)p.R * 2 * (size_t)c->cols * sizeof(float);
+            p.need = up256((size_t)p.grid * 2 * (size_t)c->cols * sizeof(float));
+        }
+    } else {
+        p.G = p.block = (int)(nvec >= 2048 ? 512 : nvec >= 256 ? 256 : 128);
+        p.R = 1;
+        p.grid = c->rows < sms * 8 ? c->rows : sms * 8;
+        if (p.params) {
+            const col_geom g = col_geometry(ctx, c->rows, c->cols, 1);
+            size_t at = up256((size_t)(g.slabs > 0 ? g.slabs : 1) * 2 * (size_t)c->cols * sizeof(double));
+            if (!c->rstd) { /* the recomputed statistics, for the column kernel */
+                p.stat_off = at;
+                at += up256((size_t)c->rows * 2 * sizeof(float));
+            }
+            p.need = at;
+        }
+    }
+    return p;
+}
+
+static void rows_names(const fg_norm_call *c, const rows_path &p, bool backward, char *out, size_t len) {
+    const char *k = c->kind == FG_NORM_RMS ? "rms" : "ln";
+    const int V = p.vec ? vec_of(c->dtype) : 1;
+    if (p.reg)
+        snprintf(out, len, "%s_%s<%s,v%d,g%dx%d>", k, backward ? "bwd" : "fwd", dt_name(c->dtype), V, p.G, p.nv);
+    else
+        snprintf(out, len, "%s_%s_loop<%s,v%d>", k, backward ? "bwd" : "fwd", dt_name(c->dtype), V);
+}
+
+/* ------------------------------------------------------------------ launches */
+
+static fg_status done(fg_context *ctx, const char *label, bool run) {
+    if (!run) return FG_OK;
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return fg_cuda_fail(e, label);
+    fg_record_kernel(ctx, label);
+    return FG_OK;
+}
+
+template <typename T> static void launch_rows_fwd(const rows_path &p, const rows_args &a, cudaStream_t s) {
+    constexpr int V = 16 / sizeof(T);
+    if (p.reg) rows_fwd_reg<T, V, ROW_ELEMS / V><<<(unsigned)p.grid, p.block, 0, s>>>(a);
+    else if (p.vec) rows_fwd_loop<T, V><<<(unsigned)p.grid, p.block, 0, s>>>(a);
+    else rows_fwd_loop<T, 1><<<(unsigned)p.grid, p.block, 0, s>>>(a);
+}
+
+template <typename T> static cudaError_t launch_rows_bwd(const rows_path &p, const rows_args &a, cudaStream_t s) {
+    constexpr int V = 16 / sizeof(T);
+    if (p.reg) {
+        const size_t smem = a.part ? p.smem : 0;
+        auto kernel = p.nv == ROW_ELEMS_BWD / V ? rows_bwd_reg<T, V, ROW_ELEMS_BWD / V> : rows_bwd_reg<T, V, ROW_ELEMS / V>;
+        if (smem > 48 * 1024) { /* rows past 6144 f32 elements: shared memory above the default limit */
+            cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+            if (e != cudaSuccess) return e;
+        }
+        kernel<<<(unsigned)p.grid, p.block, smem, s>>>(a);
+    } else if (p.vec) {
+        rows_bwd_loop<T, V><<<(unsigned)p.grid, p.block, 0, s>>>(a);
+    } else {
+        rows_bwd_loop<T, 1><<<(unsigned)p.grid, p.block, 0, s>>>(a);
+    }
+    return cudaSuccess;
+}
+
+template <typename T, int KIND> static void launch_cols(const col_geom &g, const col_args &a, cudaStream_t s) {
+    constexpr int V = 16 / sizeof(T);
+    const dim3 grid((unsigned)g.tiles, (unsigned)g.slabs), block((unsigned)g.tx, (unsigned)g.ty);
+    if constexpr (KIND == COL_BN_STATS || KIND == COL_BN_BWD) /* (the others run element by element) */
+        if (g.vec > 1) {
+            col_sums<T, V, KIND><<<grid, block, 0, s>>>(a);
+            return;
+        }
+    col_sums<T, 1, KIND><<<grid, block, 0, s>>>(a);
+}
+
+template <typename T> static void launch_cols_kind(int kind, const col_geom &g, const col_args &a, cudaStream_t s) {
+    switch (kind) {
+    case COL_BN_STATS: launch_cols<T, COL_BN_STATS>(g, a, s); break;
+    case COL_BN_BWD: launch_cols<T, COL_BN_BWD>(g, a, s); break;
+    case COL_ROW_PARAMS: { col_geom g1 = g; g1.vec = 1; launch_cols<T, COL_ROW_PARAMS>(g1, a, s); break; }
+    default: { col_geom g1 = g; g1.vec = 1; launch_cols<T, COL_REVIN_BWD>(g1, a, s); break; }
+    }
+}
+
+template <typename T> static void launch_bn(const col_geom &g, const bn_args &a, cudaStream_t s) {
+    constexpr int V = 16 / sizeof(T);
+    const dim3 grid((unsigned)g.tiles, (unsigned)(g.slabs > 0 ? g.slabs : 1)), block((unsigned)g.tx, (unsigned)g.ty);
+    if (g.vec > 1 && a.backward) bn_apply<T, V, true><<<grid, block, 0, s>>>(a);
+    else if (g.vec > 1) bn_apply<T, V, false><<<grid, block, 0, s>>>(a);
+    else if (a.backward) bn_apply<T, 1, true><<<grid, block, 0, s>>>(a);
+    else bn_apply<T, 1, false><<<grid, block, 0, s>>>(a);
+}
+
+#define BY_DTYPE(dt, F, ...)                                                                                        \
+    do {                                                                                                            \
+        switch (dt) {                                                                                               \
+        case FG_F32: F<float>(__VA_ARGS__); break;                                                                  \
+        case FG_F16: F<__half>(__VA_ARGS__); break;                                                                 \
+        default: F<__nv_bfloat16>(__VA_ARGS__); break;                                                              \
+        }                                                                                                           \
+    } while (0)
+
+static void launch_finish(const finish_args &f, cudaStream_t s) {
+    const int64_t blocks = cdiv(f.n2 > 0 ? f.n2 : 1, FIN_COLS);
+    finish_kernel<<<(unsigned)blocks, FIN_COLS * FIN_LANES, 0, s>>>(f);
+}
+
+static finish_args finish_params(const void *part, bool f64, int64_t parts, const fg_norm_call *c) {
+    finish_args f;
+    memset(&f, 0, sizeof f);
+    f.part = part, f.part_f64 = f64, f.parts = parts, f.n2 = 2 * c->cols, f.cols = c->cols;
+    f.dw = c->dw, f.db = c->db, f.dw_dtype = c->dw_dtype, f.db_dtype = c->db_dtype;
+    f.accumulate = c->accumulate;
+    return f;
+}
+
+/* ------------------------------------------------------------------ the steps */
+
+static fg_status rows_step(fg_context *ctx, fg_norm_call *c, bool run, bool backward) {
+    const rows_path p = plan_rows(ctx, c, backward);
+    char label[64];
+    rows_names(c, p, backward, label, sizeof label);
+    const bool main_kernel = c->rows > 0 && c->cols > 0;
+    const bool cols_kernel = backward && p.params && !p.reg && main_kernel;
+    if (!run) {
+        c->need = p.need;
+        if (main_kernel) add_name(c, label);
+        if (cols_kernel) add_name(c, "norm_params_cols");
+        if (p.params) add_name(c, "norm_params_sum");
+        return FG_OK;
+    }
+    cudaStream_t s = ctx->cuda->stream;
+    rows_args a;
+    memset(&a, 0, sizeof a);
+    a.rows = c->rows, a.cols = c->cols;
+    a.x = c->x, a.r = c->r, a.w = c->w, a.b = c->b, a.dy = c->dy, a.ds = c->ds;
+    a.y = c->y, a.s = c->s, a.dx = c->dx, a.dr = c->dr;
+    a.ld_x = c->ld_x, a.ld_r = c->ld_r, a.ld_y = c->ld_y, a.ld_s = c->ld_s;
+    a.ld_dy = c->ld_dy, a.ld_ds = c->ld_ds, a.ld_dx = c->ld_dx, a.ld_dr = c->ld_dr;
+    a.mean = (float *)c->mean, a.rstd = (float *)c->rstd;
+    a.eps = (float)c->eps;
+    a.rms = c->kind == FG_NORM_RMS;
+    a.accumulate = c->accumulate;
+    a.drop = drop_of(c->drop);
+    a.G = p.G;
+    if (backward && p.params && p.reg) a.part = (float *)c->scratch;
+    if (backward && p.params && !p.reg && !c->rstd) {
+        a.mean_out = (float *)((char *)c->scratch + p.stat_off);
+        a.rstd_out = a.mean_out + c->rows;
+    }
+    if (main_kernel) {
+        cudaError_t e = cudaSuccess;
+        if (backward) {
+            switch (c->dtype) {
+            case FG_F32: e = launch_rows_bwd<float>(p, a, s); break;
+            case FG_F16: e = launch_rows_bwd<__half>(p, a, s); break;
+            default: e = launch_rows_bwd<__nv_bfloat16>(p, a, s); break;
+            }
+        } else {
+            BY_DTYPE(c->dtype, launch_rows_fwd, p, a, s);
+        }
+        if (e != cudaSuccess) return fg_cuda_fail(e, label);
+        FG_TRY(done(ctx, label, true));
+    }
+    if (!p.params) return FG_OK;
+    if (p.reg) {
+        launch_finish(finish_params(c->scratch, false, main_kernel ? p.grid : 0, c), s);
+        return done(ctx, "norm_params_sum", true);
+    }
+    const col_geom g = col_geometry(ctx, c->rows, c->cols, 1);
+    if (cols_kernel) {
+        col_args ca;
+        memset(&ca, 0, sizeof ca);
+        ca.rows = c->rows, ca.cols = c->cols, ca.rows_per_slab = g.per;
+        ca.x = c->x, ca.dy = c->dy, ca.ld_x = c->ld_x, ca.ld_dy = c->ld_dy;
+        ca.mean = c->rstd ? (const float *)c->mean : a.mean_out;
+        ca.rstd = c->rstd ? (const float *)c->rstd : a.rstd_out;
+        if (a.rms) ca.mean = NULL;
+        ca.part = (double *)c->scratch;
+        BY_DTYPE(c->dtype, launch_cols_kind, COL_ROW_PARAMS, g, ca, s);
+        FG_TRY(done(ctx, "norm_params_cols", true));
+    }
+    launch_finish(finish_params(c->scratch, true, cols_kernel ? g.slabs : 0, c), s);
+    return done(ctx, "norm_params_sum", true);
+}
+
+/* The BatchNorm and column steps' vector width: 16-byte vectors when every operand allows. */
+static int bn_vec(const fg_norm_call *c) {
+    const int V = vec_of(c->dtype);
+    const int64_t lds[] = {c->x ? c->ld_x : 0, c->r ? c->ld_r : 0, c->y ? c->ld_y : 0, c->s ? c->ld_s : 0,
+                           c->dy ? c->ld_dy : 0, c->dx ? c->ld_dx : 0, c->dr ? c->ld_dr : 0};
+    return vec_ok(c, V, lds, 7) ? V : 1;
+}
+
+static fg_status bn_sums_step(fg_context *ctx, fg_norm_call *c, bool run, bool backward) {
+    const col_geom g = col_geometry(ctx, c->rows, c->cols, bn_vec(c));
+    char label[64];
+    snprintf(label, sizeof label, "%s<%s,v%d>", backward ? "bn_bwd_stats" : "bn_stats", dt_name(c->dtype), g.vec);
+    const bool main_kernel = c->rows > 0 && c->cols > 0;
+    if (!run) {
+        c->need = up256((size_t)(g.slabs > 0 ? g.slabs : 1) * 2 * (size_t)c->cols * sizeof(double));
+        if (main_kernel) add_name(c, label);
+        add_name(c, "bn_sum");
+        return FG_OK;
+    }
+    cudaStream_t s = ctx->cuda->stream;
+    if (main_kernel) {
+        col_args a;
+        memset(&a, 0, sizeof a);
+        a.rows = c->rows, a.cols = c->cols, a.rows_per_slab = g.per;
+        a.x = c->x, a.r = c->r, a.dy = c->dy, a.s = c->s;
+        a.ld_x = c->ld_x, a.ld_r = c->ld_r, a.ld_s = c->ld_s, a.ld_dy = c->ld_dy;
+        a.mean = (const float *)c->mean, a.rstd = (const float *)c->rstd;
+        a.drop = drop_of(c->drop);
+        a.part = (double *)c->scratch;
+        BY_DTYPE(c->dtype, launch_cols_kind, backward ? COL_BN_BWD : COL_BN_STATS, g, a, s);
+        FG_TRY(done(ctx, label, true));
+    }
+    finish_args f;
+    memset(&f, 0, sizeof f);
+    f.part = c->scratch, f.part_f64 = true, f.parts = main_kernel ? g.slabs : 0, f.n2 = 2 * c->cols, f.cols = c->cols;
+    f.sums = c->sums, f.count = (double)c->rows;
+    launch_finish(f, s);
+    return done(ctx, "bn_sum", true);
+}
+
+static fg_status bn_apply_step(fg_context *ctx, fg_norm_call *c, bool run, bool backward) {
+    col_geom g = col_geometry(ctx, c->rows, c->cols, bn_vec(c));
+    if (g.slabs == 0) g.slabs = 1, g.per = 0; /* no rows: the first slab still writes the per-channel outputs */
+    char label[64];
+    snprintf(label, sizeof label, "%s<%s,v%d>", backward ? "bn_bwd_apply" : "bn_apply", dt_name(c->dtype), g.vec);
+    const bool any = c->cols > 0;
+    if (!run) {
+        c->need = 0;
+        if (any) add_name(c, label);
+        return FG_OK;
+    }
+    if (!any) return FG_OK;
+    bn_args a;
+    memset(&a, 0, sizeof a);
+    a.rows = c->rows, a.cols = c->cols, a.rows_per_slab = g.per;
+    a.eval = c->eval, a.accumulate = c->accumulate, a.backward = backward;
+    a.x = c->x, a.r = c->r, a.dy = c->dy, a.w = c->w, a.b = c->b;
+    a.y = c->y, a.s = c->s, a.dx = c->dx, a.dr = c->dr;
+    a.ld_x = c->ld_x, a.ld_r = c->ld_r, a.ld_y = c->ld_y, a.ld_s = c->ld_s;
+    a.ld_dy = c->ld_dy, a.ld_dx = c->ld_dx, a.ld_dr = c->ld_dr;
+    a.w_dtype = c->w_dtype, a.stat_dtype = c->stat_dtype, a.dw_dtype = c->dw_dtype, a.db_dtype = c->db_dtype;
+    a.sums = c->sums;
+    a.running_mean = c->running_mean, a.running_var = c->running_var;
+    a.mean = (float *)c->mean, a.rstd = (float *)c->rstd;
+    a.dw = c->dw, a.db = c->db;
+    a.eps = c->eps, a.momentum = c->momentum;
+    a.drop = drop_of(c->drop);
+    BY_DTYPE(c->dtype, launch_bn, g, a, ctx->cuda->stream);
+    return done(ctx, label, true);
+}
+
+template <typename T> static void launch_dropout(const ew_args &a, int vec, cudaStream_t s) {
+    constexpr int V = 16 / sizeof(T);
+    const int64_t per_row = vec > 1 ? a.cols / V + a.cols % V : a.cols;
+    const int64_t bx = cdiv(per_row, 256);
+    const dim3 grid((unsigned)(bx < 65535 ? bx : 65535), (unsigned)(a.rows < 65535 ? a.rows : 65535));
+    if (vec > 1) dropout_kernel<T, V><<<grid, 256, 0, s>>>(a);
+    else dropout_kernel<T, 1><<<grid, 256, 0, s>>>(a);
+}
+
+static fg_status dropout_step(fg_context *ctx, fg_norm_call *c, bool run) {
+    ew_args a;
+    memset(&a, 0, sizeof a);
+    a.rows = c->rows, a.cols = c->cols, a.x = c->x, a.y = c->y, a.ld_x = c->ld_x, a.ld_y = c->ld_y;
+    if (a.rows > 1 && a.ld_x == a.cols && a.ld_y == a.cols) a.cols *= a.rows, a.rows = 1; /* one flat row */
+    a.accumulate = c->accumulate;
+    a.drop = drop_of(c->drop);
+    const int V = vec_of(c->dtype);
+    const int vec = c->align >= 16 && (a.rows == 1 || (a.ld_x % V == 0 && a.ld_y % V == 0)) ? V : 1;
+    char label[64];
+    snprintf(label, sizeof label, "dropout<%s,v%d>", dt_name(c->dtype), vec);
+    const bool any = a.rows > 0 && a.cols > 0;
+    if (!run) {
+        c->need = 0;
+        if (any) add_name(c, label);
+        return FG_OK;
+    }
+    if (!any) return FG_OK;
+    BY_DTYPE(c->dtype, launch_dropout, a, vec, ctx->cuda->stream);
+    return done(ctx, label, true);
+}
+
+template <typename T> static void launch_revin(int which, const revin_args &a, cudaStream_t s) {
+    if (which == 0) {
+        const int64_t n = a.inst * a.cols, blocks = cdiv(n, 256);
+        revin_stats_kernel<T><<<(unsigned)(blocks < 65535 ? blocks : 65535), 256, 0, s>>>(a);
+    } else {
+        const int64_t rows = a.inst * a.steps, bx = cdiv(a.cols, 256);
+        const dim3 grid((unsigned)(bx < 65535 ? bx : 65535), (unsigned)(rows < 65535 ? rows : 65535));
+        revin_apply_kernel<T><<<grid, 256, 0, s>>>(a);
+    }
+}
+
+static fg_status revin_step(fg_context *ctx, fg_norm_call *c, bool run) {
+    const bool stats = c->step == FG_NORM_STEP_REVIN_STATS;
+    char label[64];
+    snprintf(label, sizeof label, "%s<%s>", stats ? "revin_stats" : c->denorm ? "revin_denorm" : "revin_norm",
+             dt_name(c->dtype));
+    const bool any = c->inst > 0 && c->cols > 0 && (stats || c->steps > 0);
+    if (!run) {
+        c->need = 0;
+        if (any) add_name(c, label);
+        return FG_OK;
+    }
+    if (!any) return FG_OK;
+    revin_args a;
+    memset(&a, 0, sizeof a);
+    a.inst = c->inst, a.steps = c->steps, a.cols = c->cols;
+    a.x = c->x, a.w = c->w, a.b = c->b, a.y = c->y, a.ld_x = c->ld_x, a.ld_y = c->ld_y;
+    a.mean = (float *)c->mean, a.stdev = (float *)c->rstd;
+    a.eps = (float)c->eps, a.eps2 = (float)(c->eps * c->eps);
+    a.denorm = c->denorm, a.subtract_last = c->subtract_last;
+    BY_DTYPE(c->dtype, launch_revin, stats ? 0 : 1, a, ctx->cuda->stream);
+    return done(ctx, label, true);
+}
+
+static fg_status revin_backward_step(fg_context *ctx, fg_norm_call *c, bool run) {
+    const col_geom g = col_geometry(ctx, c->rows, c->cols, 1);
+    char label[64];
+    snprintf(label, sizeof label, "revin_%s_bwd<%s>", c->denorm ? "denorm" : "norm", dt_name(c->dtype));
+    const bool params = c->dw || c->db, main_kernel = c->rows > 0 && c->cols > 0 && (c->dx || params);
+    if (!run) {
+        c->need = params ? up256((size_t)(g.slabs > 0 ? g.slabs : 1) * 2 * (size_t)c->cols * sizeof(double)) : 0;
+        if (main_kernel) add_name(c, label);
+        if (params) add_name(c, "norm_params_sum");
+        return FG_OK;
+    }
+    cudaStream_t s = ctx->cuda->stream;
+    if (main_kernel) {
+        col_args a;
+        memset(&a, 0, sizeof a);
+        a.rows = c->rows, a.cols = c->cols, a.rows_per_slab = g.per;
+        a.x = c->x, a.dy = c->dy, a.w = c->w, a.b = c->b, a.dx = c->dx;
+        a.ld_x = c->ld_x, a.ld_dy = c->ld_dy, a.ld_dx = c->ld_dx;
+        a.mean = (const float *)c->mean, a.rstd = (const float *)c->rstd;
+        a.steps = c->steps, a.denorm = c->denorm, a.accumulate = c->accumulate;
+        a.eps2 = (float)(c->eps * c->eps);
+        a.part = params ? (double *)c->scratch : NULL; /* without dw / db: dx only */
+        BY_DTYPE(c->dtype, launch_cols_kind, COL_REVIN_BWD, g, a, s);
+        FG_TRY(done(ctx, label, true));
+    }
+    if (!params) return FG_OK;
+    launch_finish(finish_params(c->scratch, true, main_kernel ? g.slabs : 0, c), s);
+    return done(ctx, "norm_params_sum", true);
+}
+
+extern "C" fg_status fg_cuda_norm(fg_context *ctx, fg_norm_call *c, bool run) {
+    if (c->dtype != FG_F32 && c->dtype != FG_F16 && c->dtype != FG_BF16)
+        return fg_fail(FG_ERR_UNSUPPORTED, "cuda norm: %s runs on the CPU backend", fg_dtype_name(c->dtype));
+    if (!run) {
+        c->need = 0;
+        c->name[0] = 0;
+    }
+    fg_device_guard guard(ctx->device);
+    switch (c->step) {
+    case FG_NORM_STEP_ROWS_FORWARD: return rows_step(ctx, c, run, false);
+    case FG_NORM_STEP_ROWS_BACKWARD: return rows_step(ctx, c, run, true);
+    case FG_NORM_STEP_BN_STATS: return bn_sums_step(ctx, c, run, false);
+    case FG_NORM_STEP_BN_BACKWARD_STATS: return bn_sums_step(ctx, c, run, true);
+    case FG_NORM_STEP_BN_APPLY: return bn_apply_step(ctx, c, run, false);
+    case FG_NORM_STEP_BN_BACKWARD_APPLY: return bn_apply_step(ctx, c, run, true);
+    case FG_NORM_STEP_DROPOUT: return dropout_step(ctx, c, run);
+    case FG_NORM_STEP_REVIN_STATS:
+    case FG_NORM_STEP_REVIN_APPLY: return revin_step(ctx, c, run);
+    case FG_NORM_STEP_REVIN_BACKWARD: return revin_backward_step(ctx, c, run);
+    }
+    return fg_fail(FG_ERR_INTERNAL, "cuda norm: unknown step %d", (int)c->step);
+}

@@ -8,10 +8,10 @@
  * [B, L, 3, H, hd] projection, and awkward sizes (L = 1, 3, 17, 42, 127, 129, 1030; hd 0 … 128).
  * Outputs are NaN-poisoned before each run, masked scores must be exactly −∞, and every element
  * is bounded besides the norm. On CUDA each case also checks which kernel the plan chose, so
- * the short, flash and tiled paths each run. Also: finite differences of the f64 CPU path (every
- * gradient, all features on), bit-identical reruns, a bad length reported by fg_context_check
- * with only its sequence NaN, bad input refused with nothing written, and the CPU workspace
- * staying O(L·hd) per thread.
+ * the short, flash and tiled paths each run (f64 is the CPU backend's: CUDA must refuse it).
+ * Also: finite differences of the f64 CPU path (every gradient, all features on), bit-identical
+ * reruns, a bad length reported by fg_context_check with only its sequence NaN, bad input
+ * refused with nothing written, and the workspace staying far below an [L, L] buffer.
  */
 #include "harness.h"
 
@@ -417,6 +417,14 @@ static void run_case(fg_context *ctx, fg_backend be, fg_dtype dt, const problem 
              p->dsc ? " dscores" : "", p->packed ? " packed" : "", p->sacc ? " f32-scores" : "", p->dropout);
     inputs in = make_inputs(be, dt, p);
     outputs out = make_outputs(be, dt, p);
+    if (be == FG_BACKEND_CUDA && dt == FG_F64) { /* f64 runs on the CPU backend */
+        th_poison(&out.o.buf);
+        TH_EXPECT_BAD(FG_ERR_UNSUPPORTED, "f64", &out.o, run_forward(ctx, p, &in, &out));
+        TH_EXPECT_BAD(FG_ERR_UNSUPPORTED, "f64", &out.dq, run_backward(ctx, p, &in, &out, 15u, 0));
+        drop_outputs(&out, p);
+        drop_inputs(&in, p);
+        return;
+    }
     const char *want = (dt == FG_F16 || dt == FG_BF16) ? p->cuda_lp : p->cuda_hp;
     if (be == FG_BACKEND_CUDA && want) {
         char name[256];

@@ -19,6 +19,12 @@ from torch_helpers import DEVICES, DTYPES, err, tol  # noqa: E402
 def skip(device, dtype):
     if device == "cpu" and dtype in (torch.float16, torch.bfloat16):
         pytest.skip("SDPA on the CPU in f16 / bf16: no reference worth comparing")
+    skip_f64(device, dtype)
+
+
+def skip_f64(device, dtype):
+    if device == "cuda" and dtype == torch.float64:
+        pytest.skip("f64 runs on the CPU backend only")
 
 
 def zm(rng, shape):
@@ -81,6 +87,7 @@ def test_against_sdpa(rng, device, dtype, b, h, l, d, causal):
 def test_residual_attention(rng, device, dtype, h, d):
     """Two layers of PatchTST's residual attention: scores of layer 1 are layer 2's scores_in;
     the gradient flows through both layers into q, k, v of each."""
+    skip_f64(device, dtype)
     b, l = 6, 42
     sd = torch.float32 if dtype != torch.float64 else torch.float64
     ins = [[leaf(rng, (b, h, l, d), dtype, device) for _ in range(3)] for _ in range(2)]
@@ -106,6 +113,7 @@ def test_residual_attention(rng, device, dtype, h, d):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
 def test_lengths_and_dropout(rng, device, dtype):
+    skip_f64(device, dtype)
     b, h, l, d, p = 3, 2, 37, 16, 0.2
     q, k, v = (leaf(rng, (b, h, l, d), dtype, device) for _ in range(3))
     sin = leaf(rng, (b, h, l, l), dtype, device, 2.0)

@@ -450,6 +450,94 @@ ATTN_CASES = [
 ]
 
 
+class attention_of(forward_of):
+    """fn(q, k, v[, scores_in]) -> o or (o, scores) on the first n inputs, then the gradients of those n
+    inputs from the trailing upstream gradients (do, and dscores when fn returns the scores)."""
+
+    def __init__(self, fn, n, outputs):
+        super().__init__(fn, n)
+        self.outputs = outputs
+
+    def compiled(self):
+        return attention_of(torch.compile(self.fn), self.n, self.outputs)
+
+    def __call__(self, *args):
+        out = self.fn(*args[:self.n])
+        out = out if isinstance(out, tuple) else (out,)
+        return out + torch.autograd.grad(out, args[:self.n], args[len(args) - self.outputs:])
+
+
+def attn_case(b, h, l, hd, dtype, residual, causal, sdpa=False):
+    """Multi-head attention fwd+bwd on [B, H, L, hd] views of [B, L, H, hd] projections (the layout a
+    fused QKV projection leaves). residual: PatchTST's residual attention — scores_in added to the
+    scaled q·kᵀ, the pre-softmax scores returned for the next layer, whose gradient comes back with
+    do. The torch side: matmul → softmax → matmul as PatchTST's _ScaledDotProductAttention writes
+    it (eager, and torch.compile of it), or scaled_dot_product_attention (sdpa; its torch.compile
+    column is the same call compiled)."""
+    scale = hd ** -0.5
+
+    def heads(requires_grad):
+        return rand((b, l, h, hd), dtype, requires_grad).transpose(1, 2)
+
+    def make():
+        t = (heads(True), heads(True), heads(True))
+        if residual:
+            t += (rand((b, h, l, l), dtype, True),)
+        t += (heads(False),)
+        if residual:
+            t += (rand((b, h, l, l), dtype),)
+        return t
+
+    n = 4 if residual else 3
+    if residual:
+        def fwd_t(q, k, v, prev):
+            s = torch.matmul(q, k.transpose(-2, -1)) * scale + prev
+            return torch.matmul(torch.softmax(s, dim=-1), v), s
+
+        def ours(q, k, v, prev, do, ds):
+            q, k, v, prev = q.detach(), k.detach(), v.detach(), prev.detach()
+            o, lse, s = ops.attention_forward(q, k, v, scores_in=prev, return_scores=True)
+            return (o, s) + ops.attention_backward(do, q, k, v, o, lse, scores_in=prev, dscores=ds)
+    else:
+        if sdpa:
+            def fwd_t(q, k, v):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        else:
+            mask = torch.ones(l, l, dtype=torch.bool, device="cuda").triu(1) if causal else None
+
+            def fwd_t(q, k, v):
+                s = torch.matmul(q, k.transpose(-2, -1)) * scale
+                if mask is not None:
+                    s = s.masked_fill(mask, float("-inf"))
+                return torch.matmul(torch.softmax(s, dim=-1), v)
+
+        opt = ops.attention_options(causal=causal)
+
+        def ours(q, k, v, do):
+            q, k, v = q.detach(), k.detach(), v.detach()
+            o, lse, _ = ops.attention_forward(q, k, v, options=opt)
+            return (o,) + ops.attention_backward(do, q, k, v, o, lse, options=opt)[:3]
+
+    es = torch.tensor([], dtype=dtype).element_size()
+    rows, scores = b * h * l * hd, b * h * l * l
+    flops = 4.0 * b * h * l * l * hd * (0.5 if causal else 1.0) * 3.5  # fwd, and the backward's 2.5 x fwd
+    name = "attention fwd+bwd" + (" (residual scores)" if residual else "") + (" causal" if causal else "") \
+        + (" vs SDPA" if sdpa else "")
+    return dict(family="Attention", name=name, shape=f"B={b} H={h} L={l} hd={hd}", dtype=dtype, make=make, ours=ours,
+                theirs=attention_of(fwd_t, n, 2 if residual else 1), flops=0 if residual else flops,
+                bytes=(12 * rows + 5 * scores) * es if residual else 0, sdpa=sdpa)
+
+
+ATTN_CASES = [
+    lambda: attn_case(4096, 16, 42, 8, torch.float32, residual=True, causal=False),   # PatchTST, d_model 128
+    lambda: attn_case(4096, 16, 42, 8, torch.bfloat16, residual=True, causal=False),
+    lambda: attn_case(4096, 4, 42, 4, torch.float32, residual=True, causal=False),    # d_model 16
+    lambda: attn_case(4096, 4, 42, 4, torch.bfloat16, residual=True, causal=False),
+    lambda: attn_case(8, 16, 1024, 64, torch.bfloat16, residual=False, causal=True),  # GPT-2 small layer
+    lambda: attn_case(8, 16, 1024, 64, torch.bfloat16, residual=False, causal=True, sdpa=True),
+]
+
+
 def copy_gbps():
     """The device's copy bandwidth in this run (bytes read + written / time), the ceiling of the
     bandwidth-bound rows."""
@@ -469,7 +557,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="docs")
     ap.add_argument("--no-compile", action="store_true")
-    ap.add_argument("--only", choices=["all", "logp", "act", "base", "norm"], default="all",
+    ap.add_argument("--only", choices=["all", "logp", "act", "base", "norm", "attn"], default="all",
                     help="logp: only the linear log-prob rows; act: only linear + activation; base: neither")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -482,8 +570,8 @@ def main():
         for line in logp_summary:
             print("SUMMARY " + line, flush=True)
         torch.cuda.empty_cache()
-    cases = {"all": CASES + ACT_CASES + NORM_CASES, "logp": [], "act": ACT_CASES, "base": CASES,
-             "norm": NORM_CASES}[args.only]
+    cases = {"all": CASES + ACT_CASES + NORM_CASES + ATTN_CASES, "logp": [], "act": ACT_CASES, "base": CASES,
+             "norm": NORM_CASES, "attn": ATTN_CASES}[args.only]
     copy_ceiling = copy_gbps() if args.only in ("all", "norm") else float("nan")
     if args.only in ("all", "norm"):
         print(f"SUMMARY copy bandwidth (read + write): {copy_ceiling:.0f} GB/s", flush=True)
@@ -521,6 +609,13 @@ def main():
             e, c, o = result["torch eager"][0], result.get("torch.compile", (float("nan"),))[0], result["fastgrad"][0]
             print(f"SUMMARY {case['name']} {case['dtype']} {case['shape']}: {e / o:.2f}x eager, {c / o:.2f}x compile; "
                   f"{case['bytes'] / o / 1e6:.0f} GB/s = {case['bytes'] / o / 1e6 / copy_ceiling:.0%} of copy", flush=True)
+        if case["family"] == "Attention":
+            e, c, o = result["torch eager"][0], result.get("torch.compile", (float("nan"),))[0], result["fastgrad"][0]
+            vs = "SDPA" if case["sdpa"] else "eager"
+            print(f"SUMMARY {case['name']} {case['dtype']} {case['shape']}: {e / o:.2f}x {vs}, {c / o:.2f}x compile"
+                  + (f"; time {o / e:.2f}x SDPA's" if case["sdpa"] else "")
+                  + f"; peak {result['fastgrad'][1] / 2**20:.0f} MiB vs {vs} {result['torch eager'][1] / 2**20:.0f}",
+                  flush=True)
         if case["family"] == "LinearAct":
             e, c, o = result["torch eager"][0], result.get("torch.compile", (float("nan"),))[0], result["fastgrad"][0]
             print(f"SUMMARY {case['name']} {case['shape']}: {e / o:.2f}x eager, {c / o:.2f}x compile; peak "

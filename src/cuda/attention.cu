@@ -74,10 +74,25 @@ __device__ __forceinline__ void row_times(const float *x, const float *M, int ld
     for (int o = s.hp; o < 32; o <<= 1) acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], o);
 }
 
-/* Shared-memory floats of the forward for `group` heads. */
+/* Shared-memory floats of the forward for `group` heads: K, V [L][hd + 1], Q [L][hd], and a row of
+   probabilities a warp. */
 static size_t short_fwd_smem(int L, int hd, int group) {
     const size_t ld = (size_t)hd + 1;
-    return sizeof(float) * (2 * (size_t)group * L * ld + SHORT_WARPS * (SHORT_HD + SHORT_L));
+    return sizeof(float) * ((size_t)group * L * (2 * ld + hd) + SHORT_WARPS * SHORT_L);
+}
+
+/* Row i of head n's [L, L] operand v (NULL: absent) at keys lane + 32·t, as f32 (0 past L): the
+   values a lane needs of a row, loaded one row ahead of their use (the rows' global loads are the
+   whole-sequence kernels' latency). */
+template <typename S>
+__device__ __forceinline__ void fetch_row(const attn_view &v, int64_t b, int64_t h, int i, int L, int lane,
+                                          float x[SHORT_L / 32]) {
+    const S *row = v.p ? at<S>(v, b, h, i, 0) : nullptr;
+#pragma unroll
+    for (int t = 0; t < SHORT_L / 32; t++) {
+        const int j = lane + 32 * t;
+        x[t] = row && j < L ? to_acc(row[j * v.sx]) : 0.f;
+    }
 }
 
 template <typename T, typename S>
@@ -86,21 +101,35 @@ __global__ void __launch_bounds__(SHORT_WARPS * 32, 3) short_fwd_kernel(attn_par
     const int L = a.L, hd = a.hd, ld = hd + 1;
     const int64_t heads = (int64_t)a.B * a.H, n0 = (int64_t)blockIdx.x * group;
     const int gcount = (int)min((int64_t)group, heads - n0);
-    float *Ks = sm, *Vs = Ks + (size_t)group * L * ld, *Qr = Vs + (size_t)group * L * ld;
-    float *Pr = Qr + SHORT_WARPS * SHORT_HD;
+    float *Ks = sm, *Vs = Ks + (size_t)group * L * ld, *Qs = Vs + (size_t)group * L * ld;
+    float *Pr = Qs + (size_t)group * L * hd;
     for (int e = threadIdx.x; e < gcount * L * hd; e += blockDim.x) {
         const int g = e / (L * hd), r = e - g * (L * hd), j = r / hd, d = r - j * hd;
         const int64_t n = n0 + g, b = n / a.H, h = n % a.H;
         Ks[(g * L + j) * ld + d] = to_acc(*at<T>(a.k, b, h, j, d));
         Vs[(g * L + j) * ld + d] = to_acc(*at<T>(a.v, b, h, j, d));
+        Qs[e] = to_acc(*at<T>(a.q, b, h, j, d));
     }
     __syncthreads();
     const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
     const lane_split split(hd, lane);
-    float *qr = Qr + w * SHORT_HD, *pr = Pr + w * SHORT_L;
-    for (int task = w; task < gcount * L; task += SHORT_WARPS) {
+    float *pr = Pr + w * SHORT_L;
+    const int tasks = gcount * L;
+    float next[SHORT_L / 32];
+    if (w < tasks) {
+        const int64_t n = n0 + w / L;
+        fetch_row<S>(a.sin, n / a.H, n % a.H, w % L, L, lane, next);
+    }
+    for (int task = w; task < tasks; task += SHORT_WARPS) {
         const int g = task / L, i = task - g * L;
         const int64_t n = n0 + g, b = n / a.H, h = n % a.H;
+        float sin[SHORT_L / 32];
+#pragma unroll
+        for (int t = 0; t < SHORT_L / 32; t++) sin[t] = next[t];
+        if (task + SHORT_WARPS < tasks) {
+            const int64_t n2 = n0 + (task + SHORT_WARPS) / L;
+            fetch_row<S>(a.sin, n2 / a.H, n2 % a.H, (task + SHORT_WARPS) % L, L, lane, next);
+        }
         bool bad;
         const int len = seq_len(a, b, &bad);
         if (bad) { /* NaN what this row owns */
@@ -112,14 +141,10 @@ __global__ void __launch_bounds__(SHORT_WARPS * 32, 3) short_fwd_kernel(attn_par
             }
             continue;
         }
-        for (int d = lane; d < hd; d += 32) qr[d] = to_acc(*at<T>(a.q, b, h, i, d));
-        __syncwarp();
         const int jend = key_end(a, i, len);
-        const float *K = Ks + (size_t)g * L * ld, *V = Vs + (size_t)g * L * ld;
-        /* the row's operands: base pointers and the strides along j / d */
-        const S *sin = a.sin.p ? at<S>(a.sin, b, h, i, 0) : nullptr;
+        const float *K = Ks + (size_t)g * L * ld, *V = Vs + (size_t)g * L * ld, *q = Qs + ((size_t)g * L + i) * hd;
         S *sout = a.sout.p ? at<S>(a.sout, b, h, i, 0) : nullptr;
-        const int64_t sin_x = a.sin.sx, sout_x = a.sout.sx;
+        const int64_t sout_x = a.sout.sx;
         float s[SHORT_L / 32];
         float m = NEG_INF;
 #pragma unroll
@@ -128,9 +153,8 @@ __global__ void __launch_bounds__(SHORT_WARPS * 32, 3) short_fwd_kernel(attn_par
             float x = NEG_INF;
             if (j < jend) {
                 float dot = 0.f;
-                for (int d = 0; d < hd; d++) dot += qr[d] * K[j * ld + d];
-                x = dot * a.scale;
-                if (sin) x += to_acc(sin[j * sin_x]);
+                for (int d = 0; d < hd; d++) dot += q[d] * K[j * ld + d];
+                x = dot * a.scale + sin[t];
             }
             s[t] = x;
             if (sout && j < L) sout[j * sout_x] = from_acc<S>(x);
@@ -142,7 +166,6 @@ __global__ void __launch_bounds__(SHORT_WARPS * 32, 3) short_fwd_kernel(attn_par
         if (m == NEG_INF) { /* no key: o = 0, lse = −∞ */
             for (int d = lane; d < hd; d += 32) orow[d * o_x] = from_acc<T>(0.f);
             if (lane == 0) a.lse[n * L + i] = NEG_INF;
-            __syncwarp();
             continue;
         }
         float sum = 0.f;
@@ -165,7 +188,7 @@ __global__ void __launch_bounds__(SHORT_WARPS * 32, 3) short_fwd_kernel(attn_par
             if (hd > 32 && split.d + 32 < hd) orow[(split.d + 32) * o_x] = from_acc<T>(acc[1] * inv);
         }
         if (lane == 0) a.lse[n * L + i] = m + logf(sum);
-        __syncwarp();
+        __syncwarp(); /* pr is rewritten by the next row */
     }
 }
 
@@ -199,22 +222,38 @@ __global__ void __launch_bounds__(SHORT_WARPS * 32, 3) short_bwd_kernel(attn_par
     __syncthreads();
     const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
     const lane_split split(hd, lane);
-    /* D = Σ do·o per row, a warp a row */
-    for (int task = w; task < gcount * L; task += SHORT_WARPS) {
-        const int g = task / L, i = task - g * L;
+    /* D = Σ do·o per row, a thread a row (its loads independent: many rows in flight) */
+    for (int e = threadIdx.x; e < gcount * L; e += blockDim.x) {
+        const int g = e / L, i = e - g * L;
         const int64_t n = n0 + g, b = n / a.H, h = n % a.H;
+        const T *orow = at<T>(a.o, b, h, i, 0);
         float x = 0.f;
-        for (int d = lane; d < hd; d += 32) x += dOs[(g * L + i) * hd + d] * to_acc(*at<T>(a.o, b, h, i, d));
-        x = warp_sum(x);
-        if (lane == 0) Ds[g * L + i] = x;
+        for (int d = 0; d < hd; d++) x += dOs[(size_t)e * hd + d] * to_acc(orow[d * a.o.sx]);
+        Ds[e] = x;
     }
     __syncthreads();
     for (int i0 = 0; i0 < L; i0 += rows) {
         const int nr = min(rows, L - i0);
-        for (int task = w; task < gcount * nr; task += SHORT_WARPS) {
+        const int tasks = gcount * nr;
+        float nsin[SHORT_L / 32], ndso[SHORT_L / 32];
+        if (w < tasks) {
+            const int64_t n = n0 + w / nr;
+            fetch_row<S>(a.sin, n / a.H, n % a.H, i0 + w % nr, L, lane, nsin);
+            fetch_row<S>(a.dso, n / a.H, n % a.H, i0 + w % nr, L, lane, ndso);
+        }
+        for (int task = w; task < tasks; task += SHORT_WARPS) {
             const int g = task / nr, r = task - g * nr, i = i0 + r;
             const int64_t n = n0 + g, b = n / a.H, h = n % a.H;
             float *dsr = dSs + ((size_t)g * rows + r) * lds, *ptr = Pts + ((size_t)g * rows + r) * lds;
+            float sin[SHORT_L / 32], dso[SHORT_L / 32];
+#pragma unroll
+            for (int t = 0; t < SHORT_L / 32; t++) sin[t] = nsin[t], dso[t] = ndso[t];
+            if (task + SHORT_WARPS < tasks) {
+                const int nt = task + SHORT_WARPS;
+                const int64_t n2 = n0 + nt / nr;
+                fetch_row<S>(a.sin, n2 / a.H, n2 % a.H, i0 + nt % nr, L, lane, nsin);
+                fetch_row<S>(a.dso, n2 / a.H, n2 % a.H, i0 + nt % nr, L, lane, ndso);
+            }
             bool bad;
             const int len = seq_len(a, b, &bad);
             if (bad) {
@@ -229,10 +268,8 @@ __global__ void __launch_bounds__(SHORT_WARPS * 32, 3) short_bwd_kernel(attn_par
             const int jend = empty ? 0 : key_end(a, i, len);
             const float *q = Qs + ((size_t)g * L + i) * hd, *dO = dOs + ((size_t)g * L + i) * hd;
             const float *K = Ks + (size_t)g * L * ld, *V = Vs + (size_t)g * L * ld;
-            const S *sin = a.sin.p ? at<S>(a.sin, b, h, i, 0) : nullptr;
-            const S *dso = a.dso.p ? at<S>(a.dso, b, h, i, 0) : nullptr;
             S *dsin = a.dsin.p ? at<S>(a.dsin, b, h, i, 0) : nullptr;
-            const int64_t sin_x = a.sin.sx, dso_x = a.dso.sx, dsin_x = a.dsin.sx;
+            const int64_t dsin_x = a.dsin.sx;
 #pragma unroll
             for (int t = 0; t < SHORT_L / 32; t++) {
                 const int j = lane + 32 * t;
@@ -244,12 +281,10 @@ __global__ void __launch_bounds__(SHORT_WARPS * 32, 3) short_bwd_kernel(attn_par
                         dot += q[d] * K[j * ld + d];
                         dpd += dO[d] * V[j * ld + d];
                     }
-                    float x = dot * a.scale;
-                    if (sin) x += to_acc(sin[j * sin_x]);
+                    const float x = dot * a.scale + sin[t];
                     const float p = expf(x - lse), kd = keep_factor(a, n, i, j);
                     pt = p * kd;
-                    ds = p * (dpd * kd - Di);
-                    if (dso) ds += to_acc(dso[j * dso_x]);
+                    ds = p * (dpd * kd - Di) + dso[t];
                 }
                 if (dsin) {
                     S *o = dsin + j * dsin_x;

@@ -286,7 +286,7 @@ static void read_operand(rd *r, operand *o, const char *name, bool optional, fg_
     static const int32_t odd_rank[7] = {9, -1, 100, INT32_MIN, 1, 2, 3};
     o->t.rank = rb <= 8 ? rb : odd_rank[rb - 9];
     const uint8_t db = u8(r);
-    const bool is_int = name && (strcmp(name, "target") == 0);
+    const bool is_int = name && (strcmp(name, "target") == 0 || strcmp(name, "lengths") == 0);
     o->t.dtype = db < 224 ? (is_int ? idt : main) : (fg_dtype)((int)(db & 15) - 2);
     const int nd = o->t.rank < 0 ? 0 : o->t.rank > FG_MAX_RANK ? FG_MAX_RANK : o->t.rank;
     for (int i = 0; i < nd; i++) o->t.shape[i] = dim_value(u8(r));
@@ -385,6 +385,7 @@ typedef union options {
     fg_batch_norm_options bn;
     fg_dropout_options drop;
     fg_revin_options revin;
+    fg_attention_options attn;
     uint8_t bytes[256];
 } options;
 
@@ -444,6 +445,12 @@ static void read_options(rd *r, const fg_op_info *info, options *o, const void *
         o->revin.eps = f & 1 ? scalar(r) : 0;
         o->revin.denorm = (int)(u8(r) % 4) - 1;
         o->revin.subtract_last = f & 2 ? 1 : 0;
+    } else if (strcmp(info->options_type, "fg_attention_options") == 0) {
+        const uint8_t f = u8(r);
+        o->attn.scale = f & 1 ? scalar(r) : 0;
+        o->attn.causal = (int)(u8(r) % 4) - 1;
+        o->attn.dropout_p = f & 2 ? scalar(r) : 0;
+        o->attn.seed = u8(r), o->attn.offset = f & 4 ? UINT64_MAX - u8(r) : u8(r);
     }
 }
 
@@ -495,7 +502,12 @@ static fg_status call_one(fg_context *ctx, fg_op op, int variant, const operand 
     const fg_batch_norm_options *bo = optp ? &opt->bn : NULL;
     const fg_dropout_options *dp = optp ? &opt->drop : NULL;
     const fg_revin_options *ro = optp ? &opt->revin : NULL;
+    const fg_attention_options *ato = optp ? &opt->attn : NULL;
     switch (op) {
+    case FG_OP_ATTENTION_FORWARD: return fg_attention_forward(ctx, ato, P[0], P[1], P[2], P[3], P[4], P[5], P[6], P[7]);
+    case FG_OP_ATTENTION_BACKWARD:
+        return fg_attention_backward(ctx, ato, P[0], P[1], P[2], P[3], P[4], P[5], P[6], P[7], P[8], P[9], P[10], P[11],
+                                     P[12], acc);
     case FG_OP_NORM_FORWARD: return fg_norm_forward(ctx, no, P[0], P[1], P[2], P[3], P[4], P[5], P[6], P[7]);
     case FG_OP_NORM_BACKWARD:
         return fg_norm_backward(ctx, no, P[0], P[1], P[2], P[3], P[4], P[5], P[6], P[7], P[8], P[9], acc);

@@ -746,7 +746,9 @@ static const problem cases[] = {
     {3, 2, 127, 16, T, T, F, F, F, 0, 0, F, F, "short", "short"},
     {2, 3, 64, 64, F, T, T, F, T, 0.2, 0, F, F, "short", NULL},
     {2, 2, 5, 0, F, T, T, T, F, 0, 0, F, F, NULL, NULL},                /* hd = 0 */
+    {2, 3, 100, 64, F, T, F, F, F, 0, 0, F, F, "flash", "short"},      /* flash from L > 64 */
     {1, 2, 129, 32, T, F, F, F, F, 0, 0, F, F, "flash", "tiled"},
+    {2, 2, 257, 64, T, T, F, F, F, 0.15, 0, T, F, "flash", "tiled"},  /* flash with dropout */
     {2, 1, 300, 64, F, T, F, F, F, 0, 0, T, F, "flash", "tiled"},
     {1, 1, 1030, 64, T, F, F, F, F, 0, 0, F, F, "flash", "tiled"},
     {1, 2, 200, 128, F, F, F, F, F, 0, 0, F, F, "flash", "tiled"},

@@ -819,9 +819,11 @@ extern "C" fg_status fg_cuda_attn_plan(fg_context *ctx, const fg_attn_problem *p
         path->kernel = FG_ATTN_FLASH;
         path->group = (int)p->hd;
         if (p->forward) snprintf(path->name, sizeof path->name, "attn_flash_fwd<%s,%d>", dt, (int)p->hd);
-        else
+        else if (p->want_dk || p->want_dv)
             snprintf(path->name, sizeof path->name, "attn_rowdot<%s> ; attn_flash_dkdv<%s,%d> ; attn_flash_dq<%s,%d>",
                      dt, dt, (int)p->hd, dt, (int)p->hd);
+        else
+            snprintf(path->name, sizeof path->name, "attn_rowdot<%s> ; attn_flash_dq<%s,%d>", dt, dt, (int)p->hd);
         return FG_OK;
     }
     if ((size_t)limit < tiled_fwd_smem((int)p->hd) || (size_t)limit < tiled_bwd_smem((int)p->hd))

@@ -7,7 +7,8 @@
  * fast, general and reduction kernels, the linear + activation passes, tile kernels, one-kernel
  * backwards and the sm_90a GEMM (all three products, g formed, the slope form), the log-prob
  * row, tile, single-block and cast kernels (deterministic column sums included), the
- * normalization family's row, column, apply, dropout and RevIN kernels, and AdamW.
+ * normalization family's row, column, apply, dropout and RevIN kernels, attention's
+ * whole-sequence, tiled and flash kernels (forward and backward, the row dot), and AdamW.
  *
  * Each case names the kernel it is there for, and the program fails when the backend launched
  * something else (fg_context_last_kernels): a changed dispatch rule cannot silently drop a
@@ -393,6 +394,46 @@ static void norm_kernels(void) {
     }
 }
 
+/* ------------------------------------------------------------------ attention */
+
+/* Each path forward and backward: whole sequences (L <= 128, hd <= 64, here f32 with causal
+ * masking and dropout), the flash kernels (bf16, hd 64, L past 128: the row dot, dK / dV, dQ),
+ * the tiled kernels (f32 past 128 keys; the backward with dK / dV and with dQ alone). */
+static void attention_kernels(void) {
+    struct { fg_dtype dt; int64_t L, hd; int causal; double p; const char *fwd, *bwd, *bwd_dq; } cases[] = {
+        {FG_F32, 40, 16, 1, 0.1, "attn_short_fwd<f32>", "attn_short_bwd<f32>", NULL},
+        {FG_BF16, 200, 64, 1, 0, "attn_flash_fwd<bf16,64>", "attn_flash_dkdv<bf16,64>", NULL},
+        {FG_F32, 200, 16, 0, 0.1, "attn_tiled_fwd<f32>", "attn_tiled_dkdv<f32>", "attn_tiled_dq<f32>"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        const fg_dtype dt = cases[k].dt;
+        int64_t sh[4] = {2, 3, cases[k].L, cases[k].hd}, ls[3] = {2, 3, cases[k].L};
+        th_operand Q = make(dt, 4, sh, 0), K = make(dt, 4, sh, 0), V = make(dt, 4, sh, 0), DO = make(dt, 4, sh, 0);
+        th_operand O = out(dt, 4, sh, 0), LSE = out(FG_F32, 3, ls, 0), DQ = out(dt, 4, sh, 0), DK = out(dt, 4, sh, 0);
+        th_operand DV = out(dt, 4, sh, 0);
+        fg_attention_options o = {0, cases[k].causal, cases[k].p, 11, 0};
+        char label[80];
+        snprintf(label, sizeof label, "attention_forward %s L=%lld hd=%lld", fg_dtype_name(dt), (long long)cases[k].L,
+                 (long long)cases[k].hd);
+        launched(label, fg_attention_forward(ctx, &o, &Q.t, &K.t, &V.t, NULL, NULL, &O.t, &LSE.t, NULL), cases[k].fwd);
+        written(label, &O), written(label, &LSE);
+        snprintf(label, sizeof label, "attention_backward %s L=%lld hd=%lld", fg_dtype_name(dt), (long long)cases[k].L,
+                 (long long)cases[k].hd);
+        launched(label, fg_attention_backward(ctx, &o, &DO.t, NULL, &Q.t, &K.t, &V.t, NULL, NULL, &O.t, &LSE.t, &DQ.t,
+                                              &DK.t, &DV.t, NULL, 0), cases[k].bwd);
+        written(label, &DQ), written(label, &DK), written(label, &DV);
+        if (cases[k].bwd_dq) {
+            th_poison(&DQ.buf);
+            snprintf(label, sizeof label, "attention_backward dq alone %s L=%lld", fg_dtype_name(dt), (long long)cases[k].L);
+            launched(label, fg_attention_backward(ctx, &o, &DO.t, NULL, &Q.t, &K.t, &V.t, NULL, NULL, &O.t, &LSE.t, &DQ.t,
+                                                  NULL, NULL, NULL, 0), cases[k].bwd_dq);
+            written(label, &DQ);
+        }
+        th_drop(&Q), th_drop(&K), th_drop(&V), th_drop(&DO), th_drop(&O), th_drop(&LSE), th_drop(&DQ), th_drop(&DK);
+        th_drop(&DV);
+    }
+}
+
 /* ------------------------------------------------------------------ AdamW */
 
 static void adamw_kernel(void) {
@@ -427,6 +468,7 @@ int main(void) {
     act_kernels();
     logp_kernels();
     norm_kernels();
+    attention_kernels();
     adamw_kernel();
     fg_status st = fg_context_check(ctx);
     if (st != FG_OK) printf("FAIL sanitize_ops: %s (%s)\n", fg_status_string(st), fg_last_error()), failed++;

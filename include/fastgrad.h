@@ -231,9 +231,15 @@ typedef enum fg_op {
     /* Multi-head attention (fg_attention_options); q, k, v, o [B,H,L,hd], scores [B,H,L,L]   */
     FG_OP_ATTENTION_FORWARD = 33,      /* 0:q 1:k 2:v 3:lengths [B] (opt, i32/i64)
                                           4:scores_in (opt) 5:o 6:lse [B,H,L] 7:scores_out (opt) */
-    FG_OP_ATTENTION_BACKWARD = 34      /* 0:do 1:dscores (opt) 2:q 3:k 4:v 5:lengths (opt)
+    FG_OP_ATTENTION_BACKWARD = 34,     /* 0:do 1:dscores (opt) 2:q 3:k 4:v 5:lengths (opt)
                                           6:scores_in (opt) 7:o 8:lse 9:dq (opt) 10:dk (opt)
                                           11:dv (opt) 12:dscores_in (opt)                        */
+    /* Series: patching and regression losses (see "Series" below)                           */
+    FG_OP_PATCH_FORWARD = 35,          /* 0:x [...,L] 1:y [...,P,S]   (fg_patch_options)        */
+    FG_OP_PATCH_BACKWARD = 36,         /* 0:dy [...,P,S] 1:dx [...,L] (fg_patch_options)        */
+    FG_OP_REGRESSION_LOSS = 37,        /* 0:pred 1:target 2:loss ([1], or pred's shape) 3:dpred (opt)
+                                          (fg_regression_loss_options)                          */
+    FG_OP_SERIES_WINDOWS = 38          /* 0:series [T,C] 1:starts [B] (i32/i64) 2:y [B,W,C]         */
 } fg_op;
 
 #define FG_MAX_OPERANDS 16
@@ -834,6 +840,68 @@ FG_NODISCARD FG_API fg_status fg_attention_backward(fg_context *ctx, const fg_at
                                                     const fg_tensor *o, const fg_tensor *lse, const fg_tensor *dq,
                                                     const fg_tensor *dk, const fg_tensor *dv,
                                                     const fg_tensor *dscores_in, int accumulate);
+
+/* ------------------------------------------------------------------ Series */
+/* The pieces of a patch-based forecaster (PatchTST) that no other family provides: patching,
+ * the point-forecast losses, and the gather of training windows.
+ *
+ * Patching: x [..., L] (any strides; f32, f16, bf16, + f64 on the CPU) → y [..., P, S]
+ * (contiguous, x's dtype), with S = patch_len and P = ⌊(L + pad_end − S)/stride⌋ + 1 patches:
+ *   y[..., p, j] = x[..., min(p·stride + j, L − 1)]
+ * that is, pad_end copies of the last step appended (ReplicationPad1d((0, pad_end))), then
+ * unfold(S, stride): PatchTST's look-back 336, S 16, stride 8, pad_end 8 give 42 patches. The
+ * backward is the overlap-add: dx[..., t] = the sum of dy over the (p, j) that read step t (x's
+ * strides; accumulate adds). Each dx element sums its contributors in a fixed order (the patches
+ * in order, then the padded positions for the last step): deterministic, no atomics, sums in
+ * f32 (f64 for f64). */
+typedef struct fg_patch_options {
+    int64_t patch_len;      /* S >= 1; 0 means 16                                       */
+    int64_t stride;         /* >= 1; 0 means 8                                          */
+    int64_t pad_end;        /* >= 0: replicated steps after the last one                */
+} fg_patch_options;
+
+FG_NODISCARD FG_API fg_status fg_patch_forward(fg_context *ctx, const fg_patch_options *opt, const fg_tensor *x,
+                                               const fg_tensor *y);
+FG_NODISCARD FG_API fg_status fg_patch_backward(fg_context *ctx, const fg_patch_options *opt, const fg_tensor *dy,
+                                                const fg_tensor *dx, int accumulate);
+
+/* Point-forecast losses of d = pred − target, element by element:
+ *   MSE    ℓ = d²                                     ∂ℓ/∂pred = 2d
+ *   MAE    ℓ = |d|                                    sign(d) (0 at d = 0)
+ *   HUBER  ℓ = ½d² for |d| ≤ δ, else δ(|d| − ½δ)      d, or δ·sign(d)
+ * NaN in gives NaN out. */
+typedef enum fg_loss_kind {
+    FG_LOSS_MSE = 0,
+    FG_LOSS_MAE = 1,
+    FG_LOSS_HUBER = 2
+} fg_loss_kind;
+
+typedef struct fg_regression_loss_options {
+    fg_loss_kind kind;
+    fg_reduction reduction; /* mean (the default): Σℓ/n; sum; none: ℓ per element      */
+    double delta;           /* Huber's δ > 0; 0 means 1                                 */
+    double grad_scale;      /* dpred is the gradient of grad_scale·loss; 0 means 1      */
+} fg_regression_loss_options;
+
+/* One pass: the loss and, when dpred is given, its gradient (of the reduced loss; for
+ * reduction none, of Σℓ). pred, target: one shape and dtype (f32, f16, bf16, + f64 on the CPU),
+ * contiguous. loss: f32 (f64 for f64), [1]-element for mean / sum, pred's shape for none. dpred:
+ * pred's shape, pred's dtype or f32; accumulate adds into it (the loss is always written). The
+ * reduction sums fixed chunks of 4096 elements in f32 (f64 for f64) and the chunks' sums in order
+ * in f64: the same bits on every run and every thread count. The mean of no elements is NaN. */
+FG_NODISCARD FG_API fg_status fg_regression_loss(fg_context *ctx, const fg_regression_loss_options *opt,
+                                                 const fg_tensor *pred, const fg_tensor *target,
+                                                 const fg_tensor *loss, const fg_tensor *dpred, int accumulate);
+
+/* Windows of a multivariate series, gathered on the device: y[b, t, c] = series[starts[b] + t, c]
+ * for t < W. series [T, C] (any strides; f32, f16, bf16, + f64 on the CPU), starts [B] i32 or i64
+ * (contiguous), y [B, W, C] contiguous, series' dtype; W <= T. A training loop keeps its data on
+ * the device and gathers each batch from an index array (a slice of the epoch's order) instead of
+ * copying windows from the host every step; the targets are the same call on the series from row
+ * `look-back` on. A start outside [0, T − W] makes its window NaN and fg_context_check() return
+ * FG_ERR_DEVICE_VALUE with the first such b (the op does not read the starts on the host). */
+FG_NODISCARD FG_API fg_status fg_series_windows(fg_context *ctx, const fg_tensor *series, const fg_tensor *starts,
+                                                const fg_tensor *y);
 
 #ifdef __cplusplus
 }

@@ -75,6 +75,10 @@ static const op_case cases[] = {
     {FG_OP_REVIN_STATS, 3, {{BNK}, {BK}, {BK}}, 0},
     {FG_OP_REVIN_FORWARD, 6, {{BNK}, {V_K}, {V_K}, {BK}, {BK}, {BNK}}, 0},
     {FG_OP_REVIN_BACKWARD, 9, {{BNK}, {BNK}, {V_K}, {V_K}, {BK}, {BK}, {BNK}, {V_K}, {V_K}}, 0},
+    {FG_OP_PATCH_FORWARD, 2, {{NK}, {3, {D_N, D_B, D_B}}}, 0},    /* patches of 2, stride 2 */
+    {FG_OP_PATCH_BACKWARD, 2, {{3, {D_N, D_B, D_B}}, {NK}}, 0},
+    {FG_OP_REGRESSION_LOSS, 4, {{NK}, {NK}, {1, {D_ONE}}, {NK}}, 0},
+    {FG_OP_SERIES_WINDOWS, 3, {{NK}, {V_N}, {3, {D_N, D_B, D_K}}}, 0}, /* windows of 2 of a [3, 4] series */
 };
 #define N_CASES ((int)(sizeof cases / sizeof cases[0]))
 
@@ -94,6 +98,8 @@ typedef struct problem {
     fg_batch_norm_options bn;
     fg_dropout_options drop;
     fg_revin_options revin;
+    fg_patch_options patch;
+    fg_regression_loss_options loss;
 } problem;
 
 static void problem_init(problem *p, const op_case *c, int64_t n_rows) {
@@ -103,7 +109,8 @@ static void problem_init(problem *p, const op_case *c, int64_t n_rows) {
     dims[D_N] = n_rows;
     for (int i = 0; i < c->n; i++) {
         fg_tensor *t = &p->ops[i];
-        const bool target = strcmp(p->info.operands[i].name, "target") == 0;
+        const bool target = (strcmp(p->info.operands[i].name, "target") == 0 && strcmp(p->info.family, "linear_logp") == 0) ||
+                            strcmp(p->info.operands[i].name, "starts") == 0; /* integer indices, 0: valid */
         t->dtype = target ? FG_I32 : strcmp(p->info.operands[i].name, "sums") == 0 ? FG_F64 : FG_F32;
         t->rank = c->s[i].rank;
         int64_t n = 1;
@@ -130,6 +137,11 @@ static void problem_init(problem *p, const op_case *c, int64_t n_rows) {
         p->desc.options = &p->drop, p->desc.options_size = sizeof p->drop;
     } else if (p->info.options_type && strcmp(p->info.options_type, "fg_revin_options") == 0) {
         p->desc.options = &p->revin, p->desc.options_size = sizeof p->revin;
+    } else if (p->info.options_type && strcmp(p->info.options_type, "fg_patch_options") == 0) {
+        p->patch.patch_len = 2, p->patch.stride = 2;
+        p->desc.options = &p->patch, p->desc.options_size = sizeof p->patch;
+    } else if (p->info.options_type && strcmp(p->info.options_type, "fg_regression_loss_options") == 0) {
+        p->desc.options = &p->loss, p->desc.options_size = sizeof p->loss;
     } else if (p->info.options_type) {
         p->desc.options = &p->logp, p->desc.options_size = sizeof p->logp;
     }
@@ -299,6 +311,8 @@ static bool c_option(problem *p, size_t *w) {
     p->logp.temperature = -1;
     p->norm.eps = p->bn.eps = p->revin.eps = -1;
     p->drop.p = -1;
+    p->patch.patch_len = -1;
+    p->loss.kind = (fg_loss_kind)99;
     return true;
 }
 static bool c_empty(problem *p, size_t *w) { (void)p, (void)w; return true; } /* built with N = 0 */
@@ -321,7 +335,7 @@ static const bad_class classes[] = {
     {"workspace", "fg_plan_run is given one byte less workspace than the plan asks", c_workspace},
     {"accumulate", "fg_plan_desc.accumulate is 2", c_accumulate},
     {"flags", "fg_plan_desc.flags has an unknown bit (0x100)", c_flags},
-    {"option", "the family's option is out of range (kind / act 99, temperature -1, eps -1, dropout p -1)",
+    {"option", "the family's option is out of range (kind / act 99, temperature -1, eps -1, dropout p -1, patch_len -1)",
      c_option},
     {"N = 0", "the leading (batch) dim N is 0: an empty problem (sums over it are written as zeros)", c_empty},
 };

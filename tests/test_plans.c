@@ -609,6 +609,40 @@ static void attention_cases(fg_context *ctx, fg_backend be, fg_dtype dt, int64_t
     }
 }
 
+/* The series family: patching (a transposed series view, as fastgrad-train reads a [B, L, C]
+ * batch) and its overlap-add, the window gather, and the loss with its finish (two kernels). */
+static void series_cases(fg_context *ctx, fg_backend be, fg_dtype dt, bool *covered) {
+    const int64_t xs[3] = {3, 5, 40}, ys[4] = {3, 5, 7, 8}, ps[2] = {9, 700}, one[1] = {1};
+    fg_patch_options po = {8, 6, 6};
+    fg_regression_loss_options lo = {FG_LOSS_MSE, FG_REDUCTION_MEAN, 0, 0};
+    plan_case c;
+    memset(&c, 0, sizeof c);
+    c.op = FG_OP_PATCH_FORWARD, c.label = "patch_forward (transposed series)", covered[c.op] = true;
+    c.options = &po, c.options_size = sizeof po;
+    c.own[0] = th_make(be, dt, 3, xs, 2), th_randomize(&c.own[0]), c.ops[0] = c.own[0].t;
+    add(&c, be, 1, dt, 4, ys);
+    run_case(ctx, be, &c);
+    drop_case(&c);
+    memset(&c, 0, sizeof c);
+    c.op = FG_OP_PATCH_BACKWARD, c.label = "patch_backward", covered[c.op] = true;
+    c.options = &po, c.options_size = sizeof po, c.accumulate = 1;
+    add(&c, be, 0, dt, 4, ys), add(&c, be, 1, dt, 3, xs);
+    run_case(ctx, be, &c);
+    drop_case(&c);
+    memset(&c, 0, sizeof c);
+    const int64_t series[2] = {50, 7}, starts[1] = {5}, win[3] = {5, 12, 7};
+    c.op = FG_OP_SERIES_WINDOWS, c.label = "series_windows", covered[c.op] = true;
+    add(&c, be, 0, dt, 2, series), add(&c, be, 1, FG_I64, 1, starts), add(&c, be, 2, dt, 3, win);
+    run_case(ctx, be, &c);
+    drop_case(&c);
+    memset(&c, 0, sizeof c);
+    c.op = FG_OP_REGRESSION_LOSS, c.label = "regression_loss mse mean + dpred", covered[c.op] = true;
+    c.options = &lo, c.options_size = sizeof lo;
+    add(&c, be, 0, dt, 2, ps), add(&c, be, 1, dt, 2, ps), add(&c, be, 2, FG_F32, 1, one), add(&c, be, 3, dt, 2, ps);
+    run_case(ctx, be, &c);
+    drop_case(&c);
+}
+
 /* A plan made for 16-byte aligned data refuses a pointer 4 bytes off, writes nothing; one made
  * for 4 bytes takes it. */
 static void declared_alignment(fg_context *ctx, fg_backend be) {
@@ -678,6 +712,7 @@ int main(void) {
             linear_cases(ctx, bes[bi], dts[di], covered);
             act_cases(ctx, bes[bi], dts[di], FG_ACT_GELU_TANH, 67, 40, 72, covered); /* short K */
             act_cases(ctx, bes[bi], dts[di], FG_ACT_RELU, 67, 200, 72, covered);
+            series_cases(ctx, bes[bi], dts[di], covered);
             norm_cases(ctx, bes[bi], dts[di], 67, 40, covered);
             attention_cases(ctx, bes[bi], dts[di], 2, 3, 42, 8, true, covered);   /* short */
             attention_cases(ctx, bes[bi], dts[di], 1, 2, 200, 64, false, covered); /* flash (bf16) / tiled */

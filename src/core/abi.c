@@ -30,6 +30,7 @@ static const struct {
     C(FG_ACT_TANH),
     C(FG_ACT_SAVED_PRE), C(FG_ACT_SAVED_SLOPE),
     C(FG_REDUCTION_MEAN), C(FG_REDUCTION_SUM), C(FG_REDUCTION_NONE),
+    C(FG_LOSS_MSE), C(FG_LOSS_MAE), C(FG_LOSS_HUBER),
     C(FG_NORM_LAYER), C(FG_NORM_RMS),
 };
 #undef C
@@ -64,6 +65,9 @@ static const struct {
     S(fg_adamw_hparams), F(fg_adamw_hparams, lr), F(fg_adamw_hparams, beta1), F(fg_adamw_hparams, beta2),
     F(fg_adamw_hparams, eps), F(fg_adamw_hparams, weight_decay), F(fg_adamw_hparams, step),
     F(fg_adamw_hparams, grad_scale),
+    S(fg_patch_options), F(fg_patch_options, patch_len), F(fg_patch_options, stride), F(fg_patch_options, pad_end),
+    S(fg_regression_loss_options), F(fg_regression_loss_options, kind), F(fg_regression_loss_options, reduction),
+    F(fg_regression_loss_options, delta), F(fg_regression_loss_options, grad_scale),
     S(fg_dropout_options), F(fg_dropout_options, p), F(fg_dropout_options, seed), F(fg_dropout_options, offset),
     S(fg_norm_options), F(fg_norm_options, kind), F(fg_norm_options, eps), F(fg_norm_options, dropout),
     S(fg_batch_norm_options), F(fg_batch_norm_options, eval), F(fg_batch_norm_options, eps),

@@ -114,6 +114,9 @@ fg_status fg_flag_error(const unsigned long long flag[2]) {
         return fg_fail(FG_ERR_DEVICE_VALUE,
                        "context_check: linear_logp: target of row %llu is outside [0, V) and not "
                        "ignore_index (that row is NaN)", index);
+    if (flag[0] == FG_FLAG_BAD_START)
+        return fg_fail(FG_ERR_DEVICE_VALUE,
+                       "context_check: series_windows: starts[%llu] is outside [0, T - W] (that window is NaN)", index);
     if (flag[0] == FG_FLAG_BAD_LENGTH)
         return fg_fail(FG_ERR_DEVICE_VALUE,
                        "context_check: attention: lengths[%llu] is outside [0, L] (that sequence's outputs are NaN)",

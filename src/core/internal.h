@@ -578,6 +578,71 @@ typedef struct fg_attn_call {
 fg_status fg_cpu_attn_plan(fg_context *ctx, const fg_attn_problem *p, fg_attn_path *path);
 fg_status fg_cpu_attn(fg_context *ctx, const fg_attn_call *c);
 
+/* ------------------------------------------------------------------ series steps */
+
+/* The loss reduction's chunk: every backend sums these many elements into one partial. */
+#define FG_SERIES_CHUNK 4096
+
+/* The steps of the series family (src/ops/series.c; src/cpu/series.c, src/cuda/series.cu):
+ *   PATCH        dst [rows, P, S] (contiguous) from the series src: row r at row_offset(r)
+ *                (its leading-dims index through lead_shape / lead_stride), step t at t·t_stride;
+ *                dst[r, p, j] = src[r, min(p·stride + j, L − 1)]
+ *   UNPATCH      dst (the series view) = the overlap-add of src [rows, P, S]: each step sums the
+ *                patches that read it in order of p, then (the last step) the padded positions
+ *                in order of p and j; accumulate adds
+ *   LOSS         per element ℓ(pred − target) (kind, delta) and its gradient·grad_scale into dpred
+ *                (want_dpred; dpred_dtype; accumulate adds); reduction none: ℓ into loss [n],
+ *                else each chunk of FG_SERIES_CHUNK elements' sum (acc) into partials[chunk]
+ *   LOSS_FINISH  loss[0] = (Σ partials in order, in f64)·out_scale, rounded to acc (NaN for
+ *                the mean of nothing)
+ *   WINDOWS      dst [rows = B, W, C] (contiguous): dst[b, t, c] = src[(starts[b] + t)·src_rs + c·src_cs]
+ *                for starts[b] in [0, T − W]; else the window is NaN and FG_FLAG_BAD_START is
+ *                raised with b (starts i32 or i64: starts_dtype)
+ * Planning (run = false) touches no data and fills `name` with the label the step records when
+ * it runs. */
+typedef enum fg_series_step {
+    FG_SERIES_PATCH,
+    FG_SERIES_UNPATCH,
+    FG_SERIES_LOSS,
+    FG_SERIES_LOSS_FINISH,
+    FG_SERIES_WINDOWS
+} fg_series_step;
+
+/* A window start outside [0, T − W] (fg_series_windows): that window is NaN. */
+#define FG_FLAG_BAD_START 3ull
+
+typedef struct fg_series_call {
+    fg_series_step step;
+    fg_dtype dtype, acc;
+    bool accumulate;
+    /* PATCH / UNPATCH */
+    int lead_rank;
+    int64_t lead_shape[FG_MAX_RANK], lead_stride[FG_MAX_RANK];
+    int64_t rows, t_stride;
+    int64_t L, P, S, stride;
+    const void *src;
+    void *dst;
+    /* LOSS / LOSS_FINISH */
+    int kind, reduction;     /* fg_loss_kind, fg_reduction */
+    double delta, grad_scale, out_scale;
+    int64_t n, chunks;
+    const void *pred, *target;
+    void *loss, *dpred;
+    bool want_dpred;
+    fg_dtype dpred_dtype;
+    void *partials;          /* acc [chunks], in the workspace */
+    /* WINDOWS */
+    const void *starts;
+    fg_dtype starts_dtype;
+    int64_t T, W, C, src_rs, src_cs;
+    size_t need;             /* planning: workspace bytes */
+    char name[96];           /* planning: the kernel label */
+} fg_series_call;
+
+/* "patch", "unpatch", "mse", "mae", "huber", "loss_finish": a step's name in kernel labels. */
+const char *fg_series_step_name(const fg_series_call *c);
+fg_status fg_cpu_series(fg_context *ctx, fg_series_call *c, bool run);
+
 /* ------------------------------------------------------------------ backends */
 
 /* What a backend implements. The front doors (src/ops/) and the plan mechanism reach kernels
@@ -598,6 +663,7 @@ typedef struct fg_backend_ops {
     fg_status (*norm)(fg_context *ctx, fg_norm_call *c, bool run); /* plans (run = false) or runs a step */
     fg_status (*attn_plan)(fg_context *ctx, const fg_attn_problem *p, fg_attn_path *path);
     fg_status (*attn)(fg_context *ctx, const fg_attn_call *c); /* runs the plan's path */
+    fg_status (*series)(fg_context *ctx, fg_series_call *c, bool run); /* plans (run = false) or runs a step */
 } fg_backend_ops;
 
 extern const fg_backend_ops fg_cpu_backend;

@@ -52,6 +52,12 @@ static fg_status cpu_act(fg_context *ctx, const fg_act_call *c) {
     return FG_OK;
 }
 
+static fg_status cpu_series(fg_context *ctx, fg_series_call *c, bool run) {
+    FG_TRY(fg_cpu_series(ctx, c, run));
+    if (run) fg_record_kernel(ctx, c->name);
+    return FG_OK;
+}
+
 const fg_backend_ops fg_cpu_backend = {
     .name = "cpu",
     .f64_kernels = true,
@@ -65,4 +71,5 @@ const fg_backend_ops fg_cpu_backend = {
     .norm = fg_cpu_norm,
     .attn_plan = fg_cpu_attn_plan,
     .attn = fg_cpu_attn,
+    .series = cpu_series,
 };

@@ -113,6 +113,12 @@ static fg_status cuda_act(fg_context *ctx, const fg_act_call *c) {
     return FG_OK;
 }
 
+static fg_status cuda_series(fg_context *ctx, fg_series_call *c, bool run) {
+    FG_TRY(fg_cuda_series(ctx, c, run));
+    if (run) fg_record_kernel(ctx, c->name);
+    return FG_OK;
+}
+
 /* Designated in the struct's declaration order (C++ requires it). */
 extern "C" const fg_backend_ops fg_cuda_backend = {
     .name = "cuda",
@@ -127,4 +133,5 @@ extern "C" const fg_backend_ops fg_cuda_backend = {
     .norm = fg_cuda_norm,
     .attn_plan = fg_cuda_attn_plan,
     .attn = fg_cuda_attn,
+    .series = cuda_series,
 };

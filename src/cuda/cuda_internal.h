@@ -176,6 +176,9 @@ bool fg_cuda_act_form_takes(int act);
 /* Turns a CUDA error into FG_ERR_BACKEND with the call named. */
 fg_status fg_cuda_fail(cudaError_t err, const char *what);
 
+/* The series family's steps (src/cuda/series.cu): planning (run = false) fills c->name. */
+extern "C" fg_status fg_cuda_series(fg_context *ctx, fg_series_call *c, bool run);
+
 /* The normalization family's steps (src/cuda/norm.cu): planning (run = false) fills c->need and
  * c->name; running, it records each kernel it launches. */
 extern "C" fg_status fg_cuda_norm(fg_context *ctx, fg_norm_call *c, bool run);

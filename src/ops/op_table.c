@@ -11,11 +11,12 @@
 
 extern const fg_family fg_family_linear, fg_family_matmul, fg_family_outer, fg_family_elementwise,
     fg_family_linear_logp, fg_family_linear_act, fg_family_norm,
-    fg_family_attention;
+    fg_family_attention, fg_family_series;
 
 static const fg_family *const families[] = {
     &fg_family_linear, &fg_family_matmul, &fg_family_outer, &fg_family_elementwise,
     &fg_family_linear_logp, &fg_family_linear_act, &fg_family_norm, &fg_family_attention,
+    &fg_family_series,
 };
 
 const fg_op_decl *fg_op_find(fg_op op, const char **family) {

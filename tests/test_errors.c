@@ -7,6 +7,7 @@
  */
 #include "harness.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
 
@@ -28,16 +29,19 @@ static int64_t dims[6] = {3, 4, 5, 2, 1, 9};
 #define SUMS 1, {D_SUMS} /* BatchNorm's f64 sums [2K + 1] */
 #define BNK 3, {D_B, D_N, D_K}
 #define BK 2, {D_B, D_K}
+#define HEADS 4, {D_N, D_B, D_K, D_M}  /* attention's q, k, v, o: [B=N, H=2, L=4, hd=5] */
+#define SCORES 4, {D_N, D_B, D_K, D_K}
+#define ROWS 3, {D_N, D_B, D_K}
 /* shapes given as rank + dims per operand (an op's order, as in fastgrad.h's fg_op) */
 typedef struct shape_t {
     int rank;
-    int d[3];
+    int d[4];
 } shape_t;
 
 typedef struct op_case {
     fg_op op;
     int n;
-    shape_t s[12];
+    shape_t s[FG_MAX_OPERANDS];
     unsigned absent;
 } op_case;
 
@@ -79,6 +83,10 @@ static const op_case cases[] = {
     {FG_OP_PATCH_BACKWARD, 2, {{3, {D_N, D_B, D_B}}, {NK}}, 0},
     {FG_OP_REGRESSION_LOSS, 4, {{NK}, {NK}, {1, {D_ONE}}, {NK}}, 0},
     {FG_OP_SERIES_WINDOWS, 3, {{NK}, {V_N}, {3, {D_N, D_B, D_K}}}, 0}, /* windows of 2 of a [3, 4] series */
+    {FG_OP_ATTENTION_FORWARD, 8, {{HEADS}, {HEADS}, {HEADS}, {V_N}, {SCORES}, {HEADS}, {ROWS}, {SCORES}}, 0},
+    {FG_OP_ATTENTION_BACKWARD, 13,
+     {{HEADS}, {SCORES}, {HEADS}, {HEADS}, {HEADS}, {V_N}, {SCORES}, {HEADS}, {ROWS}, {HEADS}, {HEADS}, {HEADS},
+      {SCORES}}, 0},
 };
 #define N_CASES ((int)(sizeof cases / sizeof cases[0]))
 
@@ -100,6 +108,7 @@ typedef struct problem {
     fg_revin_options revin;
     fg_patch_options patch;
     fg_regression_loss_options loss;
+    fg_attention_options attn;
 } problem;
 
 static void problem_init(problem *p, const op_case *c, int64_t n_rows) {
@@ -110,7 +119,8 @@ static void problem_init(problem *p, const op_case *c, int64_t n_rows) {
     for (int i = 0; i < c->n; i++) {
         fg_tensor *t = &p->ops[i];
         const bool target = (strcmp(p->info.operands[i].name, "target") == 0 && strcmp(p->info.family, "linear_logp") == 0) ||
-                            strcmp(p->info.operands[i].name, "starts") == 0; /* integer indices, 0: valid */
+                            strcmp(p->info.operands[i].name, "starts") == 0 || /* integer indices, 0: valid */
+                            strcmp(p->info.operands[i].name, "lengths") == 0;
         t->dtype = target ? FG_I32 : strcmp(p->info.operands[i].name, "sums") == 0 ? FG_F64 : FG_F32;
         t->rank = c->s[i].rank;
         int64_t n = 1;
@@ -142,6 +152,8 @@ static void problem_init(problem *p, const op_case *c, int64_t n_rows) {
         p->desc.options = &p->patch, p->desc.options_size = sizeof p->patch;
     } else if (p->info.options_type && strcmp(p->info.options_type, "fg_regression_loss_options") == 0) {
         p->desc.options = &p->loss, p->desc.options_size = sizeof p->loss;
+    } else if (p->info.options_type && strcmp(p->info.options_type, "fg_attention_options") == 0) {
+        p->desc.options = &p->attn, p->desc.options_size = sizeof p->attn;
     } else if (p->info.options_type) {
         p->desc.options = &p->logp, p->desc.options_size = sizeof p->logp;
     }
@@ -313,6 +325,7 @@ static bool c_option(problem *p, size_t *w) {
     p->drop.p = -1;
     p->patch.patch_len = -1;
     p->loss.kind = (fg_loss_kind)99;
+    p->attn.scale = NAN;
     return true;
 }
 static bool c_empty(problem *p, size_t *w) { (void)p, (void)w; return true; } /* built with N = 0 */
@@ -335,7 +348,8 @@ static const bad_class classes[] = {
     {"workspace", "fg_plan_run is given one byte less workspace than the plan asks", c_workspace},
     {"accumulate", "fg_plan_desc.accumulate is 2", c_accumulate},
     {"flags", "fg_plan_desc.flags has an unknown bit (0x100)", c_flags},
-    {"option", "the family's option is out of range (kind / act 99, temperature -1, eps -1, dropout p -1, patch_len -1)",
+    {"option", "the family's option is out of range (kind / act 99, temperature -1, eps -1, dropout p -1, patch_len -1, "
+     "attention scale NaN)",
      c_option},
     {"N = 0", "the leading (batch) dim N is 0: an empty problem (sums over it are written as zeros)", c_empty},
 };

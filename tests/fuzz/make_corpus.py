@@ -98,6 +98,9 @@ def option_seeds(seeds):
                     opts = logp_opts(flags, reduction=red, ignore=0 if flags & 4 else -1, tiles=2 if flags == 64 else 3)
                     d = dims if not (op == 17 and red == 2) else dims[:5] + [[N]] + dims[6:]
                     seeds[f"op{op:02d}_{dn}_logp{flags:03d}_r{red}"] = op_call(0 if flags & 1 else 2, op, dt, opts, d, typed=typed)
+            if op != 17:  # V = 17 in tiles of 8 columns: the online merge across V tiles (one pass: full rows)
+                wide = [[BIG if x == M else x for x in dd] if dd else dd for dd in dims]
+                seeds[f"op{op:02d}_{dn}_logp_vtiles"] = op_call(2, op, dt, logp_opts(64, tiles=3), wide, typed=typed)
         for act in range(7):  # each activation through two of the one-call variants in turn
             for saved in (0, 1):
                 v = act % 3  # forward: _ex, plain, slope

@@ -94,7 +94,7 @@ def read_log(path):
     return [last[e] for e in sorted(last)], final
 
 
-def plot_forecasts(plt, data, name, zoom, out):
+def plot_forecasts(plt, data, name, zoom, out, dpi):
     dates, windows, series = data
     if name is None:
         name = list(series)[-1]  # the last column: OT (the target) in ETT
@@ -132,12 +132,12 @@ def plot_forecasts(plt, data, name, zoom, out):
         ax.set_ylabel(name)
     fig.tight_layout()
     path = os.path.join(out, "forecast.png")
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=dpi)
     plt.close(fig)
     return path
 
 
-def plot_losses(plt, log, out):
+def plot_losses(plt, log, out, dpi):
     epochs, final = log
     e = [r["epoch"] for r in epochs]
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -165,7 +165,7 @@ def plot_losses(plt, log, out):
                      f"(best validation weights)", fontsize=9)
     fig.tight_layout()
     path = os.path.join(out, "loss.png")
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=dpi)
     plt.close(fig)
     return path
 
@@ -177,6 +177,7 @@ def main():
     ap.add_argument("--out", default=".", help="directory for the PNG files (default: .)")
     ap.add_argument("--series", help="series to draw (default: the last column, OT for ETT)")
     ap.add_argument("--windows", help="comma-separated test windows to zoom on (default: 3 from the middle)")
+    ap.add_argument("--dpi", type=int, default=120, help="resolution of the PNG files (default 120)")
     a = ap.parse_args()
     if not a.predict and not a.log:
         ap.error("give --predict, --log or both")
@@ -195,9 +196,9 @@ def main():
 
     os.makedirs(a.out, exist_ok=True)
     if a.predict:
-        print(plot_forecasts(plt, read_forecasts(a.predict), a.series, windows, a.out))
+        print(plot_forecasts(plt, read_forecasts(a.predict), a.series, windows, a.out, a.dpi))
     if a.log:
-        print(plot_losses(plt, read_log(a.log), a.out))
+        print(plot_losses(plt, read_log(a.log), a.out, a.dpi))
 
 
 if __name__ == "__main__":

@@ -208,16 +208,20 @@ static void *alloc_acc(model *m, int64_t n, int *bad) {
     return p;
 }
 
-/* The dropout options of site `site` at step `step` (p = 0 when evaluating). */
+/* The dropout options of site `site` at step `step` (p = 0 when evaluating). The attention block's
+ * two dropouts in a row (the output projection's, then the residual branch's) are one site: two
+ * independent masks keep an element with probability (1 − p)² and scale it by 1/(1 − p)², which
+ * is one dropout of p' = 1 − (1 − p)² — the same distribution, one pass instead of two. */
 static fg_dropout_options drop(const model *m, int site, int64_t step, bool train) {
     fg_dropout_options o;
-    o.p = train ? m->cfg.dropout : 0.0;
+    const double p = m->cfg.dropout;
+    o.p = !train ? 0.0 : (site - 1) % 4 == 1 ? 1.0 - (1.0 - p) * (1.0 - p) : p;
     o.seed = mix64(m->cfg.seed * 0x9E3779B97F4A7C15ull + (uint64_t)site + 1);
     o.offset = (uint64_t)step;
     return o;
 }
 
-enum { SITE_EMBED = 0, SITE_PROJ = 1, SITE_ATTN_RES = 2, SITE_FFN = 3, SITE_FFN_RES = 4 };
+enum { SITE_EMBED = 0, SITE_ATTN_RES = 2, SITE_FFN = 3, SITE_FFN_RES = 4 }; /* 1: merged into 2 (drop()) */
 static int site(int layer, int what) { return what == SITE_EMBED ? 0 : 1 + 4 * layer + (what - 1); }
 
 /* ------------------------------------------------------------------ construction */
@@ -484,13 +488,11 @@ static int forward_patchtst(model *m, int64_t B, int64_t step, bool train) {
         const fg_tensor sin = l > 0 ? t4(m->dt, m->layers[l - 1].scores, N, Hh, P, P) : t1(m->dt, NULL, 0);
         const fg_tensor sout = y->scores ? t4(m->dt, y->scores, N, Hh, P, P) : t1(m->dt, NULL, 0);
         CK(fg_attention_forward(ctx, &ao, &q, &k, &v, NULL, l > 0 ? &sin : NULL, &o, &lse, y->scores ? &sout : NULL));
-        /* the output projection and its dropout */
+        /* the output projection */
         const fg_tensor of = t2(m->dt, y->o, T, d), wo = t2(m->dt, P_(m, y->wo), d, d), bo = t1(m->dt, P_(m, y->bo), d);
         const fg_tensor a = t2(m->dt, y->a, T, d);
         CK(fg_linear_forward(ctx, &of, &wo, &bo, &a));
-        dop = drop(m, site(l, SITE_PROJ), step, train);
-        if (dop.p > 0) CK(fg_dropout_forward(ctx, &dop, &a, &a));
-        /* h1 = BatchNorm(h + dropout(a)) */
+        /* h1 = BatchNorm(h + dropout(dropout(a))): the projection's and the residual's dropouts as one */
         fg_batch_norm_options bo1;
         memset(&bo1, 0, sizeof bo1);
         bo1.eval = !train;
@@ -590,8 +592,6 @@ static int backward_patchtst(model *m, int64_t B, int64_t step) {
         const fg_tensor dw1n = t1(m->dt, G_(m, y->bn1_w), d), db1n = t1(m->dt, G_(m, y->bn1_b), d);
         const fg_tensor da = t2(m->dt, m->da, T, d);
         CK(fg_batch_norm_backward(ctx, &bo, &gmid, &s1, &w1n, &mean1, &rstd1, &gx, &da, &dw1n, &db1n, 0));
-        dop = drop(m, site(l, SITE_PROJ), step, true);
-        if (dop.p > 0) CK(fg_dropout_backward(ctx, &dop, &da, &da, 0));
         /* a = o·Woᵀ + bo */
         const fg_tensor of = t2(m->dt, y->o, T, d), wo = t2(m->dt, P_(m, y->wo), d, d), dof = t2(m->dt, m->dof, T, d);
         const fg_tensor dwo = t2(m->dt, G_(m, y->wo), d, d), dbo = t1(m->dt, G_(m, y->bo), d);

@@ -94,9 +94,11 @@ static void usage(FILE *f) {
             "  --layers N (3)       --d-ff N (128)            --patch-len N (16) --stride N (8)\n"
             "  --dropout P (0.3)\n"
             "training\n"
-            "  --epochs N (100)     --batch N (128)           --lr X (1e-4, held 3 epochs then x0.9)\n"
+            "  --epochs N (100)     --batch N (128)           --lr X (1e-4 for epochs 1-4, then x0.9 each)\n"
             "  --patience N (100)   --seed N (2021)\n"
-            "  --device cpu|cuda|auto (auto: cuda when present)   --dtype f32   --threads N (CPU)\n"
+            "  --device cpu|cuda|auto (auto: cuda when present)   --threads N (CPU)\n"
+            "  --dtype f32|bf16     bf16: bf16 weights and activations, f32 master weights, statistics\n"
+            "                       and sums (f32)\n"
             "output\n"
             "  --checkpoint FILE    (default <data>_<model>_h<horizon>.ckpt) written after every epoch\n"
             "  --save-every N       also every N steps        --resume   continue the checkpoint\n"
@@ -206,9 +208,7 @@ static void parse_args(int argc, char **argv, options *o) {
             else die(EXIT_BAD_INPUT, "--device: '%s' is not cpu, cuda or auto", v);
         } else if (!strcmp(a, "--dtype")) {
             if (!strcasecmp(v, "f32")) c->dtype = FG_F32;
-            else if (!strcasecmp(v, "bf16"))
-                die(EXIT_BAD_INPUT, "--dtype bf16: this fastgrad-train trains in f32 only (bf16 storage with f32 "
-                                    "master weights is not built yet)");
+            else if (!strcasecmp(v, "bf16")) c->dtype = FG_BF16;
             else die(EXIT_BAD_INPUT, "--dtype: '%s' is not f32 or bf16", v);
         } else if (!strcmp(a, "--log")) o->log = v;
         else if (!strcmp(a, "--predict")) o->predict = v;
@@ -254,11 +254,11 @@ typedef struct run {
     int64_t best_epoch, bad_epochs;
     float *best;         /* host [np + nb]: the best weights and running statistics */
     /* the data on the device, window starts (absolute rows), batches, the steps' losses */
-    float *dz;           /* [rows, C] standardized */
+    void *dz;            /* [rows, C] standardized, in the model's dtype */
     int64_t *order;      /* host: this epoch's train starts */
     int64_t *dstarts[3]; /* device: train (the epoch's order), validation, test starts */
     int64_t *dscratch;   /* device: Bmax starts of an arbitrary batch */
-    float *dx, *dy;      /* device: [B, L, C], [B, H, C] */
+    void *dx, *dy;       /* device: [B, L, C], [B, H, C] */
     float *dlosses;      /* device: each step's loss in the epoch */
     int64_t summed;      /* steps of the epoch whose losses are in train_sum */
 } run;
@@ -300,9 +300,7 @@ static void put_config(ckpt *c, const run *r) {
 static void internal_error(const char *what, const char *err) { die(1, "%s: %s", what, err); }
 
 static void download_state(run *r, float *p, float *b) {
-    if (device_download(&r->dv, p, model_params(r->m), sizeof(float) * (size_t)r->np) ||
-        device_download(&r->dv, b, model_buffers(r->m), sizeof(float) * (size_t)r->nb))
-        internal_error("reading the weights back", "device copy failed");
+    if (model_get_state(r->m, p, b)) internal_error("reading the weights back", "device copy failed");
 }
 
 /* Writes the checkpoint (temp file + rename). Returns 0, or -1 after printing why. */
@@ -365,10 +363,8 @@ static void resume_checkpoint(run *r) {
         die(EXIT_BAD_INPUT, "%s: checkpoint has a negative epoch, batch or step", r->o->checkpoint);
     memcpy(&r->epoch_start, g, sizeof(rng));
     memcpy(r->best, best, sizeof(float) * (size_t)(r->np + r->nb));
-    if (device_upload(&r->dv, model_params(r->m), p, sizeof(float) * (size_t)r->np) ||
-        device_upload(&r->dv, model_adam_m(r->m), mo, sizeof(float) * (size_t)r->np) ||
-        device_upload(&r->dv, model_adam_v(r->m), vo, sizeof(float) * (size_t)r->np) ||
-        device_upload(&r->dv, model_buffers(r->m), b, sizeof(float) * (size_t)r->nb))
+    if (model_set_state(r->m, p, b) || device_upload(&r->dv, model_adam_m(r->m), mo, sizeof(float) * (size_t)r->np) ||
+        device_upload(&r->dv, model_adam_v(r->m), vo, sizeof(float) * (size_t)r->np))
         internal_error("restoring the checkpoint", "device copy failed");
     ckpt_free(saved);
 }
@@ -380,12 +376,20 @@ static void resume_checkpoint(run *r) {
 static void gather(run *r, const int64_t *starts, int64_t B) {
     const int64_t T = r->ds.rows, C = r->ds.C, L = r->ds.L, H = r->ds.H;
     const int64_t ss[1] = {B}, zs[2] = {T, C}, ys[2] = {T - L, C}, xw[3] = {B, L, C}, yw[3] = {B, H, C};
-    const fg_tensor st = fg_tensor_make((void *)starts, FG_I64, 1, ss), z = fg_tensor_make(r->dz, FG_F32, 2, zs);
-    const fg_tensor zl = fg_tensor_make(r->dz + L * C, FG_F32, 2, ys);
-    const fg_tensor x = fg_tensor_make(r->dx, FG_F32, 3, xw), y = fg_tensor_make(r->dy, FG_F32, 3, yw);
+    const fg_dtype t = model_dtype(r->m);
+    const fg_tensor st = fg_tensor_make((void *)starts, FG_I64, 1, ss), z = fg_tensor_make(r->dz, t, 2, zs);
+    const fg_tensor zl = fg_tensor_make((char *)r->dz + L * C * (int64_t)fg_dtype_size(t), t, 2, ys);
+    const fg_tensor x = fg_tensor_make(r->dx, t, 3, xw), y = fg_tensor_make(r->dy, t, 3, yw);
     fg_status s = fg_series_windows(r->dv.ctx, &z, &st, &x);
     if (s == FG_OK) s = fg_series_windows(r->dv.ctx, &zl, &st, &y);
     if (s != FG_OK) die(1, "gathering a batch: %s: %s", fg_status_string(s), fg_last_error());
+}
+
+/* What the device found since the last check (a bad value a kernel flagged, an asynchronous CUDA
+ * error): the one wait on the device per epoch besides the losses' read. */
+static void check_device(run *r, const char *what) {
+    const fg_status s = fg_context_check(r->dv.ctx);
+    if (s != FG_OK) die(1, "after %s: %s: %s", what, fg_status_string(s), fg_last_error());
 }
 
 /* Adds the losses of steps [r->summed, upto) of the epoch to train_sum, in step order (the same
@@ -491,7 +495,7 @@ static void write_predictions(run *r, const char *path) {
         gather(r, r->dscratch, B);
         double s1, s2;
         if (model_eval(r->m, r->dx, r->dy, B, &s1, &s2, err, sizeof err)) internal_error("forecast", err);
-        if (device_download(&r->dv, pred, model_prediction(r->m), sizeof(float) * (size_t)(B * H * C)))
+        if (model_get_prediction(r->m, pred, B * H * C))
             internal_error("forecast", "device copy failed");
         for (int64_t b = 0; b < B; b++)
             for (int64_t t = 0; t < H; t++) {
@@ -569,17 +573,23 @@ int main(int argc, char **argv) {
     /* the standardized series and every window's start live on the device; a step gathers its batch */
     const int64_t ntrain = r.ds.windows[SPLIT_TRAIN];
     r.order = malloc(sizeof(int64_t) * (size_t)(ntrain + r.ds.windows[SPLIT_VAL] + r.ds.windows[SPLIT_TEST]));
-    r.dz = device_alloc(&r.dv, sizeof(float) * (size_t)(r.ds.rows * r.ds.C));
+    const size_t es = fg_dtype_size(model_dtype(r.m)); /* the batches are in the model's dtype */
+    r.dz = device_alloc(&r.dv, es * (size_t)(r.ds.rows * r.ds.C));
     for (int sp = 0; sp < 3; sp++) r.dstarts[sp] = device_alloc(&r.dv, sizeof(int64_t) * (size_t)r.ds.windows[sp]);
     r.dscratch = device_alloc(&r.dv, sizeof(int64_t) * (size_t)Bmax);
-    r.dx = device_alloc(&r.dv, sizeof(float) * (size_t)(Bmax * cfg->lookback * r.ds.C));
-    r.dy = device_alloc(&r.dv, sizeof(float) * (size_t)(Bmax * cfg->horizon * r.ds.C));
+    r.dx = device_alloc(&r.dv, es * (size_t)(Bmax * cfg->lookback * r.ds.C));
+    r.dy = device_alloc(&r.dv, es * (size_t)(Bmax * cfg->horizon * r.ds.C));
     r.dlosses = device_alloc(&r.dv, sizeof(float) * (size_t)steps_per_epoch);
     if (!r.order || !r.dz || !r.dstarts[0] || !r.dstarts[1] || !r.dstarts[2] || !r.dscratch || !r.dx || !r.dy ||
         !r.dlosses)
         die(1, "out of memory for the data and the batches");
-    if (device_upload(&r.dv, r.dz, r.ds.z, sizeof(float) * (size_t)(r.ds.rows * r.ds.C)))
-        internal_error("uploading the data", "device copy failed");
+    {
+        void *zt = malloc(es * (size_t)(r.ds.rows * r.ds.C));
+        if (!zt || fg_convert(r.ds.z, FG_F32, zt, model_dtype(r.m), r.ds.rows * r.ds.C) != FG_OK ||
+            device_upload(&r.dv, r.dz, zt, es * (size_t)(r.ds.rows * r.ds.C)))
+            internal_error("uploading the data", "device copy failed");
+        free(zt);
+    }
     for (int sp = 1; sp < 3; sp++) { /* validation and test: every window in order */
         for (int64_t w = 0; w < r.ds.windows[sp]; w++) r.order[w] = r.ds.border[sp][0] + w;
         if (device_upload(&r.dv, r.dstarts[sp], r.order, sizeof(int64_t) * (size_t)r.ds.windows[sp]))
@@ -678,6 +688,7 @@ int main(int argc, char **argv) {
         flush_losses(&r, steps_per_epoch);
         const double train_loss = r.train_sum / (double)steps_per_epoch;
         const metrics val = evaluate(&r, SPLIT_VAL);
+        check_device(&r, "the epoch");
         const int improved = !(val.mse > r.best_val); /* the reference's EarlyStopping: ties count */
         if (improved) {
             r.best_val = val.mse;
@@ -719,15 +730,14 @@ int main(int argc, char **argv) {
         }
     }
     /* the test, with the best weights */
-    if (device_upload(&r.dv, model_params(r.m), r.best, sizeof(float) * (size_t)r.np) ||
-        device_upload(&r.dv, model_buffers(r.m), r.best + r.np, sizeof(float) * (size_t)r.nb))
-        internal_error("loading the best weights", "device copy failed");
+    if (model_set_state(r.m, r.best, r.best + r.np)) internal_error("loading the best weights", "device copy failed");
     if (o.profile) {
         model_profile_print(stdout);
         model_profile(0);
     }
     const double tt0 = now_s();
     const metrics test = evaluate(&r, SPLIT_TEST);
+    check_device(&r, "the test");
     const double test_s = now_s() - tt0;
     const uint64_t digest = fnv_bytes(0xCBF29CE484222325ull, r.best, sizeof(float) * (size_t)(r.np + r.nb));
     if (o.predict) write_predictions(&r, o.predict);

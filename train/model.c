@@ -60,14 +60,16 @@ struct model {
     named_param named[MAX_NAMED];
     int n_named;
     int C, P, H, L, d, hd;
-    fg_dtype dt, acc;      /* the compute dtype (f32; f64 for --gradcheck on the CPU), its statistics' */
-    size_t es, aes;        /* their element sizes */
+    fg_dtype dt, acc, bdt; /* the compute dtype (f32, bf16; f64 for --gradcheck on the CPU), the
+                              statistics' (f32; f64 for f64), the running statistics' (f32 for bf16) */
+    size_t es, aes, bes;   /* their element sizes */
     int64_t Bmax;
     device *dv;
     fg_context *ctx;
     /* arenas */
     int64_t n_params, n_buffers;
     void *p, *grad, *adam_m, *adam_v, *buf;
+    float *master;         /* f32 weights when the compute dtype is bf16 (Adam updates them, rounds p) */
     /* parameter offsets */
     int64_t rev_w, rev_b, wp, bp, wpos, wh, bh, wlin, blin;
     layer *layers;
@@ -196,6 +198,12 @@ static int transpose(model *m, const void *src, void *dst, int64_t a, int64_t b,
     return 0;
 }
 
+/* bf16 / f16 compute: the weights Adam updates are an f32 master copy. */
+static bool low_precision(const model *m) { return m->dt == FG_BF16 || m->dt == FG_F16; }
+
+/* Element off of the running statistics. */
+static void *stat_at(const model *m, int64_t off) { return (char *)m->buf + off * (int64_t)m->bes; }
+
 /* n elements of the compute dtype, or (alloc_acc) of the statistics' dtype. */
 static void *alloc(model *m, int64_t n, int *bad) {
     void *p = device_alloc(m->dv, (size_t)n * m->es);
@@ -270,8 +278,10 @@ int model_create(model **out, const config *cfg, int C, device *dv, uint64_t see
     m->Bmax = cfg->batch;
     m->dt = cfg->dtype;
     m->acc = cfg->dtype == FG_F64 ? FG_F64 : FG_F32;
+    m->bdt = cfg->dtype == FG_F64 ? FG_F64 : FG_F32;
     m->es = fg_dtype_size(m->dt);
     m->aes = fg_dtype_size(m->acc);
+    m->bes = fg_dtype_size(m->bdt);
     const bool pt = cfg->model == MODEL_PATCHTST;
     if (pt && (cfg->d_model % cfg->heads) != 0) {
         snprintf(err, errlen, "--d-model %d is not a multiple of --heads %d", cfg->d_model, cfg->heads);
@@ -344,13 +354,17 @@ int model_create(model **out, const config *cfg, int C, device *dv, uint64_t see
         init_uniform(hp + m->blin, H, 1.0 / sqrt((double)L), &r);
     }
     int bad = 0;
-    m->p = alloc(m, n, &bad), m->grad = alloc(m, n, &bad), m->adam_m = alloc(m, n, &bad), m->adam_v = alloc(m, n, &bad);
-    m->buf = alloc(m, nb + 1, &bad);
+    m->p = alloc(m, n, &bad), m->grad = alloc(m, n, &bad);
+    m->adam_m = device_alloc(dv, sizeof(float) * (size_t)(n + 1)), m->adam_v = device_alloc(dv, sizeof(float) * (size_t)(n + 1));
+    bad |= !m->adam_m || !m->adam_v;
+    m->buf = alloc_acc(m, nb + 1, &bad); /* the statistics' dtype */
+    if (low_precision(m)) m->master = device_alloc(dv, sizeof(float) * (size_t)(n + 1)), bad |= !m->master;
     if (!bad) { /* the f32 draws in the compute dtype */
         void *tp = malloc((size_t)(n + nb + 1) * m->es);
         bad |= !tp || fg_convert(hp, FG_F32, tp, m->dt, n) != FG_OK || device_upload(dv, m->p, tp, (size_t)n * m->es);
-        bad |= !tp || fg_convert(hb, FG_F32, tp, m->dt, nb + 1) != FG_OK ||
-               device_upload(dv, m->buf, tp, (size_t)(nb + 1) * m->es);
+        bad |= !tp || fg_convert(hb, FG_F32, tp, m->bdt, nb + 1) != FG_OK ||
+               device_upload(dv, m->buf, tp, (size_t)(nb + 1) * m->bes);
+        if (m->master) bad |= device_upload(dv, m->master, hp, sizeof(float) * (size_t)n) != 0;
         free(tp);
     }
     free(hp), free(hb);
@@ -394,6 +408,7 @@ int model_create(model **out, const config *cfg, int C, device *dv, uint64_t see
 void model_destroy(model *m) {
     if (!m) return;
     device *dv = m->dv;
+    device_free(dv, m->master);
     void **all[] = {&m->p, &m->grad, &m->adam_m, &m->adam_v, &m->buf, &m->mean, &m->stdev, &m->xn, &m->patches,
                      &m->u, &m->h0, &m->xt, &m->yo, &m->yt, &m->pred, &m->loss, &m->dpred, &m->dyt, &m->dyo,
                      &m->gx, &m->gmid, &m->dqkv, &m->dof, &m->da, &m->df, &m->dsa, &m->dsb, &m->dpatch, &m->dxn,
@@ -411,11 +426,44 @@ void model_destroy(model *m) {
 
 int64_t model_n_params(const model *m) { return m->n_params; }
 int64_t model_n_buffers(const model *m) { return m->n_buffers; }
-void *model_params(model *m) { return m->p; }
-void *model_buffers(model *m) { return m->buf; }
 void *model_adam_m(model *m) { return m->adam_m; }
 void *model_adam_v(model *m) { return m->adam_v; }
-const void *model_prediction(const model *m) { return m->last_pred; }
+fg_dtype model_dtype(const model *m) { return m->dt; }
+
+/* n values of dtype t on the device → f32 on the host (through a staging copy unless f32). */
+static int download_f32(const model *m, float *dst, const void *src, fg_dtype t, int64_t n) {
+    if (t == FG_F32) return device_download(m->dv, dst, src, sizeof(float) * (size_t)n);
+    void *tmp = malloc(fg_dtype_size(t) * (size_t)(n + 1));
+    int rc = !tmp || device_download(m->dv, tmp, src, fg_dtype_size(t) * (size_t)n) ||
+             fg_convert(tmp, t, dst, FG_F32, n) != FG_OK;
+    free(tmp);
+    return rc ? -1 : 0;
+}
+
+static int upload_f32(const model *m, void *dst, fg_dtype t, const float *src, int64_t n) {
+    if (t == FG_F32) return device_upload(m->dv, dst, src, sizeof(float) * (size_t)n);
+    void *tmp = malloc(fg_dtype_size(t) * (size_t)(n + 1));
+    int rc = !tmp || fg_convert(src, FG_F32, tmp, t, n) != FG_OK || device_upload(m->dv, dst, tmp, fg_dtype_size(t) * (size_t)n);
+    free(tmp);
+    return rc ? -1 : 0;
+}
+
+int model_get_state(const model *m, float *params, float *buffers) {
+    if (m->master ? device_download(m->dv, params, m->master, sizeof(float) * (size_t)m->n_params)
+                  : download_f32(m, params, m->p, m->dt, m->n_params))
+        return -1;
+    return download_f32(m, buffers, m->buf, m->bdt, m->n_buffers);
+}
+
+int model_set_state(model *m, const float *params, const float *buffers) {
+    if (upload_f32(m, m->p, m->dt, params, m->n_params)) return -1;
+    if (m->master && device_upload(m->dv, m->master, params, sizeof(float) * (size_t)m->n_params)) return -1;
+    return upload_f32(m, m->buf, m->bdt, buffers, m->n_buffers);
+}
+
+int model_get_prediction(const model *m, float *out, int64_t n) {
+    return m->last_pred ? download_f32(m, out, m->last_pred, m->dt, n) : -1;
+}
 
 void model_describe(const model *m, char *buf, size_t len) {
     const config *c = &m->cfg;
@@ -500,7 +548,7 @@ static int forward_patchtst(model *m, int64_t B, int64_t step, bool train) {
         bo1.momentum = BN_MOMENTUM;
         bo1.dropout = drop(m, site(l, SITE_ATTN_RES), step, train);
         const fg_tensor w1n = t1(m->dt, P_(m, y->bn1_w), d), b1n = t1(m->dt, P_(m, y->bn1_b), d);
-        const fg_tensor rm1 = t1(m->dt, at(m, m->buf, y->rm1), d), rv1 = t1(m->dt, at(m, m->buf, y->rv1), d);
+        const fg_tensor rm1 = t1(m->bdt, stat_at(m, y->rm1), d), rv1 = t1(m->bdt, stat_at(m, y->rv1), d);
         const fg_tensor s1 = t2(m->dt, y->s1, T, d), h1 = t2(m->dt, y->h1, T, d), mean1 = t1(m->acc, y->mean1, d), rstd1 = t1(m->acc, y->rstd1, d);
         CK(fg_batch_norm_forward(ctx, &bo1, &hx, &a, &w1n, &b1n, &rm1, &rv1, &h1, &s1, &mean1, &rstd1));
         /* the FFN: GELU (erf) with pre kept, dropout, the second Linear */
@@ -516,7 +564,7 @@ static int forward_patchtst(model *m, int64_t B, int64_t step, bool train) {
         fg_batch_norm_options bo2 = bo1;
         bo2.dropout = drop(m, site(l, SITE_FFN_RES), step, train);
         const fg_tensor w2n = t1(m->dt, P_(m, y->bn2_w), d), b2n = t1(m->dt, P_(m, y->bn2_b), d);
-        const fg_tensor rm2 = t1(m->dt, at(m, m->buf, y->rm2), d), rv2 = t1(m->dt, at(m, m->buf, y->rv2), d);
+        const fg_tensor rm2 = t1(m->bdt, stat_at(m, y->rm2), d), rv2 = t1(m->bdt, stat_at(m, y->rv2), d);
         const fg_tensor s2 = t2(m->dt, y->s2, T, d), h2 = t2(m->dt, y->h2, T, d), mean2 = t1(m->acc, y->mean2, d), rstd2 = t1(m->acc, y->rstd2, d);
         CK(fg_batch_norm_forward(ctx, &bo2, &h1, &g, &w2n, &b2n, &rm2, &rv2, &h2, &s2, &mean2, &rstd2));
         h = y->h2;
@@ -697,7 +745,7 @@ static int loss_and_grad(model *m, const void *x, const void *y, int64_t B, int6
     return loss ? read_acc(m, loss_slot ? loss_slot : m->loss, 1, loss) : 0;
 }
 
-int model_train_step(model *m, const float *x, const float *y, int64_t B, double lr, int64_t step, float *loss,
+int model_train_step(model *m, const void *x, const void *y, int64_t B, double lr, int64_t step, float *loss,
                      char *err, size_t errlen) {
     if (loss_and_grad(m, x, y, B, step, loss, NULL)) {
         snprintf(err, errlen, "%s", m->err);
@@ -707,8 +755,9 @@ int model_train_step(model *m, const float *x, const float *y, int64_t B, double
     memset(&hp, 0, sizeof hp);
     hp.lr = lr, hp.beta1 = 0.9, hp.beta2 = 0.999, hp.eps = 1e-8, hp.weight_decay = 0.0, hp.step = step;
     const fg_tensor tp = t1(m->dt, m->p, m->n_params), tg = t1(m->dt, m->grad, m->n_params);
-    const fg_tensor tm = t1(m->dt, m->adam_m, m->n_params), tv_ = t1(m->dt, m->adam_v, m->n_params);
-    fg_status s = fg_adamw_step(m->ctx, &hp, 1, &tp, &tg, &tm, &tv_, NULL);
+    const fg_tensor tm = t1(FG_F32, m->adam_m, m->n_params), tv_ = t1(FG_F32, m->adam_v, m->n_params);
+    const fg_tensor tw = t1(FG_F32, m->master, m->n_params);
+    fg_status s = fg_adamw_step(m->ctx, &hp, 1, &tp, &tg, &tm, &tv_, m->master ? &tw : NULL);
     if (s != FG_OK) {
         snprintf(err, errlen, "%s: %s", fg_status_string(s), fg_last_error());
         return -1;
@@ -725,34 +774,26 @@ static int loss_only(model *m, const void *x, const void *y, int64_t B, int64_t 
     return read_acc(m, m->loss, 1, loss);
 }
 
-int model_gradcheck(model *m, const float *x32, const float *y32, int64_t B, int probes, FILE *report,
-                    double *worst, char *err, size_t errlen) {
-    const int64_t n = m->n_params, nb = m->n_buffers, nx = B * m->L * m->C, ny = B * m->H * m->C;
+int model_gradcheck(model *m, const void *x, const void *y, int64_t B, int probes, FILE *report, double *worst,
+                    char *err, size_t errlen) {
+    const int64_t n = m->n_params, nb = m->n_buffers;
     const bool f64 = m->dt == FG_F64;
     double *p = malloc(sizeof(double) * (size_t)(2 * n + 1)), *g = p ? p + n : NULL, loss = 0;
-    void *raw = malloc(m->es * (size_t)(n + nb + nx + ny + 1)); /* weights, then the buffers, x, y */
-    void *buf = raw ? at(m, raw, n) : NULL, *x = raw ? at(m, raw, n + nb) : NULL, *y = raw ? at(m, raw, n + nb + nx) : NULL;
+    void *raw = malloc(m->es * (size_t)(n + 1)), *buf = malloc(m->bes * (size_t)(nb + 1));
     int rc = -1;
     *worst = 0;
     m->err[0] = 0;
-    if (!p || !raw) {
+    if (!p || !raw || !buf) {
         fail(m, "out of memory");
         goto out;
     }
-    if (m->dv->backend != FG_BACKEND_CPU && m->dt != FG_F32) {
-        fail(m, "gradcheck in %s runs on the CPU only", fg_dtype_name(m->dt));
-        goto out;
-    }
-    /* the batch in the compute dtype (on the CPU the device's memory is the host's) */
-    if (m->dt == FG_F32) {
-        x = (void *)x32, y = (void *)y32;
-    } else if (fg_convert(x32, FG_F32, x, m->dt, nx) != FG_OK || fg_convert(y32, FG_F32, y, m->dt, ny) != FG_OK) {
-        fail(m, "cannot convert the batch");
+    if (m->dt != FG_F64 && m->dt != FG_F32) {
+        fail(m, "gradcheck runs in f64 (CPU) or f32, not %s", fg_dtype_name(m->dt));
         goto out;
     }
     /* the running statistics move in every training forward: kept here, restored after */
     const int64_t step = 1;
-    if (device_download(m->dv, buf, m->buf, m->es * (size_t)nb) || loss_and_grad(m, x, y, B, step, NULL, &loss) ||
+    if (device_download(m->dv, buf, m->buf, m->bes * (size_t)nb) || loss_and_grad(m, x, y, B, step, NULL, &loss) ||
         device_download(m->dv, raw, m->grad, m->es * (size_t)n) || fg_convert(raw, m->dt, g, FG_F64, n) != FG_OK ||
         device_download(m->dv, raw, m->p, m->es * (size_t)n) || fg_convert(raw, m->dt, p, FG_F64, n) != FG_OK) {
         if (!m->err[0]) fail(m, "cannot read the gradients");
@@ -797,12 +838,13 @@ int model_gradcheck(model *m, const float *x32, const float *y32, int64_t B, int
                 tensor_worst, fabs(g[q->off + big]));
         if (!(tensor_worst <= *worst)) *worst = tensor_worst;
     }
-    if (device_upload(m->dv, m->buf, buf, m->es * (size_t)nb) && !m->err[0]) fail(m, "cannot restore the buffers");
+    if (device_upload(m->dv, m->buf, buf, m->bes * (size_t)nb) && !m->err[0]) fail(m, "cannot restore the buffers");
     rc = m->err[0] ? -1 : 0;
 out:
     if (rc) snprintf(err, errlen, "%s", m->err);
     free(p);
     free(raw);
+    free(buf);
     return rc;
 }
 

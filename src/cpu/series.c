@@ -30,20 +30,27 @@ static inline int64_t row_offset(const fg_series_call *c, int64_t r) {
     return off;
 }
 
-static void patch_rows(const fg_series_call *c, int64_t r0, int64_t r1) {
+/* Patches of rows [r0, r1): a copy of the bits, element size ES (a constant at each call). */
+FG_INLINE void patch_typed(const fg_series_call *c, size_t ES, int64_t r0, int64_t r1) {
     const int64_t L = c->L, P = c->P, S = c->S, st = c->stride, ts = c->t_stride;
-    const fg_dtype t = c->dtype;
+    const char *src = c->src;
+    char *dst = c->dst;
     for (int64_t r = r0; r < r1; r++) {
         const int64_t base = row_offset(c, r), out = r * P * S;
         for (int64_t p = 0; p < P; p++)
             for (int64_t j = 0; j < S; j++) {
                 int64_t q = p * st + j;
                 if (q > L - 1) q = L - 1;
-                const int64_t src = base + q * ts, dst = out + p * S + j;
-                if (t == FG_F64) ((double *)c->dst)[dst] = ((const double *)c->src)[src];
-                else if (t == FG_F32) ((float *)c->dst)[dst] = ((const float *)c->src)[src];
-                else ((uint16_t *)c->dst)[dst] = ((const uint16_t *)c->src)[src]; /* f16 / bf16: the bits */
+                memcpy(dst + (size_t)(out + p * S + j) * ES, src + (size_t)(base + q * ts) * ES, ES);
             }
+    }
+}
+
+static void patch_rows(const fg_series_call *c, int64_t r0, int64_t r1) {
+    switch (fg_dtype_size(c->dtype)) {
+    case 8: patch_typed(c, 8, r0, r1); break;
+    case 2: patch_typed(c, 2, r0, r1); break;
+    default: patch_typed(c, 4, r0, r1); break;
     }
 }
 

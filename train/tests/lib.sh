@@ -30,7 +30,7 @@ make_csv() {
 }
 
 # The short run every test trains: the linear model on 900 rows, look-back 48, horizon 12.
-SHORT=(--split 0.7,0.1,0.2 --lookback 48 --horizon 12 --model linear --batch 16 --threads 2 --seed 7 --quiet)
+SHORT=(--split 0.7,0.1,0.2 --lookback 48 --horizon 12 --model linear --batch 16 --threads 2 --seed 7 --quiet --device cpu)
 
 # expect_refusal NAME WANT_TEXT -- ARGS...: exit status 2, one line on stderr containing
 # WANT_TEXT, nothing on stdout's last line claiming a result

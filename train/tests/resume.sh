@@ -5,8 +5,9 @@
 # interruptions are real signals raised by the program itself at a chosen step
 # (FGT_TEST_RAISE=SIGNAL@STEP, the test hook): SIGINT (the handler saves mid-epoch and exits
 # 130), SIGKILL (nothing saved: the run resumes from the last periodic checkpoint), three in a
-# row, and at the first step. The --log of the interrupted-and-resumed runs holds the same
-# per-epoch metrics as the uninterrupted run's (times aside), each epoch once.
+# row, and at the first step; then a small PatchTST in bf16. The --log of the interrupted-and-
+# resumed runs holds the same per-epoch metrics as the uninterrupted run's (times aside), each
+# epoch once.
 source "$(dirname "$0")/lib.sh"
 
 make_csv "$WORK/data.csv" 900
@@ -63,4 +64,15 @@ interrupted sigint-mid-epoch "$WORK/a.ckpt" INT@50
 interrupted sigkill "$WORK/b.ckpt" KILL@50
 interrupted twice "$WORK/c.ckpt" INT@20 KILL@66 INT@100
 interrupted first-step "$WORK/d.ckpt" INT@1
+
+# the same for a small PatchTST in bf16 (f32 master weights): dropout masks, BatchNorm's running
+# statistics, the attention scores between layers and the master copy all resume exactly
+RUN=(--data "$WORK/data.csv" "${SHORT[@]}" --model patchtst --d-model 8 --heads 2 --layers 2 --d-ff 16 --patch-len 8
+     --stride 4 --dtype bf16 --epochs 3 --save-every 7)
+"$BIN" "${RUN[@]}" --checkpoint "$WORK/ref.ckpt" --log "$WORK/ref.jsonl" >"$WORK/ref.out" 2>"$WORK/ref.err" ||
+  fail "the uninterrupted PatchTST bf16 run failed: $(head -c 300 "$WORK/ref.err")"
+REF=$(final_line "$WORK/ref.out")
+[ -n "$REF" ] || fail "the uninterrupted PatchTST bf16 run printed no final line"
+echo "reference (PatchTST, bf16): $REF"
+interrupted patchtst-bf16 "$WORK/e.ckpt" INT@40 KILL@60
 finish

@@ -294,6 +294,23 @@ class AdamWHparams(ctypes.Structure):
     ]
 
 
+class PatchOptions(_Options):
+    _fields_ = [
+        ("patch_len", ctypes.c_int64),
+        ("stride", ctypes.c_int64),
+        ("pad_end", ctypes.c_int64),
+    ]
+
+
+class RegressionLossOptions(_Options):
+    _fields_ = [
+        ("kind", _enum_t),
+        ("reduction", _enum_t),
+        ("delta", ctypes.c_double),
+        ("grad_scale", ctypes.c_double),
+    ]
+
+
 class DropoutOptions(_Options):
     _fields_ = [
         ("p", ctypes.c_double),
@@ -337,33 +354,6 @@ class AttentionOptions(_Options):
     ]
 
 
-class AttentionOptions(_Options):
-    _fields_ = [
-        ("scale", ctypes.c_double),
-        ("causal", ctypes.c_int32),
-        ("dropout_p", ctypes.c_double),
-        ("seed", ctypes.c_uint64),
-        ("offset", ctypes.c_uint64),
-    ]
-
-
-class PatchOptions(_Options):
-    _fields_ = [
-        ("patch_len", ctypes.c_int64),
-        ("stride", ctypes.c_int64),
-        ("pad_end", ctypes.c_int64),
-    ]
-
-
-class RegressionLossOptions(_Options):
-    _fields_ = [
-        ("kind", _enum_t),
-        ("reduction", _enum_t),
-        ("delta", ctypes.c_double),
-        ("grad_scale", ctypes.c_double),
-    ]
-
-
 def struct_key(s):
     """A ctypes struct's field values as a tuple (arrays as tuples), led by its type."""
     def value(v):
@@ -392,16 +382,16 @@ STRUCTS = {
     "fg_norm_options": NormOptions,
     "fg_batch_norm_options": BatchNormOptions,
     "fg_revin_options": RevinOptions,
-    "fg_attention_options": AttentionOptions,
     "fg_patch_options": PatchOptions,
     "fg_regression_loss_options": RegressionLossOptions,
+    "fg_attention_options": AttentionOptions,
 }
 # The options struct an op's fg_op_info.options_type names.
 OPTIONS = {"fg_dropout_options": DropoutOptions, "fg_norm_options": NormOptions,
            "fg_batch_norm_options": BatchNormOptions, "fg_revin_options": RevinOptions,
            "fg_elementwise_options": ElementwiseOptions, "fg_linear_act_options": LinearActOptions,
-           "fg_logp_options": LogpOptions, "fg_attention_options": AttentionOptions, "fg_patch_options": PatchOptions,
-           "fg_regression_loss_options": RegressionLossOptions}
+           "fg_logp_options": LogpOptions, "fg_patch_options": PatchOptions,
+           "fg_regression_loss_options": RegressionLossOptions, "fg_attention_options": AttentionOptions}
 
 
 def layout_mismatches():

@@ -18,7 +18,7 @@ OUT=${OUT:-/tmp/fastgrad-gpu-check}
 LOG="$OUT/logs"   # packed into $OUT/logs.tar.gz at the end (the device returns few files)
 mkdir -p "$LOG"
 summary=()
-note() { summary+=("$1"); }
+note() { summary+=("$1"); echo "... $1"; }   # echoed too: a run cut off at its limit still shows how far it got
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader > "$LOG/gpu.txt" 2>&1
 note "gpu: $(head -1 "$LOG/gpu.txt")"

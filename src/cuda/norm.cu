@@ -1054,10 +1054,11 @@ static col_geom col_geometry(const fg_context *ctx, int64_t rows, int64_t cols, 
 static size_t up256(size_t b) { return (b + 255) & ~(size_t)255; }
 
 /* Elements a thread and operand (NV = elements / VEC vectors) and at most 512 threads a row: rows up
- * to 16384 elements stay in registers. The forward holds 32 (about 100 registers); the backward
- * holds x̂ and g, 16 each up to 8192-element rows (about 120 registers), 32 past that (a few
- * hundred bytes of spills to L1, against a second read of the rows from memory on the loop path). */
-constexpr int ROW_ELEMS = 32, ROW_ELEMS_BWD = 16, ROW_MAXG = 512;
+ * to 16384 elements stay in registers. 16 a thread up to 8192-element rows, 32 past that: the
+ * backward holds x̂ and g (about 120 registers at 16; at 32 a few hundred bytes of spills to L1,
+ * against a second read of the rows from memory on the loop path). The forward splits its rows
+ * the same way, so a backward that recomputes mean / rstd gets the forward's bits. */
+constexpr int ROW_ELEMS = 32, ROW_ELEMS_SHORT = 16, ROW_MAXG = 512;
 
 static rows_path plan_rows(const fg_context *ctx, const fg_norm_call *c, bool backward) {
     rows_path p;
@@ -1067,9 +1068,11 @@ static rows_path plan_rows(const fg_context *ctx, const fg_norm_call *c, bool ba
                            c->dy ? c->ld_dy : 0, c->ds ? c->ld_ds : 0, c->dx ? c->ld_dx : 0, c->dr ? c->ld_dr : 0};
     p.vec = vec_ok(c, V, lds, 8);
     const int64_t nvec = p.vec ? c->cols / V : c->cols;
-    p.nv = (backward ? ROW_ELEMS_BWD : ROW_ELEMS) / V;
+    /* one split for both directions: a backward recomputing the statistics sums in the forward's
+     * order (the forward's bits), and its row sums in the order of a backward given them */
+    p.nv = ROW_ELEMS_SHORT / V;
     int64_t G = pow2_at_least(cdiv(nvec, p.nv));
-    if (backward && G > ROW_MAXG) p.nv = ROW_ELEMS / V, G = pow2_at_least(cdiv(nvec, p.nv));
+    if (G > ROW_MAXG) p.nv = ROW_ELEMS / V, G = pow2_at_least(cdiv(nvec, p.nv));
     p.reg = p.vec && G <= ROW_MAXG;
     p.params = backward && (c->dw || c->db);
     const int64_t sms = ctx->sm_count > 0 ? ctx->sm_count : 1;
@@ -1132,7 +1135,7 @@ template <typename T> static cudaError_t launch_rows_bwd(const rows_path &p, con
     constexpr int V = 16 / sizeof(T);
     if (p.reg) {
         const size_t smem = a.part ? p.smem : 0;
-        auto kernel = p.nv == ROW_ELEMS_BWD / V ? rows_bwd_reg<T, V, ROW_ELEMS_BWD / V> : rows_bwd_reg<T, V, ROW_ELEMS / V>;
+        auto kernel = p.nv == ROW_ELEMS_SHORT / V ? rows_bwd_reg<T, V, ROW_ELEMS_SHORT / V> : rows_bwd_reg<T, V, ROW_ELEMS / V>;
         if (smem > 48 * 1024) { /* rows past 6144 f32 elements: shared memory above the default limit */
             cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
             if (e != cudaSuccess) return e;

@@ -98,6 +98,7 @@ typedef struct prof_site {
     const char *call;
     double seconds;
     int64_t count;
+    char kernels[96]; /* what the site's first call ran (fg_context_last_kernels) */
 } prof_site;
 static prof_site prof[PROF_SITES];
 static int prof_on;
@@ -115,6 +116,7 @@ static void prof_add(model *m, int line, const char *call, double t0) {
     const double dt = prof_now() - t0;
     for (int i = 0; i < PROF_SITES; i++)
         if (prof[i].line == line || prof[i].line == 0) {
+            if (prof[i].line == 0) snprintf(prof[i].kernels, sizeof prof[i].kernels, "%s", fg_context_last_kernels(m->ctx));
             prof[i].line = line, prof[i].call = call, prof[i].seconds += dt, prof[i].count++;
             return;
         }
@@ -146,9 +148,9 @@ void model_profile_print(FILE *f) {
         snprintf(name, sizeof name, "%s", prof[i].call);
         char *paren = strchr(name, '(');
         if (paren) *paren = 0;
-        fprintf(f, "  %6.1f%%  %8.3f s  %7lld calls  %8.3f ms/call  model.c:%-4d %s\n", 100 * prof[i].seconds / total,
-                prof[i].seconds, (long long)prof[i].count, 1e3 * prof[i].seconds / (double)prof[i].count, prof[i].line,
-                name);
+        fprintf(f, "  %6.1f%%  %8.3f s  %7lld calls  %8.3f ms/call  model.c:%-4d %-28s %s\n",
+                100 * prof[i].seconds / total, prof[i].seconds, (long long)prof[i].count,
+                1e3 * prof[i].seconds / (double)prof[i].count, prof[i].line, name, prof[i].kernels);
     }
 }
 
@@ -663,15 +665,18 @@ static int backward_patchtst(model *m, int64_t B, int64_t step) {
                                  &dq, &dk, &dv, ds_here ? &dsi : NULL, 0));
         ds_next = ds_here;
         /* qkv_j = h·W_jᵀ + b_j (j = q, k, v; W_j rows j·d.. of W_qkv) as a batched product over j:
-           c[j] = h·b[j] with b[j] = W_jᵀ, read in place. dh = Σ_j dqkv_j·W_j (added into gx),
-           dW_jᵀ = hᵀ·dqkv_j, db_j = Σ dqkv_j over the tokens. */
+           c[j] = h·b[j] with b[j] = W_jᵀ, read in place. dh = Σ_j dqkv_j·W_j (added into gx);
+           per j, dW_j = dqkv_jᵀ·h and db_j = Σ dqkv_j over the tokens (a linear's weight and bias
+           gradients: a [d, d] block from T tokens is a long reduction the weight gradient's path
+           is chosen for, where the batched matmul_backward_other was not) */
         const int64_t wt_shape[3] = {3, d, d}, wt_stride[3] = {d * d, 1, d};
         const fg_tensor dqkv = t3(m->dt, m->dqkv, 3, T, d), hx = t2(m->dt, hin, T, d);
-        const fg_tensor wt = tv(m->dt, P_(m, y->wqkv), 3, wt_shape, wt_stride), dwt = tv(m->dt, G_(m, y->wqkv), 3, wt_shape, wt_stride);
+        const fg_tensor wt = tv(m->dt, P_(m, y->wqkv), 3, wt_shape, wt_stride);
         CK(fg_matmul_backward_input(ctx, &dqkv, &wt, &gx, 1));
-        CK(fg_matmul_backward_other(ctx, &hx, &dqkv, &dwt, 1));
         for (int j = 0; j < 3; j++) {
             const fg_tensor dj = t2(m->dt, at(m, m->dqkv, j * T * d), T, d), dbj = t1(m->dt, at(m, G_(m, y->bqkv), j * d), d);
+            const fg_tensor dwj = t2(m->dt, at(m, G_(m, y->wqkv), j * d * d), d, d);
+            CK(fg_linear_backward_weight(ctx, &dj, &hx, &dwj, 1));
             CK(fg_linear_backward_bias(ctx, &dj, &dbj, 1));
         }
     }

@@ -22,7 +22,7 @@
 /* A strided row of n elements of dtype t (from element off) as f32, and f32 values stored into
  * one (added to what is there when add); the dtype switch outside the loops, so each loop is
  * one conversion the compiler can vectorize. */
-static void ld_row_f32(float *dst, const void *src, fg_dtype t, int64_t off, int64_t st, int64_t n) {
+FG_INLINE void ld_row_f32(float *restrict dst, const void *src, fg_dtype t, int64_t off, int64_t st, int64_t n) {
     switch (t) {
     case FG_F16: {
         const uint16_t *p = (const uint16_t *)src + off;
@@ -41,13 +41,16 @@ static void ld_row_f32(float *dst, const void *src, fg_dtype t, int64_t off, int
     }
     default: {
         const float *p = (const float *)src + off;
-        for (int64_t i = 0; i < n; i++) dst[i] = p[i * st];
+        if (st == 1)
+            for (int64_t i = 0; i < n; i++) dst[i] = p[i];
+        else
+            for (int64_t i = 0; i < n; i++) dst[i] = p[i * st];
         break;
     }
     }
 }
 
-static void st_row_f32(void *dst, fg_dtype t, int64_t off, int64_t st, const float *src, int64_t n, bool add) {
+FG_INLINE void st_row_f32(void *dst, fg_dtype t, int64_t off, int64_t st, const float *restrict src, int64_t n, bool add) {
     switch (t) {
     case FG_F16: {
         uint16_t *p = (uint16_t *)dst + off;
@@ -67,21 +70,37 @@ static void st_row_f32(void *dst, fg_dtype t, int64_t off, int64_t st, const flo
     }
     default: {
         float *p = (float *)dst + off;
-        for (int64_t i = 0; i < n; i++) p[i * st] = add ? p[i * st] + src[i] : src[i];
+        if (st == 1 && !add)
+            for (int64_t i = 0; i < n; i++) p[i] = src[i];
+        else
+            for (int64_t i = 0; i < n; i++) p[i * st] = add ? p[i * st] + src[i] : src[i];
         break;
     }
     }
 }
 
 /* The same in f64 (an f64 problem's operands are all f64). */
-static void ld_row_f64(double *dst, const void *src, fg_dtype t, int64_t off, int64_t st, int64_t n) {
+FG_INLINE void ld_row_f64(double *restrict dst, const void *src, fg_dtype t, int64_t off, int64_t st, int64_t n) {
     for (int64_t i = 0; i < n; i++) dst[i] = fg_v_ldd(src, t, off + i * st);
 }
 
-static void st_row_f64(void *dst, fg_dtype t, int64_t off, int64_t st, const double *src, int64_t n, bool add) {
+FG_INLINE void st_row_f64(void *dst, fg_dtype t, int64_t off, int64_t st, const double *restrict src, int64_t n, bool add) {
     for (int64_t i = 0; i < n; i++)
         fg_v_std(dst, t, off + i * st, add ? fg_v_ldd(dst, t, off + i * st) + src[i] : src[i]);
 }
+
+/* 64 bytes of lanes and their masks (GCC / Clang vector types: one text for every x86 level the
+   clones compile, and for other targets). The helpers taking and returning them are always
+   inlined, so the ABI note GCC gives for 64-byte vector arguments does not apply. */
+#pragma GCC diagnostic ignored "-Wpsabi"
+typedef float vec_f32 __attribute__((vector_size(64)));
+typedef int32_t vmask_f32 __attribute__((vector_size(64)));
+typedef double vec_f64 __attribute__((vector_size(64)));
+typedef int64_t vmask_f64 __attribute__((vector_size(64)));
+typedef float vhalf_f32 __attribute__((vector_size(32)));
+typedef float vquarter_f32 __attribute__((vector_size(16)));
+typedef double vhalf_f64 __attribute__((vector_size(32)));
+typedef double vquarter_f64 __attribute__((vector_size(16)));
 
 #define REAL float
 #define LD(p, t, i) fg_v_ld(p, t, i)
@@ -92,6 +111,22 @@ static void st_row_f64(void *dst, fg_dtype t, int64_t off, int64_t st, const dou
 #define LOG(x) logf(x)
 #define FWD_UNIT fwd_unit_f32
 #define BWD_UNIT bwd_unit_f32
+#define LANES 16
+#define VLD vld_f32
+#define VST vst_f32
+#define VSEL vsel_f32
+#define VBELOW vbelow_f32
+#define VSUM vsum_f32
+#define VEC vec_f32
+#define VMASK vmask_f32
+#define VHALF vhalf_f32
+#define VQUARTER vquarter_f32
+#define MASKINT int32_t
+#define LANE_SUM lane_sum_f32
+#define LANE_DOT lane_dot_f32
+#define LANE_MAX lane_max_f32
+#define LOAD_KV load_kv_f32
+#define LOAD_SROW load_srow_f32
 #include "attention_rows.h"
 #undef REAL
 #undef LD
@@ -102,6 +137,22 @@ static void st_row_f64(void *dst, fg_dtype t, int64_t off, int64_t st, const dou
 #undef LOG
 #undef FWD_UNIT
 #undef BWD_UNIT
+#undef LANES
+#undef VLD
+#undef VST
+#undef VSEL
+#undef VBELOW
+#undef VSUM
+#undef VEC
+#undef VMASK
+#undef VHALF
+#undef VQUARTER
+#undef MASKINT
+#undef LANE_SUM
+#undef LANE_DOT
+#undef LANE_MAX
+#undef LOAD_KV
+#undef LOAD_SROW
 
 #define REAL double
 #define LD(p, t, i) fg_v_ldd(p, t, i)
@@ -112,6 +163,22 @@ static void st_row_f64(void *dst, fg_dtype t, int64_t off, int64_t st, const dou
 #define LOG(x) log(x)
 #define FWD_UNIT fwd_unit_f64
 #define BWD_UNIT bwd_unit_f64
+#define LANES 8
+#define VLD vld_f64
+#define VST vst_f64
+#define VSEL vsel_f64
+#define VBELOW vbelow_f64
+#define VSUM vsum_f64
+#define VEC vec_f64
+#define VMASK vmask_f64
+#define VHALF vhalf_f64
+#define VQUARTER vquarter_f64
+#define MASKINT int64_t
+#define LANE_SUM lane_sum_f64
+#define LANE_DOT lane_dot_f64
+#define LANE_MAX lane_max_f64
+#define LOAD_KV load_kv_f64
+#define LOAD_SROW load_srow_f64
 #include "attention_rows.h"
 #undef REAL
 #undef LD
@@ -122,12 +189,28 @@ static void st_row_f64(void *dst, fg_dtype t, int64_t off, int64_t st, const dou
 #undef LOG
 #undef FWD_UNIT
 #undef BWD_UNIT
+#undef LANES
+#undef VLD
+#undef VST
+#undef VSEL
+#undef VBELOW
+#undef VSUM
+#undef VEC
+#undef VMASK
+#undef VHALF
+#undef VQUARTER
+#undef MASKINT
+#undef LANE_SUM
+#undef LANE_DOT
+#undef LANE_MAX
+#undef LOAD_KV
+#undef LOAD_SROW
 
 /* Bytes of one thread's slice of the workspace (64-byte multiples). */
 static size_t slice_bytes(const fg_attn_problem *p) {
-    const size_t real = p->dtype == FG_F64 ? 8 : 4;
-    const size_t n = p->forward ? (size_t)(3 * p->L * p->hd + 2 * p->L + 2 * p->hd)
-                                : (size_t)(5 * p->L * p->hd + 4 * p->L + 4 * p->hd);
+    const size_t real = p->dtype == FG_F64 ? 8 : 4, lanes = 64 / real;
+    const size_t Lp = ((size_t)p->L + lanes - 1) / lanes * lanes, hd = (size_t)p->hd;
+    const size_t n = p->forward ? 2 * hd * Lp + 2 * Lp + 2 * hd : 4 * hd * Lp + 4 * Lp + 4 * hd;
     return (n * real + 63) & ~(size_t)63;
 }
 

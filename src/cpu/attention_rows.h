@@ -1,55 +1,149 @@
 /*
  * attention_rows.h — the CPU attention kernel's body for one (sequence, head), written once and
  * included twice by src/cpu/attention.c: with REAL = float (f32 / f16 / bf16 problems: f32 math)
- * and with REAL = double (f64 problems), the includer naming the two functions (FWD_UNIT,
- * BWD_UNIT), the row access (LD_ROW: a strided row of any dtype into REALs; ST_ROW: REALs out,
- * added to what is there when asked), LD and ST of one element, EXP and LOG of that type. Why
- * this way: the body is the reference the CUDA kernels are tested against, and one text of it
- * for both precisions keeps them the same algorithm.
+ * and with REAL = double (f64 problems), the includer naming the functions (FWD_UNIT, BWD_UNIT,
+ * and the lane reductions LANE_SUM, LANE_DOT, LANE_MAX), the row access (LD_ROW: a strided row of
+ * any dtype into REALs; ST_ROW: REALs out, added to what is there when asked), LD and ST of one
+ * element, EXP and LOG of that type, and LANES (64 bytes of REALs). Why this way: the body is the
+ * reference the CUDA kernels are tested against, and one text of it for both precisions keeps
+ * them the same algorithm.
  *
- * The head's K and V are converted once, row-major and transposed: a query row's scores are
- * then sums over hd of whole key rows (s[j] += q[x]·Kᵀ[x][j], one loop the compiler vectorizes
- * along j), and its output a sum over keys of whole value rows. Memory: O(L·hd) per call. Every
- * sum runs in a fixed order: dK and dV gather the query rows in order.
+ * The head's K and V are converted once, transposed and padded to Lp keys (L rounded up to
+ * LANES, the padding zero): a query row's scores are then sums over hd of whole key rows
+ * (s[j] += q[x]·Kᵀ[x][j], one loop along j in whole vectors), and every sum over the keys (the
+ * softmax's max and sum, o[x] = Σ_j p[j]·Vᵀ[x][j], dp, dq) runs in LANES partial sums — key j
+ * into lane j mod LANES, the keys in order — folded by a fixed halving tree. So no loop is
+ * scalar however small hd is (PatchTST's heads have hd = 4..8, L = 42), and every sum has one
+ * order, independent of the thread count. Memory: O(Lp·hd) per call. dK and dV gather the query
+ * rows in order.
  */
 
+/* One vector of LANES REALs (64 bytes: one AVX-512 register, two AVX2 ones, four SSE ones, as
+ * the clone compiles it), its lane mask, and what the rows do with them. */
+static inline __attribute__((always_inline)) VEC VLD(const REAL *p) {
+    VEC v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline __attribute__((always_inline)) void VST(REAL *p, VEC v) { memcpy(p, &v, sizeof v); }
+
+/* a where m, else b */
+static inline __attribute__((always_inline)) VEC VSEL(VMASK m, VEC a, VEC b) {
+    return (VEC)(((VMASK)a & m) | ((VMASK)b & ~m));
+}
+
+/* lanes j0 + w < n: the first n − j0 (clamped to [0, LANES]) set, read from a table (a compare
+ * of generic vectors would be split into scalars before the clones pick their instructions). */
+static inline __attribute__((always_inline)) VMASK VBELOW(int64_t j0, int64_t n) {
+#define HI (LANES > 8 ? -1 : 0)
+    static const MASKINT ones[2 * LANES] = {-1, -1, -1, -1, -1, -1, -1, -1, HI, HI, HI, HI, HI, HI, HI, HI};
+#undef HI
+    const int64_t k = n - j0 < 0 ? 0 : n - j0 > LANES ? LANES : n - j0;
+    VMASK m;
+    memcpy(&m, ones + LANES - k, sizeof m);
+    return m;
+}
+
+/* Σ of the lanes by halving, a fixed tree. */
+static inline __attribute__((always_inline)) REAL VSUM(VEC v) {
+    VHALF lo, hi;
+    memcpy(&lo, &v, sizeof lo);
+    memcpy(&hi, (const char *)&v + sizeof lo, sizeof hi);
+    lo += hi;
+    VQUARTER a, b;
+    memcpy(&a, &lo, sizeof a);
+    memcpy(&b, (const char *)&lo + sizeof a, sizeof b);
+    a += b;
+    REAL r[4];
+    memcpy(r, &a, sizeof a);
+    return LANES == 16 ? (r[0] + r[2]) + (r[1] + r[3]) : r[0] + r[1];
+}
+
+/* Σ_{j<n} x[j]·y[j], key j in lane j mod LANES (both readable up to n rounded up to LANES; the
+ * last block's lanes past n selected away, so what lies there, NaN or not, does not enter). */
+static inline __attribute__((always_inline)) REAL LANE_DOT(const REAL *x, const REAL *y, int64_t n) {
+    VEC a = {0};
+    int64_t j = 0;
+    for (; j + LANES <= n; j += LANES) a += VLD(x + j) * VLD(y + j);
+    if (j < n) a += VSEL(VBELOW(j, n), VLD(x + j) * VLD(y + j), (VEC){0});
+    return VSUM(a);
+}
+
+/* Σ_{j<n} x[j], n a multiple of LANES. */
+static inline __attribute__((always_inline)) REAL LANE_SUM(const REAL *x, int64_t n) {
+    VEC a = {0};
+    for (int64_t j = 0; j < n; j += LANES) a += VLD(x + j);
+    return VSUM(a);
+}
+
+/* max_{j<n} x[j] of the non-NaN elements, −∞ when none; n a multiple of LANES. (A plain loop:
+ * the clones' vectorizer makes it a max per lane.) */
+static inline __attribute__((always_inline)) REAL LANE_MAX(const REAL *restrict x, int64_t n) {
+    const REAL ninf = -(REAL)INFINITY;
+    REAL a[LANES];
+    for (int w = 0; w < LANES; w++) a[w] = ninf;
+    for (int64_t j = 0; j < n; j += LANES)
+        for (int w = 0; w < LANES; w++) a[w] = x[j + w] > a[w] ? x[j + w] : a[w];
+    REAL m = ninf;
+    for (int w = 0; w < LANES; w++) m = a[w] > m ? a[w] : m;
+    return m;
+}
+
+/* Kᵀ (and Vᵀ when vt) of head (b, h): keys [0, len) converted, the rest up to Lp zero. row: hd
+ * REALs of scratch. */
+static inline __attribute__((always_inline)) void LOAD_KV(const fg_attn_call *c, int64_t b, int64_t h, int64_t len,
+                                                          int64_t Lp, REAL *restrict kt, REAL *restrict vt,
+                                                          REAL *restrict row) {
+    const int64_t hd = c->p.hd;
+    const fg_attn_view *kv = &c->k, *vv = &c->v;
+    const fg_dtype dt = c->p.dtype;
+    for (int64_t e = 0; e < hd * Lp; e++) kt[e] = vt[e] = 0;
+    for (int64_t j = 0; j < len; j++) {
+        LD_ROW(row, kv->data, dt, b * kv->sb + h * kv->sh + j * kv->sl, kv->sx, hd);
+        for (int64_t x = 0; x < hd; x++) kt[x * Lp + j] = row[x];
+        LD_ROW(row, vv->data, dt, b * vv->sb + h * vv->sh + j * vv->sl, vv->sx, hd);
+        for (int64_t x = 0; x < hd; x++) vt[x * Lp + j] = row[x];
+    }
+}
+
+/* A row of n scores of dtype sdt from view v (row i of head (b, h)) into dst, zero up to Lp. */
+static inline __attribute__((always_inline)) void LOAD_SROW(REAL *restrict dst, const fg_attn_view *v, fg_dtype sdt,
+                                                            int64_t b, int64_t h, int64_t i, int64_t n, int64_t Lp) {
+    LD_ROW(dst, v->data, sdt, b * v->sb + h * v->sh + i * v->sl, v->sx, n);
+    for (int64_t j = n; j < Lp; j++) dst[j] = 0;
+}
+
 /* Forward of head (b, h), keys [0, len) unmasked by padding.
- * buf: 3·L·hd + 2·L + 2·hd REALs (K, Kᵀ, V, the scores row, the scores-in row, q, the sum). */
+ * buf: 2·hd·Lp + 2·Lp + 2·hd REALs (Kᵀ, Vᵀ, the scores row, the scores-in row, q, o). */
 FG_CPU_CLONES
 static void FWD_UNIT(const fg_attn_call *c, int64_t b, int64_t h, int64_t len, REAL *buf) {
     const fg_attn_problem *p = &c->p;
-    const int64_t L = p->L, hd = p->hd;
-    REAL *K = buf, *Kt = K + L * hd, *V = Kt + L * hd, *s = V + L * hd, *sin = s + L, *q = sin + L, *acc = q + hd;
-    const fg_attn_view *kv = &c->k, *vv = &c->v, *qv = &c->q, *ov = &c->o, *si = &c->scores_in, *so = &c->scores_out;
+    const int64_t L = p->L, hd = p->hd, Lp = (L + LANES - 1) / LANES * LANES;
+    REAL *restrict Kt = buf, *restrict Vt = Kt + hd * Lp, *restrict s = Vt + hd * Lp, *restrict sin = s + Lp;
+    REAL *restrict q = sin + Lp, *restrict acc = q + hd;
+    const fg_attn_view *qv = &c->q, *ov = &c->o, *si = &c->scores_in, *so = &c->scores_out;
     const fg_dtype dt = p->dtype, sdt = p->sdtype;
-    for (int64_t j = 0; j < len; j++) {
-        LD_ROW(K + j * hd, kv->data, dt, b * kv->sb + h * kv->sh + j * kv->sl, kv->sx, hd);
-        LD_ROW(V + j * hd, vv->data, dt, b * vv->sb + h * vv->sh + j * vv->sl, vv->sx, hd);
-        for (int64_t x = 0; x < hd; x++) Kt[x * L + j] = K[j * hd + x];
-    }
+    LOAD_KV(c, b, h, len, Lp, Kt, Vt, acc);
     const REAL scale = (REAL)c->scale, keep_scale = (REAL)c->keep_scale, ninf = -(REAL)INFINITY;
+    VEC ninfv;
+    for (int w = 0; w < LANES; w++) ninfv[w] = ninf;
     const int64_t lse_row = (b * p->H + h) * L;
     for (int64_t i = 0; i < L; i++) {
         const int64_t jend = p->causal ? (i + 1 < len ? i + 1 : len) : len;
         LD_ROW(q, qv->data, dt, b * qv->sb + h * qv->sh + i * qv->sl, qv->sx, hd);
-        for (int64_t j = 0; j < jend; j++) s[j] = 0;
-        for (int64_t x = 0; x < hd; x++) {
-            const REAL qx = q[x], *kt = Kt + x * L;
-            for (int64_t j = 0; j < jend; j++) s[j] += qx * kt[j];
+        if (si->data) LOAD_SROW(sin, si, sdt, b, h, i, jend, Lp);
+        else for (int64_t j = 0; j < Lp; j++) sin[j] = 0;
+        for (int64_t j0 = 0; j0 < Lp; j0 += LANES) { /* LANES keys at a time, their sums in a register */
+            VEC a = {0};
+            for (int64_t x = 0; x < hd; x++) a += q[x] * VLD(Kt + x * Lp + j0);
+            VST(s + j0, VSEL(VBELOW(j0, jend), a * scale + VLD(sin + j0), ninfv));
         }
-        if (si->data) {
-            LD_ROW(sin, si->data, sdt, b * si->sb + h * si->sh + i * si->sl, si->sx, jend);
-            for (int64_t j = 0; j < jend; j++) s[j] = s[j] * scale + sin[j];
-        } else {
-            for (int64_t j = 0; j < jend; j++) s[j] *= scale;
-        }
-        REAL m = ninf;
-        for (int64_t j = 0; j < jend; j++)
-            if (s[j] > m || s[j] != s[j]) m = s[j];
-        if (so->data) {
-            for (int64_t j = jend; j < L; j++) s[j] = ninf;
-            ST_ROW(so->data, sdt, b * so->sb + h * so->sh + i * so->sl, so->sx, s, L, false);
-        }
+        REAL m = LANE_MAX(s, Lp);
+        if (m == ninf) /* NaN scores make the row NaN, not empty */
+            for (int64_t j = 0; j < jend; j++)
+                if (s[j] != s[j]) m = s[j];
+        if (so->data) ST_ROW(so->data, sdt, b * so->sb + h * so->sh + i * so->sl, so->sx, s, L, false);
         const int64_t obase = b * ov->sb + h * ov->sh + i * ov->sl;
         if (m == ninf) { /* no key: o = 0, lse = −∞ */
             for (int64_t x = 0; x < hd; x++) acc[x] = 0;
@@ -57,46 +151,36 @@ static void FWD_UNIT(const fg_attn_call *c, int64_t b, int64_t h, int64_t len, R
             ST(c->lse, p->acc, lse_row + i, ninf);
             continue;
         }
-        for (int64_t j = 0; j < jend; j++) s[j] = EXP(s[j] - m);
-        REAL sum = 0;
-        for (int64_t j = 0; j < jend; j++) sum += s[j];
+        for (int64_t j = 0; j < Lp; j++) s[j] = j < jend ? EXP(s[j] - m) : 0;
+        const REAL sum = LANE_SUM(s, Lp);
         if (p->dropout) {
             const uint64_t idx0 = (uint64_t)((lse_row + i) * L);
             for (int64_t j = 0; j < jend; j++)
                 s[j] = fg_dropout_uniform(c->seed, c->offset, idx0 + (uint64_t)j) >= c->keep_threshold ? s[j] * keep_scale
                                                                                                       : 0;
         }
-        for (int64_t x = 0; x < hd; x++) acc[x] = 0;
-        for (int64_t j = 0; j < jend; j++) {
-            const REAL e = s[j], *vj = V + j * hd;
-            for (int64_t x = 0; x < hd; x++) acc[x] += e * vj[x];
-        }
         const REAL inv = 1 / sum;
-        for (int64_t x = 0; x < hd; x++) acc[x] *= inv;
+        for (int64_t x = 0; x < hd; x++) acc[x] = LANE_DOT(s, Vt + x * Lp, jend) * inv;
         ST_ROW(ov->data, dt, obase, ov->sx, acc, hd, false);
         ST(c->lse, p->acc, lse_row + i, m + LOG(sum));
     }
 }
 
-/* Backward of head (b, h). buf: 5·L·hd + 4·L + 4·hd REALs (K, Kᵀ, Vᵀ, dKᵀ, dVᵀ; rows s, dp,
+/* Backward of head (b, h). buf: 4·hd·Lp + 4·Lp + 4·hd REALs (Kᵀ, Vᵀ, dKᵀ, dVᵀ; rows s, dp,
  * scores in / dscores, dscores_in; q, do, o, dq). */
 FG_CPU_CLONES
 static void BWD_UNIT(const fg_attn_call *c, int64_t b, int64_t h, int64_t len, REAL *buf) {
     const fg_attn_problem *p = &c->p;
-    const int64_t L = p->L, hd = p->hd;
-    REAL *K = buf, *Kt = K + L * hd, *Vt = Kt + L * hd, *dKt = Vt + L * hd, *dVt = dKt + L * hd;
-    REAL *s = dVt + L * hd, *dp = s + L, *row = dp + L, *ds = row + L;
-    REAL *q = ds + L, *dO = q + hd, *o = dO + hd, *dq = o + hd;
-    const fg_attn_view *kv = &c->k, *vv = &c->v, *qv = &c->q, *ov = &c->o, *si = &c->scores_in;
+    const int64_t L = p->L, hd = p->hd, Lp = (L + LANES - 1) / LANES * LANES;
+    REAL *restrict Kt = buf, *restrict Vt = Kt + hd * Lp, *restrict dKt = Vt + hd * Lp, *restrict dVt = dKt + hd * Lp;
+    REAL *restrict s = dVt + hd * Lp, *restrict dp = s + Lp, *restrict row = dp + Lp, *restrict ds = row + Lp;
+    REAL *restrict q = ds + Lp, *restrict dO = q + hd, *restrict o = dO + hd, *restrict dq = o + hd;
+    const fg_attn_view *qv = &c->q, *ov = &c->o, *si = &c->scores_in;
     const fg_attn_view *dov = &c->d_o, *g = &c->dscores, *dsi = &c->dscores_in;
     const fg_dtype dt = p->dtype, sdt = p->sdtype;
     const bool acc_out = p->accumulate;
-    for (int64_t j = 0; j < len; j++) {
-        LD_ROW(K + j * hd, kv->data, dt, b * kv->sb + h * kv->sh + j * kv->sl, kv->sx, hd);
-        LD_ROW(q, vv->data, dt, b * vv->sb + h * vv->sh + j * vv->sl, vv->sx, hd);
-        for (int64_t x = 0; x < hd; x++) Kt[x * L + j] = K[j * hd + x], Vt[x * L + j] = q[x];
-    }
-    for (int64_t e = 0; e < L * hd; e++) dKt[e] = dVt[e] = 0;
+    LOAD_KV(c, b, h, len, Lp, Kt, Vt, dq);
+    for (int64_t e = 0; e < hd * Lp; e++) dKt[e] = dVt[e] = 0;
     const REAL scale = (REAL)c->scale, keep_scale = (REAL)c->keep_scale, ninf = -(REAL)INFINITY;
     const int64_t lse_row = (b * p->H + h) * L;
     for (int64_t i = 0; i < L; i++) {
@@ -111,21 +195,18 @@ static void BWD_UNIT(const fg_attn_call *c, int64_t b, int64_t h, int64_t len, R
             LD_ROW(o, ov->data, dt, b * ov->sb + h * ov->sh + i * ov->sl, ov->sx, hd);
             REAL D = 0;
             for (int64_t x = 0; x < hd; x++) D += dO[x] * o[x];
-            for (int64_t j = 0; j < jend; j++) s[j] = dp[j] = 0;
-            for (int64_t x = 0; x < hd; x++) {
-                const REAL qx = q[x], dx = dO[x], *kt = Kt + x * L, *vt = Vt + x * L;
-                for (int64_t j = 0; j < jend; j++) {
-                    s[j] += qx * kt[j];
-                    dp[j] += dx * vt[j];
+            if (si->data) LOAD_SROW(row, si, sdt, b, h, i, jend, Lp);
+            else for (int64_t j = 0; j < Lp; j++) row[j] = 0;
+            for (int64_t j0 = 0; j0 < Lp; j0 += LANES) { /* s and dp for LANES keys in registers */
+                VEC a = {0}, e = {0};
+                for (int64_t x = 0; x < hd; x++) {
+                    a += q[x] * VLD(Kt + x * Lp + j0);
+                    e += dO[x] * VLD(Vt + x * Lp + j0);
                 }
+                VST(s + j0, a * scale + VLD(row + j0));
+                VST(dp + j0, e);
             }
-            if (si->data) {
-                LD_ROW(row, si->data, sdt, b * si->sb + h * si->sh + i * si->sl, si->sx, jend);
-                for (int64_t j = 0; j < jend; j++) s[j] = s[j] * scale + row[j];
-            } else {
-                for (int64_t j = 0; j < jend; j++) s[j] *= scale;
-            }
-            for (int64_t j = 0; j < jend; j++) s[j] = EXP(s[j] - lse); /* p */
+            for (int64_t j = 0; j < Lp; j++) s[j] = j < jend ? EXP(s[j] - lse) : 0; /* p */
             if (p->dropout) { /* s: p̃ = p·keep/(1 − p); dp: dp̃·keep/(1 − p) */
                 const uint64_t idx0 = (uint64_t)((lse_row + i) * L);
                 for (int64_t j = 0; j < jend; j++) {
@@ -134,25 +215,30 @@ static void BWD_UNIT(const fg_attn_call *c, int64_t b, int64_t h, int64_t len, R
                     ds[j] = s[j] * (dp[j] * kd - D);
                     s[j] *= kd;
                 }
+                for (int64_t j = jend; j < Lp; j++) ds[j] = 0;
             } else {
-                for (int64_t j = 0; j < jend; j++) ds[j] = s[j] * (dp[j] - D);
+                for (int64_t j0 = 0; j0 < Lp; j0 += LANES)
+                    VST(ds + j0, VSEL(VBELOW(j0, jend), VLD(s + j0) * (VLD(dp + j0) - D), (VEC){0}));
             }
             if (g->data) {
-                LD_ROW(row, g->data, sdt, b * g->sb + h * g->sh + i * g->sl, g->sx, jend);
-                for (int64_t j = 0; j < jend; j++) ds[j] += row[j];
+                LOAD_SROW(row, g, sdt, b, h, i, jend, Lp);
+                for (int64_t j0 = 0; j0 < Lp; j0 += LANES) VST(ds + j0, VLD(ds + j0) + VLD(row + j0));
             }
-            for (int64_t x = 0; x < hd; x++) {
+            for (int64_t x = 0; x < hd; x++) { /* keys past jend get nothing (not 0·q, NaN for q = ∞) */
                 const REAL qx = q[x], dx = dO[x];
-                REAL *dkt = dKt + x * L, *dvt = dVt + x * L;
-                for (int64_t j = 0; j < jend; j++) {
-                    dkt[j] += ds[j] * qx;
-                    dvt[j] += s[j] * dx;
+                REAL *dkt = dKt + x * Lp, *dvt = dVt + x * Lp;
+                for (int64_t j0 = 0; j0 < jend; j0 += LANES) {
+                    VEC dk = VLD(ds + j0) * qx, dv = VLD(s + j0) * dx;
+                    if (j0 + LANES > jend) {
+                        const VMASK mk = VBELOW(j0, jend);
+                        dk = VSEL(mk, dk, (VEC){0});
+                        dv = VSEL(mk, dv, (VEC){0});
+                    }
+                    VST(dkt + j0, VLD(dkt + j0) + dk);
+                    VST(dvt + j0, VLD(dvt + j0) + dv);
                 }
             }
-            for (int64_t j = 0; j < jend; j++) {
-                const REAL d = ds[j], *kj = K + j * hd;
-                for (int64_t x = 0; x < hd; x++) dq[x] += d * kj[x];
-            }
+            for (int64_t x = 0; x < hd; x++) dq[x] = LANE_DOT(ds, Kt + x * Lp, jend);
         }
         if (dsi->data) { /* ds, and 0 at the masked positions (nothing to add with accumulate) */
             const int64_t base = b * dsi->sb + h * dsi->sh + i * dsi->sl;
@@ -168,12 +254,12 @@ static void BWD_UNIT(const fg_attn_call *c, int64_t b, int64_t h, int64_t len, R
     for (int64_t j = 0; j < L; j++) {
         if (c->dk.data) {
             const fg_attn_view *d = &c->dk;
-            for (int64_t x = 0; x < hd; x++) q[x] = dKt[x * L + j] * scale;
+            for (int64_t x = 0; x < hd; x++) q[x] = dKt[x * Lp + j] * scale;
             ST_ROW(d->data, dt, b * d->sb + h * d->sh + j * d->sl, d->sx, q, hd, acc_out);
         }
         if (c->dv.data) {
             const fg_attn_view *d = &c->dv;
-            for (int64_t x = 0; x < hd; x++) q[x] = dVt[x * L + j];
+            for (int64_t x = 0; x < hd; x++) q[x] = dVt[x * Lp + j];
             ST_ROW(d->data, dt, b * d->sb + h * d->sh + j * d->sl, d->sx, q, hd, acc_out);
         }
     }

@@ -12,7 +12,11 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
-#define FG_LT_CACHE 64
+/* cuBLASLt choices kept per context: an open-addressed table (a key's home slot from its hash,
+   FG_LT_PROBE slots searched from there), large enough for every product of a training step
+   (each shape once per epilogue and alignment) so a step's products never evict each other. */
+#define FG_LT_CACHE 512
+#define FG_LT_PROBE 8
 
 typedef struct fg_lt_key {
     int32_t dtype, ctype, tf32, op_a, op_b, epilogue;
@@ -118,7 +122,6 @@ struct fg_cuda_state {
     cublasLtHandle_t lt;
     unsigned long long *flag; /* device: [0] error code, [1] ~smallest offending index (internal.h) */
     fg_lt_entry cache[FG_LT_CACHE];
-    int cache_next;
 };
 
 #ifdef __cplusplus

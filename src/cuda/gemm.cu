@@ -433,10 +433,21 @@ static fg_status lt_matmul(fg_context *ctx, const lt_call *c, bool run, bool *fo
     cudaDataType_t ab = cuda_type((fg_dtype)k->dtype), cd = cuda_type((fg_dtype)k->ctype);
     cublasOperation_t opa = (cublasOperation_t)k->op_a, opb = (cublasOperation_t)k->op_b;
     cublasLtEpilogue_t epi = (cublasLtEpilogue_t)k->epilogue;
-    fg_lt_entry *hit = NULL;
-    for (int i = 0; i < FG_LT_CACHE; i++)
-        if (st->cache[i].used && memcmp(&st->cache[i].key, k, sizeof *k) == 0) hit = &st->cache[i];
-    if (hit && hit->found && hit->workspace > limit) hit = NULL; /* chosen under a larger workspace */
+    /* the key's slots: FNV-1a of its bytes (the key has no padding) picks the first */
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < sizeof *k; i++) h = (h ^ ((const unsigned char *)k)[i]) * 1099511628211ull;
+    const int home = (int)(h % FG_LT_CACHE);
+    fg_lt_entry *hit = NULL, *slot = NULL;
+    for (int i = 0; i < FG_LT_PROBE && !hit; i++) {
+        fg_lt_entry *e = &st->cache[(home + i) % FG_LT_CACHE];
+        if (!e->used) {
+            if (!slot) slot = e;
+        } else if (memcmp(&e->key, k, sizeof *k) == 0) {
+            hit = e;
+        }
+    }
+    fg_lt_entry *stale = NULL;
+    if (hit && hit->found && hit->workspace > limit) stale = hit, hit = NULL; /* chosen under a larger workspace */
 
     if (!hit) { /* descriptors and the heuristic's choice, kept with the entry */
         LT_CHECK(cublasLtMatmulDescCreate(&op, compute, scale));
@@ -471,8 +482,7 @@ static fg_status lt_matmul(fg_context *ctx, const lt_call *c, bool run, bool *fo
         cublasLtMatmulHeuristicResult_t res;
         int n = 0;
         cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(st->lt, op, la, lb, lc, lc, pref, 1, &res, &n);
-        hit = &st->cache[st->cache_next];
-        st->cache_next = (st->cache_next + 1) % FG_LT_CACHE;
+        hit = stale ? stale : slot ? slot : &st->cache[home]; /* the key's own slot, a free one, or the home one */
         fg_lt_entry_clear(hit);
         hit->used = true;
         hit->key = *k;

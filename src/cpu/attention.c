@@ -19,6 +19,47 @@
 #include <stdio.h>
 #include <string.h>
 
+/* 64 bytes of lanes and their masks (GCC / Clang vector types: one text for every x86 level the
+   clones compile, and for other targets). The helpers taking and returning them are always
+   inlined, so the ABI note GCC gives for 64-byte vector arguments does not apply. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
+typedef float vec_f32 __attribute__((vector_size(64)));
+typedef int32_t vmask_f32 __attribute__((vector_size(64)));
+typedef double vec_f64 __attribute__((vector_size(64)));
+typedef int64_t vmask_f64 __attribute__((vector_size(64)));
+typedef float vhalf_f32 __attribute__((vector_size(32)));
+typedef float vquarter_f32 __attribute__((vector_size(16)));
+typedef double vhalf_f64 __attribute__((vector_size(32)));
+typedef double vquarter_f64 __attribute__((vector_size(16)));
+
+/* n contiguous floats copied in 64-, 32-, 16-byte pieces and single elements: the rows here are
+   short (hd, L), where the call a plain loop becomes (memmove) costs more than the copy. */
+FG_INLINE void copy_f32(float *restrict dst, const float *restrict src, int64_t n) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        vec_f32 v;
+        memcpy(&v, src + i, sizeof v);
+        memcpy(dst + i, &v, sizeof v);
+    }
+    if (i + 8 <= n) {
+        vhalf_f32 v;
+        memcpy(&v, src + i, sizeof v);
+        memcpy(dst + i, &v, sizeof v);
+        i += 8;
+    }
+    if (i + 4 <= n) {
+        vquarter_f32 v;
+        memcpy(&v, src + i, sizeof v);
+        memcpy(dst + i, &v, sizeof v);
+        i += 4;
+    }
+    if (i < n) dst[i] = src[i];
+    if (i + 1 < n) dst[i + 1] = src[i + 1];
+    if (i + 2 < n) dst[i + 2] = src[i + 2];
+}
+
 /* A strided row of n elements of dtype t (from element off) as f32, and f32 values stored into
  * one (added to what is there when add); the dtype switch outside the loops, so each loop is
  * one conversion the compiler can vectorize. */
@@ -41,8 +82,7 @@ FG_INLINE void ld_row_f32(float *restrict dst, const void *src, fg_dtype t, int6
     }
     default: {
         const float *p = (const float *)src + off;
-        if (st == 1)
-            for (int64_t i = 0; i < n; i++) dst[i] = p[i];
+        if (st == 1) copy_f32(dst, p, n);
         else
             for (int64_t i = 0; i < n; i++) dst[i] = p[i * st];
         break;
@@ -70,8 +110,7 @@ FG_INLINE void st_row_f32(void *dst, fg_dtype t, int64_t off, int64_t st, const 
     }
     default: {
         float *p = (float *)dst + off;
-        if (st == 1 && !add)
-            for (int64_t i = 0; i < n; i++) p[i] = src[i];
+        if (st == 1 && !add) copy_f32(p, src, n);
         else
             for (int64_t i = 0; i < n; i++) p[i * st] = add ? p[i * st] + src[i] : src[i];
         break;
@@ -88,19 +127,6 @@ FG_INLINE void st_row_f64(void *dst, fg_dtype t, int64_t off, int64_t st, const 
     for (int64_t i = 0; i < n; i++)
         fg_v_std(dst, t, off + i * st, add ? fg_v_ldd(dst, t, off + i * st) + src[i] : src[i]);
 }
-
-/* 64 bytes of lanes and their masks (GCC / Clang vector types: one text for every x86 level the
-   clones compile, and for other targets). The helpers taking and returning them are always
-   inlined, so the ABI note GCC gives for 64-byte vector arguments does not apply. */
-#pragma GCC diagnostic ignored "-Wpsabi"
-typedef float vec_f32 __attribute__((vector_size(64)));
-typedef int32_t vmask_f32 __attribute__((vector_size(64)));
-typedef double vec_f64 __attribute__((vector_size(64)));
-typedef int64_t vmask_f64 __attribute__((vector_size(64)));
-typedef float vhalf_f32 __attribute__((vector_size(32)));
-typedef float vquarter_f32 __attribute__((vector_size(16)));
-typedef double vhalf_f64 __attribute__((vector_size(32)));
-typedef double vquarter_f64 __attribute__((vector_size(16)));
 
 #define REAL float
 #define LD(p, t, i) fg_v_ld(p, t, i)

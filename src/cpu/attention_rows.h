@@ -1,21 +1,24 @@
 /*
  * attention_rows.h — the CPU attention kernel's body for one (sequence, head), written once and
  * included twice by src/cpu/attention.c: with REAL = float (f32 / f16 / bf16 problems: f32 math)
- * and with REAL = double (f64 problems), the includer naming the functions (FWD_UNIT, BWD_UNIT,
- * and the lane reductions LANE_SUM, LANE_DOT, LANE_MAX), the row access (LD_ROW: a strided row of
- * any dtype into REALs; ST_ROW: REALs out, added to what is there when asked), LD and ST of one
- * element, EXP and LOG of that type, and LANES (64 bytes of REALs). Why this way: the body is the
+ * and with REAL = double (f64 problems). The includer names the two kernels (FWD_UNIT,
+ * BWD_UNIT) and the helpers below, gives the types (VEC: 64 bytes of REALs, LANES of them;
+ * VMASK: lane masks of MASKINT; VHALF, VQUARTER: 32 and 16 bytes of REALs), the row access
+ * (LD_ROW: a strided row of any dtype into REALs; ST_ROW: REALs out, added to what is there when
+ * asked), LD and ST of one element, and EXP and LOG of that type. Why this way: the body is the
  * reference the CUDA kernels are tested against, and one text of it for both precisions keeps
  * them the same algorithm.
  *
  * The head's K and V are converted once, transposed and padded to Lp keys (L rounded up to
- * LANES, the padding zero): a query row's scores are then sums over hd of whole key rows
- * (s[j] += q[x]·Kᵀ[x][j], one loop along j in whole vectors), and every sum over the keys (the
- * softmax's max and sum, o[x] = Σ_j p[j]·Vᵀ[x][j], dp, dq) runs in LANES partial sums — key j
- * into lane j mod LANES, the keys in order — folded by a fixed halving tree. So no loop is
- * scalar however small hd is (PatchTST's heads have hd = 4..8, L = 42), and every sum has one
- * order, independent of the thread count. Memory: O(Lp·hd) per call. dK and dV gather the query
- * rows in order.
+ * LANES, the padding zero). A query row is then walked in whole vectors of LANES keys: its scores
+ * are sums over hd of key rows (s[j] += q[x]·Kᵀ[x][j], the sum of a vector in a register), and
+ * every sum over the keys (the softmax's sum, o[x] = Σ_j p[j]·Vᵀ[x][j], dq) runs in LANES partial
+ * sums — key j into lane j mod LANES, the keys in order — folded by a fixed halving tree. So no
+ * loop is scalar however small hd is (PatchTST's heads: hd = 4, L = 42), there is no per-row
+ * call, and every sum has one order, independent of the thread count. Masked keys (causal, past
+ * the length, the padding) are selected away: they enter no sum, their scores are −∞ and their
+ * gradients 0, as if the loops stopped at the last key. Memory: O(Lp·hd) per call. dK and dV
+ * gather the query rows in order.
  */
 
 /* One vector of LANES REALs (64 bytes: one AVX-512 register, two AVX2 ones, four SSE ones, as
@@ -85,13 +88,15 @@ static inline __attribute__((always_inline)) REAL LANE_MAX(const REAL *restrict 
     for (int w = 0; w < LANES; w++) a[w] = ninf;
     for (int64_t j = 0; j < n; j += LANES)
         for (int w = 0; w < LANES; w++) a[w] = x[j + w] > a[w] ? x[j + w] : a[w];
-    REAL m = ninf;
-    for (int w = 0; w < LANES; w++) m = a[w] > m ? a[w] : m;
-    return m;
+    if (LANES >= 16)
+        for (int k = 0; k < 8; k++) a[k] = a[k + 8] > a[k] ? a[k + 8] : a[k];
+    for (int k = 0; k < 4; k++) a[k] = a[k + 4] > a[k] ? a[k + 4] : a[k];
+    for (int k = 0; k < 2; k++) a[k] = a[k + 2] > a[k] ? a[k + 2] : a[k];
+    return a[1] > a[0] ? a[1] : a[0];
 }
 
-/* Kᵀ (and Vᵀ when vt) of head (b, h): keys [0, len) converted, the rest up to Lp zero. row: hd
- * REALs of scratch. */
+/* Kᵀ and Vᵀ of head (b, h): keys [0, len) converted, the rest up to Lp zero. row: hd REALs of
+ * scratch. */
 static inline __attribute__((always_inline)) void LOAD_KV(const fg_attn_call *c, int64_t b, int64_t h, int64_t len,
                                                           int64_t Lp, REAL *restrict kt, REAL *restrict vt,
                                                           REAL *restrict row) {
@@ -216,29 +221,38 @@ static void BWD_UNIT(const fg_attn_call *c, int64_t b, int64_t h, int64_t len, R
                     s[j] *= kd;
                 }
                 for (int64_t j = jend; j < Lp; j++) ds[j] = 0;
+                if (g->data) {
+                    LOAD_SROW(row, g, sdt, b, h, i, jend, Lp);
+                    for (int64_t j0 = 0; j0 < Lp; j0 += LANES) VST(ds + j0, VLD(ds + j0) + VLD(row + j0));
+                }
             } else {
+                if (g->data) LOAD_SROW(row, g, sdt, b, h, i, jend, Lp);
+                else for (int64_t j = 0; j < Lp; j++) row[j] = 0;
                 for (int64_t j0 = 0; j0 < Lp; j0 += LANES)
-                    VST(ds + j0, VSEL(VBELOW(j0, jend), VLD(s + j0) * (VLD(dp + j0) - D), (VEC){0}));
+                    VST(ds + j0, VSEL(VBELOW(j0, jend), VLD(s + j0) * (VLD(dp + j0) - D), (VEC){0}) + VLD(row + j0));
             }
-            if (g->data) {
-                LOAD_SROW(row, g, sdt, b, h, i, jend, Lp);
-                for (int64_t j0 = 0; j0 < Lp; j0 += LANES) VST(ds + j0, VLD(ds + j0) + VLD(row + j0));
-            }
-            for (int64_t x = 0; x < hd; x++) { /* keys past jend get nothing (not 0·q, NaN for q = ∞) */
+            /* dKᵀ, dVᵀ += this row's terms; dq = Σ_j ds_j·k_j in lanes (LANE_DOT's order). Keys past
+               jend get nothing (not 0·q, NaN for q = ∞). */
+            for (int64_t x = 0; x < hd; x++) {
                 const REAL qx = q[x], dx = dO[x];
                 REAL *dkt = dKt + x * Lp, *dvt = dVt + x * Lp;
+                const REAL *kt = Kt + x * Lp;
+                VEC dqa = {0};
                 for (int64_t j0 = 0; j0 < jend; j0 += LANES) {
-                    VEC dk = VLD(ds + j0) * qx, dv = VLD(s + j0) * dx;
+                    const VEC dsv = VLD(ds + j0);
+                    VEC dk = dsv * qx, dv = VLD(s + j0) * dx, dqk = dsv * VLD(kt + j0);
                     if (j0 + LANES > jend) {
                         const VMASK mk = VBELOW(j0, jend);
                         dk = VSEL(mk, dk, (VEC){0});
                         dv = VSEL(mk, dv, (VEC){0});
+                        dqk = VSEL(mk, dqk, (VEC){0});
                     }
                     VST(dkt + j0, VLD(dkt + j0) + dk);
                     VST(dvt + j0, VLD(dvt + j0) + dv);
+                    dqa += dqk;
                 }
+                dq[x] = VSUM(dqa);
             }
-            for (int64_t x = 0; x < hd; x++) dq[x] = LANE_DOT(ds, Kt + x * Lp, jend);
         }
         if (dsi->data) { /* ds, and 0 at the masked positions (nothing to add with accumulate) */
             const int64_t base = b * dsi->sb + h * dsi->sh + i * dsi->sl;

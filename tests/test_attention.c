@@ -743,6 +743,8 @@ static const problem cases[] = {
     {2, 2, 17, 8, T, F, F, F, F, 0, 0.3, F, F, "short", "short"},
     {3, 4, 42, 8, F, F, T, T, T, 0, 0, T, F, "short", "short"},        /* PatchTST, d_model 128 */
     {2, 4, 42, 4, F, F, T, T, T, 0.1, 0, F, T, "short", "short"},      /* d_model 16, dropout   */
+    {3, 5, 33, 20, T, T, T, T, T, 0.1, 0, F, T, "short", "short"},     /* thread a row, every option */
+    {5, 7, 42, 16, F, T, F, T, T, 0, 0, F, F, "short", "short"},       /* a block's heads past B·H */
     {3, 2, 127, 16, T, T, F, F, F, 0, 0, F, F, "short", "short"},
     {2, 3, 64, 64, F, T, T, F, T, 0.2, 0, F, F, "short", NULL},
     {2, 2, 5, 0, F, T, T, T, F, 0, 0, F, F, NULL, NULL},                /* hd = 0 */

@@ -3,6 +3,13 @@
  * problem), the whole-sequence kernels for short sequences, the tiled SIMT kernels for every
  * other shape and dtype, and the dispatch (the tensor-core kernels are in attention_flash.cu).
  *
+ *  SHORT ROWS (L <= 64, hd <= 32, any dtype and strides, every option): a thread a query row,
+ *        `group` whole heads a block; k, v (and q, do) in shared memory as f32 float4 rows, the
+ *        [L, L] score operands staged through shared memory by coalesced block-wide row loads and
+ *        stores. The backward: a thread a query row (P from lse, dP, dS, dscores_in, dq), then a
+ *        thread a key row (dk, dv over the query rows in order). PatchTST's shapes (L 42, hd 4 …
+ *        16) are bound by the score rows' bytes; this layout keeps many rows' loads in flight and
+ *        needs no shuffles.
  *  SHORT (L <= 128, hd <= 64, any dtype and strides, every option): a block holds `group`
  *        whole heads in shared memory as f32 — PatchTST runs tens of thousands of 42-token
  *        sequences whose heads are a few kilobytes, where a tiled kernel would pad them to 64 or
@@ -25,6 +32,8 @@
  * the device.
  */
 #include "attention.cuh"
+
+#include <cuda_pipeline.h>
 
 #include <stdio.h>
 #include <string.h>
@@ -339,6 +348,441 @@ __global__ void __launch_bounds__(SHORT_WARPS * 32, 3) short_bwd_kernel(attn_par
             const float v = bad ? nan_f() : dVs[e];
             *o = from_acc<T>(a.accumulate && !bad ? to_acc(*o) + v : v);
         }
+    }
+}
+
+/* ================================================================== SHORT ROWS */
+
+/* A thread a query row, for L <= 64 and hd <= 32 (PatchTST's heads: L 42, hd 4 … 16), where a
+   warp a row spends its time in shuffles and one row's loads in flight. A block holds `group`
+   whole heads: k, v (and q, do) in shared memory as f32 rows padded with zeros to HDP floats and
+   read as float4 broadcasts, head stride hs with hs / 4 odd (the heads a warp spans read distinct
+   bank groups); q (and do) of the thread's row in registers; a thread's [L, hd] rows move as
+   16-byte vectors where they are contiguous and aligned. The [L, L] score operands go through
+   shared memory: block-wide coalesced row loads (f32: asynchronous copies, the block's every row
+   in flight; f16 / bf16: a warp a run of ROWS_U rows, every load of the run issued before the
+   first store; lane j the keys j and j + 32), row stride lds = L | 1 (odd: a thread reading its
+   own row is conflict-free), and coalesced stores back. The backward is two phases in one
+   block: a thread a query row (P from lse, dP, dS, dscores_in through shared memory, dq), then a
+   thread a key row (dk, dv over the query rows in order). Every sum runs in a fixed order; no
+   atomics but the bad-length flag. */
+
+constexpr int ROWS_L = 64;
+constexpr int ROWS_HD = 32;
+constexpr int ROWS_THREADS = 256; /* the most threads a block */
+constexpr int ROWS_U = 8;         /* rows a warp stages at once */
+
+__host__ __device__ __forceinline__ int rows_lds(int L) { return L | 1; }
+__host__ __device__ __forceinline__ int rows_hs(int L, int hdp) { return L * hdp + 4; }
+
+/* The floats before the int64 row offsets (even: the offsets are 8-byte aligned): K, V (and Q,
+   dO) [group][hs]; the score rows [group·L][lds], one array forward, two backward. */
+__host__ __device__ __forceinline__ size_t rows_floats(int L, int hdp, int group, bool fwd) {
+    const size_t f = (size_t)(fwd ? 2 : 4) * group * rows_hs(L, hdp) + (size_t)(fwd ? 1 : 2) * group * L * rows_lds(L);
+    return (f + 1) & ~(size_t)1;
+}
+
+/* Bytes of shared memory: the floats, then a row's element offset in each staged [L, L] operand
+   (forward: scores_in, scores_out; backward: scores_in, dscores, dscores_in). */
+static size_t rows_smem(int L, int hdp, int group, bool fwd) {
+    return sizeof(float) * rows_floats(L, hdp, group, fwd) + sizeof(int64_t) * (size_t)(fwd ? 2 : 3) * group * L;
+}
+
+/* 16 bytes of T as f32 and back (16 / sizeof(T) elements; the conversions of to_acc and
+   from_acc, pairwise) */
+__device__ __forceinline__ void rows_unpack(const uint4 &u, const float *, float *x) {
+    x[0] = __uint_as_float(u.x), x[1] = __uint_as_float(u.y), x[2] = __uint_as_float(u.z), x[3] = __uint_as_float(u.w);
+}
+__device__ __forceinline__ void rows_unpack(const uint4 &u, const __half *, float *x) {
+    const __half2 *h = reinterpret_cast<const __half2 *>(&u);
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const float2 f = __half22float2(h[k]);
+        x[2 * k] = f.x, x[2 * k + 1] = f.y;
+    }
+}
+__device__ __forceinline__ void rows_unpack(const uint4 &u, const __nv_bfloat16 *, float *x) {
+    const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&u);
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const float2 f = __bfloat1622float2(h[k]);
+        x[2 * k] = f.x, x[2 * k + 1] = f.y;
+    }
+}
+template <typename T> __device__ __forceinline__ uint4 rows_pack(const float *x) {
+    uint4 u;
+    T *o = reinterpret_cast<T *>(&u);
+#pragma unroll
+    for (int k = 0; k < 16 / (int)sizeof(T); k += 2) from_acc2<T>(x[k], x[k + 1], o + k);
+    return u;
+}
+
+/* Whether row (b, h, i) of v is hd contiguous elements in whole 16-byte pieces. */
+template <typename T>
+__device__ __forceinline__ bool rows_vec(const attn_view &v, const T *p, int hd) {
+    return v.sx == 1 && hd % (16 / (int)sizeof(T)) == 0 && ((uintptr_t)p & 15) == 0;
+}
+
+/* Row i of a [B, H, L, hd] operand as HDP f32 (zeros past hd). */
+template <typename T, int HDP>
+__device__ __forceinline__ void rows_load(const attn_view &v, int64_t b, int64_t h, int i, int hd, float x[HDP]) {
+    const T *p = at<T>(v, b, h, i, 0);
+    constexpr int VE = 16 / (int)sizeof(T);
+    if (rows_vec<T>(v, p, hd)) {
+#pragma unroll
+        for (int c = 0; c < HDP; c += VE) {
+            if (c < hd) rows_unpack(*reinterpret_cast<const uint4 *>(p + c), p, x + c);
+            else
+#pragma unroll
+                for (int k = 0; k < VE; k++) x[c + k] = 0.f;
+        }
+        return;
+    }
+#pragma unroll
+    for (int d = 0; d < HDP; d++) x[d] = d < hd ? to_acc(p[d * v.sx]) : 0.f;
+}
+
+/* Row i of a [B, H, L, hd] operand from HDP f32 (the first hd), added to what is there when
+   asked. */
+template <typename T, int HDP>
+__device__ __forceinline__ void rows_store(const attn_view &v, int64_t b, int64_t h, int i, int hd,
+                                           const float x[HDP], bool add) {
+    T *p = at<T>(v, b, h, i, 0);
+    constexpr int VE = 16 / (int)sizeof(T);
+    if (rows_vec<T>(v, p, hd)) {
+#pragma unroll
+        for (int c = 0; c < HDP; c += VE)
+            if (c < hd) {
+                float y[VE];
+                if (add) rows_unpack(*reinterpret_cast<const uint4 *>(p + c), p, y);
+#pragma unroll
+                for (int k = 0; k < VE; k++) y[k] = add ? y[k] + x[c + k] : x[c + k];
+                *reinterpret_cast<uint4 *>(p + c) = rows_pack<T>(y);
+            }
+        return;
+    }
+#pragma unroll
+    for (int d = 0; d < HDP; d++)
+        if (d < hd) {
+            T *o = p + d * v.sx;
+            *o = from_acc<T>(add ? to_acc(*o) + x[d] : x[d]);
+        }
+}
+
+/* HDP copies of c */
+template <int HDP> __device__ __forceinline__ void rows_fill(float x[HDP], float c) {
+#pragma unroll
+    for (int d = 0; d < HDP; d++) x[d] = c;
+}
+
+template <int HDP> __device__ __forceinline__ void rows_put(float *dst, const float x[HDP]) {
+#pragma unroll
+    for (int c = 0; c < HDP / 4; c++)
+        reinterpret_cast<float4 *>(dst)[c] = make_float4(x[4 * c], x[4 * c + 1], x[4 * c + 2], x[4 * c + 3]);
+}
+
+/* Σ_d x[d]·row[d], d in order from 0 (the zero padding adds nothing) */
+template <int HDP> __device__ __forceinline__ float rows_dot(const float x[HDP], const float *row) {
+    float s = 0.f;
+#pragma unroll
+    for (int c = 0; c < HDP / 4; c++) {
+        const float4 k = reinterpret_cast<const float4 *>(row)[c];
+        s += x[4 * c] * k.x;
+        s += x[4 * c + 1] * k.y;
+        s += x[4 * c + 2] * k.z;
+        s += x[4 * c + 3] * k.w;
+    }
+    return s;
+}
+
+/* row[0 … HDP) from shared memory into registers */
+template <int HDP> __device__ __forceinline__ void rows_get(const float *row, float x[HDP]) {
+#pragma unroll
+    for (int c = 0; c < HDP / 4; c++) {
+        const float4 k = reinterpret_cast<const float4 *>(row)[c];
+        x[4 * c] = k.x, x[4 * c + 1] = k.y, x[4 * c + 2] = k.z, x[4 * c + 3] = k.w;
+    }
+}
+
+/* Σ_d x[d]·y[d], d in order from 0 */
+template <int HDP> __device__ __forceinline__ float rows_dot_r(const float x[HDP], const float y[HDP]) {
+    float s = 0.f;
+#pragma unroll
+    for (int d = 0; d < HDP; d++) s += x[d] * y[d];
+    return s;
+}
+
+/* acc[d] += w·row[d] */
+template <int HDP> __device__ __forceinline__ void rows_axpy(float acc[HDP], float w, const float *row) {
+#pragma unroll
+    for (int c = 0; c < HDP / 4; c++) {
+        const float4 k = reinterpret_cast<const float4 *>(row)[c];
+        acc[4 * c] += w * k.x;
+        acc[4 * c + 1] += w * k.y;
+        acc[4 * c + 2] += w * k.z;
+        acc[4 * c + 3] += w * k.w;
+    }
+}
+
+/* Rows [0, R) of up to two [L, L] operands (p NULL: absent) into shared memory as f32, row r at
+   d[r·lds]; o: each row's element offset. The whole block takes part; the caller's barrier makes
+   the rows visible. f32: asynchronous 4-byte copies, every row of the block in flight at once;
+   f16 / bf16: through registers (converted), ROWS_U rows a warp in flight. */
+template <typename S>
+__device__ __forceinline__ void rows_stage(const attn_view &v0, const int64_t *o0, float *d0, const attn_view &v1,
+                                           const int64_t *o1, float *d1, int R, int L, int lds) {
+    const S *p0 = (const S *)v0.p, *p1 = (const S *)v1.p;
+    if (!p0 && !p1) return;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    if constexpr (sizeof(S) == sizeof(float)) {
+        for (int r = w; r < R; r += nw)
+            for (int j = lane; j < L; j += 32) {
+                if (p0) __pipeline_memcpy_async(d0 + r * lds + j, p0 + o0[r] + j * v0.sx, sizeof(float));
+                if (p1) __pipeline_memcpy_async(d1 + r * lds + j, p1 + o1[r] + j * v1.sx, sizeof(float));
+            }
+        __pipeline_commit();
+        __pipeline_wait_prior(0);
+    } else {
+        for (int r0 = w * ROWS_U; r0 < R; r0 += nw * ROWS_U) {
+            float x0[ROWS_U][2], x1[ROWS_U][2];
+#pragma unroll
+            for (int u = 0; u < ROWS_U; u++)
+#pragma unroll
+                for (int t = 0; t < 2; t++) {
+                    const int r = r0 + u, j = lane + 32 * t;
+                    const bool in = r < R && j < L;
+                    x0[u][t] = p0 && in ? to_acc(p0[o0[r] + j * v0.sx]) : 0.f;
+                    x1[u][t] = p1 && in ? to_acc(p1[o1[r] + j * v1.sx]) : 0.f;
+                }
+#pragma unroll
+            for (int u = 0; u < ROWS_U; u++)
+#pragma unroll
+                for (int t = 0; t < 2; t++) {
+                    const int r = r0 + u, j = lane + 32 * t;
+                    if (r < R && j < L) {
+                        if (p0) d0[r * lds + j] = x0[u][t];
+                        if (p1) d1[r * lds + j] = x1[u][t];
+                    }
+                }
+        }
+    }
+}
+
+/* Rows [0, R) of shared memory (row r at src[r·lds]) out to an [L, L] operand, added to what is
+   there when asked. The whole block takes part. */
+template <typename S>
+__device__ __forceinline__ void rows_unstage(const attn_view &v, const int64_t *o, const float *src, int R, int L,
+                                             int lds, bool add) {
+    S *p = (S *)v.p;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (int r0 = w * ROWS_U; r0 < R; r0 += nw * ROWS_U) {
+        float x[ROWS_U][2];
+#pragma unroll
+        for (int u = 0; u < ROWS_U; u++)
+#pragma unroll
+            for (int t = 0; t < 2; t++) {
+                const int r = r0 + u, j = lane + 32 * t;
+                const bool in = r < R && j < L;
+                x[u][t] = in ? src[r * lds + j] : 0.f;
+                if (add && in) x[u][t] += to_acc(p[o[r] + j * v.sx]);
+            }
+#pragma unroll
+        for (int u = 0; u < ROWS_U; u++)
+#pragma unroll
+            for (int t = 0; t < 2; t++) {
+                const int r = r0 + u, j = lane + 32 * t;
+                if (r < R && j < L) p[o[r] + j * v.sx] = from_acc<S>(x[u][t]);
+            }
+    }
+}
+
+template <typename T, typename S, int HDP>
+__global__ void __launch_bounds__(ROWS_THREADS) short_rows_fwd_kernel(attn_params a, int group) {
+    extern __shared__ float4 sm4[];
+    float *sm = reinterpret_cast<float *>(sm4);
+    const int L = a.L, hd = a.hd, lds = rows_lds(L), hs = rows_hs(L, HDP);
+    const int64_t n0 = (int64_t)blockIdx.x * group;
+    const int gcount = (int)min((int64_t)group, (int64_t)a.B * a.H - n0), R = gcount * L;
+    float *Ks = sm, *Vs = Ks + (size_t)group * hs, *Sc = Vs + (size_t)group * hs;
+    int64_t *offi = reinterpret_cast<int64_t *>(sm + rows_floats(L, HDP, group, true)), *offo = offi + group * L;
+    const int r = threadIdx.x;
+    const bool active = r < R;
+    const int g = active ? r / L : 0, i = active ? r - g * L : 0;
+    const int64_t n = n0 + g, b = n / a.H, h = n - b * a.H;
+    bool bad = false;
+    int len = 0;
+    float q[HDP];
+    if (active) {
+        len = seq_len(a, b, &bad);
+        if (a.sin.p) offi[r] = b * a.sin.sb + h * a.sin.sh + i * a.sin.sl;
+        if (a.sout.p) offo[r] = b * a.sout.sb + h * a.sout.sh + i * a.sout.sl;
+        float x[HDP];
+        rows_load<T, HDP>(a.k, b, h, i, hd, x);
+        rows_put<HDP>(Ks + (size_t)g * hs + i * HDP, x);
+        rows_load<T, HDP>(a.v, b, h, i, hd, x);
+        rows_put<HDP>(Vs + (size_t)g * hs + i * HDP, x);
+        rows_load<T, HDP>(a.q, b, h, i, hd, q);
+    }
+    __syncthreads();
+    const attn_view none = {nullptr, 0, 0, 0, 0};
+    rows_stage<S>(a.sin, offi, Sc, none, nullptr, nullptr, R, L, lds);
+    __syncthreads();
+    if (active) {
+        float *srow = Sc + (size_t)r * lds; /* scores_in, then the scores (scores_out's row) */
+        float *lse = a.lse + (n * L + i);
+        float out[HDP];
+        if (bad) { /* NaN what this row owns */
+            for (int j = 0; j < L; j++) srow[j] = nan_f();
+            rows_fill<HDP>(out, nan_f());
+            rows_store<T, HDP>(a.o, b, h, i, hd, out, false);
+            *lse = nan_f();
+            if (i == 0) raise_bad_length(a, b);
+        } else {
+            const int jend = key_end(a, i, len);
+            const float *K = Ks + (size_t)g * hs, *V = Vs + (size_t)g * hs;
+            const bool has_sin = a.sin.p != nullptr;
+            float m = NEG_INF;
+            for (int j = 0; j < jend; j++) {
+                const float x = rows_dot<HDP>(q, K + j * HDP) * a.scale + (has_sin ? srow[j] : 0.f);
+                srow[j] = x;
+                m = nan_max(m, x);
+            }
+            for (int j = jend; j < L; j++) srow[j] = NEG_INF;
+            if (m == NEG_INF) { /* no key: o = 0, lse = −∞ */
+                rows_fill<HDP>(out, 0.f);
+                rows_store<T, HDP>(a.o, b, h, i, hd, out, false);
+                *lse = NEG_INF;
+            } else {
+                float acc[HDP];
+#pragma unroll
+                for (int d = 0; d < HDP; d++) acc[d] = 0.f;
+                float sum = 0.f;
+                keep_row keep(a, n, i);
+                for (int j = 0; j < jend; j++) {
+                    const float e = expf(srow[j] - m);
+                    sum += e;
+                    rows_axpy<HDP>(acc, e * keep.at(a, j), V + j * HDP);
+                }
+                const float inv = 1.f / sum;
+#pragma unroll
+                for (int d = 0; d < HDP; d++) out[d] = acc[d] * inv;
+                rows_store<T, HDP>(a.o, b, h, i, hd, out, false);
+                *lse = m + logf(sum);
+            }
+        }
+    }
+    if (!a.sout.p) return;
+    __syncthreads();
+    rows_unstage<S>(a.sout, offo, Sc, R, L, lds, false);
+}
+
+template <typename T, typename S, int HDP>
+__global__ void __launch_bounds__(ROWS_THREADS) short_rows_bwd_kernel(attn_params a, int group) {
+    extern __shared__ float4 sm4[];
+    float *sm = reinterpret_cast<float *>(sm4);
+    const int L = a.L, hd = a.hd, lds = rows_lds(L), hs = rows_hs(L, HDP);
+    const int64_t n0 = (int64_t)blockIdx.x * group;
+    const int gcount = (int)min((int64_t)group, (int64_t)a.B * a.H - n0), R = gcount * L;
+    float *Ks = sm, *Vs = Ks + (size_t)group * hs, *Qs = Vs + (size_t)group * hs, *dOs = Qs + (size_t)group * hs;
+    float *Sa = dOs + (size_t)group * hs, *Sb = Sa + (size_t)group * L * lds;
+    int64_t *offi = reinterpret_cast<int64_t *>(sm + rows_floats(L, HDP, group, false));
+    int64_t *offg = offi + group * L, *offd = offg + group * L;
+    const int r = threadIdx.x;
+    const bool active = r < R;
+    const int g = active ? r / L : 0, i = active ? r - g * L : 0;
+    const int64_t n = n0 + g, b = n / a.H, h = n - b * a.H;
+    bool bad = false;
+    int len = 0;
+    float q[HDP], dO[HDP];
+    if (active) {
+        len = seq_len(a, b, &bad);
+        if (a.sin.p) offi[r] = b * a.sin.sb + h * a.sin.sh + i * a.sin.sl;
+        if (a.dso.p) offg[r] = b * a.dso.sb + h * a.dso.sh + i * a.dso.sl;
+        if (a.dsin.p) offd[r] = b * a.dsin.sb + h * a.dsin.sh + i * a.dsin.sl;
+        float x[HDP];
+        rows_load<T, HDP>(a.k, b, h, i, hd, x);
+        rows_put<HDP>(Ks + (size_t)g * hs + i * HDP, x);
+        rows_load<T, HDP>(a.v, b, h, i, hd, x);
+        rows_put<HDP>(Vs + (size_t)g * hs + i * HDP, x);
+        rows_load<T, HDP>(a.q, b, h, i, hd, q);
+        rows_put<HDP>(Qs + (size_t)g * hs + i * HDP, q);
+        rows_load<T, HDP>(a.dout, b, h, i, hd, dO);
+        rows_put<HDP>(dOs + (size_t)g * hs + i * HDP, dO);
+    }
+    __syncthreads();
+    rows_stage<S>(a.sin, offi, Sa, a.dso, offg, Sb, R, L, lds);
+    __syncthreads();
+    /* query row i: Sa's row becomes dS (dscores_in's row), Sb's P̃ */
+    if (active) {
+        float *arow = Sa + (size_t)r * lds, *brow = Sb + (size_t)r * lds;
+        float out[HDP];
+        if (bad) {
+            for (int j = 0; j < L; j++) arow[j] = nan_f(); /* read by dscores_in alone */
+            rows_fill<HDP>(out, nan_f());
+            if (a.dq.p) rows_store<T, HDP>(a.dq, b, h, i, hd, out, false);
+            if (i == 0) raise_bad_length(a, b);
+        } else {
+            const float lse = a.lse[n * L + i];
+            const int jend = lse == NEG_INF ? 0 : key_end(a, i, len);
+            rows_load<T, HDP>(a.o, b, h, i, hd, out);
+            float Di = 0.f;
+#pragma unroll
+            for (int d = 0; d < HDP; d++)
+                if (d < hd) Di += dO[d] * out[d];
+            const float *K = Ks + (size_t)g * hs, *V = Vs + (size_t)g * hs;
+            const bool has_sin = a.sin.p != nullptr, has_dso = a.dso.p != nullptr;
+            float dq[HDP];
+#pragma unroll
+            for (int d = 0; d < HDP; d++) dq[d] = 0.f;
+            keep_row keep(a, n, i);
+            for (int j = 0; j < jend; j++) {
+                float kj[HDP], vj[HDP];
+                rows_get<HDP>(K + j * HDP, kj);
+                rows_get<HDP>(V + j * HDP, vj);
+                const float x = rows_dot_r<HDP>(q, kj) * a.scale + (has_sin ? arow[j] : 0.f);
+                const float dpd = rows_dot_r<HDP>(dO, vj);
+                const float p = expf(x - lse), kd = keep.at(a, j);
+                const float ds = p * (dpd * kd - Di) + (has_dso ? brow[j] : 0.f);
+                arow[j] = ds;
+                brow[j] = p * kd;
+#pragma unroll
+                for (int d = 0; d < HDP; d++) dq[d] += ds * kj[d];
+            }
+            for (int j = jend; j < L; j++) arow[j] = brow[j] = 0.f;
+            if (a.dq.p) {
+#pragma unroll
+                for (int d = 0; d < HDP; d++) out[d] = dq[d] * a.scale;
+                rows_store<T, HDP>(a.dq, b, h, i, hd, out, a.accumulate);
+            }
+        }
+    }
+    __syncthreads();
+    if (a.dsin.p) rows_unstage<S>(a.dsin, offd, Sa, R, L, lds, a.accumulate);
+    /* key row j = i: dk, dv over the query rows that see it, in order */
+    if (!active || (!a.dk.p && !a.dv.p)) return;
+    const int j = i;
+    float dk[HDP], dv[HDP];
+#pragma unroll
+    for (int d = 0; d < HDP; d++) dk[d] = dv[d] = 0.f;
+    if (!bad && j < len) {
+        const float *Q = Qs + (size_t)g * hs, *dOh = dOs + (size_t)g * hs;
+        const float *ac = Sa + (size_t)g * L * lds + j, *bc = Sb + (size_t)g * L * lds + j;
+        const int ifrom = a.causal ? j : 0; /* the rows before it are masked: skipped, the warp in step */
+        for (int ii = 0; ii < L; ii++) {
+            if (ii < ifrom) continue;
+            rows_axpy<HDP>(dk, ac[ii * lds], Q + ii * HDP);
+            rows_axpy<HDP>(dv, bc[ii * lds], dOh + ii * HDP);
+        }
+    }
+    if (a.dk.p) {
+#pragma unroll
+        for (int d = 0; d < HDP; d++) dk[d] = bad ? nan_f() : dk[d] * a.scale;
+        rows_store<T, HDP>(a.dk, b, h, j, hd, dk, a.accumulate && !bad);
+    }
+    if (a.dv.p) {
+#pragma unroll
+        for (int d = 0; d < HDP; d++) dv[d] = bad ? nan_f() : dv[d];
+        rows_store<T, HDP>(a.dv, b, h, j, hd, dv, a.accumulate && !bad);
     }
 }
 
@@ -711,6 +1155,30 @@ static cudaError_t run_short(const attn_params &a, bool forward, int group, int 
     return cudaGetLastError();
 }
 
+template <typename T, typename S, int HDP>
+static cudaError_t launch_rows(const attn_params &a, bool forward, int group, cudaStream_t st) {
+    const int64_t blocks = cdiv((int64_t)a.B * a.H, group);
+    const unsigned threads = (unsigned)((group * a.L + 31) / 32 * 32);
+    const size_t smem = rows_smem(a.L, HDP, group, forward);
+    if (forward) {
+        cudaError_t e = allow_smem(short_rows_fwd_kernel<T, S, HDP>, smem);
+        if (e != cudaSuccess) return e;
+        short_rows_fwd_kernel<T, S, HDP><<<(unsigned)blocks, threads, smem, st>>>(a, group);
+        return cudaGetLastError();
+    }
+    cudaError_t e = allow_smem(short_rows_bwd_kernel<T, S, HDP>, smem);
+    if (e != cudaSuccess) return e;
+    short_rows_bwd_kernel<T, S, HDP><<<(unsigned)blocks, threads, smem, st>>>(a, group);
+    return cudaGetLastError();
+}
+
+template <typename T, typename S>
+static cudaError_t run_rows(const attn_params &a, bool forward, int group, int hdp, cudaStream_t st) {
+    if (hdp == 8) return launch_rows<T, S, 8>(a, forward, group, st);
+    if (hdp == 16) return launch_rows<T, S, 16>(a, forward, group, st);
+    return launch_rows<T, S, 32>(a, forward, group, st);
+}
+
 template <typename T, typename S, int NU>
 static cudaError_t launch_tiled_fwd(const attn_params &a, cudaStream_t st) {
     const int kt = tiled_fwd_kt(a.hd);
@@ -779,6 +1247,74 @@ static int short_group(const fg_attn_problem *p, int smem_limit, int *rows) {
     return need <= (size_t)smem_limit ? g : 0;
 }
 
+static int sm_smem(int device) {
+    int v = 0;
+    if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device) != cudaSuccess) {
+        cudaGetLastError();
+        v = 48 * 1024;
+    }
+    return v;
+}
+
+/* The thread-a-row kernels' padded head dim (two float4 at least), 0: not their shape. */
+static int rows_hdp(const fg_attn_problem *p) {
+    if (p->L < 1 || p->L > ROWS_L || p->hd > ROWS_HD) return 0;
+    return p->hd <= 8 ? 8 : p->hd <= 16 ? 16 : 32;
+}
+
+template <typename T, typename S>
+static const void *rows_kernel_of(bool forward, int hdp) {
+    if (forward)
+        return hdp == 8    ? (const void *)short_rows_fwd_kernel<T, S, 8>
+               : hdp == 16 ? (const void *)short_rows_fwd_kernel<T, S, 16>
+                           : (const void *)short_rows_fwd_kernel<T, S, 32>;
+    return hdp == 8    ? (const void *)short_rows_bwd_kernel<T, S, 8>
+           : hdp == 16 ? (const void *)short_rows_bwd_kernel<T, S, 16>
+                       : (const void *)short_rows_bwd_kernel<T, S, 32>;
+}
+
+/* The warps an SM holds of the thread-a-row kernel a problem runs, by its registers. */
+static int rows_warps_per_sm(const fg_attn_problem *p, int hdp) {
+    const bool s32 = p->sdtype == FG_F32;
+    const void *f = p->dtype == FG_F32   ? rows_kernel_of<float, float>(p->forward, hdp)
+                    : p->dtype == FG_F16 ? (s32 ? rows_kernel_of<__half, float>(p->forward, hdp)
+                                                : rows_kernel_of<__half, __half>(p->forward, hdp))
+                    : s32 ? rows_kernel_of<__nv_bfloat16, float>(p->forward, hdp)
+                          : rows_kernel_of<__nv_bfloat16, __nv_bfloat16>(p->forward, hdp);
+    cudaFuncAttributes at;
+    if (cudaFuncGetAttributes(&at, f) != cudaSuccess) {
+        cudaGetLastError();
+        return 32;
+    }
+    const int per_warp = (at.numRegs * 32 + 255) / 256 * 256; /* allocated a warp at a time, 256 at once */
+    const int warps = per_warp > 0 ? 65536 / per_warp : 64;
+    return warps < 64 ? warps : 64;
+}
+
+/* Heads a thread-a-row block holds: the count that keeps the most query rows resident on an SM
+   (its shared memory and registers, shared memory a block), weighed by the block's busy lanes
+   (rows / threads), among the counts that leave at least 4 blocks an SM when one does (blocks
+   overlap their loads with the others' arithmetic); ties to the smaller block. 0: not even one
+   head fits. */
+static int rows_group(const fg_attn_problem *p, int hdp, int smem_block, int smem_sm) {
+    const int L = (int)p->L;
+    const int warps_sm = rows_warps_per_sm(p, hdp);
+    int best = 0, best_many = 0;
+    int64_t best_score = 0, best_many_score = 0;
+    for (int g = 1; g * L <= ROWS_THREADS; g++) {
+        const size_t need = rows_smem(L, hdp, g, p->forward);
+        if (need > (size_t)smem_block) break;
+        const int warps = (g * L + 31) / 32;
+        int per_sm = (int)((size_t)smem_sm / (need + 1024));
+        per_sm = per_sm < warps_sm / warps ? per_sm : warps_sm / warps;
+        per_sm = per_sm < 32 ? per_sm : 32;
+        const int64_t score = (int64_t)per_sm * g * L * g * L * 1024 / (warps * 32);
+        if (score > best_score) best = g, best_score = score;
+        if (per_sm >= 4 && score > best_many_score) best_many = g, best_many_score = score;
+    }
+    return best_many ? best_many : best;
+}
+
 static const char *dname(fg_dtype t) { return fg_dtype_name(t); }
 
 } // namespace
@@ -804,6 +1340,19 @@ extern "C" fg_status fg_cuda_attn_plan(fg_context *ctx, const fg_attn_problem *p
         return fg_fail(FG_ERR_UNSUPPORTED, "%s: B·H=%lld, L=%lld: more blocks than the CUDA kernels' grid takes", op,
                        (long long)(p->B * p->H), (long long)p->L);
     const int limit = max_smem(ctx->device);
+    const int hdp = rows_hdp(p);
+    int rgroup = 0;
+    if (hdp) {
+        fg_device_guard guard(ctx->device); /* the kernel's attributes on the context's device */
+        rgroup = rows_group(p, hdp, limit, sm_smem(ctx->device));
+    }
+    if (rgroup > 0) {
+        path->kernel = FG_ATTN_SHORT_ROWS;
+        path->group = rgroup | hdp << 16;
+        snprintf(path->name, sizeof path->name, "attn_short_rows_%s<%s,%d>", p->forward ? "fwd" : "bwd",
+                 dname(p->dtype), hdp);
+        return FG_OK;
+    }
     int rows = 0;
     const int group = short_group(p, limit, &rows);
     const bool flash = fg_cuda_attn_flash_fits(p);
@@ -841,6 +1390,7 @@ extern "C" fg_status fg_cuda_attn_plan(fg_context *ctx, const fg_attn_problem *p
 template <typename T, typename S>
 static cudaError_t dispatch(const fg_attn_call *c, const attn_params &a, cudaStream_t st) {
     switch (c->path.kernel) {
+    case FG_ATTN_SHORT_ROWS: return run_rows<T, S>(a, c->p.forward, c->path.group & 0xffff, c->path.group >> 16, st);
     case FG_ATTN_SHORT: return run_short<T, S>(a, c->p.forward, c->path.group & 0xffff, c->path.group >> 16, st);
     case FG_ATTN_TILED: return run_tiled<T, S>(a, c->p.forward, st);
     default: return cudaErrorInvalidValue;
@@ -868,7 +1418,7 @@ extern "C" fg_status fg_cuda_attn(fg_context *ctx, const fg_attn_call *c) {
     a.flag = ctx->cuda->flag;
     if (!p->forward) {
         const size_t need = (size_t)(p->B * p->H * p->L) * sizeof(float);
-        if (c->path.kernel != FG_ATTN_SHORT) {
+        if (c->path.kernel != FG_ATTN_SHORT && c->path.kernel != FG_ATTN_SHORT_ROWS) {
             if (!c->ws || c->ws_bytes < need)
                 return fg_fail(FG_ERR_WORKSPACE, "attention_backward: workspace of %zu bytes given, %zu needed",
                                c->ws_bytes, need);

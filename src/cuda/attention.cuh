@@ -3,7 +3,8 @@
  * tiled SIMT kernels; attention_flash.cu: the tensor-core kernels): the run's parameters as a
  * kernel argument, element access through [B, H, L, X] views with element strides, the
  * key-padding length of a sequence and the flag a bad one raises, the dropout factor of an
- * element (src/core/rng.h, index ((b·H + h)·L + i)·L + j), and warp reductions that keep a NaN.
+ * element (src/core/rng.h, index ((b·H + h)·L + i)·L + j) and its walk along a row, and warp
+ * reductions that keep a NaN.
  * Why one place: every path must mask, drop and flag exactly as the CPU reference does
  * (src/cpu/attention_rows.h), so the rules are written once.
  */
@@ -68,13 +69,19 @@ __device__ __forceinline__ int key_end(const attn_params &a, int i, int len) {
 
 /* fg_dropout_uniform's value, the word picked by selects (its r.v[i & 3] indexes the words
    dynamically, which puts them in local memory on the device) */
-__device__ __forceinline__ float dropout_u(uint64_t seed, uint64_t offset, uint64_t idx) {
-    const uint64_t q = idx >> 2;
-    const fg_philox4 r = fg_philox4x32_10((uint32_t)q, (uint32_t)(q >> 32), (uint32_t)offset, (uint32_t)(offset >> 32),
-                                          (uint32_t)seed, (uint32_t)(seed >> 32));
-    const unsigned k = (unsigned)(idx & 3);
+__device__ __forceinline__ fg_philox4 dropout_block(uint64_t seed, uint64_t offset, uint64_t q) {
+    return fg_philox4x32_10((uint32_t)q, (uint32_t)(q >> 32), (uint32_t)offset, (uint32_t)(offset >> 32),
+                            (uint32_t)seed, (uint32_t)(seed >> 32));
+}
+
+/* the uniform of word k (0 … 3) of a block */
+__device__ __forceinline__ float dropout_word_u(const fg_philox4 &r, unsigned k) {
     const uint32_t w = k == 0 ? r.v[0] : k == 1 ? r.v[1] : k == 2 ? r.v[2] : r.v[3];
     return (float)(w >> 8) * (1.0f / 16777216.0f);
+}
+
+__device__ __forceinline__ float dropout_u(uint64_t seed, uint64_t offset, uint64_t idx) {
+    return dropout_word_u(dropout_block(seed, offset, idx >> 2), (unsigned)(idx & 3));
 }
 
 /* The dropout factor of (b, h, i, j): keep_scale when kept, 0 when dropped, 1 without dropout. */
@@ -83,6 +90,21 @@ __device__ __forceinline__ float keep_factor(const attn_params &a, int64_t n, in
     const uint64_t idx = ((uint64_t)n * (uint64_t)a.L + (uint64_t)i) * (uint64_t)a.L + (uint64_t)j;
     return dropout_u(a.seed, a.offset, idx) >= a.keep_threshold ? a.keep_scale : 0.f;
 }
+
+/* keep_factor along one query row (b, h, i), keys in increasing order: the Philox block of four
+   keys is computed once and reused for the next three (same bits as keep_factor). */
+struct keep_row {
+    uint64_t base, q;
+    fg_philox4 r;
+    __device__ __forceinline__ keep_row(const attn_params &a, int64_t n, int i)
+        : base(((uint64_t)n * (uint64_t)a.L + (uint64_t)i) * (uint64_t)a.L), q(~0ull) {}
+    __device__ __forceinline__ float at(const attn_params &a, int j) {
+        if (!a.dropout) return 1.f;
+        const uint64_t idx = base + (uint64_t)j;
+        if (idx >> 2 != q) q = idx >> 2, r = dropout_block(a.seed, a.offset, q);
+        return dropout_word_u(r, (unsigned)(idx & 3)) >= a.keep_threshold ? a.keep_scale : 0.f;
+    }
+};
 
 /* max that keeps a NaN (fmaxf drops it: a NaN score must make its row NaN, as on the CPU) */
 __device__ __forceinline__ float nan_max(float a, float b) { return (a > b || a != a) ? a : b; }

@@ -295,8 +295,9 @@ static void logp_kernels(void) {
  * column and apply kernels (16-byte vectors and single elements), dropout, RevIN. */
 static void norm_kernels(void) {
     struct { fg_dtype dt; int64_t rows, d; const char *fwd, *bwd; } rows[] = {
-        {FG_BF16, 300, 128, "ln_fwd<bf16,v8,g4x4>", "ln_bwd<bf16,v8,g8x2>"},
-        {FG_F32, 40, 4096, "ln_fwd<f32,v4,g128x8>", "ln_bwd<f32,v4,g256x4>"},
+        {FG_BF16, 300, 128, "ln_fwd<bf16,v8,g8x2>", "ln_bwd<bf16,v8,g8x2>"},
+        {FG_F32, 40, 4096, "ln_fwd<f32,v4,g256x4>", "ln_bwd<f32,v4,g256x4>"},
+        {FG_F32, 20, 16384, "ln_fwd<f32,v4,g512x8>", "ln_bwd<f32,v4,g512x8>"},
         {FG_BF16, 20, 12288, "ln_fwd<bf16,v8,g512x4>", "ln_bwd<bf16,v8,g512x4>"},
         {FG_F32, 33, 1001, "ln_fwd_loop<f32,v1>", "ln_bwd_loop<f32,v1>"},
     };

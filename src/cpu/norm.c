@@ -65,6 +65,26 @@ static void drop_mults64(const fg_dropout_gen *g, uint64_t idx0, int64_t n, doub
     for (int64_t k = 0; k < n; k++) m[k] = f[k] != 0.0f ? g->scale64 : 0.0;
 }
 
+/* The multipliers of whole short rows (C <= CHUNK / 2): row i's are the flat elements i·C … i·C + C − 1,
+   made for up to CHUNK / C rows [i, hi) at once into buf (a Philox run per row costs more than the row).
+   rm holds the rows buf has; the same multipliers as one drop_mults call a row. */
+typedef struct row_mults {
+    int64_t first, count;
+} row_mults;
+
+static bool short_rows(const fg_norm_call *c) { return c->drop.on && c->cols > 0 && c->cols <= CHUNK / 2; }
+
+static const float *mults_of_row(const fg_norm_call *c, int64_t i, int64_t hi, float *buf, row_mults *rm) {
+    const int64_t C = c->cols;
+    if (i < rm->first || i >= rm->first + rm->count) {
+        int64_t n = CHUNK / C;
+        if (n > hi - i) n = hi - i;
+        drop_mults(&c->drop, (uint64_t)(i * C), n * C, buf);
+        rm->first = i, rm->count = n;
+    }
+    return buf + (i - rm->first) * C;
+}
+
 /* ------------------------------------------------------------------ helpers */
 
 /* v rounded to storage type t (and back); t a constant at the call */
@@ -479,7 +499,7 @@ static fg_status rows_backward(fg_context *ctx, fg_norm_call *c, bool run) {
 static size_t bn_buf_bytes(int64_t C) { return ALIGN_UP((size_t)C * sizeof(double) + CHUNK * sizeof(float)); }
 
 /* s of row i (x + m·r rounded to t, or x) into row, stored to c->s when asked */
-FG_INLINE void bn_row_t(const fg_norm_call *c, fg_dtype t, int64_t i, float *row, float *mults) {
+FG_INLINE void bn_row_t(const fg_norm_call *c, fg_dtype t, int64_t i, float *row, float *mults, const float *pre) {
     const int64_t C = c->cols, xo = i * c->ld_x;
     if (!c->r) {
         load_row(t, c->x, xo, C, row);
@@ -489,7 +509,8 @@ FG_INLINE void bn_row_t(const fg_norm_call *c, fg_dtype t, int64_t i, float *row
     for (int64_t j0 = 0; j0 < C; j0 += CHUNK) {
         const int64_t n = C - j0 < CHUNK ? C - j0 : CHUNK;
         if (c->drop.on) {
-            drop_mults(&c->drop, (uint64_t)(i * C + j0), n, mults);
+            if (pre) mults = (float *)pre; /* the row's, made with its neighbours' (C <= CHUNK / 2: one chunk) */
+            else drop_mults(&c->drop, (uint64_t)(i * C + j0), n, mults);
 #pragma GCC ivdep
             for (int64_t k = 0; k < n; k++)
                 row[j0 + k] = round_to(t, fg_v_ld(c->x, t, xo + j0 + k) + mults[k] * fg_v_ld(c->r, t, ro + j0 + k));
@@ -528,10 +549,12 @@ FG_INLINE void bn_stats_t(const fg_norm_call *c, fg_dtype t, int64_t b0, int64_t
     for (int64_t b = b0; b < b1; b++) {
         double *K = part + b * 3 * C, *A = K + C, *B = A + C;
         const int64_t r0 = b * rb, r1 = r0 + rb < c->rows ? r0 + rb : c->rows;
-        bn_row_t(c, t, r0, row, mults);
+        const bool grouped = c->r && short_rows(c);
+        row_mults rm = {0, 0};
+        bn_row_t(c, t, r0, row, mults, grouped ? mults_of_row(c, r0, r1, mults, &rm) : NULL);
         for (int64_t j = 0; j < C; j++) K[j] = row[j], A[j] = 0.0, B[j] = 0.0;
         for (int64_t i = r0 + 1; i < r1; i++) {
-            bn_row_t(c, t, i, row, mults);
+            bn_row_t(c, t, i, row, mults, grouped ? mults_of_row(c, i, r1, mults, &rm) : NULL);
 #pragma GCC ivdep
             for (int64_t j = 0; j < C; j++) {
                 const double d = (double)row[j] - K[j];
@@ -633,10 +656,12 @@ static void bn_channel(const fg_norm_call *c, int64_t j, double *mean, double *v
 FG_INLINE void bn_apply_t(const fg_norm_call *c, fg_dtype t, int64_t lo, int64_t hi, const float *mean,
                           const float *scale, const float *shift, float *row, float *mults) {
     const int64_t C = c->cols;
+    const bool grouped = c->r && short_rows(c);
+    row_mults rm = {0, 0};
     for (int64_t i = lo; i < hi; i++) {
         const int64_t yo = i * c->ld_y, xo = i * c->ld_x;
         if (c->r) {
-            bn_row_t(c, t, i, row, mults);
+            bn_row_t(c, t, i, row, mults, grouped ? mults_of_row(c, i, hi, mults, &rm) : NULL);
 #pragma GCC ivdep
             for (int64_t j = 0; j < C; j++) fg_v_st(c->y, t, yo + j, (row[j] - mean[j]) * scale[j] + shift[j]);
         } else {
@@ -796,11 +821,15 @@ static fg_status bn_backward_stats(fg_context *ctx, fg_norm_call *c, bool run) {
 FG_INLINE void bn_bapply_t(const fg_norm_call *c, fg_dtype t, int64_t lo, int64_t hi, const float *mean, const float *a,
                            const float *kk, const float *e, float *mults) {
     const int64_t C = c->cols;
+    const bool grouped = c->dr && short_rows(c);
+    row_mults rm = {0, 0};
+    float *group = mults;
     for (int64_t i = lo; i < hi; i++) {
         const int64_t xo = i * c->ld_x, dyo = i * c->ld_dy, dxo = i * c->ld_dx, dro = i * c->ld_dr;
+        if (grouped) mults = (float *)mults_of_row(c, i, hi, group, &rm); /* one chunk: C <= CHUNK / 2 */
         for (int64_t j0 = 0; j0 < C; j0 += CHUNK) {
             const int64_t n = C - j0 < CHUNK ? C - j0 : CHUNK;
-            if (c->dr && c->drop.on) drop_mults(&c->drop, (uint64_t)(i * C + j0), n, mults);
+            if (c->dr && c->drop.on && !grouped) drop_mults(&c->drop, (uint64_t)(i * C + j0), n, mults);
 #pragma GCC ivdep
             for (int64_t q = 0; q < n; q++) {
                 const int64_t j = j0 + q;
@@ -944,6 +973,12 @@ static fg_status dropout(fg_context *ctx, fg_norm_call *c, bool run) {
         c->need = per * (size_t)nt;
         snprintf(c->name, sizeof c->name, "cpu:dropout");
         return FG_OK;
+    }
+    fg_norm_call flat;
+    if (c->rows > 1 && c->ld_x == c->cols && c->ld_y == c->cols) { /* rows back to back: one row (same flat indices) */
+        flat = *c;
+        flat.cols = c->rows * c->cols, flat.rows = 1, flat.ld_x = flat.ld_y = flat.cols;
+        c = &flat;
     }
     const int64_t chunks = (c->cols + CHUNK - 1) / CHUNK, units = c->rows * chunks;
     int team = fg_cpu_team(ctx, c->rows * c->cols, 1 << 15);

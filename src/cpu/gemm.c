@@ -313,6 +313,101 @@ static void narrow_rows_any(const fg_gemm *g, void *c, float *cf, int64_t r0, in
     narrow_rows(g, c, cf, r0, r1);
 }
 
+/* Short products (f32, k <= SMALLK_K, many rows): OpenBLAS runs a 37632 × 16 · 16 × 128 product at
+   ≈ 15 GFLOP/s (its packing is sized for long k); here b is packed once as [k][n] f32 (L1-sized),
+   and each row of c is its k row-times-b steps in order, 64 columns at a time in registers, so the
+   pass is bound by writing c. The sums run over p in order in f32, one thread a row: the result does
+   not depend on the thread count. c = alpha·a·b + (beta·c + bias) in f32. */
+enum { SMALLK_K = 32, SMALLK_J = 64 };
+
+static bool smallk_takes(const fg_gemm *g) {
+    return g->dtype == FG_F32 && !g->c_f32 && g->k > 0 && g->k <= SMALLK_K && g->n >= 8 && g->m >= 256 &&
+           g->c.cs == 1 && !(g->batch > 1 && g->c.bs == 0) && g->n * g->k <= 16384 && g->m * g->n >= (1 << 16);
+}
+
+typedef float smallk_v __attribute__((vector_size(64))); /* 16 floats: one AVX-512 register, two AVX2 */
+
+/* c's row i, columns [j0, j0 + 64): pre = beta·c + bias (f32), then alpha·acc added */
+FG_INLINE void smallk_store(const fg_gemm *g, float *ci, int64_t i, int64_t j0, int64_t w, const float *acc) {
+    const float alpha = (float)g->alpha, beta = (float)g->beta;
+    const float *bias = g->bias;
+    const bool bias_row = bias && g->bias_cs == 1;
+    const float *br = bias_row ? bias + i * g->bias_rs + j0 : NULL;
+    for (int64_t j = 0; j < w; j++) {
+        float pre = beta != 0.0f ? beta * ci[j0 + j] : 0.0f;
+        if (bias) pre += bias_row ? br[j] : bias[i * g->bias_rs + (j0 + j) * g->bias_cs];
+        ci[j0 + j] = alpha * acc[j] + pre;
+    }
+}
+
+FG_CPU_CLONES
+static void smallk_rows(const fg_gemm *g, const float *a, const float *bp, float *c, int64_t r0, int64_t r1) {
+    const int64_t n = g->n, k = g->k, full = n / SMALLK_J * SMALLK_J;
+    for (int64_t i = r0; i < r1; i++) {
+        float ai[SMALLK_K];
+        for (int64_t p = 0; p < k; p++) ai[p] = a[i * g->a.rs + p * g->a.cs];
+        float *ci = c + i * g->c.rs;
+        for (int64_t j0 = 0; j0 < full; j0 += SMALLK_J) { /* 64 columns in four vector registers */
+            smallk_v s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
+            for (int64_t p = 0; p < k; p++) {
+                const float *row = bp + p * n + j0;
+                smallk_v b0, b1, b2, b3;
+                memcpy(&b0, row, 64), memcpy(&b1, row + 16, 64), memcpy(&b2, row + 32, 64), memcpy(&b3, row + 48, 64);
+                const float x = ai[p];
+                s0 += x * b0, s1 += x * b1, s2 += x * b2, s3 += x * b3;
+            }
+            float acc[SMALLK_J];
+            memcpy(acc, &s0, 64), memcpy(acc + 16, &s1, 64), memcpy(acc + 32, &s2, 64), memcpy(acc + 48, &s3, 64);
+            smallk_store(g, ci, i, j0, SMALLK_J, acc);
+        }
+        int64_t j0 = full;
+        for (; j0 + 16 <= n; j0 += 16) { /* then 16 columns a register */
+            smallk_v s0 = {0};
+            for (int64_t p = 0; p < k; p++) {
+                smallk_v b0;
+                memcpy(&b0, bp + p * n + j0, 64);
+                s0 += ai[p] * b0;
+            }
+            float acc[16];
+            memcpy(acc, &s0, 64);
+            smallk_store(g, ci, i, j0, 16, acc);
+        }
+        if (j0 < n) { /* the last n mod 16 columns */
+            float acc[16] = {0};
+            const int64_t w = n - j0;
+            for (int64_t p = 0; p < k; p++) {
+                const float x = ai[p], *row = bp + p * n + j0;
+                for (int64_t j = 0; j < w; j++) acc[j] += x * row[j];
+            }
+            smallk_store(g, ci, i, j0, w, acc);
+        }
+    }
+}
+
+static fg_status smallk(const fg_context *ctx, const fg_gemm *g, void *ws, size_t ws_bytes) {
+    const int64_t n = g->n, k = g->k;
+    if (ws_bytes < (size_t)(k * n) * sizeof(float)) return fg_fail(FG_ERR_INTERNAL, "cpu gemm: workspace too small");
+    float *bp = ws;
+    for (int64_t b = 0; b < g->batch; b++) {
+        const float *a = (const float *)g->a.data + b * g->a.bs, *bb = (const float *)g->b.data + b * g->b.bs;
+        float *c = (float *)g->c.data + b * g->c.bs;
+        for (int64_t p = 0; p < k; p++)
+            for (int64_t j = 0; j < n; j++) bp[p * n + j] = bb[p * g->b.rs + j * g->b.cs];
+        const int team = fg_cpu_team(ctx, g->m * n * k, 1 << 18);
+        if (team == 1) {
+            smallk_rows(g, a, bp, c, 0, g->m);
+            continue;
+        }
+#pragma omp parallel num_threads(team)
+        {
+            int64_t lo, hi;
+            fg_cpu_share(g->m, omp_get_num_threads(), omp_get_thread_num(), 1, &lo, &hi);
+            smallk_rows(g, a, bp, c, lo, hi);
+        }
+    }
+    return FG_OK;
+}
+
 static fg_status general(const fg_context *ctx, const fg_gemm *g, void *ws, size_t ws_bytes) {
     const fg_dtype t = g->dtype, ct = g->c_f32 ? FG_F32 : t;
     const int64_t m = g->m, n = g->n, k = g->k;
@@ -392,6 +487,12 @@ fg_status fg_cpu_gemm(fg_context *ctx, const fg_gemm *g, fg_kernel_info *info, v
         if (!run) return FG_OK;
         if (!(blas && blas_gemv(ctx, g))) gemv(ctx, g);
         return FG_OK;
+    }
+    if (smallk_takes(g)) {
+        snprintf(info->name, sizeof info->name, "cpu:f32_smallk");
+        info->workspace_bytes = (size_t)(g->k * g->n) * sizeof(float);
+        if (!run) return FG_OK;
+        return smallk(ctx, g, ws, ws_bytes);
     }
     const bool low = g->dtype == FG_F16 || g->dtype == FG_BF16;
     snprintf(info->name, sizeof info->name, low ? "cpu:%s->f32+openblas:sgemm" : "openblas:%sgemm",

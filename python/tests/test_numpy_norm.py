@@ -12,23 +12,9 @@ from conftest import TOL, data, relerr
 import fastgrad as fg
 from fastgrad import _lib
 
+from philox_ref import philox4x32_10 as philox
+
 M32 = np.uint64(0xFFFFFFFF)
-
-
-def philox(c0, c1, c2, c3, k0, k1):
-    """Philox4x32-10 on uint64 arrays holding 32-bit words (Salmon et al., SC'11)."""
-    c0, c1, c2, c3 = (np.asarray(v, dtype=np.uint64) for v in (c0, c1, c2, c3))
-    k0, k1 = np.uint64(k0), np.uint64(k1)
-    for rnd in range(10):
-        if rnd:
-            k0 = (k0 + np.uint64(0x9E3779B9)) & M32
-            k1 = (k1 + np.uint64(0xBB67AE85)) & M32
-        p0 = np.uint64(0xD2511F53) * c0
-        p1 = np.uint64(0xCD9E8D57) * c2
-        n0 = (p1 >> np.uint64(32)) ^ c1 ^ k0
-        n2 = (p0 >> np.uint64(32)) ^ c3 ^ k1
-        c0, c1, c2, c3 = n0, p1 & M32, n2, p0 & M32
-    return c0, c1, c2, c3
 
 
 def mask(p, seed, offset, n, f64=False):

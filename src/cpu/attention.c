@@ -153,32 +153,7 @@ FG_INLINE void st_row_f64(void *dst, fg_dtype t, int64_t off, int64_t st, const 
 #define LANE_MAX lane_max_f32
 #define LOAD_KV load_kv_f32
 #define LOAD_SROW load_srow_f32
-#include "attention_rows.h"
-#undef REAL
-#undef LD
-#undef ST
-#undef LD_ROW
-#undef ST_ROW
-#undef EXP
-#undef LOG
-#undef FWD_UNIT
-#undef BWD_UNIT
-#undef LANES
-#undef VLD
-#undef VST
-#undef VSEL
-#undef VBELOW
-#undef VSUM
-#undef VEC
-#undef VMASK
-#undef VHALF
-#undef VQUARTER
-#undef MASKINT
-#undef LANE_SUM
-#undef LANE_DOT
-#undef LANE_MAX
-#undef LOAD_KV
-#undef LOAD_SROW
+#include "attention_rows.h" /* (it undefines these parameters at its end) */
 
 #define REAL double
 #define LD(p, t, i) fg_v_ldd(p, t, i)
@@ -205,32 +180,7 @@ FG_INLINE void st_row_f64(void *dst, fg_dtype t, int64_t off, int64_t st, const 
 #define LANE_MAX lane_max_f64
 #define LOAD_KV load_kv_f64
 #define LOAD_SROW load_srow_f64
-#include "attention_rows.h"
-#undef REAL
-#undef LD
-#undef ST
-#undef LD_ROW
-#undef ST_ROW
-#undef EXP
-#undef LOG
-#undef FWD_UNIT
-#undef BWD_UNIT
-#undef LANES
-#undef VLD
-#undef VST
-#undef VSEL
-#undef VBELOW
-#undef VSUM
-#undef VEC
-#undef VMASK
-#undef VHALF
-#undef VQUARTER
-#undef MASKINT
-#undef LANE_SUM
-#undef LANE_DOT
-#undef LANE_MAX
-#undef LOAD_KV
-#undef LOAD_SROW
+#include "attention_rows.h" /* (it undefines these parameters at its end) */
 
 /* Bytes of one thread's slice of the workspace (64-byte multiples). */
 static size_t slice_bytes(const fg_attn_problem *p) {

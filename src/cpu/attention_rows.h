@@ -7,7 +7,7 @@
  * (LD_ROW: a strided row of any dtype into REALs; ST_ROW: REALs out, added to what is there when
  * asked), LD and ST of one element, and EXP and LOG of that type. Why this way: the body is the
  * reference the CUDA kernels are tested against, and one text of it for both precisions keeps
- * them the same algorithm.
+ * them the same algorithm. It undefines those parameters at its end.
  *
  * The head's K and V are converted once, transposed and padded to Lp keys (L rounded up to
  * LANES, the padding zero). A query row is then walked in whole vectors of LANES keys: its scores
@@ -278,3 +278,30 @@ static void BWD_UNIT(const fg_attn_call *c, int64_t b, int64_t h, int64_t len, R
         }
     }
 }
+
+/* the parameters above, undefined for the next instantiation */
+#undef REAL
+#undef LD
+#undef ST
+#undef LD_ROW
+#undef ST_ROW
+#undef EXP
+#undef LOG
+#undef FWD_UNIT
+#undef BWD_UNIT
+#undef LANES
+#undef VLD
+#undef VST
+#undef VSEL
+#undef VBELOW
+#undef VSUM
+#undef VEC
+#undef VMASK
+#undef VHALF
+#undef VQUARTER
+#undef MASKINT
+#undef LANE_SUM
+#undef LANE_DOT
+#undef LANE_MAX
+#undef LOAD_KV
+#undef LOAD_SROW

@@ -903,6 +903,120 @@ FG_NODISCARD FG_API fg_status fg_regression_loss(fg_context *ctx, const fg_regre
 FG_NODISCARD FG_API fg_status fg_series_windows(fg_context *ctx, const fg_tensor *series, const fg_tensor *starts,
                                                 const fg_tensor *y);
 
+/* ------------------------------------------------------------------ Transformer encoder layer */
+/* One call runs a whole encoder layer forward, one call its whole backward, from a cache of saved
+ * activations the caller holds. x, y, dx, dy: [B, L, d] (contiguous; f32, f16, bf16, + f64 on the
+ * CPU), one dtype with every weight. With A = attention, F = the FFN, N1 / N2 the layer's norms:
+ *   pre-norm  (FG_ENCODER_PRE_LAYER, FG_ENCODER_PRE_RMS):     h = x + D(A(N1(x))),  y = h + D(F(N2(h)))
+ *   post-norm (FG_ENCODER_POST_LAYER, FG_ENCODER_POST_BATCH): h = N1(x + D(A(x))),  y = N2(h + D(F(h)))
+ *   A(u) = concat_heads(attention(u·W_qᵀ + b_q, u·W_kᵀ + b_k, u·W_vᵀ + b_v))·W_oᵀ + b_o
+ *   F(u) = D_ff(act(u·W_1ᵀ + b_1))·W_2ᵀ + b_2
+ * D: dropout with p = dropout on each residual branch (torch's dropout1 / dropout2, PatchTST's
+ * dropout_attn / dropout_ffn), D_ff with p = dropout_ffn after the activation; the attention's
+ * probabilities drop with p = dropout_attn (fg_attention_forward's definition). The attention is
+ * fg_attention_forward's: scale (0 = 1/√hd, hd = d/heads), causal, key padding by lengths [B],
+ * and PatchTST's residual attention (residual_scores: the previous layer's scores added, this
+ * layer's written for the next). LayerNorm and RMSNorm are fg_norm_forward's over d; BatchNorm is
+ * fg_batch_norm_forward's over all B·L tokens per channel (running statistics updated in training).
+ * The layer is torch.nn.TransformerEncoderLayer(batch_first = True) (norm_first: pre-norm, else
+ * post-norm LayerNorm) and the reference PatchTST backbone's TSTEncoderLayer (BatchNorm post-norm,
+ * residual attention, separate W_Q, W_K, W_V). Deterministic: the same bits on every run. */
+typedef enum fg_encoder_norm {
+    FG_ENCODER_PRE_LAYER = 0,   /* pre-norm LayerNorm (torch norm_first = True)              */
+    FG_ENCODER_PRE_RMS = 1,     /* pre-norm RMSNorm                                          */
+    FG_ENCODER_POST_LAYER = 2,  /* post-norm LayerNorm (torch norm_first = False)            */
+    FG_ENCODER_POST_BATCH = 3   /* post-norm BatchNorm over every token (PatchTST)           */
+} fg_encoder_norm;
+
+/* What the forward keeps for the backward (the cache); the rest the backward recomputes. */
+typedef enum fg_encoder_save {
+    FG_ENCODER_SAVE_ALL = 0,    /* everything the backward reads                             */
+    FG_ENCODER_SAVE_LESS = 1    /* no FFN pre-activation [B·L, d_ff] (recomputed from N2's output
+                                   by one GEMM in the backward): memory for time              */
+} fg_encoder_save;
+
+/* The layer's descriptor. Zero-initialized fields are the defaults where a default is named. */
+typedef struct fg_encoder_layer_desc {
+    int64_t d_model;            /* d >= 1                                                    */
+    int64_t heads;              /* >= 1, divides d                                           */
+    int64_t d_ff;               /* >= 1                                                      */
+    fg_activation activation;   /* FG_ACT_GELU, FG_ACT_GELU_TANH, FG_ACT_RELU or FG_ACT_SILU  */
+    fg_encoder_norm norm;
+    double norm_eps;            /* >= 0; 0 means 1e-5                                        */
+    double bn_momentum;         /* BatchNorm: in [0, 1]; 0 means 0.1                          */
+    double attn_scale;          /* finite; 0 means 1/√hd                                     */
+    int32_t causal;             /* 0 or 1                                                    */
+    int32_t residual_scores;    /* 1: scores_in / scores_out (PatchTST's residual attention) */
+    double dropout;             /* on each residual branch, in [0, 1)                        */
+    double dropout_ffn;         /* after the FFN's activation, in [0, 1)                     */
+    double dropout_attn;        /* on the attention probabilities, in [0, 1)                 */
+    fg_encoder_save save;
+} fg_encoder_layer_desc;
+
+/* The weights (and, as the same struct, their gradients), in the layout PyTorch modules hold:
+ * W [out, in] row-major, each a contiguous tensor of the layer's dtype. An absent tensor (rank 0,
+ * as zero-initialized) is: a bias that is not there (0), a norm without affine weight / bias
+ * (1 / 0). The q, k, v projections are either packed (w_qkv [3d, d] with q, k, v rows in that
+ * order, b_qkv [3d]: nn.MultiheadAttention's in_proj_weight / in_proj_bias) or separate (w_q,
+ * w_k, w_v [d, d], b_q, b_k, b_v [d]: PatchTST's W_Q, W_K, W_V), never both. BatchNorm's running
+ * statistics ([d], f32 or the layer's dtype) are required for post-norm BatchNorm and updated by a
+ * training forward; in a gradient struct they are ignored. */
+typedef struct fg_encoder_layer_params {
+    fg_tensor w_qkv, b_qkv;
+    fg_tensor w_q, b_q, w_k, b_k, w_v, b_v;
+    fg_tensor w_o, b_o;                   /* [d, d], [d]                                     */
+    fg_tensor w_1, b_1;                   /* [d_ff, d], [d_ff]                                */
+    fg_tensor w_2, b_2;                   /* [d, d_ff], [d]                                   */
+    fg_tensor norm1_w, norm1_b;           /* [d]: the attention block's norm                 */
+    fg_tensor norm2_w, norm2_b;           /* [d]: the FFN block's norm                       */
+    fg_tensor running_mean1, running_var1, running_mean2, running_var2;
+} fg_encoder_layer_params;
+
+/* How one call runs. train = 0: evaluation (no dropout, BatchNorm's running statistics, no
+ * running update); a cache is then optional. Dropout site k (0: the attention probabilities,
+ * 1: the attention branch, 2: the FFN hidden, 3: the FFN branch) draws from (seed, 4·offset + k):
+ * give each layer and step its own (seed, offset); the backward regenerates the masks from them. */
+typedef struct fg_encoder_layer_run {
+    int32_t train;
+    uint64_t seed, offset;
+} fg_encoder_layer_run;
+
+/* The cache's and the backward's workspace's sizes in bytes for B sequences of L tokens of dtype.
+ * The cache holds what the backward reads, laid out in one walk (the layout is internal and may
+ * change between versions: treat it as opaque bytes, kept from a forward to its backward). */
+FG_NODISCARD FG_API fg_status fg_encoder_layer_sizes(const fg_encoder_layer_desc *desc, fg_dtype dtype,
+                                                     int64_t B, int64_t L, size_t *cache_bytes,
+                                                     size_t *workspace_bytes);
+
+/* The forward: y [B, L, d] (may not overlap x), and scores_out [B, H, L, L] when the descriptor
+ * has residual_scores (optional even then; the dtype of scores_in, or the layer's dtype or f32).
+ * lengths [B] (i32 / i64, optional): keys at positions >= lengths[b] are masked (torch's
+ * src_key_padding_mask with padding at the end). scores_in: optional, only with residual_scores.
+ * cache: device (context) memory of at least cache_bytes, 16-byte aligned; NULL allowed when
+ * run->train = 0. */
+FG_NODISCARD FG_API fg_status fg_encoder_layer_forward(fg_context *ctx, const fg_encoder_layer_desc *desc,
+                                                       const fg_encoder_layer_run *run, const fg_tensor *x,
+                                                       const fg_tensor *lengths, const fg_tensor *scores_in,
+                                                       const fg_encoder_layer_params *params, const fg_tensor *y,
+                                                       const fg_tensor *scores_out, void *cache,
+                                                       size_t cache_bytes);
+
+/* The backward of a training forward with the same descriptor, run options, x, lengths,
+ * scores_in, params and cache (unchanged since): from dy (and dscores_out, the gradient the
+ * scores_out received, or NULL) to dx (optional), dscores_in (optional, needs scores_in) and
+ * every parameter gradient present in grads (a gradient tensor present where its parameter is
+ * absent is refused). accumulate adds into every requested output. workspace: context memory of
+ * at least workspace_bytes, 16-byte aligned. */
+FG_NODISCARD FG_API fg_status fg_encoder_layer_backward(fg_context *ctx, const fg_encoder_layer_desc *desc,
+                                                        const fg_encoder_layer_run *run, const fg_tensor *dy,
+                                                        const fg_tensor *dscores_out, const fg_tensor *x,
+                                                        const fg_tensor *lengths, const fg_tensor *scores_in,
+                                                        const fg_encoder_layer_params *params,
+                                                        const void *cache, size_t cache_bytes,
+                                                        const fg_tensor *dx, const fg_tensor *dscores_in,
+                                                        const fg_encoder_layer_params *grads, int accumulate,
+                                                        void *workspace, size_t workspace_bytes);
+
 #ifdef __cplusplus
 }
 #endif

@@ -16,6 +16,7 @@ from .ops import (adamw_step, attention_backward, attention_forward, attention_o
                   linear_forward, linear_logp_backward, linear_logp_forward, logp_options, matmul_backward_input,
                   matmul_backward_other, matmul_forward, outer_backward_input, outer_backward_other, outer_forward,
                   plan_info, set_allow_tf32, unary_backward, unary_forward)
+from .encoder import encoder_desc, encoder_layer_backward, encoder_layer_forward, encoder_layer_sizes
 from .norm import (batch_norm_apply, batch_norm_backward, batch_norm_backward_apply, batch_norm_backward_stats,
                    batch_norm_forward, batch_norm_stats, dropout_backward, dropout_forward, layer_norm_forward,
                    norm_backward, norm_forward, rms_norm_forward, revin_backward, revin_forward, revin_stats)
@@ -28,6 +29,8 @@ except ImportError:  # pragma: no cover - no torch in CI
     pass
 else:
     from .autograd import Attention, AttentionFunction, attention  # noqa: F401
+    from .encoder import (EncoderLayerFunction, PatchTSTEncoder, PatchTSTEncoderLayer,  # noqa: F401
+                          TransformerEncoderLayer)
     from .norm import (BatchNorm1d, Dropout, LayerNorm, RevIN, RMSNorm, add_norm, batch_norm,  # noqa: F401
                        dropout, layer_norm, rms_norm)
     from .autograd import (ELU, AdamW, Clamp, LeakyReLU, Lerp, Linear, LinearAct, LinearCrossEntropy, LinearFunction,

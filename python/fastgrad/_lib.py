@@ -128,6 +128,20 @@ UNARY = _enum("FG_UNARY_", ["scale", "pow", "leaky_relu", "elu", "clamp", "softc
 BINARY = _enum("FG_BINARY_", ["lerp", "axpby"])
 NORM = _enum("FG_NORM_", ["layer", "rms"])
 
+
+def _enum_or(prefix, header):
+    """_enum(prefix, header's names), or the header's values where the library's ABI table does not
+    list them yet (fastgrad.h's values; enums only grow at the end, so they do not move)."""
+    out = {}
+    for name, value in header.items():
+        v = ctypes.c_int64()
+        out[name] = v.value if lib.fg_abi_constant((prefix + name.upper()).encode(), ctypes.byref(v)) == 0 else value
+    return out
+
+
+ENCODER_NORM = _enum_or("FG_ENCODER_", {"pre_layer": 0, "pre_rms": 1, "post_layer": 2, "post_batch": 3})
+ENCODER_SAVE = _enum_or("FG_ENCODER_SAVE_", {"all": 0, "less": 1})
+
 _STATUS_NAMES = ["FG_OK", "FG_ERR_NULL_POINTER", "FG_ERR_INVALID_VALUE", "FG_ERR_SHAPE", "FG_ERR_DTYPE",
                  "FG_ERR_WRONG_DEVICE", "FG_ERR_MISALIGNED", "FG_ERR_WORKSPACE", "FG_ERR_OVERFLOW", "FG_ERR_ALIAS",
                  "FG_ERR_UNSUPPORTED", "FG_ERR_NO_DEVICE", "FG_ERR_OUT_OF_MEMORY", "FG_ERR_BACKEND",
@@ -354,6 +368,43 @@ class AttentionOptions(_Options):
     ]
 
 
+class EncoderLayerDesc(_Options):
+    _fields_ = [
+        ("d_model", ctypes.c_int64),
+        ("heads", ctypes.c_int64),
+        ("d_ff", ctypes.c_int64),
+        ("activation", _enum_t),
+        ("norm", _enum_t),
+        ("norm_eps", ctypes.c_double),
+        ("bn_momentum", ctypes.c_double),
+        ("attn_scale", ctypes.c_double),
+        ("causal", ctypes.c_int32),
+        ("residual_scores", ctypes.c_int32),
+        ("dropout", ctypes.c_double),
+        ("dropout_ffn", ctypes.c_double),
+        ("dropout_attn", ctypes.c_double),
+        ("save", _enum_t),
+    ]
+
+
+# fg_encoder_layer_params' tensors, in the struct's order (the Python side names them the same).
+ENCODER_PARAMS = ("w_qkv", "b_qkv", "w_q", "b_q", "w_k", "b_k", "w_v", "b_v", "w_o", "b_o", "w_1", "b_1", "w_2",
+                  "b_2", "norm1_w", "norm1_b", "norm2_w", "norm2_b", "running_mean1", "running_var1",
+                  "running_mean2", "running_var2")
+
+
+class EncoderLayerParams(ctypes.Structure):
+    _fields_ = [(name, Tensor) for name in ENCODER_PARAMS]
+
+
+class EncoderLayerRun(ctypes.Structure):
+    _fields_ = [
+        ("train", ctypes.c_int32),
+        ("seed", ctypes.c_uint64),
+        ("offset", ctypes.c_uint64),
+    ]
+
+
 def struct_key(s):
     """A ctypes struct's field values as a tuple (arrays as tuples), led by its type."""
     def value(v):
@@ -386,6 +437,17 @@ STRUCTS = {
     "fg_regression_loss_options": RegressionLossOptions,
     "fg_attention_options": AttentionOptions,
 }
+# The encoder layer's structs: checked like the others where the library describes them
+# (abi.c's table); a library that does not is checked by its entry points' presence only.
+ENCODER_STRUCTS = {
+    "fg_encoder_layer_desc": EncoderLayerDesc,
+    "fg_encoder_layer_params": EncoderLayerParams,
+    "fg_encoder_layer_run": EncoderLayerRun,
+}
+for _cname, _cls in ENCODER_STRUCTS.items():
+    _size = ctypes.c_size_t()
+    if lib.fg_abi_layout(_cname.encode(), None, ctypes.byref(_size)) == 0:
+        STRUCTS[_cname] = _cls
 # The options struct an op's fg_op_info.options_type names.
 OPTIONS = {"fg_dropout_options": DropoutOptions, "fg_norm_options": NormOptions,
            "fg_batch_norm_options": BatchNormOptions, "fg_revin_options": RevinOptions,
@@ -481,6 +543,25 @@ lib.fg_plan_run.restype = _c
 lib.fg_plan_run.argtypes = [ctypes.c_void_p, ctypes.POINTER(Tensor), ctypes.c_void_p, ctypes.c_size_t]
 lib.fg_adamw_step.restype = _c
 lib.fg_adamw_step.argtypes = [ctypes.c_void_p, ctypes.POINTER(AdamWHparams), ctypes.c_int] + [ctypes.POINTER(Tensor)] * 5
+
+
+HAS_ENCODER = all(hasattr(lib, f) for f in ("fg_encoder_layer_sizes", "fg_encoder_layer_forward",
+                                              "fg_encoder_layer_backward"))
+if HAS_ENCODER:
+    _P = ctypes.POINTER
+    lib.fg_encoder_layer_sizes.restype = _c
+    lib.fg_encoder_layer_sizes.argtypes = [_P(EncoderLayerDesc), _enum_t, ctypes.c_int64, ctypes.c_int64,
+                                           _P(ctypes.c_size_t), _P(ctypes.c_size_t)]
+    lib.fg_encoder_layer_forward.restype = _c
+    lib.fg_encoder_layer_forward.argtypes = [ctypes.c_void_p, _P(EncoderLayerDesc), _P(EncoderLayerRun), _P(Tensor),
+                                             _P(Tensor), _P(Tensor), _P(EncoderLayerParams), _P(Tensor), _P(Tensor),
+                                             ctypes.c_void_p, ctypes.c_size_t]
+    lib.fg_encoder_layer_backward.restype = _c
+    lib.fg_encoder_layer_backward.argtypes = [ctypes.c_void_p, _P(EncoderLayerDesc), _P(EncoderLayerRun),
+                                              _P(Tensor), _P(Tensor), _P(Tensor), _P(Tensor), _P(Tensor),
+                                              _P(EncoderLayerParams), ctypes.c_void_p, ctypes.c_size_t, _P(Tensor),
+                                              _P(Tensor), _P(EncoderLayerParams), _c, ctypes.c_void_p,
+                                              ctypes.c_size_t]
 
 
 def version():

@@ -583,7 +583,7 @@ if torch is not None:
                     "b_2": self.ff[3].bias, "norm1_w": n1.weight, "norm1_b": n1.bias, "norm2_w": n2.weight,
                     "norm2_b": n2.bias}
 
-        def _buffers(self):
+        def _bn_buffers(self):
             if not self.batch:
                 return {}
             bn1, bn2 = self._bns()
@@ -596,7 +596,7 @@ if torch is not None:
                                  f"{tuple(src.shape)}")
             if prev is not None and not self.res_attention:
                 raise ValueError("fastgrad: prev scores given to a layer without res_attention")
-            out = _apply_layer(src, prev, self._desc(causal), self._weights(), self._buffers(), lengths,
+            out = _apply_layer(src, prev, self._desc(causal), self._weights(), self._bn_buffers(), lengths,
                                want_scores and self.res_attention, self.training)
             if self.training and self.batch:
                 for bn in self._bns():

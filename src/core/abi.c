@@ -32,6 +32,8 @@ static const struct {
     C(FG_REDUCTION_MEAN), C(FG_REDUCTION_SUM), C(FG_REDUCTION_NONE),
     C(FG_LOSS_MSE), C(FG_LOSS_MAE), C(FG_LOSS_HUBER),
     C(FG_NORM_LAYER), C(FG_NORM_RMS),
+    C(FG_ENCODER_PRE_LAYER), C(FG_ENCODER_PRE_RMS), C(FG_ENCODER_POST_LAYER), C(FG_ENCODER_POST_BATCH),
+    C(FG_ENCODER_SAVE_ALL), C(FG_ENCODER_SAVE_LESS),
 };
 #undef C
 
@@ -75,6 +77,24 @@ static const struct {
     S(fg_revin_options), F(fg_revin_options, eps), F(fg_revin_options, denorm), F(fg_revin_options, subtract_last),
     S(fg_attention_options), F(fg_attention_options, scale), F(fg_attention_options, causal),
     F(fg_attention_options, dropout_p), F(fg_attention_options, seed), F(fg_attention_options, offset),
+    S(fg_encoder_layer_desc), F(fg_encoder_layer_desc, d_model), F(fg_encoder_layer_desc, heads),
+    F(fg_encoder_layer_desc, d_ff), F(fg_encoder_layer_desc, activation), F(fg_encoder_layer_desc, norm),
+    F(fg_encoder_layer_desc, norm_eps), F(fg_encoder_layer_desc, bn_momentum),
+    F(fg_encoder_layer_desc, attn_scale), F(fg_encoder_layer_desc, causal),
+    F(fg_encoder_layer_desc, residual_scores), F(fg_encoder_layer_desc, dropout),
+    F(fg_encoder_layer_desc, dropout_ffn), F(fg_encoder_layer_desc, dropout_attn),
+    F(fg_encoder_layer_desc, save),
+    S(fg_encoder_layer_params), F(fg_encoder_layer_params, w_qkv), F(fg_encoder_layer_params, b_qkv),
+    F(fg_encoder_layer_params, w_q), F(fg_encoder_layer_params, b_q), F(fg_encoder_layer_params, w_k),
+    F(fg_encoder_layer_params, b_k), F(fg_encoder_layer_params, w_v), F(fg_encoder_layer_params, b_v),
+    F(fg_encoder_layer_params, w_o), F(fg_encoder_layer_params, b_o), F(fg_encoder_layer_params, w_1),
+    F(fg_encoder_layer_params, b_1), F(fg_encoder_layer_params, w_2), F(fg_encoder_layer_params, b_2),
+    F(fg_encoder_layer_params, norm1_w), F(fg_encoder_layer_params, norm1_b),
+    F(fg_encoder_layer_params, norm2_w), F(fg_encoder_layer_params, norm2_b),
+    F(fg_encoder_layer_params, running_mean1), F(fg_encoder_layer_params, running_var1),
+    F(fg_encoder_layer_params, running_mean2), F(fg_encoder_layer_params, running_var2),
+    S(fg_encoder_layer_run), F(fg_encoder_layer_run, train), F(fg_encoder_layer_run, seed),
+    F(fg_encoder_layer_run, offset),
 };
 #undef S
 #undef F

@@ -735,6 +735,12 @@ const fg_op_decl *fg_op_find(fg_op op, const char **family);
  * alignment. */
 fg_status fg_run_op(fg_context *ctx, fg_op op, const void *options, const fg_tensor *const *operands, int n,
                     int accumulate, uint32_t flags);
+/* fg_run_op with the workspace chosen by the caller: need non-NULL plans only (descriptors
+ * validated, kernels chosen, pointers not looked at) and gives the bytes of workspace the run
+ * needs; else ws non-NULL runs on ws [ws_bytes] (FG_ERR_WORKSPACE when short), and ws NULL on
+ * the context's workspace. For composed ops that place their own temporaries. */
+fg_status fg_run_op_ws(fg_context *ctx, fg_op op, const void *options, const fg_tensor *const *operands, int n,
+                       int accumulate, uint32_t flags, void *ws, size_t ws_bytes, size_t *need);
 
 /* Host element access in any dtype, as f64. */
 static inline double fg_load_f64(const void *p, fg_dtype t, int64_t i) {

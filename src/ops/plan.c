@@ -362,6 +362,11 @@ static uint32_t declared_alignment(const fg_tensor *ops, int n) {
 
 fg_status fg_run_op(fg_context *ctx, fg_op op, const void *options, const fg_tensor *const *operands, int n,
                     int accumulate, uint32_t flags) {
+    return fg_run_op_ws(ctx, op, options, operands, n, accumulate, flags, NULL, 0, NULL);
+}
+
+fg_status fg_run_op_ws(fg_context *ctx, fg_op op, const void *options, const fg_tensor *const *operands, int n,
+                       int accumulate, uint32_t flags, void *ws, size_t ws_bytes, size_t *need) {
     const fg_op_decl *e = fg_op_find(op, NULL);
     if (!e || n != e->n_operands) return fg_fail(FG_ERR_INTERNAL, "run_op: op %d is not in the op table", (int)op);
     if (!ctx) return fg_fail(FG_ERR_NULL_POINTER, "%s: ctx is NULL", e->name);
@@ -387,8 +392,17 @@ fg_status fg_run_op(fg_context *ctx, fg_op op, const void *options, const fg_ten
     desc.alignment = declared_alignment(ops, n);
     struct fg_plan p;
     FG_TRY(plan_init(ctx, &desc, &p));
+    if (need) { /* planning only: the pointers may not exist yet */
+        *need = p.info.workspace_bytes;
+        return FG_OK;
+    }
     FG_TRY(check_run(&p, ops)); /* before the workspace may grow */
-    void *ws = NULL;
+    if (ws) {
+        if (ws_bytes < p.info.workspace_bytes)
+            return fg_fail(FG_ERR_WORKSPACE, "%s: workspace of %zu bytes given, %zu needed", e->name, ws_bytes,
+                           p.info.workspace_bytes);
+        return plan_run(&p, ops, ws, p.info.workspace_bytes);
+    }
     if (p.info.workspace_bytes) FG_TRY(fg_context_workspace(ctx, p.info.workspace_bytes, &ws));
     return plan_run(&p, ops, ws, p.info.workspace_bytes);
 }

@@ -452,8 +452,10 @@ FG_NODISCARD FG_API fg_status fg_axpby_backward(fg_context *ctx, const fg_tensor
  *   g = grad·grad_scale;  p ← p·(1 − lr·weight_decay)
  *   m ← β1·m + (1 − β1)·g;  v ← β2·v + (1 − β2)·g²        (the moments are lerps)
  *   p ← p − lr/(1 − β1^step) · m / (sqrt(v)/sqrt(1 − β2^step) + eps)
- * params: f32, f16 or bf16; grads: the params' dtype or f32; exp_avg and exp_avg_sq:
- * f32. master (optional, NULL or all entries rank 0): f32 master weights that the step
+ * params: f32, f16 or bf16; grads: the params' dtype or f32; exp_avg and exp_avg_sq: f32, or
+ * the params' dtype (every moment tensor one dtype: they are read, updated in f32 and stored
+ * rounded, as torch's fused AdamW keeps them for bf16 parameters; half the state's memory and
+ * traffic). master (optional, NULL or all entries rank 0): f32 master weights that the step
  * updates and rounds into params. Tensors must be contiguous; each list has `count`
  * entries of matching sizes. Deterministic (elementwise, no reductions). */
 typedef struct fg_adamw_hparams {
@@ -993,7 +995,8 @@ FG_NODISCARD FG_API fg_status fg_encoder_layer_sizes(const fg_encoder_layer_desc
  * lengths [B] (i32 / i64, optional): keys at positions >= lengths[b] are masked (torch's
  * src_key_padding_mask with padding at the end). scores_in: optional, only with residual_scores.
  * cache: device (context) memory of at least cache_bytes, 16-byte aligned; NULL allowed when
- * run->train = 0. */
+ * run->train = 0 (the forward then keeps its temporaries in the context's own workspace, grown
+ * to hold them beside what its parts need). Every tensor is contiguous. */
 FG_NODISCARD FG_API fg_status fg_encoder_layer_forward(fg_context *ctx, const fg_encoder_layer_desc *desc,
                                                        const fg_encoder_layer_run *run, const fg_tensor *x,
                                                        const fg_tensor *lengths, const fg_tensor *scores_in,
@@ -1005,8 +1008,9 @@ FG_NODISCARD FG_API fg_status fg_encoder_layer_forward(fg_context *ctx, const fg
  * scores_in, params and cache (unchanged since): from dy (and dscores_out, the gradient the
  * scores_out received, or NULL) to dx (optional), dscores_in (optional, needs scores_in) and
  * every parameter gradient present in grads (a gradient tensor present where its parameter is
- * absent is refused). accumulate adds into every requested output. workspace: context memory of
- * at least workspace_bytes, 16-byte aligned. */
+ * absent is refused; grads NULL: none). Each gradient has its parameter's shape and the layer's
+ * dtype. accumulate adds into every requested output. workspace: context memory of at least
+ * workspace_bytes, 16-byte aligned. */
 FG_NODISCARD FG_API fg_status fg_encoder_layer_backward(fg_context *ctx, const fg_encoder_layer_desc *desc,
                                                         const fg_encoder_layer_run *run, const fg_tensor *dy,
                                                         const fg_tensor *dscores_out, const fg_tensor *x,

@@ -1,7 +1,8 @@
 /*
  * test_adamw.c — the fused multi-tensor AdamW step on every backend present: f32
  * params, bf16/f16 params with f32 state (with and without f32 master weights, grads in
- * the params' dtype or f32), many tensors of awkward sizes (1 ... past one 65536-element
+ * the params' dtype or f32) or with moments in their own dtype (each stored moment within one
+ * rounding of the f64 one), many tensors of awkward sizes (1 ... past one 65536-element
  * chunk, misaligned), several steps, grad scaling, against a float64 reference of one
  * step from the current state, the update itself against the f64 one (not only the new
  * value), and with master weights params that are exactly those rounded; weight decay and eps
@@ -14,11 +15,13 @@
 typedef struct variant {
     fg_dtype p, g;
     bool master;
+    fg_dtype m; /* the moments' dtype (f32 = 0 when not named) */
 } variant;
 
 static const variant variants[] = {
-    {FG_F32, FG_F32, false}, {FG_BF16, FG_BF16, false}, {FG_BF16, FG_F32, true},
-    {FG_F16, FG_F16, true},  {FG_F16, FG_F32, false},
+    {FG_F32, FG_F32, false, FG_F32},  {FG_BF16, FG_BF16, false, FG_F32}, {FG_BF16, FG_F32, true, FG_F32},
+    {FG_F16, FG_F16, true, FG_F32},   {FG_F16, FG_F32, false, FG_F32},   {FG_BF16, FG_BF16, false, FG_BF16},
+    {FG_BF16, FG_F32, true, FG_BF16}, {FG_F16, FG_F16, false, FG_F16},
 };
 
 static const int64_t sizes[] = {1, 3, 17, 127, 1000, 65536 + 5, 4099, 131072};
@@ -34,8 +37,8 @@ static void make_state(state *s, fg_backend be, const variant *va) {
         int layout = sizes[i] == 4099 ? 3 : 0; /* one tensor starts misaligned */
         s->p[i] = th_make(be, va->p, 1, &sizes[i], layout);
         s->g[i] = th_make(be, va->g, 1, &sizes[i], layout);
-        s->m[i] = th_make(be, FG_F32, 1, &sizes[i], layout);
-        s->v[i] = th_make(be, FG_F32, 1, &sizes[i], layout);
+        s->m[i] = th_make(be, va->m, 1, &sizes[i], layout);
+        s->v[i] = th_make(be, va->m, 1, &sizes[i], layout);
         s->w[i] = th_make(be, FG_F32, 1, &sizes[i], layout);
         th_randomize(&s->p[i]);
         th_randomize(&s->m[i]);
@@ -49,6 +52,7 @@ static void make_state(state *s, fg_backend be, const variant *va) {
             s->m[i].v[k] = sign * (0.05 + fabs(s->m[i].v[k]));
         }
         th_round(va->p, s->p[i].v, s->p[i].n);
+        th_round(va->m, s->m[i].v, s->m[i].n);
         th_put(&s->p[i].buf, &s->p[i].t, s->p[i].v);
         th_put(&s->m[i].buf, &s->m[i].t, s->m[i].v);
         for (int64_t k = 0; k < s->v[i].n; k++) s->v[i].v[k] = fabs(s->v[i].v[k]) * 1e-2;
@@ -71,8 +75,8 @@ static void drop_state(state *s) {
 
 static void steps(fg_context *ctx, fg_backend be, const variant *va) {
     char label[96];
-    snprintf(label, sizeof label, "[%s p=%s g=%s%s]", th_backend_name(be), fg_dtype_name(va->p), fg_dtype_name(va->g),
-             va->master ? " +master" : "");
+    snprintf(label, sizeof label, "[%s p=%s g=%s m=%s%s]", th_backend_name(be), fg_dtype_name(va->p),
+             fg_dtype_name(va->g), fg_dtype_name(va->m), va->master ? " +master" : "");
     state s;
     make_state(&s, be, va);
     /* weight decay 0.1: its term (lr·wd·p) is then about 2% of an f32 step, twenty times the
@@ -169,8 +173,28 @@ static void steps(fg_context *ctx, fg_backend be, const variant *va) {
                 TH_CHECK(step_sum > 4 * unit_sum, "adamw %s %s: the step (%.3g) is not large against the dtype's "
                          "resolution (%.3g): the check could pass without it", what, label, step_sum, unit_sum);
             }
-            th_verify("adamw exp_avg", &s.m[i], rm[i], 1e-5, label);
-            th_verify("adamw exp_avg_sq", &s.v[i], rv[i], 1e-5, label);
+            if (va->m == FG_F32) {
+                th_verify("adamw exp_avg", &s.m[i], rm[i], 1e-5, label);
+                th_verify("adamw exp_avg_sq", &s.v[i], rv[i], 1e-5, label);
+            } else { /* each stored moment is the f64 one rounded once (and the f32 math's error) */
+                const int mant = va->m == FG_BF16 ? 7 : 10;
+                th_operand *mo[2] = {&s.m[i], &s.v[i]};
+                double *mr[2] = {rm[i], rv[i]}, *mg = malloc(sizeof(double) * (size_t)sizes[i]);
+                for (int w = 0; w < 2; w++) {
+                    th_get(&mo[w]->buf, &mo[w]->t, mg);
+                    double worst = 0;
+                    for (int64_t k = 0; k < sizes[i]; k++) {
+                        const double ref = mr[w][k];
+                        double unit = ldexp(1.0, ilogb(fabs(ref) > 1e-30 ? ref : 1e-30) - mant);
+                        if (va->m == FG_F16 && unit < 0x1p-24) unit = 0x1p-24;
+                        const double off = fabs(mg[k] - ref) / (0.5 * unit + 0x1p-20 * fabs(ref));
+                        if (!(off <= worst)) worst = off;
+                    }
+                    TH_CHECK(worst <= 1.0, "adamw %s %s: a stored %s is off by %.3g times half a %s unit", what,
+                             label, w ? "exp_avg_sq" : "exp_avg", worst, fg_dtype_name(va->m));
+                }
+                free(mg);
+            }
             th_verify("adamw params", &s.p[i], rp[i], th_tol(va->p, false), label);
             if (va->master) { /* the params are the updated master weights rounded: exactly */
                 double *pw = malloc(sizeof(double) * (size_t)sizes[i]), *pp = malloc(sizeof(double) * (size_t)sizes[i]);
@@ -244,6 +268,15 @@ static void bad_input(fg_context *ctx, fg_backend be) {
     BAD(FG_ERR_SHAPE, "grads[4] has", fg_adamw_step(ctx, &ok, NT, s.tp, s.tg, s.tm, s.tv, NULL));
     s.tg[4] = s.g[4].t;
     BAD(FG_ERR_INVALID_VALUE, "master weights are for f16/bf16", fg_adamw_step(ctx, &ok, NT, s.tp, s.tg, s.tm, s.tv, s.tw));
+    /* moments of another dtype than f32 or the params' (f32 params: bf16 moments) */
+    fg_tensor keepm0 = s.tm[0], keepv0 = s.tv[0];
+    s.tm[0].dtype = FG_BF16;
+    BAD(FG_ERR_DTYPE, "exp_avg[0].dtype=bf16 but the moments must be f32 or the params' dtype (f32)",
+        fg_adamw_step(ctx, &ok, NT, s.tp, s.tg, s.tm, s.tv, NULL));
+    s.tm[0] = keepm0;
+    s.tv[0].dtype = FG_BF16; /* exp_avg f32, exp_avg_sq another dtype */
+    BAD(FG_ERR_DTYPE, "exp_avg_sq[0].dtype=bf16", fg_adamw_step(ctx, &ok, NT, s.tp, s.tg, s.tm, s.tv, NULL));
+    s.tv[0] = keepv0;
 #undef BAD
     free(snap);
     drop_state(&s);

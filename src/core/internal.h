@@ -226,12 +226,13 @@ fg_status fg_cpu_elementwise(fg_context *ctx, const fg_ew *e, fg_kernel_info *in
 typedef struct fg_adamw_item {
     void *p;
     const void *g;
-    float *m, *v, *master; /* master NULL: update p directly */
+    void *m, *v;     /* the moments: m_dtype */
+    float *master;   /* NULL: update p directly */
     int64_t n;
 } fg_adamw_item;
 
 typedef struct fg_adamw_run {
-    fg_dtype p_dtype, g_dtype;
+    fg_dtype p_dtype, g_dtype, m_dtype; /* m_dtype: f32, or p_dtype (moments stored rounded) */
     /* scalars formed in f64 and rounded once: 1 − β in f32 from a rounded β would be
        off by up to 1.3e-5 relative (β2 = 0.999) */
     float beta2, one_minus_beta1, one_minus_beta2, eps, decay, grad_scale;

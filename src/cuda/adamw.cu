@@ -4,7 +4,8 @@
  * block takes one CHUNK (4096 elements) of one tensor, found by binary search over the
  * chunk counts, and each thread loads all four of its groups of four elements (16-byte
  * loads of the f32 state) before it stores any. Per element: read p (or the f32 master), g,
- * m, v; write p, m, v (and master).
+ * m, v; write p, m, v (and master). The moments are f32 or the params' dtype (read, updated
+ * in f32, stored rounded: 14 bytes a bf16 element instead of 22).
  * Why: the step is bound by memory (28 bytes an f32 element); one launch for many tensors
  * keeps small tensors from paying a launch each, and all loads issued before any store keep
  * enough bytes in flight to run at copy bandwidth. Elementwise only: the same bits every run.
@@ -22,30 +23,31 @@ constexpr int THREADS = 256;
 struct adamw_list {
     void *p[MAX_TENSORS];
     const void *g[MAX_TENSORS];
-    float *m[MAX_TENSORS], *v[MAX_TENSORS], *master[MAX_TENSORS];
+    void *m[MAX_TENSORS], *v[MAX_TENSORS];
+    float *master[MAX_TENSORS];
     int64_t n[MAX_TENSORS];
     int chunk_start[MAX_TENSORS + 1];
     int count;
     float decay, beta2, one_minus_beta1, one_minus_beta2, eps, step_size, bc2_sqrt, grad_scale;
 };
 
-template <typename PT, typename GT, bool MASTER>
+template <typename PT, typename GT, typename MT, bool MASTER>
 __device__ __forceinline__ void update(const adamw_list &L, int t, int64_t i, float g) {
     float p = MASTER ? L.master[t][i] : to_acc(((const PT *)L.p[t])[i]);
-    float m = L.m[t][i], v = L.v[t][i];
+    float m = to_acc(((const MT *)L.m[t])[i]), v = to_acc(((const MT *)L.v[t])[i]);
     p *= L.decay;
     m = fmaf(L.one_minus_beta1, g - m, m); /* lerp(m, g, 1 − β1) */
     v = fmaf(L.beta2, v, L.one_minus_beta2 * g * g);
     p -= L.step_size * m / (sqrtf(v) / L.bc2_sqrt + L.eps);
-    L.m[t][i] = m;
-    L.v[t][i] = v;
+    ((MT *)L.m[t])[i] = from_acc<MT>(m);
+    ((MT *)L.v[t])[i] = from_acc<MT>(v);
     if (MASTER) L.master[t][i] = p;
     ((PT *)L.p[t])[i] = from_acc<PT>(p);
 }
 
 template <typename T> struct alignas(4 * sizeof(T)) four { T v[4]; };
 
-template <typename PT, typename GT, bool MASTER>
+template <typename PT, typename GT, typename MT, bool MASTER>
 __global__ void __launch_bounds__(THREADS) adamw_kernel(const __grid_constant__ adamw_list L) {
     int lo = 0, hi = L.count - 1;
     while (lo < hi) { /* the tensor whose chunks include this block */
@@ -56,21 +58,23 @@ __global__ void __launch_bounds__(THREADS) adamw_kernel(const __grid_constant__ 
     const int t = lo;
     const int64_t begin = (int64_t)(blockIdx.x - L.chunk_start[t]) * CHUNK;
     const int64_t end = begin + CHUNK < L.n[t] ? begin + CHUNK : L.n[t];
-    bool vec = ((uintptr_t)L.m[t] | (uintptr_t)L.v[t] | (MASTER ? (uintptr_t)L.master[t] : 0)) % 16 == 0 &&
+    bool vec = ((uintptr_t)L.m[t] | (uintptr_t)L.v[t]) % (4 * sizeof(MT)) == 0 &&
+               (MASTER ? (uintptr_t)L.master[t] : 0) % 16 == 0 &&
                (uintptr_t)L.p[t] % (4 * sizeof(PT)) == 0 && (uintptr_t)L.g[t] % (4 * sizeof(GT)) == 0;
     int64_t i = begin + (int64_t)threadIdx.x * 4;
     if (vec) {
         constexpr int U = GROUPS; /* all of a thread's groups loaded before any store */
         constexpr int64_t STRIDE = THREADS * 4;
         for (; i + (U - 1) * STRIDE + 4 <= end; i += U * STRIDE) {
-            float4 m[U], v[U], q[U];
+            float4 q[U];
+            four<MT> m[U], v[U];
             four<GT> g[U];
             four<PT> pp[U];
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 const int64_t k = i + u * STRIDE;
-                m[u] = *(const float4 *)(L.m[t] + k);
-                v[u] = *(const float4 *)(L.v[t] + k);
+                m[u] = *(const four<MT> *)((const MT *)L.m[t] + k);
+                v[u] = *(const four<MT> *)((const MT *)L.v[t] + k);
                 g[u] = *(const four<GT> *)((const GT *)L.g[t] + k);
                 if (MASTER) q[u] = *(const float4 *)(L.master[t] + k);
                 else pp[u] = *(const four<PT> *)((const PT *)L.p[t] + k);
@@ -78,7 +82,9 @@ __global__ void __launch_bounds__(THREADS) adamw_kernel(const __grid_constant__ 
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 const int64_t k = i + u * STRIDE;
-                float pf[4], mf[4] = {m[u].x, m[u].y, m[u].z, m[u].w}, vf[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+                float pf[4], mf[4], vf[4];
+#pragma unroll
+                for (int c = 0; c < 4; c++) mf[c] = to_acc(m[u].v[c]), vf[c] = to_acc(v[u].v[c]);
                 if (MASTER) {
                     pf[0] = q[u].x, pf[1] = q[u].y, pf[2] = q[u].z, pf[3] = q[u].w;
                 } else {
@@ -86,6 +92,7 @@ __global__ void __launch_bounds__(THREADS) adamw_kernel(const __grid_constant__ 
                     for (int c = 0; c < 4; c++) pf[c] = to_acc(pp[u].v[c]);
                 }
                 four<PT> out;
+                four<MT> mo, vo;
 #pragma unroll
                 for (int c = 0; c < 4; c++) {
                     float gc = to_acc(g[u].v[c]) * L.grad_scale;
@@ -94,9 +101,11 @@ __global__ void __launch_bounds__(THREADS) adamw_kernel(const __grid_constant__ 
                     vf[c] = fmaf(L.beta2, vf[c], L.one_minus_beta2 * gc * gc);
                     pf[c] -= L.step_size * mf[c] / (sqrtf(vf[c]) / L.bc2_sqrt + L.eps);
                     out.v[c] = from_acc<PT>(pf[c]);
+                    mo.v[c] = from_acc<MT>(mf[c]);
+                    vo.v[c] = from_acc<MT>(vf[c]);
                 }
-                *(float4 *)(L.m[t] + k) = make_float4(mf[0], mf[1], mf[2], mf[3]);
-                *(float4 *)(L.v[t] + k) = make_float4(vf[0], vf[1], vf[2], vf[3]);
+                *(four<MT> *)((MT *)L.m[t] + k) = mo;
+                *(four<MT> *)((MT *)L.v[t] + k) = vo;
                 if (MASTER) *(float4 *)(L.master[t] + k) = make_float4(pf[0], pf[1], pf[2], pf[3]);
                 *(four<PT> *)((PT *)L.p[t] + k) = out;
             }
@@ -104,19 +113,21 @@ __global__ void __launch_bounds__(THREADS) adamw_kernel(const __grid_constant__ 
         /* what is left: groups of four, then single elements */
         for (; i + 4 <= end; i += STRIDE)
             for (int64_t j = i; j < i + 4; j++)
-                update<PT, GT, MASTER>(L, t, j, to_acc(((const GT *)L.g[t])[j]) * L.grad_scale);
+                update<PT, GT, MT, MASTER>(L, t, j, to_acc(((const GT *)L.g[t])[j]) * L.grad_scale);
         for (int64_t j = i; j < end && j < i + 4; j++)
-            update<PT, GT, MASTER>(L, t, j, to_acc(((const GT *)L.g[t])[j]) * L.grad_scale);
+            update<PT, GT, MT, MASTER>(L, t, j, to_acc(((const GT *)L.g[t])[j]) * L.grad_scale);
     } else {
         for (int64_t j = begin + threadIdx.x; j < end; j += THREADS)
-            update<PT, GT, MASTER>(L, t, j, to_acc(((const GT *)L.g[t])[j]) * L.grad_scale);
+            update<PT, GT, MT, MASTER>(L, t, j, to_acc(((const GT *)L.g[t])[j]) * L.grad_scale);
     }
 }
 
 template <typename PT, typename GT>
-static cudaError_t launch(const adamw_list &L, int blocks, bool master, cudaStream_t s) {
-    if (master) adamw_kernel<PT, GT, true><<<blocks, THREADS, 0, s>>>(L);
-    else adamw_kernel<PT, GT, false><<<blocks, THREADS, 0, s>>>(L);
+static cudaError_t launch(const adamw_list &L, int blocks, bool master, bool low_m, cudaStream_t s) {
+    if (low_m && master) adamw_kernel<PT, GT, PT, true><<<blocks, THREADS, 0, s>>>(L);
+    else if (low_m) adamw_kernel<PT, GT, PT, false><<<blocks, THREADS, 0, s>>>(L);
+    else if (master) adamw_kernel<PT, GT, float, true><<<blocks, THREADS, 0, s>>>(L);
+    else adamw_kernel<PT, GT, float, false><<<blocks, THREADS, 0, s>>>(L);
     return cudaGetLastError();
 }
 
@@ -160,11 +171,12 @@ extern "C" fg_status fg_cuda_adamw(fg_context *ctx, const fg_adamw_run *r) {
         cudaStream_t s = ctx->cuda->stream;
         cudaError_t e = cudaSuccess;
         const fg_dtype pt = r->p_dtype, gt = r->g_dtype;
-        if (pt == FG_F32) e = launch<float, float>(*L, chunks, false, s);
-        else if (pt == FG_BF16 && gt == FG_BF16) e = launch<__nv_bfloat16, __nv_bfloat16>(*L, chunks, master, s);
-        else if (pt == FG_BF16) e = launch<__nv_bfloat16, float>(*L, chunks, master, s);
-        else if (gt == FG_F16) e = launch<__half, __half>(*L, chunks, master, s);
-        else e = launch<__half, float>(*L, chunks, master, s);
+        const bool low_m = r->m_dtype != FG_F32;
+        if (pt == FG_F32) e = launch<float, float>(*L, chunks, false, false, s);
+        else if (pt == FG_BF16 && gt == FG_BF16) e = launch<__nv_bfloat16, __nv_bfloat16>(*L, chunks, master, low_m, s);
+        else if (pt == FG_BF16) e = launch<__nv_bfloat16, float>(*L, chunks, master, low_m, s);
+        else if (gt == FG_F16) e = launch<__half, __half>(*L, chunks, master, low_m, s);
+        else e = launch<__half, float>(*L, chunks, master, low_m, s);
         if (e != cudaSuccess) status = fg_cuda_fail(e, "adamw_step");
     }
     free(L);

@@ -1,7 +1,8 @@
 /*
  * adamw.c — front door of the fused multi-tensor AdamW step: validates the
  * hyper-parameters and every tensor of every list (dtypes, sizes, contiguity, device,
- * no tensor overlapping another), folds the bias corrections into two scalars, and
+ * no tensor overlapping another; the moments f32 or, as torch's fused AdamW keeps them for
+ * bf16 / f16 parameters, the parameters' dtype), folds the bias corrections into two scalars, and
  * hands one flat list to the backend (src/cpu/adamw.c, src/cuda/adamw.cu).
  */
 #include "../core/internal.h"
@@ -23,16 +24,17 @@ static int by_address(const void *a, const void *b) {
 
 static const char *const list_names[5] = {"params", "grads", "exp_avg", "exp_avg_sq", "master"};
 
-static fg_status check_tensor(fg_context *ctx, const fg_tensor *t, int list, int i, int64_t n, bool f32_only,
-                              fg_dtype want) {
+static fg_status check_tensor(fg_context *ctx, const fg_tensor *t, int list, int i, int64_t n, fg_dtype want) {
     char what[48];
     snprintf(what, sizeof what, "%s[%d]", list_names[list], i);
     FG_TRY(fg_check_desc("adamw_step", what, t, 0, FG_MAX_RANK));
-    if (f32_only && t->dtype != FG_F32)
-        return fg_fail(FG_ERR_DTYPE, "adamw_step: %s.dtype=%s but it must be f32", what, fg_dtype_name(t->dtype));
-    if (!f32_only && t->dtype != want)
-        return fg_fail(FG_ERR_DTYPE, "adamw_step: %s.dtype=%s but %s", what, fg_dtype_name(t->dtype),
-                       list == 1 ? "grads must have their params' dtype or f32" : "params must be f32, f16 or bf16");
+    if (t->dtype != want) {
+        const char *rule = list == 0   ? "every params tensor must have params[0]'s dtype"
+                           : list == 1 ? "grads must have their params' dtype or f32, all one dtype"
+                           : list == 4 ? "master weights must be f32"
+                                       : "the moments must be f32 or the params' dtype, all one dtype (exp_avg[0]'s)";
+        return fg_fail(FG_ERR_DTYPE, "adamw_step: %s.dtype=%s but %s", what, fg_dtype_name(t->dtype), rule);
+    }
     if (n >= 0 && fg_numel(t) != n)
         return fg_fail(FG_ERR_SHAPE, "adamw_step: %s has %lld elements but params[%d] has %lld", what,
                        (long long)fg_numel(t), i, (long long)n);
@@ -72,6 +74,10 @@ fg_status fg_adamw_step(fg_context *ctx, const fg_adamw_hparams *hp, int count, 
     if (gt != pt && gt != FG_F32)
         return fg_fail(FG_ERR_DTYPE, "adamw_step: grads[0].dtype=%s but grads must have their params' dtype or f32",
                        fg_dtype_name(gt));
+    const fg_dtype mt = exp_avg[0].dtype;
+    if (mt != FG_F32 && mt != pt)
+        return fg_fail(FG_ERR_DTYPE, "adamw_step: exp_avg[0].dtype=%s but the moments must be f32 or the params' dtype (%s)",
+                       fg_dtype_name(mt), fg_dtype_name(pt));
     if (has_master && pt == FG_F32)
         return fg_fail(FG_ERR_INVALID_VALUE, "adamw_step: master weights are for f16/bf16 params; params are f32");
     fg_adamw_item *items = calloc((size_t)count, sizeof *items);
@@ -85,13 +91,13 @@ fg_status fg_adamw_step(fg_context *ctx, const fg_adamw_hparams *hp, int count, 
     int n_ext = 0;
     for (int i = 0; i < count && s == FG_OK; i++) {
         /* params[i]'s descriptor is checked before its element count is read */
-        s = check_tensor(ctx, &params[i], 0, i, -1, false, pt);
+        s = check_tensor(ctx, &params[i], 0, i, -1, pt);
         if (s != FG_OK) break;
         const int64_t n = fg_numel(&params[i]);
-        if (s == FG_OK) s = check_tensor(ctx, &grads[i], 1, i, n, false, gt);
-        if (s == FG_OK) s = check_tensor(ctx, &exp_avg[i], 2, i, n, true, FG_F32);
-        if (s == FG_OK) s = check_tensor(ctx, &exp_avg_sq[i], 3, i, n, true, FG_F32);
-        if (s == FG_OK && has_master) s = check_tensor(ctx, &master[i], 4, i, n, true, FG_F32);
+        if (s == FG_OK) s = check_tensor(ctx, &grads[i], 1, i, n, gt);
+        if (s == FG_OK) s = check_tensor(ctx, &exp_avg[i], 2, i, n, mt);
+        if (s == FG_OK) s = check_tensor(ctx, &exp_avg_sq[i], 3, i, n, mt);
+        if (s == FG_OK && has_master) s = check_tensor(ctx, &master[i], 4, i, n, FG_F32);
         if (s != FG_OK) break;
         items[i] = (fg_adamw_item){params[i].data, grads[i].data, exp_avg[i].data, exp_avg_sq[i].data,
                                    has_master ? master[i].data : NULL, n};
@@ -111,6 +117,7 @@ fg_status fg_adamw_step(fg_context *ctx, const fg_adamw_hparams *hp, int count, 
         fg_adamw_run r;
         r.p_dtype = pt;
         r.g_dtype = gt;
+        r.m_dtype = mt;
         r.beta2 = (float)hp->beta2;
         r.one_minus_beta1 = (float)(1.0 - hp->beta1);
         r.one_minus_beta2 = (float)(1.0 - hp->beta2);

@@ -239,16 +239,24 @@ def axpby(a, b, alpha, beta):
 class AdamW(torch.optim.Optimizer):
     """torch.optim.AdamW on one fused fastgrad launch per (device, dtype) group.
 
-    f32 parameters keep f32 moments; bf16/f16 parameters keep f32 moments and, with
-    master_weights=True, an f32 master copy that the step updates and rounds into the
-    parameter. Gradients may be in the parameters' dtype or f32. Deterministic.
+    State per parameter: "step" (an int), "exp_avg" and "exp_avg_sq" (the moments, the
+    parameter's shape; f32 by default, or with moment_dtype="param" the parameter's own dtype,
+    as torch.optim.AdamW(fused=True) keeps them for bf16 parameters: half the state and the
+    traffic), and with master_weights=True for bf16/f16 parameters "master", an f32 copy that
+    the step updates and rounds into the parameter. Gradients may be in the parameters' dtype
+    or f32. Deterministic.
     """
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, master_weights=False):
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, master_weights=False,
+                 moment_dtype="float32"):
         if not 0.0 <= lr:
             raise ValueError(f"invalid lr {lr}")
-        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, master_weights=master_weights)
+        if moment_dtype not in ("float32", "param"):
+            raise ValueError(f"moment_dtype must be 'float32' or 'param', not {moment_dtype!r}")
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, master_weights=master_weights,
+                        moment_dtype=moment_dtype)
         super().__init__(params, defaults)
+        self._described = {}  # per bucket: the fg_tensor arrays of its last step (ops.adamw_step's cache)
 
     @torch.no_grad()
     def step(self, closure=None, grad_scale=1.0):
@@ -266,20 +274,23 @@ class AdamW(torch.optim.Optimizer):
                 st = self.state[p]
                 if not st:
                     st["step"] = 0
-                    st["exp_avg"] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.contiguous_format)
-                    st["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.contiguous_format)
+                    mdt = p.dtype if group.get("moment_dtype", "float32") == "param" else torch.float32
+                    st["exp_avg"] = torch.zeros_like(p, dtype=mdt, memory_format=torch.contiguous_format)
+                    st["exp_avg_sq"] = torch.zeros_like(p, dtype=mdt, memory_format=torch.contiguous_format)
                     if group["master_weights"] and p.dtype != torch.float32:
                         st["master"] = p.detach().float().contiguous()
                 st["step"] += 1
-                key = (p.device, p.dtype, p.grad.dtype, st["step"], "master" in st)
+                key = (p.device, p.dtype, p.grad.dtype, st["exp_avg"].dtype, st["step"], "master" in st)
                 buckets.setdefault(key, []).append(p)
             beta1, beta2 = group["betas"]
-            for (_, _, _, step, has_master), ps in buckets.items():
+            for (dev, pdt, gdt, mdt, step, has_master), ps in buckets.items():
+                cache = self._described.setdefault((id(group), dev, pdt, gdt, mdt, has_master), {})
                 grads = [p.grad if p.grad.is_contiguous() else p.grad.contiguous() for p in ps]
                 ops.adamw_step(ps, grads, [self.state[p]["exp_avg"] for p in ps],
                                [self.state[p]["exp_avg_sq"] for p in ps], lr=group["lr"], beta1=beta1, beta2=beta2,
                                eps=group["eps"], weight_decay=group["weight_decay"], step=step,
-                               grad_scale=grad_scale, master=[self.state[p]["master"] for p in ps] if has_master else None)
+                               grad_scale=grad_scale, master=[self.state[p]["master"] for p in ps] if has_master else None,
+                               cache=cache)
         return loss
 
 

@@ -586,8 +586,13 @@ def attention_backward(do, q, k, v, o, lse, lengths=None, scores_in=None, dscore
 # ------------------------------------------------------------------ AdamW
 
 def adamw_step(params, grads, exp_avg, exp_avg_sq, *, lr, beta1, beta2, eps, weight_decay, step, grad_scale=1.0,
-               master=None):
-    """One fused AdamW step over lists of tensors (all on one device; see fg_adamw_step)."""
+               master=None, cache=None):
+    """One fused AdamW step over lists of tensors (all on one device; see fg_adamw_step).
+
+    The moments are f32 or the params' dtype. cache: a dict the caller keeps between steps (torch
+    tensors only); a list whose tensors have the same addresses, shapes, strides and dtypes as
+    last time reuses its fg_tensor array instead of describing every tensor again (the host cost
+    of a step over a model's hundreds of tensors)."""
     n = len(params)
     if not (len(grads) == len(exp_avg) == len(exp_avg_sq) == n) or (master is not None and len(master) != n):
         raise ValueError("fastgrad: adamw_step lists must have the same length")
@@ -603,7 +608,16 @@ def adamw_step(params, grads, exp_avg, exp_avg_sq, *, lr, beta1, beta2, eps, wei
         if lst is None:
             arrays.append(None)
             continue
+        key = None
+        if cache is not None:
+            key = tuple((t.data_ptr(), t.shape, t.stride(), t.dtype) for t in lst)
+            hit = cache.get(name)
+            if hit is not None and hit[0] == key:
+                arrays.append(hit[1])
+                continue
         arr = (_lib.Tensor * n)(*[_describe(t, f"{name}[{i}]") for i, t in enumerate(lst)])
+        if cache is not None:
+            cache[name] = (key, arr)
         arrays.append(arr)
     hp = _lib.AdamWHparams(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay, step=int(step),
                            grad_scale=grad_scale)

@@ -259,6 +259,39 @@ def test_adamw_vs_torch(rng, device, dtype):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_adamw_param_dtype_moments(rng, device):
+    """moment_dtype="param" on bf16 parameters against torch's fused AdamW, which keeps bf16
+    moments too: both compute in f32 and round what they store. A parameter replaced between
+    steps (new storage) must be seen by the described-tensor cache."""
+    dtype = torch.bfloat16
+    shapes = [(1,), (17, 33), (1000,), (300, 257)]
+    ours = [torch.nn.Parameter(torch.from_numpy(data(rng, s)).to(device=device, dtype=dtype)) for s in shapes]
+    ref = [torch.nn.Parameter(p.detach().clone()) for p in ours]
+    start = [p.detach().clone() for p in ours]
+    opt = fg.AdamW(ours, lr=1e-2, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.05, moment_dtype="param")
+    ropt = torch.optim.AdamW(ref, lr=1e-2, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.05, fused=True)
+    for step in range(4):
+        if step == 2:  # new storage for one parameter, same values
+            with torch.no_grad():
+                ours[1].data = ours[1].data.clone()
+        for p, q in zip(ours, ref):
+            g = torch.from_numpy(data(rng, p.shape)).to(device=device, dtype=dtype)
+            p.grad = g.clone()
+            q.grad = g.clone()
+        opt.step()
+        ropt.step()
+    moved = 0.0
+    for p, q, p0 in zip(ours, ref, start):
+        st, rst = opt.state[p], ropt.state[q]
+        moved = max(moved, (p.double() - p0.double()).abs().max().item())
+        assert st["exp_avg"].dtype == dtype and st["exp_avg_sq"].dtype == dtype
+        assert err(p, q) <= tol(dtype)
+        assert err(st["exp_avg"], rst["exp_avg"]) <= tol(dtype)
+        assert err(st["exp_avg_sq"], rst["exp_avg_sq"]) <= tol(dtype)
+    assert moved >= 0.02  # four steps of lr 1e-2: the steps were taken (a no-op would pass the rest)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_elementwise_modules(rng, device):
     x = leaf(rng, (6, 40), torch.float32, device)
     pairs = [(fg.LeakyReLU(0.2), torch.nn.LeakyReLU(0.2)), (fg.ELU(0.7), torch.nn.ELU(0.7)),

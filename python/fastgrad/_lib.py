@@ -127,20 +127,8 @@ REDUCTION = _enum("FG_REDUCTION_", ["mean", "sum", "none"])
 UNARY = _enum("FG_UNARY_", ["scale", "pow", "leaky_relu", "elu", "clamp", "softcap"])
 BINARY = _enum("FG_BINARY_", ["lerp", "axpby"])
 NORM = _enum("FG_NORM_", ["layer", "rms"])
-
-
-def _enum_or(prefix, header):
-    """_enum(prefix, header's names), or the header's values where the library's ABI table does not
-    list them yet (fastgrad.h's values; enums only grow at the end, so they do not move)."""
-    out = {}
-    for name, value in header.items():
-        v = ctypes.c_int64()
-        out[name] = v.value if lib.fg_abi_constant((prefix + name.upper()).encode(), ctypes.byref(v)) == 0 else value
-    return out
-
-
-ENCODER_NORM = _enum_or("FG_ENCODER_", {"pre_layer": 0, "pre_rms": 1, "post_layer": 2, "post_batch": 3})
-ENCODER_SAVE = _enum_or("FG_ENCODER_SAVE_", {"all": 0, "less": 1})
+ENCODER_NORM = _enum("FG_ENCODER_", ["pre_layer", "pre_rms", "post_layer", "post_batch"])
+ENCODER_SAVE = _enum("FG_ENCODER_SAVE_", ["all", "less"])
 
 _STATUS_NAMES = ["FG_OK", "FG_ERR_NULL_POINTER", "FG_ERR_INVALID_VALUE", "FG_ERR_SHAPE", "FG_ERR_DTYPE",
                  "FG_ERR_WRONG_DEVICE", "FG_ERR_MISALIGNED", "FG_ERR_WORKSPACE", "FG_ERR_OVERFLOW", "FG_ERR_ALIAS",
@@ -436,18 +424,10 @@ STRUCTS = {
     "fg_patch_options": PatchOptions,
     "fg_regression_loss_options": RegressionLossOptions,
     "fg_attention_options": AttentionOptions,
-}
-# The encoder layer's structs: checked like the others where the library describes them
-# (abi.c's table); a library that does not is checked by its entry points' presence only.
-ENCODER_STRUCTS = {
     "fg_encoder_layer_desc": EncoderLayerDesc,
     "fg_encoder_layer_params": EncoderLayerParams,
     "fg_encoder_layer_run": EncoderLayerRun,
 }
-for _cname, _cls in ENCODER_STRUCTS.items():
-    _size = ctypes.c_size_t()
-    if lib.fg_abi_layout(_cname.encode(), None, ctypes.byref(_size)) == 0:
-        STRUCTS[_cname] = _cls
 # The options struct an op's fg_op_info.options_type names.
 OPTIONS = {"fg_dropout_options": DropoutOptions, "fg_norm_options": NormOptions,
            "fg_batch_norm_options": BatchNormOptions, "fg_revin_options": RevinOptions,
@@ -545,23 +525,19 @@ lib.fg_adamw_step.restype = _c
 lib.fg_adamw_step.argtypes = [ctypes.c_void_p, ctypes.POINTER(AdamWHparams), ctypes.c_int] + [ctypes.POINTER(Tensor)] * 5
 
 
-HAS_ENCODER = all(hasattr(lib, f) for f in ("fg_encoder_layer_sizes", "fg_encoder_layer_forward",
-                                              "fg_encoder_layer_backward"))
-if HAS_ENCODER:
-    _P = ctypes.POINTER
-    lib.fg_encoder_layer_sizes.restype = _c
-    lib.fg_encoder_layer_sizes.argtypes = [_P(EncoderLayerDesc), _enum_t, ctypes.c_int64, ctypes.c_int64,
-                                           _P(ctypes.c_size_t), _P(ctypes.c_size_t)]
-    lib.fg_encoder_layer_forward.restype = _c
-    lib.fg_encoder_layer_forward.argtypes = [ctypes.c_void_p, _P(EncoderLayerDesc), _P(EncoderLayerRun), _P(Tensor),
-                                             _P(Tensor), _P(Tensor), _P(EncoderLayerParams), _P(Tensor), _P(Tensor),
-                                             ctypes.c_void_p, ctypes.c_size_t]
-    lib.fg_encoder_layer_backward.restype = _c
-    lib.fg_encoder_layer_backward.argtypes = [ctypes.c_void_p, _P(EncoderLayerDesc), _P(EncoderLayerRun),
-                                              _P(Tensor), _P(Tensor), _P(Tensor), _P(Tensor), _P(Tensor),
-                                              _P(EncoderLayerParams), ctypes.c_void_p, ctypes.c_size_t, _P(Tensor),
-                                              _P(Tensor), _P(EncoderLayerParams), _c, ctypes.c_void_p,
-                                              ctypes.c_size_t]
+_P = ctypes.POINTER
+lib.fg_encoder_layer_sizes.restype = _c
+lib.fg_encoder_layer_sizes.argtypes = [_P(EncoderLayerDesc), _enum_t, ctypes.c_int64, ctypes.c_int64,
+                                       _P(ctypes.c_size_t), _P(ctypes.c_size_t)]
+lib.fg_encoder_layer_forward.restype = _c
+lib.fg_encoder_layer_forward.argtypes = [ctypes.c_void_p, _P(EncoderLayerDesc), _P(EncoderLayerRun), _P(Tensor),
+                                         _P(Tensor), _P(Tensor), _P(EncoderLayerParams), _P(Tensor), _P(Tensor),
+                                         ctypes.c_void_p, ctypes.c_size_t]
+lib.fg_encoder_layer_backward.restype = _c
+lib.fg_encoder_layer_backward.argtypes = [ctypes.c_void_p, _P(EncoderLayerDesc), _P(EncoderLayerRun), _P(Tensor),
+                                          _P(Tensor), _P(Tensor), _P(Tensor), _P(Tensor), _P(EncoderLayerParams),
+                                          ctypes.c_void_p, ctypes.c_size_t, _P(Tensor), _P(Tensor),
+                                          _P(EncoderLayerParams), _c, ctypes.c_void_p, ctypes.c_size_t]
 
 
 def version():

@@ -38,11 +38,6 @@ _ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "silu")
 _TINY = 1e-300
 
 
-def _need_encoder():
-    if not _lib.HAS_ENCODER:
-        raise _lib.AbiError(f"fastgrad: {_lib.lib._name} has no fg_encoder_layer_*: rebuild the library")
-
-
 def encoder_desc(d_model, heads, d_ff, activation="gelu", norm="post_batch", norm_eps=1e-5, bn_momentum=0.1,
                  attn_scale=None, causal=False, residual_scores=False, dropout=0.0, dropout_ffn=0.0,
                  dropout_attn=0.0, save="all"):
@@ -70,7 +65,6 @@ def _dtype_of(x):
 def encoder_layer_sizes(desc, dtype, B, L):
     """(cache_bytes, workspace_bytes) for B sequences of L tokens; dtype an array or tensor of the
     layer's dtype, or an fg dtype code."""
-    _need_encoder()
     code = dtype if isinstance(dtype, int) else _dtype_of(dtype)
     cache, ws = ctypes.c_size_t(), ctypes.c_size_t()
     _lib.check(_lib.lib.fg_encoder_layer_sizes(ctypes.byref(desc), code, int(B), int(L), ctypes.byref(cache),
@@ -137,7 +131,6 @@ def encoder_layer_forward(desc, x, params, lengths=None, scores_in=None, train=T
     descriptor's residual_scores); the scores take scores_in's dtype, else scores_dtype (default
     x's). cache: a buffer of at least encoder_layer_sizes' cache_bytes, allocated when None and
     train (an evaluation forward keeps none)."""
-    _need_encoder()
     b, l = x.shape[0], x.shape[1]
     y = out if out is not None else _empty_like_family(x, tuple(x.shape))
     scores = None
@@ -164,7 +157,6 @@ def encoder_layer_backward(desc, dy, x, params, cache, lengths=None, scores_in=N
     named in need (default: every learnable parameter present in params), dx when need_dx,
     dscores_in when need_dscores_in and scores_in is given. out: {name: buffer} (the keys 'dx'
     and 'dscores_in' too) to write (accumulate: add) into instead of new arrays."""
-    _need_encoder()
     out = dict(out or {})
     learnable = [k for k, a in params.items() if a is not None and not k.startswith("running_")]
     need = learnable if need is None else list(need)

@@ -14,8 +14,6 @@ from fastgrad import _lib
 
 import attention_ref
 
-pytestmark = pytest.mark.skipif(not _lib.HAS_ENCODER, reason="the library has no fg_encoder_layer_* yet")
-
 _erf = np.vectorize(math.erf)
 
 

@@ -9,6 +9,7 @@ f64 path) and in f32 / bf16 where the device has them. Dropout: the same torch.m
 same output and gradients; the backward agrees with the forward's masks (central finite differences
 in f64 with the seed fixed), and the masks are the header's (site k of (seed, 4·offset + k), the
 attention family's Philox mask) by an explicit-mask float64 model of the layer."""
+import copy
 import math
 
 import numpy as np
@@ -18,13 +19,10 @@ torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 
 import fastgrad as fg  # noqa: E402
-from fastgrad import _lib  # noqa: E402
 
 import patchtst_ref  # noqa: E402
 from philox_ref import dropout_uniform  # noqa: E402
 from torch_helpers import DEVICES, err, tol  # noqa: E402
-
-pytestmark = pytest.mark.skipif(not _lib.HAS_ENCODER, reason="the library has no fg_encoder_layer_* yet")
 
 CASES = [(d, t) for d in DEVICES for t in (torch.float64, torch.float32, torch.bfloat16)
          if not (d == "cuda" and t == torch.float64) and not (d == "cpu" and t == torch.bfloat16)]
@@ -35,16 +33,24 @@ def tolerance(dtype):
     return 2 * tol(dtype) if dtype == torch.bfloat16 else tol(dtype)
 
 
-def check(out, ref, dtype, what):
+def check(out, ref, dtype, what, torch_own=None):
     """The relative error in norm within the dtype's tolerance, and every element within 30× that of
-    the reference's largest magnitude (one wrong element among 10⁴ fails)."""
+    the reference's largest magnitude (one wrong element among 10⁴ fails). torch_own: PyTorch's own
+    result in the same low precision; where its error against the f64 reference is larger (a relu
+    whose bf16 pre-activation rounds across 0, a gradient summed over every token), fastgrad's may
+    be up to three times PyTorch's, no more (a wrong layer is off by O(1))."""
     t = tolerance(dtype)
-    e = err(out, ref)
-    assert e <= t, f"{what}: relative error {e:.3g} > {t:g}"
     o, r = out.detach().double().cpu(), ref.detach().double().cpu()
     worst = float((o - r).abs().max())
     scale = float(r.abs().max())
-    assert worst <= 30 * t * scale, f"{what}: max error {worst:.3g} > 30·{t:g}·{scale:.3g}"
+    bound_e, bound_w = t, 30 * t * scale
+    if torch_own is not None:
+        tw = torch_own.detach().double().cpu()
+        bound_e = max(bound_e, 3 * err(tw, r))
+        bound_w = max(bound_w, 3 * float((tw - r).abs().max()))
+    e = err(out, ref)
+    assert e <= bound_e, f"{what}: relative error {e:.3g} > {bound_e:.3g}"
+    assert worst <= bound_w, f"{what}: max error {worst:.3g} > {bound_w:.3g}"
 
 
 def seeded(rng):
@@ -86,10 +92,16 @@ def inputs(rng, b, l, d, device, dtype):
 
 
 def compare(ours, ref, x, dy, dtype, **kw):
+    own_y, own_g = None, {}
+    if dtype in (torch.float16, torch.bfloat16):  # PyTorch's own error in this dtype, for check()
+        low = copy.deepcopy(ref).to(dtype)
+        xl = x.detach().clone().requires_grad_(True)
+        own_y, own_g = grads_of(low, xl, dy, **{k: (v.to(dtype) if torch.is_tensor(v) and v.is_floating_point()
+                                                    else v) for k, v in kw.items()})
     y, g = grads_of(ours, x, dy, **kw)
     x64 = x.detach().double().requires_grad_(True)
     y64, g64 = grads_of(ref, x64, dy.double(), **kw)
-    check(y, y64, dtype, "y")
+    check(y, y64, dtype, "y", own_y)
     assert set(g) == set(g64)
     top = max(float(v.abs().max()) for v in g64.values())
     for k in g:
@@ -99,7 +111,7 @@ def compare(ours, ref, x, dy, dtype, **kw):
             worst = float(g[k].detach().double().abs().max())
             assert worst <= 30 * tolerance(dtype) * top, f"d{k}: {worst:.3g} where 0 is exact"
         else:
-            check(g[k], g64[k], dtype, f"d{k}")
+            check(g[k], g64[k], dtype, f"d{k}", own_g.get(k))
 
 
 # ------------------------------------------------------------------ TransformerEncoderLayer
@@ -148,8 +160,9 @@ def test_layer_eval(rng, device, dtype):
     ours.eval(), ref.eval()
     x, dy = inputs(rng, 2, 13, 32, device, dtype)
     compare(ours, ref, x, dy, dtype)  # eval gradients: dropout off
-    with torch.no_grad():
-        check(ours(x), ref(x.double()), dtype, "eval, no_grad")
+    with torch.no_grad():  # the library's evaluation forward (no cache)
+        y = ours(x)
+    check(y, ref(x.detach().double().requires_grad_(True)), dtype, "eval, no_grad")
 
 
 def test_layer_state_dict_round_trip(rng):

@@ -4,41 +4,21 @@ Each backward calls only the kernels for the gradients autograd asks for
 (ctx.needs_input_grad). Gradients are ordinary tensors, so the modules work under
 torch.no_grad, with non-contiguous inputs (a layout the C op refuses is made
 contiguous first), and inside DistributedDataParallel.
+
+The public functions run these autograd.Functions in eager mode and the custom ops of
+torch_ops.py (the same kernels, registered with torch.library) while torch.compile traces,
+so compiled models have no graph breaks at fastgrad calls (docs/decisions.md: why eager
+stays direct).
 """
 import math
 
 import torch
 
 from . import ops
-from ._lib import ERR_MISALIGNED, ERR_UNSUPPORTED, FastgradError
+from .torch_ops import _call, _dense, _fresh, draw_seed, dtype_name, routed  # noqa: F401 - _dense, _fresh for norm / encoder
 
 
-def _dense(a):
-    """A broadcast view (a zero stride, as autograd hands out for sum()) made dense."""
-    if isinstance(a, torch.Tensor) and any(s == 0 and n > 1 for s, n in zip(a.stride(), a.shape)):
-        return a.contiguous()
-    return a
-
-
-def _call(fn, *args, **kwargs):
-    """Runs fn; when the C op refuses a layout (no unit stride, leading dims that do not
-    collapse, data aligned less than any of its kernels takes), retries once on contiguous
-    copies."""
-    args = [_dense(a) for a in args]
-    try:
-        return fn(*args, **kwargs)
-    except (FastgradError, ValueError) as e:
-        if isinstance(e, FastgradError) and e.status not in (ERR_UNSUPPORTED, ERR_MISALIGNED):
-            raise
-        fixed = [_fresh(a) for a in args]
-        return fn(*fixed, **kwargs)
-
-
-def _fresh(a):
-    """a as a contiguous tensor at the start of an allocation (a copy unless it is one)."""
-    if not isinstance(a, torch.Tensor) or (a.is_contiguous() and a.data_ptr() % 256 == 0):
-        return a
-    return a.clone(memory_format=torch.contiguous_format)
+FG = torch.ops.fastgrad  # the custom ops (torch_ops): what torch.compile traces
 
 
 class LinearFunction(torch.autograd.Function):
@@ -97,16 +77,22 @@ class OuterFunction(torch.autograd.Function):
 
 def linear(x, weight, bias=None):
     """torch.nn.functional.linear on fastgrad kernels."""
+    if routed():
+        return FG.linear(x, weight, bias)
     return LinearFunction.apply(x, weight, bias)
 
 
 def matmul(a, b):
     """a @ b for 2-D / 3-D operands (a 2-D one broadcast) on fastgrad kernels."""
+    if routed():
+        return FG.matmul(a, b)
     return MatmulFunction.apply(a, b)
 
 
 def outer(x, y):
     """torch.outer on fastgrad kernels."""
+    if routed():
+        return FG.outer(x, y)
     return OuterFunction.apply(x, y)
 
 
@@ -165,29 +151,35 @@ class UnaryFunction(torch.autograd.Function):
         return dx, None, None
 
 
+def _unary(x, kind, scalars):
+    if routed():
+        return FG.unary(x, kind, list(scalars))
+    return UnaryFunction.apply(x, kind, scalars)
+
+
 def scale(x, s):
-    return UnaryFunction.apply(x, "scale", (float(s),))
+    return _unary(x, "scale", (float(s),))
 
 
 def pow(x, p):  # noqa: A001 - mirrors torch.pow
-    return UnaryFunction.apply(x, "pow", (float(p),))
+    return _unary(x, "pow", (float(p),))
 
 
 def leaky_relu(x, negative_slope=0.01):
-    return UnaryFunction.apply(x, "leaky_relu", (float(negative_slope),))
+    return _unary(x, "leaky_relu", (float(negative_slope),))
 
 
 def elu(x, alpha=1.0):
-    return UnaryFunction.apply(x, "elu", (float(alpha),))
+    return _unary(x, "elu", (float(alpha),))
 
 
 def clamp(x, lo, hi):
-    return UnaryFunction.apply(x, "clamp", (float(lo), float(hi)))
+    return _unary(x, "clamp", (float(lo), float(hi)))
 
 
 def softcap(x, cap):
     """cap·tanh(x / cap)."""
-    return UnaryFunction.apply(x, "softcap", (float(cap),))
+    return _unary(x, "softcap", (float(cap),))
 
 
 class LerpFunction(torch.autograd.Function):
@@ -211,6 +203,9 @@ class LerpFunction(torch.autograd.Function):
 
 def lerp(a, b, weight):
     """torch.lerp on fastgrad kernels: weight a float or a tensor (then it gets a gradient)."""
+    if routed():
+        tensor_w = isinstance(weight, torch.Tensor)
+        return FG.lerp(a, b, weight if tensor_w else None, 0.0 if tensor_w else float(weight))
     return LerpFunction.apply(a, b, weight)
 
 
@@ -231,6 +226,8 @@ class AxpbyFunction(torch.autograd.Function):
 
 def axpby(a, b, alpha, beta):
     """alpha·a + beta·b."""
+    if routed():
+        return FG.axpby(a, b, float(alpha), float(beta))
     return AxpbyFunction.apply(a, b, float(alpha), float(beta))
 
 
@@ -347,6 +344,12 @@ class Lerp(torch.nn.Module):
 
 # ------------------------------------------------------------------ Linear log-prob / cross-entropy
 
+def _signed64(v):
+    """A 64-bit seed as the int64 that has its bits."""
+    v = int(v) & (2**64 - 1)
+    return v - 2**64 if v >= 2**63 else v
+
+
 def _flat(h, target):
     """[..., D] hidden states and [...] targets as [N, D] and [N] (contiguous)."""
     return h.reshape(-1, h.shape[-1]).contiguous(), target.reshape(-1).contiguous()
@@ -393,6 +396,13 @@ def linear_logp(h, weight, target, bias=None, temperature=1.0, softcap=0.0, igno
     """log_softmax(cap(h·wᵀ + b)/T)[target] per row (and the softmax entropy per row when
     return_entropy), differentiable in h, weight and bias; rows whose target is
     ignore_index give 0 and no gradient."""
+    if routed():
+        shape = h.shape[:-1]
+        h2, t2 = _flat(h, target)
+        logp, _, ent = FG.linear_logp(h2, weight, t2, bias, bool(return_entropy), float(temperature), float(softcap),
+                                      None if ignore_index is None else int(ignore_index), int(max_tile_elements))
+        logp = logp.reshape(shape)
+        return (logp, ent.reshape(shape)) if return_entropy else logp
     opt = ops.logp_options(temperature=temperature, softcap=softcap, ignore_index=ignore_index,
                            max_tile_elements=max_tile_elements)
     logp, ent = LinearLogpFunction.apply(h, weight, bias, target, opt, bool(return_entropy))
@@ -434,11 +444,20 @@ def linear_cross_entropy(h, weight, target, bias=None, reduction="mean", label_s
                            max_tile_elements=max_tile_elements)
         loss = -logp
         return loss if row_weight is None else loss * row_weight.reshape(loss.shape)
-    opt = ops.logp_options(temperature=temperature, softcap=softcap, ignore_index=ignore_index, reduction=reduction,
-                           label_smoothing=label_smoothing, z_loss=z_loss, max_tile_elements=max_tile_elements)
     rw = None
     if row_weight is not None:
         rw = row_weight.reshape(-1).to(torch.float64 if h.dtype == torch.float64 else torch.float32).contiguous()
+    if routed():
+        if reduction not in ("mean", "sum"):
+            raise ValueError(f"fastgrad: reduction must be 'mean', 'sum' or 'none', not {reduction!r}")
+        h2, t2 = _flat(h, target)
+        need = (h.requires_grad, weight.requires_grad, bias is not None and bias.requires_grad)
+        loss = FG.linear_cross_entropy(h2, weight, t2, bias, rw, *need, reduction, float(label_smoothing),
+                                       float(z_loss), None if ignore_index is None else int(ignore_index),
+                                       float(temperature), float(softcap), int(max_tile_elements))[0]
+        return loss.reshape(())
+    opt = ops.logp_options(temperature=temperature, softcap=softcap, ignore_index=ignore_index, reduction=reduction,
+                           label_smoothing=label_smoothing, z_loss=z_loss, max_tile_elements=max_tile_elements)
     return LinearCrossEntropyFunction.apply(h, weight, bias, target, rw, opt)
 
 
@@ -508,6 +527,9 @@ def linear_act(x, weight, bias=None, act="gelu_tanh", save_pre="auto"):
     LinearActFunction says more."""
     if save_pre not in (True, False, "slope", "auto"):
         raise ValueError(f"fastgrad: save_pre must be True, False, 'slope' or 'auto', not {save_pre!r}")
+    if routed():
+        sp = ("slope" if x.shape[-1] > 128 else True) if save_pre == "auto" else save_pre
+        return FG.linear_act(x, weight, bias, act, bool(sp), sp == "slope")[0]
     return LinearActFunction.apply(x, weight, bias, act, save_pre if save_pre in ("slope", "auto") else bool(save_pre))
 
 
@@ -562,8 +584,16 @@ def attention(q, k, v, causal=False, scale=None, scores_in=None, return_scores=F
     generator when None). lengths [B]: key-padding lengths. return_scores: also the pre-softmax
     scores (-inf where masked; scores_in's dtype, else scores_dtype or q's) — PatchTST's residual
     attention feeds them to the next layer as its scores_in. Returns o, or (o, scores)."""
+    if routed():
+        seed_t = None
+        if dropout_p > 0:
+            seed_t = draw_seed() if seed is None else torch.tensor([_signed64(seed)], dtype=torch.int64)
+        o, _, scores = FG.attention(q, k, v, scores_in, lengths, seed_t, 0, bool(causal),
+                                    None if scale is None else float(scale), float(dropout_p), bool(return_scores),
+                                    dtype_name(scores_dtype))
+        return (o, scores) if return_scores else o
     if dropout_p > 0 and seed is None:
-        seed = int(torch.randint(0, 2**62, (1,)).item())
+        seed = int(draw_seed().item())
     return AttentionFunction.apply(q, k, v, scores_in, lengths, causal, scale, float(dropout_p), seed or 0,
                                    bool(return_scores), scores_dtype)
 

@@ -243,11 +243,22 @@ __all__ = ["dropout_options", "norm_options", "batch_norm_options", "revin_optio
 # ------------------------------------------------------------------ torch autograd and modules
 
 if torch is not None:
-    from .autograd import _call, _dense
+    from .autograd import _call, _dense  # noqa: F401
+    from .torch_ops import draw_seed, routed
+
+    FG = torch.ops.fastgrad  # the custom ops (torch_ops): what torch.compile traces
 
     def _seed():
         """A fresh 62-bit seed from torch's default CPU generator (torch.manual_seed replays it)."""
-        return int(torch.randint(0, 2**62, (1,)).item())
+        return int(draw_seed().item())
+
+    def _norm(x, r, weight, bias, kind, eps, p, seed):
+        """(y, s) of NormFunction, or of the custom op while torch.compile traces (seed: None when
+        p is 0, else a draw_seed() tensor)."""
+        if routed():
+            y, s, _, _ = FG.norm(x, r, weight, bias, kind, float(eps), float(p), seed, 0)
+            return y, (s if r is not None else None)
+        return NormFunction.apply(x, r, weight, bias, kind, eps, p, int(seed.item()) if seed is not None else 0, 0)
 
     def _as(t, dtype):
         return t if t is None or t.dtype == dtype else t.to(dtype)
@@ -293,17 +304,16 @@ if torch is not None:
         """(y, s): s = x + dropout(r) (the next residual) and y = norm(s)·w + b, one pass each way —
         the pre-norm transformer block's residual add. p applies only when training."""
         p = p if training else 0.0
-        seed = _seed() if p > 0 else 0
-        return NormFunction.apply(x, r, weight, bias, kind, eps, p, seed, 0)
+        return _norm(x, r, weight, bias, kind, eps, p, draw_seed() if p > 0 else None)
 
     def layer_norm(x, weight=None, bias=None, eps=1e-5):
         """F.layer_norm over the last dim."""
-        return NormFunction.apply(x, None, weight, bias, "layer", eps, 0.0, 0, 0)[0]
+        return _norm(x, None, weight, bias, "layer", eps, 0.0, None)[0]
 
     def rms_norm(x, weight=None, eps=None):
         """F.rms_norm over the last dim (eps None: torch.finfo(x.dtype).eps, as PyTorch)."""
         eps = torch.finfo(x.dtype).eps if eps is None else eps
-        return NormFunction.apply(x, None, weight, None, "rms", eps, 0.0, 0, 0)[0]
+        return _norm(x, None, weight, None, "rms", eps, 0.0, None)[0]
 
     class BatchNormFunction(torch.autograd.Function):
         """BatchNorm per channel of x [..., C] (of s = x + dropout(r)); returns (y, s)."""
@@ -342,6 +352,15 @@ if torch is not None:
         """F.batch_norm for channels-last x [..., C] (every leading dim is the batch); with r, of
         x + dropout(r) (PatchTST's post-norm residual). Returns y (and s when r is given)."""
         p = p if (training and r is not None) else 0.0
+        if routed():
+            seed = draw_seed() if p > 0 else None
+            y, s, _, _, rm, rv = FG.batch_norm(x, r, weight, bias, running_mean, running_var, bool(training),
+                                               float(momentum), float(eps), float(p), seed)
+            if training and running_mean is not None:  # the op updated copies (it is functional)
+                with torch.no_grad():
+                    running_mean.copy_(rm)
+                    running_var.copy_(rv)
+            return (y, s) if r is not None else y
         seed = _seed() if p > 0 else 0
         y, s = BatchNormFunction.apply(x, r, weight, bias, running_mean, running_var, training, momentum, eps, p, seed)
         return (y, s) if r is not None else y
@@ -361,6 +380,8 @@ if torch is not None:
         """F.dropout with the counter-based generator (the mask is regenerated in the backward)."""
         if not training or p == 0:
             return x
+        if routed():
+            return FG.dropout(x, float(p), draw_seed(), 0)
         return DropoutFunction.apply(x, float(p), _seed())
 
     class LayerNorm(torch.nn.Module):
@@ -389,8 +410,7 @@ if torch is not None:
             w = self.weight.reshape(-1) if self.weight is not None else None
             b = self.bias.reshape(-1) if self.bias is not None else None
             if residual is None:
-                y = NormFunction.apply(flat, None, w, b, "layer", self.eps, 0.0, 0, 0)[0]
-                return y.reshape(x.shape)
+                return _norm(flat, None, w, b, "layer", self.eps, 0.0, None)[0].reshape(x.shape)
             y, s = add_norm(flat, residual.reshape(flat.shape), w, b, "layer", self.eps, p, self.training)
             return y.reshape(x.shape), s.reshape(x.shape)
 
@@ -418,7 +438,7 @@ if torch is not None:
             w = self.weight.reshape(-1) if self.weight is not None else None
             eps = torch.finfo(x.dtype).eps if self.eps is None else self.eps
             if residual is None:
-                return NormFunction.apply(flat, None, w, None, "rms", eps, 0.0, 0, 0)[0].reshape(x.shape)
+                return _norm(flat, None, w, None, "rms", eps, 0.0, None)[0].reshape(x.shape)
             y, s = add_norm(flat, residual.reshape(flat.shape), w, None, "rms", eps, p, self.training)
             return y.reshape(x.shape), s.reshape(x.shape)
 

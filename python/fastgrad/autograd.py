@@ -253,7 +253,14 @@ class AdamW(torch.optim.Optimizer):
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, master_weights=master_weights,
                         moment_dtype=moment_dtype)
         super().__init__(params, defaults)
-        self._described = {}  # per bucket: the fg_tensor arrays of its last step (ops.adamw_step's cache)
+        # Per parameter group whose parameters all went into one launch last step: the described
+        # lists, reused while the parameters keep their storage (the host cost of a step is then a
+        # pass over the gradients' addresses, not a description of every tensor).
+        self._plans = {}
+
+    def load_state_dict(self, state_dict):
+        super().load_state_dict(state_dict)
+        self._plans.clear()  # the state tensors were replaced
 
     @torch.no_grad()
     def step(self, closure=None, grad_scale=1.0):
@@ -262,33 +269,75 @@ class AdamW(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            buckets = {}
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if p.grad.is_sparse:
-                    raise RuntimeError("fastgrad AdamW does not take sparse gradients")
-                st = self.state[p]
-                if not st:
-                    st["step"] = 0
-                    mdt = p.dtype if group.get("moment_dtype", "float32") == "param" else torch.float32
-                    st["exp_avg"] = torch.zeros_like(p, dtype=mdt, memory_format=torch.contiguous_format)
-                    st["exp_avg_sq"] = torch.zeros_like(p, dtype=mdt, memory_format=torch.contiguous_format)
-                    if group["master_weights"] and p.dtype != torch.float32:
-                        st["master"] = p.detach().float().contiguous()
-                st["step"] += 1
-                key = (p.device, p.dtype, p.grad.dtype, st["exp_avg"].dtype, st["step"], "master" in st)
-                buckets.setdefault(key, []).append(p)
-            beta1, beta2 = group["betas"]
-            for (dev, pdt, gdt, mdt, step, has_master), ps in buckets.items():
-                cache = self._described.setdefault((id(group), dev, pdt, gdt, mdt, has_master), {})
-                grads = [p.grad if p.grad.is_contiguous() else p.grad.contiguous() for p in ps]
-                ops.adamw_step(ps, grads, [self.state[p]["exp_avg"] for p in ps],
-                               [self.state[p]["exp_avg_sq"] for p in ps], lr=group["lr"], beta1=beta1, beta2=beta2,
-                               eps=group["eps"], weight_decay=group["weight_decay"], step=step,
-                               grad_scale=grad_scale, master=[self.state[p]["master"] for p in ps] if has_master else None,
-                               cache=cache)
+            if not self._step_planned(group, grad_scale):
+                self._step_group(group, grad_scale)
         return loss
+
+    def _step_group(self, group, grad_scale):
+        """The general step: bucket the parameters by (device, dtypes, step, master), one launch
+        each; remember the described lists when one bucket held the whole group."""
+        buckets = {}
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            if p.grad.is_sparse:
+                raise RuntimeError("fastgrad AdamW does not take sparse gradients")
+            st = self.state[p]
+            if not st:
+                st["step"] = 0
+                mdt = p.dtype if group.get("moment_dtype", "float32") == "param" else torch.float32
+                st["exp_avg"] = torch.zeros_like(p, dtype=mdt, memory_format=torch.contiguous_format)
+                st["exp_avg_sq"] = torch.zeros_like(p, dtype=mdt, memory_format=torch.contiguous_format)
+                if group["master_weights"] and p.dtype != torch.float32:
+                    st["master"] = p.detach().float().contiguous()
+            st["step"] += 1
+            key = (p.device, p.dtype, p.grad.dtype, st["exp_avg"].dtype, st["step"], "master" in st)
+            buckets.setdefault(key, []).append(p)
+        self._plans.pop(id(group), None)
+        beta1, beta2 = group["betas"]
+        for (_, _, gdt, _, step, has_master), ps in buckets.items():
+            grads = [p.grad if p.grad.is_contiguous() else p.grad.contiguous() for p in ps]
+            arrays = [ops.adamw_describe("params", ps), ops.adamw_describe("grads", grads),
+                      ops.adamw_describe("exp_avg", [self.state[p]["exp_avg"] for p in ps]),
+                      ops.adamw_describe("exp_avg_sq", [self.state[p]["exp_avg_sq"] for p in ps]),
+                      ops.adamw_describe("master", [self.state[p]["master"] for p in ps]) if has_master else None]
+            ops.adamw_step_arrays(ps[0], len(ps), *arrays, lr=group["lr"], beta1=beta1, beta2=beta2,
+                                  eps=group["eps"], weight_decay=group["weight_decay"], step=step,
+                                  grad_scale=grad_scale)
+            if len(buckets) == 1 and len(ps) == len(group["params"]):
+                self._plans[id(group)] = dict(group=group, params=list(ps), ptrs=tuple(p.data_ptr() for p in ps),
+                                              gdt=gdt, step=step, arrays=arrays)
+
+    def _step_planned(self, group, grad_scale):
+        """The step of a group planned by its last one, when nothing it described has changed:
+        the same parameters, with their storage, every gradient present in the same dtype (only
+        the gradients' addresses are written into the kept list). False: take the general path."""
+        plan = self._plans.get(id(group))
+        ps = group["params"]
+        if plan is None or plan["group"] is not group or len(plan["params"]) != len(ps):
+            return False
+        if any(a is not b for a, b in zip(plan["params"], ps)):
+            return False
+        if plan["ptrs"] != tuple(p.data_ptr() for p in ps):
+            return False
+        gdt, garr, keep = plan["gdt"], plan["arrays"][1], []
+        grads = [p.grad for p in ps]
+        for g in grads:
+            if g is None or g.dtype != gdt or g.is_sparse:
+                return False
+        for i, g in enumerate(grads):
+            if not g.is_contiguous():
+                g = g.contiguous()
+                keep.append(g)
+            garr[i].data = g.data_ptr() or None
+        step = plan["step"] + 1
+        for p in ps:
+            self.state[p]["step"] = step
+        plan["step"] = step
+        beta1, beta2 = group["betas"]
+        ops.adamw_step_arrays(ps[0], len(ps), *plan["arrays"], lr=group["lr"], beta1=beta1, beta2=beta2,
+                              eps=group["eps"], weight_decay=group["weight_decay"], step=step, grad_scale=grad_scale)
+        return True
 
 
 # ------------------------------------------------------------------ elementwise modules

@@ -585,49 +585,45 @@ def attention_backward(do, q, k, v, o, lse, lengths=None, scores_in=None, dscore
 
 # ------------------------------------------------------------------ AdamW
 
-def adamw_step(params, grads, exp_avg, exp_avg_sq, *, lr, beta1, beta2, eps, weight_decay, step, grad_scale=1.0,
-               master=None, cache=None):
-    """One fused AdamW step over lists of tensors (all on one device; see fg_adamw_step).
+def adamw_describe(name, tensors):
+    """The fg_tensor array of one list of adamw_step (for adamw_step_arrays)."""
+    return (_lib.Tensor * len(tensors))(*[_describe(t, f"{name}[{i}]") for i, t in enumerate(tensors)])
 
-    The moments are f32 or the params' dtype. cache: a dict the caller keeps between steps (torch
-    tensors only); a list whose tensors have the same addresses, shapes, strides and dtypes as
-    last time reuses its fg_tensor array instead of describing every tensor again (the host cost
-    of a step over a model's hundreds of tensors)."""
+
+def adamw_step_arrays(first, n, params, grads, exp_avg, exp_avg_sq, master, *, lr, beta1, beta2, eps, weight_decay,
+                      step, grad_scale=1.0):
+    """adamw_step on lists already described (adamw_describe; master None or an array): what an
+    optimizer that keeps its lists between steps calls, so a step over a model's hundreds of
+    tensors does not describe each again. first: a tensor of the lists (its device)."""
+    backend, device, tdev = _placement(first)
+    ctx = _lib.context(backend, device)
+    if tdev is not None and backend == _lib.BACKEND_CUDA:
+        ctx.set_stream(torch.cuda.current_stream(tdev).cuda_stream)
+    hp = _lib.AdamWHparams(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay, step=int(step),
+                           grad_scale=grad_scale)
+    _lib.check(_lib.lib.fg_adamw_step(ctx.handle, hp, n, params, grads, exp_avg, exp_avg_sq, master))
+
+
+def adamw_step(params, grads, exp_avg, exp_avg_sq, *, lr, beta1, beta2, eps, weight_decay, step, grad_scale=1.0,
+               master=None):
+    """One fused AdamW step over lists of tensors (all on one device; see fg_adamw_step). The
+    moments are f32 or the params' dtype."""
     n = len(params)
     if not (len(grads) == len(exp_avg) == len(exp_avg_sq) == n) or (master is not None and len(master) != n):
         raise ValueError("fastgrad: adamw_step lists must have the same length")
     if n == 0:
         return
-    backend, device, tdev = _placement(params[0])
-    ctx = _lib.context(backend, device)
-    if tdev is not None and backend == _lib.BACKEND_CUDA:
-        ctx.set_stream(torch.cuda.current_stream(tdev).cuda_stream)
-    arrays = []
-    for name, lst in (("params", params), ("grads", grads), ("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq),
-                      ("master", master)):
-        if lst is None:
-            arrays.append(None)
-            continue
-        key = None
-        if cache is not None:
-            key = tuple((t.data_ptr(), t.shape, t.stride(), t.dtype) for t in lst)
-            hit = cache.get(name)
-            if hit is not None and hit[0] == key:
-                arrays.append(hit[1])
-                continue
-        arr = (_lib.Tensor * n)(*[_describe(t, f"{name}[{i}]") for i, t in enumerate(lst)])
-        if cache is not None:
-            cache[name] = (key, arr)
-        arrays.append(arr)
-    hp = _lib.AdamWHparams(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay, step=int(step),
-                           grad_scale=grad_scale)
-    _lib.check(_lib.lib.fg_adamw_step(ctx.handle, hp, n, *arrays))
+    arrays = [None if lst is None else adamw_describe(name, lst)
+              for name, lst in (("params", params), ("grads", grads), ("exp_avg", exp_avg),
+                                ("exp_avg_sq", exp_avg_sq), ("master", master))]
+    adamw_step_arrays(params[0], n, *arrays, lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay,
+                      step=step, grad_scale=grad_scale)
 
 
 __all__ = ["FastgradError", "set_allow_tf32", "plan_info", "linear_forward", "linear_backward_input",
            "linear_backward_weight", "linear_backward_bias", "matmul_forward", "matmul_backward_input",
            "matmul_backward_other", "outer_forward", "outer_backward_input", "outer_backward_other",
            "unary_forward", "unary_backward", "lerp_forward", "lerp_backward", "axpby_forward", "axpby_backward",
-           "adamw_step", "logp_options", "linear_logp_forward", "linear_logp_backward", "linear_cross_entropy_onepass",
+           "adamw_step", "adamw_describe", "adamw_step_arrays", "logp_options", "linear_logp_forward", "linear_logp_backward", "linear_cross_entropy_onepass",
            "context_check", "last_kernels", "linear_act_forward", "linear_act_backward", "attention_options",
            "attention_forward", "attention_backward"]

@@ -292,6 +292,47 @@ def test_adamw_param_dtype_moments(rng, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("master", [False, True])
+def test_adamw_kept_lists(rng, device, master):
+    """The step that reuses last step's described lists against torch's AdamW over steps where the
+    lists must be rebuilt: a parameter without a gradient (skipped, its step count held back), a
+    non-contiguous gradient, a parameter given new storage."""
+    dtype = torch.bfloat16 if master else torch.float32
+    shapes = [(5,), (17, 33), (64,), (40, 9)]
+    ours = [torch.nn.Parameter(torch.from_numpy(data(rng, s)).to(device=device, dtype=dtype)) for s in shapes]
+    ref = [torch.nn.Parameter(p.detach().float().clone()) for p in ours]
+    opt = fg.AdamW(ours, lr=1e-2, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.05, master_weights=master)
+    ropt = torch.optim.AdamW(ref, lr=1e-2, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.05)
+    for step in range(7):
+        for i, (p, q) in enumerate(zip(ours, ref)):
+            if step == 3 and i == 2:  # no gradient this step
+                p.grad, q.grad = None, None
+                continue
+            g = torch.from_numpy(data(rng, p.shape)).to(device=device, dtype=torch.float32)
+            if step == 4 and i == 1:  # a transposed (non-contiguous) gradient
+                gp = g.to(dtype).t().contiguous().t()
+                assert not gp.is_contiguous()
+            else:
+                gp = g.to(dtype)
+            p.grad = gp
+            q.grad = gp.float()
+        if step == 6:
+            with torch.no_grad():
+                ours[3].data = ours[3].data.clone()
+        opt.step()
+        ropt.step()
+    for p, q in zip(ours, ref):
+        st = opt.state[p]
+        assert st["step"] == ropt.state[q]["step"]
+        if master:
+            assert err(st["master"], q) <= 1e-5
+        else:
+            assert err(p, q) <= 1e-5
+        assert err(st["exp_avg"], ropt.state[q]["exp_avg"]) <= 1e-5
+        assert err(st["exp_avg_sq"], ropt.state[q]["exp_avg_sq"]) <= 1e-5
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_elementwise_modules(rng, device):
     x = leaf(rng, (6, 40), torch.float32, device)
     pairs = [(fg.LeakyReLU(0.2), torch.nn.LeakyReLU(0.2)), (fg.ELU(0.7), torch.nn.ELU(0.7)),

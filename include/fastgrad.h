@@ -953,6 +953,10 @@ typedef struct fg_encoder_layer_desc {
     double dropout_ffn;         /* after the FFN's activation, in [0, 1)                     */
     double dropout_attn;        /* on the attention probabilities, in [0, 1)                 */
     fg_encoder_save save;
+    double dropout_proj;        /* after the attention's output projection, in [0, 1): PatchTST
+                                   drops there (to_out's dropout) and again on the branch; the
+                                   two independent masks are one of rate
+                                   1 − (1 − dropout)(1 − dropout_proj) at site 1            */
 } fg_encoder_layer_desc;
 
 /* The weights (and, as the same struct, their gradients), in the layout PyTorch modules hold:

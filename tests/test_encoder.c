@@ -37,6 +37,7 @@ typedef struct cfg {
     int norm, act;
     bool packed, bias, affine, causal, lengths, resid, dscores, train, save_less;
     double p, p_ff, p_attn, eps, mom, scale;
+    double p_proj; /* the projection's dropout, composed with p at site 1 */
     uint64_t seed, off;
 } cfg;
 
@@ -234,6 +235,7 @@ static void ref_forward(const cfg *c, fg_dtype dt, const hostp *P, ref *r) {
     const bool pre = c->norm <= 1, rms = c->norm == 1, bn = c->norm == 3;
     const double eps = c->eps != 0 ? c->eps : 1e-5, mom = c->mom != 0 ? c->mom : 0.1;
     const double p = c->train ? c->p : 0, pf = c->train ? c->p_ff : 0, pa = c->train ? c->p_attn : 0;
+    const double p1 = c->train ? 1 - (1 - c->p) * (1 - c->p_proj) : 0; /* two masks, one rate */
     const uint64_t o4 = 4 * c->off;
     const double *const *v = (const double *const *)P->v;
     const double *n1w = c->affine ? v[N1W] : NULL, *n1b = c->affine ? v[N1B] : NULL;
@@ -278,7 +280,7 @@ static void ref_forward(const cfg *c, fg_dtype dt, const hostp *P, ref *r) {
     rd(dt, r->o, T * d);
     linear(r->o, v[WO], bo, T, d, d, r->a);
     rd(dt, r->a, T * d);
-    for (int64_t i = 0; i < T * d; i++) r->s1[i] = r->x[i] + mult(p, c->seed, o4 + 1, i) * r->a[i];
+    for (int64_t i = 0; i < T * d; i++) r->s1[i] = r->x[i] + mult(p1, c->seed, o4 + 1, i) * r->a[i];
     rd(dt, r->s1, T * d);
     const double *fin;
     if (pre) {
@@ -318,6 +320,7 @@ static void ref_backward(const cfg *c, fg_dtype dt, const hostp *P, ref *r) {
     const bool pre = c->norm <= 1, rms = c->norm == 1, bn = c->norm == 3;
     const double eps = c->eps != 0 ? c->eps : 1e-5;
     const double p = c->p, pf = c->p_ff, pa = c->p_attn;
+    const double p1 = 1 - (1 - c->p) * (1 - c->p_proj);
     const uint64_t o4 = 4 * c->off;
     double *const *v = P->v, **G = r->grad;
     const double *n1w = c->affine ? v[N1W] : NULL, *n2w = c->affine ? v[N2W] : NULL;
@@ -347,13 +350,13 @@ static void ref_backward(const cfg *c, fg_dtype dt, const hostp *P, ref *r) {
     if (pre) {
         rd(dt, du, T * d);
         rownorm_bw(rms, eps, r->h, n2w, du, r->dy, T, d, dh, gn2w, n2b, A[N2W], A[N2B]);
-        for (int64_t i = 0; i < T * d; i++) da[i] = mult(p, c->seed, o4 + 1, i) * dh[i];
+        for (int64_t i = 0; i < T * d; i++) da[i] = mult(p1, c->seed, o4 + 1, i) * dh[i];
         rd(dt, dh, T * d);
     } else {
         rd(dt, dh, T * d);
         if (bn) batchnorm_bw(eps, r->s1, n1w, dh, T, d, r->dx, gn1w, n1b, A[N1W], A[N1B]);
         else rownorm_bw(false, eps, r->s1, n1w, dh, NULL, T, d, r->dx, gn1w, n1b, A[N1W], A[N1B]);
-        for (int64_t i = 0; i < T * d; i++) da[i] = mult(p, c->seed, o4 + 1, i) * r->dx[i];
+        for (int64_t i = 0; i < T * d; i++) da[i] = mult(p1, c->seed, o4 + 1, i) * r->dx[i];
         rd(dt, r->dx, T * d);
     }
     rd(dt, da, T * d);
@@ -471,7 +474,7 @@ static void desc_of(const cfg *c, fg_encoder_layer_desc *e) {
     e->norm = (fg_encoder_norm)c->norm;
     e->norm_eps = c->eps, e->bn_momentum = c->mom, e->attn_scale = c->scale;
     e->causal = c->causal, e->residual_scores = c->resid;
-    e->dropout = c->p, e->dropout_ffn = c->p_ff, e->dropout_attn = c->p_attn;
+    e->dropout = c->p, e->dropout_ffn = c->p_ff, e->dropout_attn = c->p_attn, e->dropout_proj = c->p_proj;
     e->save = c->save_less ? FG_ENCODER_SAVE_LESS : FG_ENCODER_SAVE_ALL;
 }
 
@@ -911,6 +914,7 @@ static void bad_cases(fg_backend be) {
     BAD_DESC(dropout, 1.0, FG_ERR_INVALID_VALUE, "desc->dropout");
     BAD_DESC(dropout_ffn, -0.1, FG_ERR_INVALID_VALUE, "desc->dropout_ffn");
     BAD_DESC(dropout_attn, NAN, FG_ERR_INVALID_VALUE, "desc->dropout_attn");
+    BAD_DESC(dropout_proj, 1.0, FG_ERR_INVALID_VALUE, "desc->dropout_proj");
     BAD_DESC(save, (fg_encoder_save)3, FG_ERR_INVALID_VALUE, "desc->save");
     BAD_DESC(d_model, 16, FG_ERR_SHAPE, "desc->d_model=16");
     D.desc = e;
@@ -1106,6 +1110,7 @@ int main(void) {
                 }
                 cfg c = base_cfg(norm); /* everything on */
                 c.p = 0.2, c.p_ff = 0.1, c.p_attn = 0.25, c.resid = true, c.dscores = true, c.lengths = true;
+                c.p_proj = 0.2; /* PatchTST's two dropouts on the attention branch */
                 c.causal = norm % 2 == 0;
                 c.B = 3, c.L = 7, c.d = 12, c.H = 3, c.dff = 20;
                 c.packed = norm % 2;

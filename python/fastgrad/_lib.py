@@ -372,6 +372,7 @@ class EncoderLayerDesc(_Options):
         ("dropout_ffn", ctypes.c_double),
         ("dropout_attn", ctypes.c_double),
         ("save", _enum_t),
+        ("dropout_proj", ctypes.c_double),
     ]
 
 

@@ -40,10 +40,11 @@ _TINY = 1e-300
 
 def encoder_desc(d_model, heads, d_ff, activation="gelu", norm="post_batch", norm_eps=1e-5, bn_momentum=0.1,
                  attn_scale=None, causal=False, residual_scores=False, dropout=0.0, dropout_ffn=0.0,
-                 dropout_attn=0.0, save="all"):
+                 dropout_attn=0.0, save="all", dropout_proj=0.0):
     """The fg_encoder_layer_desc. activation: gelu, gelu_tanh, relu or silu; norm: pre_layer,
     pre_rms, post_layer or post_batch; attn_scale None: 1/sqrt(d_model/heads); save: 'all' or
-    'less' (the FFN's pre-activation recomputed in the backward)."""
+    'less' (the FFN's pre-activation recomputed in the backward); dropout_proj: after the
+    attention's output projection, composed with the branch's dropout (PatchTST's to_out)."""
     if activation not in _ACTIVATIONS:
         raise ValueError(f"fastgrad: the encoder layer's activation must be one of {_ACTIVATIONS}, not {activation!r}")
     if norm not in _lib.ENCODER_NORM:
@@ -55,7 +56,7 @@ def encoder_desc(d_model, heads, d_ff, activation="gelu", norm="post_batch", nor
         norm=_lib.ENCODER_NORM[norm], norm_eps=float(norm_eps) or _TINY, bn_momentum=float(bn_momentum) or _TINY,
         attn_scale=0.0 if attn_scale is None else float(attn_scale), causal=int(bool(causal)),
         residual_scores=int(bool(residual_scores)), dropout=float(dropout), dropout_ffn=float(dropout_ffn),
-        dropout_attn=float(dropout_attn), save=_lib.ENCODER_SAVE[save])
+        dropout_attn=float(dropout_attn), save=_lib.ENCODER_SAVE[save], dropout_proj=float(dropout_proj))
 
 
 def _dtype_of(x):
@@ -500,9 +501,9 @@ if torch is not None:
         res_attention, else out.
 
         Dropout: the attention probabilities drop with attn_dropout, the FFN's hidden layer and its
-        residual branch with dropout. The reference's attention branch passes two dropouts in a row
-        (to_out's and dropout_attn, each p); the library has one rate for both residual branches, so
-        that branch drops with p here, not 1 − (1 − p)² (the same when dropout is 0)."""
+        residual branch with dropout; the attention branch, as the reference's, passes to_out's
+        dropout and dropout_attn in a row (the descriptor's dropout_proj and dropout: one mask of
+        rate 1 − (1 − p)²)."""
 
         def __init__(self, d_model, n_heads, d_ff=256, norm="BatchNorm", attn_dropout=0.0, dropout=0.0, bias=True,
                      activation="gelu", res_attention=False, pre_norm=False, store_attn=False, save="all",
@@ -563,7 +564,8 @@ if torch is not None:
             return encoder_desc(a.W_Q.in_features, a.n_heads, self.ff[0].out_features, act, norm, eps, momentum,
                                 attn_scale=self._scale_value(), causal=causal, residual_scores=self.res_attention,
                                 dropout=self.dropout_attn.p, dropout_ffn=self.ff[2].p,
-                                dropout_attn=a.sdp_attn.attn_dropout.p, save=self.save)
+                                dropout_attn=a.sdp_attn.attn_dropout.p, save=self.save,
+                                dropout_proj=a.to_out[1].p)
 
         def _weights(self):
             a = self.self_attn

@@ -418,3 +418,12 @@ def test_patchtst_dropout_backward_finite_differences(rng):
     x = torch.from_numpy(rng.uniform(-1, 1, size=(3, 10, 32))).requires_grad_(True)
     fd_check(ours, x, int(rng.integers(2**31)), ("layers.0.self_attn.W_Q.weight", "layers.1.ff.0.weight",
                                                  "layers.0.norm_attn.1.weight"))
+
+
+def test_patchtst_attention_branch_dropouts():
+    """The reference's attention branch drops twice (to_out's dropout, then dropout_attn): the
+    descriptor carries both, and the library composes them into one mask of rate 1 − (1 − p)²."""
+    enc = fg.PatchTSTEncoder(1, 16, 4, 32, dropout=0.2, attn_dropout=0.05)
+    desc = enc.layers[0]._desc(False)
+    assert desc.dropout == pytest.approx(0.2) and desc.dropout_proj == pytest.approx(0.2)
+    assert desc.dropout_ffn == pytest.approx(0.2) and desc.dropout_attn == pytest.approx(0.05)

@@ -83,7 +83,7 @@ static const struct {
     F(fg_encoder_layer_desc, attn_scale), F(fg_encoder_layer_desc, causal),
     F(fg_encoder_layer_desc, residual_scores), F(fg_encoder_layer_desc, dropout),
     F(fg_encoder_layer_desc, dropout_ffn), F(fg_encoder_layer_desc, dropout_attn),
-    F(fg_encoder_layer_desc, save),
+    F(fg_encoder_layer_desc, save), F(fg_encoder_layer_desc, dropout_proj),
     S(fg_encoder_layer_params), F(fg_encoder_layer_params, w_qkv), F(fg_encoder_layer_params, b_qkv),
     F(fg_encoder_layer_params, w_q), F(fg_encoder_layer_params, b_q), F(fg_encoder_layer_params, w_k),
     F(fg_encoder_layer_params, b_k), F(fg_encoder_layer_params, w_v), F(fg_encoder_layer_params, b_v),

@@ -179,9 +179,9 @@ static fg_status check_desc(const char *op, const fg_encoder_layer_desc *desc) {
     if (e->residual_scores != 0 && e->residual_scores != 1)
         return fg_fail(FG_ERR_INVALID_VALUE, "%s: desc->residual_scores (%d) must be 0 or 1", op,
                        (int)e->residual_scores);
-    const double ps[3] = {e->dropout, e->dropout_ffn, e->dropout_attn};
-    static const char *const pn[3] = {"dropout", "dropout_ffn", "dropout_attn"};
-    for (int i = 0; i < 3; i++)
+    const double ps[4] = {e->dropout, e->dropout_ffn, e->dropout_attn, e->dropout_proj};
+    static const char *const pn[4] = {"dropout", "dropout_ffn", "dropout_attn", "dropout_proj"};
+    for (int i = 0; i < 4; i++)
         if (!(ps[i] >= 0 && ps[i] < 1))
             return fg_fail(FG_ERR_INVALID_VALUE, "%s: desc->%s (%g) must be in [0, 1)", op, pn[i], ps[i]);
     if (e->save != FG_ENCODER_SAVE_ALL && e->save != FG_ENCODER_SAVE_LESS)
@@ -517,6 +517,12 @@ typedef struct layer {
     void *cache;
 } layer;
 
+/* Site 1's rate: the branch's dropout after the projection's, as one mask (independent masks
+   compose into one of rate 1 − (1 − p)(1 − p_proj)). */
+static double branch1_p(const fg_encoder_layer_desc *d) {
+    return 1.0 - (1.0 - d->dropout) * (1.0 - d->dropout_proj);
+}
+
 static fg_dropout_options drop(const layer *l, int site, double p) {
     fg_dropout_options o;
     o.p = l->train ? p : 0.0;
@@ -613,17 +619,17 @@ static fg_status forward_walk(sub *e, const layer *l, void *base, const fg_tenso
     /* the attention block's residual (dropout site 1) and norm */
     const fg_tensor *ffn_in;
     if (g->pre) {
-        const fg_norm_options no = row_opts(l, 1, desc->dropout);
+        const fg_norm_options no = row_opts(l, 1, branch1_p(desc));
         const fg_tensor *a[8] = {&X, &Y, P[P_N2W], P[P_N2B], &U2, &H_, has_mean ? &m2 : NULL, &r2};
         FG_TRY(run_part(e, FG_OP_NORM_FORWARD, &no, a, 8, 0));
         ffn_in = &U2;
     } else if (!g->bn) {
-        const fg_norm_options no = row_opts(l, 1, desc->dropout);
+        const fg_norm_options no = row_opts(l, 1, branch1_p(desc));
         const fg_tensor *a[8] = {&X, &Y, P[P_N1W], P[P_N1B], &H_, &S1, &m1, &r1};
         FG_TRY(run_part(e, FG_OP_NORM_FORWARD, &no, a, 8, 0));
         ffn_in = &H_;
     } else {
-        const fg_batch_norm_options bo = bn_opts(l, 1, desc->dropout);
+        const fg_batch_norm_options bo = bn_opts(l, 1, branch1_p(desc));
         const fg_tensor *a[10] = {&X, &Y, P[P_N1W], P[P_N1B], P[P_RM1], P[P_RV1], &H_, &S1, &m1, &r1};
         FG_TRY(run_part(e, FG_OP_BATCH_NORM_FORWARD, &bo, a, 10, 0));
         ffn_in = &H_;
@@ -917,7 +923,7 @@ fg_status fg_encoder_layer_backward(fg_context *ctx, const fg_encoder_layer_desc
     if (g->pre) {
         FG_TRY(prezero(&e, U, &GC));
         FG_TRY(prezero(&e, U, &GA));
-        const fg_norm_options no = row_opts(&l, 1, ds->dropout);
+        const fg_norm_options no = row_opts(&l, 1, branch1_p(ds));
         const fg_tensor *a[10] = {&GB, &DY, &H_, P[P_N2W], has_mean ? &m2 : NULL, &r2, &GC, &GA, G[P_N2W], G[P_N2B]};
         FG_TRY(run_part(&e, FG_OP_NORM_BACKWARD, &no, a, 10, U));
         da = &GA, dout = &GB;
@@ -925,11 +931,11 @@ fg_status fg_encoder_layer_backward(fg_context *ctx, const fg_encoder_layer_desc
         FG_TRY(prezero(&e, U, &GB));
         const fg_tensor *dxp = dx ? &DX : NULL;
         if (!g->bn) {
-            const fg_norm_options no = row_opts(&l, 1, ds->dropout);
+            const fg_norm_options no = row_opts(&l, 1, branch1_p(ds));
             const fg_tensor *a[10] = {&GA, NULL, &S1, P[P_N1W], &m1, &r1, dxp, &GB, G[P_N1W], G[P_N1B]};
             FG_TRY(run_part(&e, FG_OP_NORM_BACKWARD, &no, a, 10, U));
         } else {
-            const fg_batch_norm_options bo = bn_opts(&l, 1, ds->dropout);
+            const fg_batch_norm_options bo = bn_opts(&l, 1, branch1_p(ds));
             const fg_tensor *a[9] = {&GA, &S1, P[P_N1W], &m1, &r1, dxp, &GB, G[P_N1W], G[P_N1B]};
             FG_TRY(run_part(&e, FG_OP_BATCH_NORM_BACKWARD, &bo, a, 9, U));
         }

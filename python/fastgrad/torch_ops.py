@@ -508,19 +508,21 @@ def _(h, weight, target, bias, row_weight, need_h, need_w, need_b, reduction, la
 
 def _ce_setup(ctx, inputs, output):
     _, dh, dw, db = output
+    bias, need = inputs[3], inputs[5:8]
     ctx.save_for_backward(dh, dw, db)
+    ctx.computed = (need[0], need[1], need[2] and bias is not None)  # the gradients the forward formed
     ctx.mark_non_differentiable(dh, dw, db)
 
 
 def _ce_bwd(ctx, g, *_):
-    dh, dw, db = ctx.saved_tensors
     n = ctx.needs_input_grad
-    nb = db.numel() > 0 and n[3]
+    want = [c and k for c, k in zip(ctx.computed, (n[0], n[1], n[3]))]
 
     def scale(t):  # on the device: no host synchronization on g
         return t * g.to(t.dtype)
 
-    return (scale(dh) if n[0] else None, scale(dw) if n[1] else None, None, scale(db) if nb else None) + (None,) * 11
+    dh, dw, db = (scale(t) if k else None for t, k in zip(ctx.saved_tensors, want))
+    return (dh, dw, None, db) + (None,) * 11
 
 
 linear_cross_entropy.register_autograd(_ce_bwd, setup_context=_ce_setup)

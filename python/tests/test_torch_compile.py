@@ -1,0 +1,381 @@
+"""torch.compile and CUDA graphs over fastgrad modules.
+
+- Dynamo traces a model built from fastgrad modules (Linear, LinearAct, Attention with dropout,
+  LayerNorm, RMSNorm's fused residual add + dropout, Dropout, BatchNorm1d, linear_cross_entropy)
+  and a function over the other ops into one graph, with no graph break, the fastgrad custom ops
+  in it.
+- torch.compile (aot_eager, and inductor) gives the eager model's loss, every gradient and the
+  BatchNorm running statistics, with dropout on (the seeds are drawn from torch's generator in the
+  traced code, so the same torch.manual_seed gives the same masks).
+- Eager calls routed through the custom ops (torch_ops.use_custom_ops) give the direct path's
+  results bit for bit: the custom ops' autograd is the tested autograd.Functions' one.
+- torch.library.opcheck on every custom op (schema, fake tensors, autograd registration, AOT
+  dispatch with dynamic shapes); a deliberately wrong fake implementation fails it.
+- On CUDA only: fwd + bwd + fg.AdamW captured with torch.cuda.graph and replayed gives the eager
+  steps' losses, gradients and parameters.
+"""
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import fastgrad as fg  # noqa: E402
+from fastgrad import torch_ops  # noqa: E402
+from torch_helpers import DEVICES  # noqa: E402
+
+FG = torch.ops.fastgrad
+
+
+class Block(torch.nn.Module):
+    """A pre-norm transformer block with BatchNorm and a cross-entropy head, all fastgrad."""
+
+    def __init__(self, d=16, heads=2, vocab=11, p=0.1, dtype=torch.float64):
+        super().__init__()
+        self.h, self.p = heads, p
+        self.norm = fg.LayerNorm(d, dtype=dtype)
+        self.qkv = fg.Linear(d, 3 * d, dtype=dtype)
+        self.attn = fg.Attention(causal=True, dropout=p)
+        self.proj = fg.Linear(d, d, bias=False, dtype=dtype)
+        self.norm2 = fg.RMSNorm(d, eps=1e-6, dtype=dtype)
+        self.ffn = fg.LinearAct(d, 4 * d, act="gelu", dtype=dtype)
+        self.drop = fg.Dropout(p)
+        self.ffn2 = fg.Linear(4 * d, d, dtype=dtype)
+        self.bn = fg.BatchNorm1d(d, dtype=dtype)
+        self.head = torch.nn.Parameter(torch.randn(vocab, d, dtype=dtype) * 0.3)
+
+    def forward(self, x, target):
+        b, l, d = x.shape
+        qkv = self.qkv(self.norm(x)).reshape(b, l, 3, self.h, d // self.h)
+        q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))
+        o = self.attn(q, k, v).transpose(1, 2).reshape(b, l, d)
+        y, s = self.norm2(x, residual=self.proj(o), p=self.p)
+        f = self.ffn2(self.drop(self.ffn(y)))
+        z = self.bn((s + f).transpose(1, 2)).transpose(1, 2)  # [N, C, L] view of channels-last memory
+        return fg.linear_cross_entropy(z, self.head, target, label_smoothing=0.05)
+
+
+BLOCK_OPS = {"linear", "attention", "norm", "linear_act", "dropout", "batch_norm", "linear_cross_entropy"}
+
+
+def misc(a, b, w, x, wt, q, k, v, scores, lengths, c, r):
+    """Every other routed family, differentiable in all its float inputs."""
+    m = fg.matmul(a, b)                                       # [2, 3, 5]
+    o = fg.outer(x, m[0, 0])                                  # [4, 5]
+    e = fg.axpby(fg.lerp(m, m.flip(-1), wt), fg.lerp(m, m * 2, 0.25), 0.5, -1.5)
+    e = fg.softcap(fg.clamp(fg.elu(e), -0.7, 2.0), 3.0)
+    h = fg.linear_act(o, w, None, act="silu", save_pre="slope") + fg.linear_act(o, w, None, act="relu")
+    logp, ent = fg.linear_logp(h, w.t(), torch.tensor([0, 4, 2, 1], device=h.device), return_entropy=True,
+                               softcap=4.0)
+    att, sc = fg.attention(q, k, v, scores_in=scores, return_scores=True, lengths=lengths, dropout_p=0.2)
+    y, s = fg.batch_norm(c, r=r, training=True, p=0.3)
+    z = fg.rms_norm(fg.dropout(c, 0.25), eps=1e-6)
+    return (e.sum() + (o * o).sum() + logp.sum() + 0.5 * ent.sum() + (att * att).sum() + torch.where(sc.isfinite(), sc, 0.0).sum()
+            + (y * y).sum() + s.sum() + (z * z.flip(0)).sum() + fg.scale(fg.pow(c.abs() + 1, 1.5), 0.3).sum()
+            + fg.leaky_relu(c, 0.2).sum())
+
+
+def misc_inputs(device, dtype=torch.float64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+
+    def r(*s):
+        return torch.randn(*s, generator=g, dtype=dtype).to(device).requires_grad_()
+
+    lengths = torch.tensor([5, 3], device=device)
+    return (r(2, 3, 4), r(4, 5), r(6, 5), r(4), r(2, 3, 5), r(2, 2, 5, 4), r(2, 2, 5, 4), r(2, 2, 5, 4),
+            r(2, 2, 5, 5), lengths, r(6, 3), r(6, 3))
+
+
+def block_and_inputs(device, seed=0, p=0.1, dtype=torch.float64):
+    torch.manual_seed(seed)
+    model = Block(p=p, dtype=dtype).to(device)
+    x = torch.randn(3, 5, 16, dtype=dtype, device=device)
+    t = torch.randint(0, 11, (3, 5), device=device)
+    return model, x, t
+
+
+def fastgrad_ops_in(graphs):
+    return {str(n.target).split(".")[1] for g in graphs for n in g.graph.nodes if str(n.target).startswith("fastgrad.")}
+
+
+def test_explain_block_has_no_graph_break():
+    model, x, t = block_and_inputs("cpu")
+    ex = torch._dynamo.explain(model)(x, t)
+    assert ex.graph_break_count == 0, ex.break_reasons
+    assert ex.graph_count == 1
+    assert fastgrad_ops_in(ex.graphs) >= BLOCK_OPS
+
+
+def test_explain_misc_has_no_graph_break():
+    ex = torch._dynamo.explain(misc)(*misc_inputs("cpu"))
+    assert ex.graph_break_count == 0, ex.break_reasons
+    assert ex.graph_count == 1
+    assert fastgrad_ops_in(ex.graphs) >= {"matmul", "outer", "lerp", "axpby", "unary", "linear_act", "linear_logp",
+                                          "attention", "batch_norm", "norm", "dropout"}
+
+
+def close(a, b, name, rtol=1e-12, atol=1e-12):
+    torch.testing.assert_close(a, b, rtol=rtol, atol=atol, msg=lambda m: f"{name}: {m}")
+
+
+def run_block(model, x, t, seed):
+    torch.manual_seed(seed)
+    loss = model(x, t)
+    loss.backward()
+    grads = {n.removeprefix("_orig_mod."): p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    return loss.detach(), grads
+
+
+def compiled(fn, backend):
+    torch._dynamo.reset()
+    if backend == "inductor":
+        import torch._inductor.config as inductor_config
+        inductor_config.fallback_random = True  # torch.randint from torch's generator, as in eager
+    return torch.compile(fn, backend=backend, fullgraph=True)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_compiled_block_matches_eager(backend, device):
+    model, x, t = block_and_inputs(device)
+    twin = copy.deepcopy(model)
+    fast = compiled(twin, backend)
+    for step in range(2):
+        loss, grads = run_block(model, x, t, 100 + step)
+        closs, cgrads = run_block(fast, x, t, 100 + step)
+        close(closs, loss, f"step {step} loss")
+        for n in grads:
+            close(cgrads[n], grads[n], f"step {step} grad {n}")
+        close(twin.bn.running_mean, model.bn.running_mean, "running_mean")
+        close(twin.bn.running_var, model.bn.running_var, "running_var")
+    assert int(twin.bn.num_batches_tracked) == int(model.bn.num_batches_tracked) == 2
+    assert not torch.equal(model.bn.running_var, torch.ones_like(model.bn.running_var))  # they were updated
+    other, _ = run_block(copy.deepcopy(model), x, t, 999)  # dropout is on: another seed, another loss
+    assert abs(float(other) - float(loss)) > 1e-6
+    model.eval(), twin.eval()
+    torch._dynamo.reset()
+    with torch.no_grad():
+        close(compiled(twin, backend)(x, t), model(x, t), "eval loss")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compiled_misc_matches_eager(device):
+    inputs = misc_inputs(device)
+    twin = [a.detach().clone().requires_grad_(a.requires_grad) for a in inputs]
+    torch.manual_seed(5)
+    out = misc(*inputs)
+    out.backward()
+    fast = compiled(misc, "aot_eager")
+    torch.manual_seed(5)
+    cout = fast(*twin)
+    cout.backward()
+    close(cout, out, "value")
+    for i, (a, b) in enumerate(zip(inputs, twin)):
+        if a.requires_grad:
+            close(b.grad, a.grad, f"grad of input {i}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_custom_op_path_equals_direct_path(device):
+    """Eager through the custom ops (their registered autograd) equals the direct
+    autograd.Functions bit for bit: both models and the misc function."""
+    results = []
+    for routed in (False, True):
+        torch_ops.use_custom_ops(routed)
+        try:
+            model, x, t = block_and_inputs(device)
+            loss, grads = run_block(model, x, t, 7)
+            inputs = misc_inputs(device)
+            torch.manual_seed(8)
+            val = misc(*inputs)
+            val.backward()
+            results.append((loss, grads, model.bn.running_var.clone(), val.detach(),
+                            [a.grad for a in inputs if a.requires_grad]))
+        finally:
+            torch_ops.use_custom_ops(False)
+    (l0, g0, rv0, v0, mg0), (l1, g1, rv1, v1, mg1) = results
+    assert torch.equal(l0, l1) and torch.equal(rv0, rv1) and torch.equal(v0, v1)
+    for n in g0:
+        assert torch.equal(g0[n], g1[n]), n
+    for i, (a, b) in enumerate(zip(mg0, mg1)):
+        assert torch.equal(a, b), i
+
+
+def test_eager_path_is_direct_unless_asked():
+    x = torch.randn(3, 4, requires_grad=True)
+    w = torch.randn(5, 4, requires_grad=True)
+    assert type(fg.linear(x, w).grad_fn).__name__ == "LinearFunctionBackward"
+    torch_ops.use_custom_ops(True)
+    try:
+        assert "fastgrad_linear" in type(fg.linear(x, w).grad_fn).__name__
+    finally:
+        torch_ops.use_custom_ops(False)
+
+
+# ------------------------------------------------------------------ opcheck
+
+def _r(*s, grad=True, dtype=torch.float64):
+    return torch.randn(*s, dtype=dtype).requires_grad_(grad)
+
+
+def _c(*s):
+    return _r(*s, grad=False)
+
+
+SEED = torch.tensor([1234567])
+
+
+def _cases():
+    """(op name, args) at small shapes, float64 (the backward ops' inputs from their forwards)."""
+    cases = [
+        ("linear", (_r(3, 4), _r(5, 4), _r(5))), ("linear", (_r(2, 3, 4), _r(5, 4), None)),
+        ("linear_backward", (_c(3, 5), _c(3, 4), _c(5, 4), True, True, True)),
+        ("linear_backward", (_c(3, 5), _c(3, 4), _c(5, 4), False, True, False)),
+        ("matmul", (_r(3, 4), _r(4, 5))), ("matmul", (_r(2, 3, 4), _r(4, 5))), ("matmul", (_r(3, 4), _r(2, 4, 5))),
+        ("matmul_backward", (_c(2, 3, 5), _c(2, 3, 4), _c(4, 5), True, True)),
+        ("outer", (_r(3), _r(4))), ("outer_backward", (_c(3, 4), _c(3), _c(4), True, True)),
+        ("unary", (_r(3, 4), "softcap", [2.0])), ("unary", (_r(3, 4), "clamp", [-0.5, 0.5])),
+        ("unary_backward", (_c(3, 4), _c(3, 4), "elu", [1.0])),
+        ("lerp", (_r(3, 4), _r(3, 4), _r(3, 4), 0.0)), ("lerp", (_r(3, 4), _r(3, 4), None, 0.3)),
+        ("lerp", (_r(3, 4), _r(4), _r(3, 1), 0.0)),
+        ("lerp_backward", (_c(3, 4), _c(3, 4), _c(3, 4), _c(3, 4), 0.0, True, True, True)),
+        ("axpby", (_r(3, 4), _r(3, 4), 2.0, -1.0)), ("axpby", (_r(3, 4), _r(4), 0.5, 1.5)),
+        ("axpby_backward", (_c(3, 4), [3, 4], [4], 2.0, 3.0, True, True)),
+        ("linear_act", (_r(3, 4), _r(5, 4), _r(5), "gelu", True, False)),
+        ("linear_act", (_r(3, 4), _r(5, 4), _r(5), "silu", True, True)),
+        ("linear_act", (_r(3, 4), _r(5, 4), None, "tanh", False, False)),
+        ("linear_act", (_r(3, 4), _r(5, 4), _r(5), "relu", True, False)),
+        ("linear_act_backward", (_c(3, 5), _c(3, 4), _c(5, 4), _c(5), None, "gelu", False, True, True, True)),
+        ("linear_logp", (_r(6, 4), _r(7, 4), torch.randint(0, 7, (6,)), _r(7), True, 1.0, 0.0, None, 0)),
+        ("linear_logp", (_r(6, 4), _r(7, 4), torch.tensor([0, 1, -100, 3, 4, 5]), None, False, 0.7, 5.0, -100, 0)),
+        ("linear_cross_entropy", (_r(6, 4), _r(7, 4), torch.randint(0, 7, (6,)), _r(7), None, True, True, True,
+                                  "mean", 0.1, 1e-3, -100, 1.0, 0.0, 0)),
+        ("linear_cross_entropy", (_r(6, 4), _r(7, 4), torch.randint(0, 7, (6,)), None, _c(6).abs(), True, False,
+                                  False, "sum", 0.0, 0.0, None, 1.5, 3.0, 0)),
+        ("attention", (_r(2, 2, 5, 4), _r(2, 2, 5, 4), _r(2, 2, 5, 4), _r(2, 2, 5, 5), torch.tensor([5, 3]), SEED, 0,
+                       True, None, 0.2, True, "")),
+        ("attention", (_r(2, 2, 5, 4), _r(2, 2, 5, 4), _r(2, 2, 5, 4), None, None, None, 0, False, 0.5, 0.0, True,
+                       "float64")),
+        ("norm", (_r(3, 8), _r(3, 8), _r(8), _r(8), "layer", 1e-5, 0.2, SEED, 0)),
+        ("norm", (_r(3, 8), None, _r(8), None, "rms", 1e-6, 0.0, None, 0)),
+        ("batch_norm", (_r(6, 4), _r(6, 4), _r(4), _r(4), torch.zeros(4, dtype=torch.float64),
+                        torch.ones(4, dtype=torch.float64), True, 0.1, 1e-5, 0.2, SEED)),
+        ("batch_norm", (_r(6, 4), None, _r(4), _r(4), torch.zeros(4, dtype=torch.float64),
+                        torch.ones(4, dtype=torch.float64) * 2, False, 0.1, 1e-5, 0.0, None)),
+        ("dropout", (_r(3, 8), 0.3, SEED, 0)), ("dropout_backward", (_c(3, 8), 0.3, SEED, 0)),
+    ]
+    # backward ops whose inputs are a forward's saved tensors
+    h, w, t = _c(6, 4), _c(7, 4), torch.randint(0, 7, (6,))
+    _, lse, ent = FG.linear_logp(h, w, t, None, True, 1.0, 0.0, None, 0)
+    cases.append(("linear_logp_backward", (h, w, t, lse, None, _c(6), _c(6), ent, 1.0, 0.0, None, 0, True, True,
+                                           False)))
+    q, k, v, s_in = _c(2, 2, 5, 4), _c(2, 2, 5, 4), _c(2, 2, 5, 4), _c(2, 2, 5, 5)
+    o, lse, _ = FG.attention(q, k, v, s_in, None, SEED, 0, False, None, 0.1, False, "")
+    cases.append(("attention_backward", (_c(2, 2, 5, 4), None, q, k, v, o, lse, None, s_in, SEED, 0, False, None, 0.1,
+                                         True, True, True, True)))
+    x, r, wn = _c(3, 8), _c(3, 8), _c(8)
+    _, s, mean, rstd = FG.norm(x, r, wn, None, "layer", 1e-5, 0.2, SEED, 0)
+    cases.append(("norm_backward", (_c(3, 8), _c(3, 8), s, wn, mean, rstd, "layer", 1e-5, 0.2, SEED, 0, True, True,
+                                    True, False)))
+    x, wb = _c(6, 4), _c(4)
+    _, s, mean, rstd, _, _ = FG.batch_norm(x, _c(6, 4), wb, None, None, None, True, 0.1, 1e-5, 0.3, SEED)
+    cases.append(("batch_norm_backward", (_c(6, 4), _c(6, 4), s, wb, mean, rstd, True, 0.3, SEED, True, True, True,
+                                          False)))
+    return cases
+
+
+CASES = _cases()
+
+
+def test_every_custom_op_has_an_opcheck_case():
+    assert {op._name for op in torch_ops.all_ops()} == {name for name, _ in CASES}
+
+
+@pytest.mark.parametrize("case", range(len(CASES)), ids=[f"{n}-{i}" for i, (n, _) in enumerate(CASES)])
+def test_opcheck(case):
+    name, args = CASES[case]
+    torch.library.opcheck(getattr(FG, name).default, args)
+
+
+def test_opcheck_catches_a_wrong_fake():
+    """The check above can fail: an op whose fake implementation gets the shape wrong."""
+    lib_name = "fastgrad_selftest::bad_linear"
+    if not hasattr(torch.ops.fastgrad_selftest, "bad_linear"):
+        @torch.library.custom_op(lib_name, mutates_args=())
+        def bad(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+            return fg.linear_forward(x, w)
+
+        @bad.register_fake
+        def _(x, w):
+            return x.new_empty(x.shape)  # should be [..., w.shape[0]]
+    with pytest.raises(Exception):
+        torch.library.opcheck(torch.ops.fastgrad_selftest.bad_linear.default, (_c(3, 4), _c(5, 4)))
+
+
+# ------------------------------------------------------------------ CUDA graphs
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_cuda_graph_training_step():
+    """fwd + bwd (+ fg.AdamW) of a fastgrad model captured with torch.cuda.graph: replays on new
+    data give the eager steps' losses and gradients; the step with the optimizer gives the eager
+    step's parameters and moments. Dropout off: a seed drawn at capture would be replayed."""
+    dev = "cuda"
+    model, x, t = block_and_inputs(dev, p=0.0, dtype=torch.float32)
+    ref = copy.deepcopy(model)
+    batches = [(torch.randn_like(x), torch.randint(0, 11, t.shape, device=dev)) for _ in range(8)]
+    opt = fg.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    opt_ref = fg.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.1)
+    static_x, static_t = x.clone(), t.clone()
+
+    def step(m, o, xb, tb):
+        loss = m(xb, tb)
+        loss.backward()
+        o.step()
+        o.zero_grad(set_to_none=False)
+        return loss
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up: plans, contexts and the optimizer's state made outside the capture
+        for xb, tb in batches[:3]:
+            step(model, opt, xb, tb)
+            step(ref, opt_ref, xb, tb)
+    torch.cuda.current_stream().wait_stream(side)
+
+    # 1. forward + backward, replayed on new data
+    g = torch.cuda.CUDAGraph()
+    model.zero_grad(set_to_none=True)
+    bn_state = (model.bn.running_mean.clone(), model.bn.running_var.clone(), model.bn.num_batches_tracked.clone())
+    with torch.cuda.graph(g):
+        static_loss = model(static_x, static_t)
+        static_loss.backward()
+    for xb, tb in batches[3:6]:
+        static_x.copy_(xb), static_t.copy_(tb)
+        g.replay()
+        loss = ref(xb, tb)
+        loss.backward()
+        close(static_loss, loss, "replayed loss", 1e-6, 1e-6)
+        for (n, p), (_, pr) in zip(model.named_parameters(), ref.named_parameters()):
+            close(p.grad, pr.grad, f"replayed grad {n}", 1e-6, 1e-6)
+            assert not torch.equal(pr.grad, torch.zeros_like(pr.grad)), n
+        ref.zero_grad(set_to_none=True)
+    close(model.bn.running_mean, ref.bn.running_mean, "running_mean", 1e-6, 1e-6)
+    assert int(model.bn.num_batches_tracked) == int(bn_state[2]) + 3
+
+    # 2. the whole training step: fwd + bwd + fg.AdamW, replayed once (the step number and lr
+    # are host values of fg_adamw_step, fixed at capture)
+    g2 = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g2):
+        static_loss2 = step(model, opt, static_x, static_t)
+    xb, tb = batches[6]
+    static_x.copy_(xb), static_t.copy_(tb)
+    before = [p.detach().clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=False)  # the captured backward adds into the gradients' memory
+    g2.replay()
+    loss = step(ref, opt_ref, xb, tb)
+    close(static_loss2, loss, "captured step's loss", 1e-6, 1e-6)
+    for (n, p), (_, pr), b in zip(model.named_parameters(), ref.named_parameters(), before):
+        assert not torch.equal(p, b), n  # the replay updated it
+        close(p, pr, f"parameter {n} after the captured step", 1e-6, 1e-7)
+        close(opt.state[p]["exp_avg_sq"], opt_ref.state[pr]["exp_avg_sq"], f"exp_avg_sq {n}", 1e-6, 1e-12)

@@ -75,7 +75,13 @@ def misc(a, b, w, x, wt, q, k, v, scores, lengths, c, r):
             + fg.leaky_relu(c, 0.2).sum())
 
 
-def misc_inputs(device, dtype=torch.float64, seed=0):
+def dtype_for(device):
+    """f64 on the CPU (tight comparisons); f32 on CUDA (its norms have no f64 kernels)."""
+    return torch.float64 if device == "cpu" else torch.float32
+
+
+def misc_inputs(device, dtype=None, seed=0):
+    dtype = dtype or dtype_for(device)
     g = torch.Generator().manual_seed(seed)
 
     def r(*s):
@@ -86,7 +92,8 @@ def misc_inputs(device, dtype=torch.float64, seed=0):
             r(2, 2, 5, 5), lengths, r(6, 3), r(6, 3))
 
 
-def block_and_inputs(device, seed=0, p=0.1, dtype=torch.float64):
+def block_and_inputs(device, seed=0, p=0.1, dtype=None):
+    dtype = dtype or dtype_for(device)
     torch.manual_seed(seed)
     model = Block(p=p, dtype=dtype).to(device)
     x = torch.randn(3, 5, 16, dtype=dtype, device=device)
@@ -114,7 +121,11 @@ def test_explain_misc_has_no_graph_break():
                                           "attention", "batch_norm", "norm", "dropout"}
 
 
-def close(a, b, name, rtol=1e-12, atol=1e-12):
+def close(a, b, name, rtol=None, atol=None):
+    """Elementwise: |a − b| ≤ atol + rtol·|b| (defaults from the dtype: 1e-12 in f64, 1e-5 / 1e-6 in f32)."""
+    f64 = b.dtype == torch.float64
+    rtol = rtol if rtol is not None else (1e-12 if f64 else 1e-5)
+    atol = atol if atol is not None else (1e-12 if f64 else 1e-6)
     torch.testing.assert_close(a, b, rtol=rtol, atol=atol, msg=lambda m: f"{name}: {m}")
 
 
@@ -335,19 +346,26 @@ def test_cuda_graph_training_step():
         o.zero_grad(set_to_none=False)
         return loss
 
+    # Warm-up (plans, the context, the optimizer's state made outside the capture) on the stream
+    # the capture then uses: fg_context_set_stream orders a new stream after the old one with an
+    # event, which a capture refuses (cudaErrorStreamCaptureIsolation) when the stream changes at
+    # the capture's start.
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up: plans, contexts and the optimizer's state made outside the capture
-        for xb, tb in batches[:3]:
-            step(model, opt, xb, tb)
-            step(ref, opt_ref, xb, tb)
-    torch.cuda.current_stream().wait_stream(side)
+    with torch.cuda.stream(side):  # everything on one stream (see above)
+        _cuda_graph_steps(model, ref, opt, opt_ref, batches, static_x, static_t, step, side)
+
+
+def _cuda_graph_steps(model, ref, opt, opt_ref, batches, static_x, static_t, step, side):
+    for xb, tb in batches[:3]:
+        step(model, opt, xb, tb)
+        step(ref, opt_ref, xb, tb)
 
     # 1. forward + backward, replayed on new data
     g = torch.cuda.CUDAGraph()
     model.zero_grad(set_to_none=True)
     bn_state = (model.bn.running_mean.clone(), model.bn.running_var.clone(), model.bn.num_batches_tracked.clone())
-    with torch.cuda.graph(g):
+    with torch.cuda.graph(g, stream=side):
         static_loss = model(static_x, static_t)
         static_loss.backward()
     for xb, tb in batches[3:6]:
@@ -366,7 +384,7 @@ def test_cuda_graph_training_step():
     # 2. the whole training step: fwd + bwd + fg.AdamW, replayed once (the step number and lr
     # are host values of fg_adamw_step, fixed at capture)
     g2 = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g2):
+    with torch.cuda.graph(g2, stream=side):
         static_loss2 = step(model, opt, static_x, static_t)
     xb, tb = batches[6]
     static_x.copy_(xb), static_t.copy_(tb)

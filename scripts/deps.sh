@@ -34,3 +34,12 @@ if ! python3 -c "import numpy, pytest" >/dev/null 2>&1; then
     }
   python3 -c "import numpy, pytest" || { echo "deps: numpy and pytest could not be installed" >&2; exit 1; }
 fi
+# torch (CPU build) for the torch test modules, best effort: they skip without it, so a machine
+# that cannot reach the package index still builds and passes (FG_NO_TORCH=1: do not try).
+if [ -z "${FG_NO_TORCH:-}" ] && ! python3 -c "import torch" >/dev/null 2>&1; then
+  echo "deps: installing torch (CPU) for the torch tests"
+  idx="--index-url https://download.pytorch.org/whl/cpu --timeout 30 --retries 1"
+  python3 -m pip install -q $idx torch >/dev/null 2>&1 ||
+    python3 -m pip install -q --break-system-packages $idx torch >/dev/null 2>&1 ||
+    echo "deps: torch could not be installed; the torch tests will skip"
+fi

@@ -29,6 +29,7 @@ except ImportError:  # pragma: no cover - no torch in CI
     pass
 else:
     from .autograd import Attention, AttentionFunction, attention  # noqa: F401
+    from .distributed import SyncBatchNorm, convert_sync_batchnorm, sync_batch_norm  # noqa: F401
     from .encoder import (EncoderLayerFunction, PatchTSTEncoder, PatchTSTEncoderLayer,  # noqa: F401
                           TransformerEncoderLayer)
     from .norm import (BatchNorm1d, Dropout, LayerNorm, RevIN, RMSNorm, add_norm, batch_norm,  # noqa: F401

@@ -17,9 +17,12 @@ w_1, w_2, norm1_w, ..., running_mean1, ...). With torch:
 Each layer is one autograd Function: its forward keeps the cache (a uint8 tensor from torch's
 caching allocator) for the backward, which takes its workspace from the same allocator. Dropout
 masks are counter-based: each call draws (seed, offset) from torch's default CPU generator, so
-torch.manual_seed replays a run, and the backward regenerates the forward's masks.
+torch.manual_seed replays a run, and the backward regenerates the forward's masks. While
+torch.compile traces (or with torch_ops.use_custom_ops(True)) the layers call the custom ops
+fastgrad::encoder_layer / encoder_layer_backward instead (torch_ops.py), with the same draws.
 """
 import ctypes
+import inspect
 
 import numpy as np
 
@@ -57,6 +60,11 @@ def encoder_desc(d_model, heads, d_ff, activation="gelu", norm="post_batch", nor
         attn_scale=0.0 if attn_scale is None else float(attn_scale), causal=int(bool(causal)),
         residual_scores=int(bool(residual_scores)), dropout=float(dropout), dropout_ffn=float(dropout_ffn),
         dropout_attn=float(dropout_attn), save=_lib.ENCODER_SAVE[save], dropout_proj=float(dropout_proj))
+
+
+# encoder_desc's defaults (the custom op takes every field)
+encoder_desc_defaults = {k: v.default for k, v in inspect.signature(encoder_desc).parameters.items()
+                         if v.default is not inspect.Parameter.empty}
 
 
 def _dtype_of(x):
@@ -193,9 +201,17 @@ if torch is not None:
     import torch.nn.functional as F
     from torch import nn
 
+    from .torch_ops import _NO_BACKWARD, ENCODER_CFG, routed
+
+    FG = torch.ops.fastgrad  # the custom ops (torch_ops): what torch.compile traces
+
+    def draw_encoder_seed():
+        """(seed, offset) as a two-element int64 CPU tensor from torch's default CPU generator."""
+        return torch.randint(0, 2**62, (2,))
+
     def _draw():
         """(seed, offset) from torch's default CPU generator: torch.manual_seed replays them."""
-        s = torch.randint(0, 2**62, (2,))
+        s = draw_encoder_seed()
         return int(s[0]), int(s[1])
 
     class _Call:
@@ -312,37 +328,57 @@ if torch is not None:
     def _as(t, dtype):
         return t if t is None or t.dtype == dtype else t.to(dtype)
 
-    def _apply_layer(x, scores_in, desc, weights, buffers, lengths, want_scores, training, seeds=None):
-        """Runs one layer through EncoderLayerFunction: weights {name: tensor} (learnable, cast to
-        x's dtype; autograd carries the cast), buffers {name: tensor} (BatchNorm's running
-        statistics). Training draws (seed, offset) when any rate is nonzero; evaluation runs the
-        library's evaluation forward, or, when gradients are wanted through a layer without
-        BatchNorm, a training forward with every rate 0 (the same function)."""
+    _RUNNING = ("running_mean1", "running_var1", "running_mean2", "running_var2")
+
+    def _apply_layer(x, scores_in, cfg, weights, buffers, lengths, want_scores, training, seeds=None, scale=None):
+        """Runs one layer through EncoderLayerFunction, or through the encoder_layer custom op
+        (torch_ops) while torch.compile traces: cfg {encoder_desc's arguments}, weights {name:
+        tensor} (learnable, cast to x's dtype; autograd carries the cast), buffers {name: tensor}
+        (BatchNorm's running statistics), scale a tensor that replaces cfg's attn_scale (read on
+        the host inside the op). Training draws (seed, offset) when any rate is nonzero;
+        evaluation runs the library's evaluation forward, or, when gradients are wanted through a
+        layer without BatchNorm, a training forward with every rate 0 (the same function)."""
         names = tuple(k for k, v in weights.items() if v is not None)
         ws = tuple(_as(weights[k], x.dtype) for k in names)
-        batch = desc.norm == _lib.ENCODER_NORM["post_batch"]
+        batch = cfg["norm"] == "post_batch"
         wants_grad = torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in ws)
                                                   or (scores_in is not None and scores_in.requires_grad))
-        no_backward = None
-        if training:
-            train = True
-            any_p = desc.dropout > 0 or desc.dropout_ffn > 0 or desc.dropout_attn > 0
-            seed, offset = (seeds or _draw()) if any_p else (0, 0)
-        else:
-            desc = desc.copy()
-            desc.dropout = desc.dropout_ffn = desc.dropout_attn = 0.0
-            seed = offset = 0
-            train = wants_grad and not batch
-            if wants_grad and batch:
-                no_backward = ("fastgrad: no backward through an evaluation-mode BatchNorm encoder layer (the "
-                               "library's backward is of a training forward); call .train() or run under "
-                               "torch.no_grad()")
-        call = _Call(desc, train, seed, offset, names, {k: v for k, v in buffers.items() if v is not None},
-                     lengths, want_scores, no_backward)
+        any_p = any(cfg.get(k, 0) > 0 for k in ("dropout", "dropout_ffn", "dropout_attn", "dropout_proj"))
+        if not training:
+            cfg = dict(cfg, dropout=0.0, dropout_ffn=0.0, dropout_attn=0.0, dropout_proj=0.0)
+        train = training or (wants_grad and not batch)
         x = x if x.is_contiguous() else x.contiguous()
         if scores_in is not None and not scores_in.is_contiguous():
             scores_in = scores_in.contiguous()
+        if routed():
+            return _apply_layer_op(x, scores_in, cfg, names, ws, buffers, lengths, want_scores, train,
+                                   draw_encoder_seed() if training and any_p else None, scale)
+        no_backward = None
+        if training:
+            seed, offset = (seeds or _draw()) if any_p else (0, 0)
+        else:
+            seed = offset = 0
+            if wants_grad and batch:
+                no_backward = _NO_BACKWARD
+        if scale is not None:
+            cfg = dict(cfg, attn_scale=float(scale))
+        call = _Call(encoder_desc(**cfg), train, seed, offset, names,
+                     {k: v for k, v in buffers.items() if v is not None}, lengths, want_scores, no_backward)
         return EncoderLayerFunction.apply(x, scores_in, call, *ws)
+
+    def _apply_layer_op(x, scores_in, cfg, names, ws, buffers, lengths, want_scores, train, seed, scale):
+        """_apply_layer through torch.ops.fastgrad.encoder_layer: the op returns the updated
+        running statistics (it is functional); they are copied into the buffers here."""
+        running = [buffers.get(k) for k in _RUNNING]
+        full = dict(encoder_desc_defaults, **cfg)
+        y, scores, _, *new = FG.encoder_layer(x, scores_in, lengths, list(ws), ",".join(names), *running, scale, seed,
+                                              bool(train), bool(want_scores), *(full[k] for k in ENCODER_CFG))
+        if train and running[0] is not None:
+            with torch.no_grad():
+                for old, upd in zip(running, new):
+                    if old is not None:
+                        old.copy_(upd)
+        return (y, scores) if want_scores else y
 
     # ------------------------------------------------------------------ torch.nn.TransformerEncoderLayer
 
@@ -413,14 +449,18 @@ if torch is not None:
                 raise ValueError(f"fastgrad: save must be one of {sorted(_lib.ENCODER_SAVE)}, not {save!r}")
             self.save = save
 
-        def _desc(self, causal):
+        def _cfg(self, causal):
+            """encoder_desc's arguments."""
             a = self.self_attn
             if self.norm1.eps != self.norm2.eps:
                 raise ValueError("fastgrad: norm1 and norm2 must have the same eps")
-            return encoder_desc(a.embed_dim, a.num_heads, self.linear1.out_features, self.activation_name,
-                                "pre_layer" if self.norm_first else "post_layer", self.norm1.eps, causal=causal,
-                                dropout=self.dropout1.p, dropout_ffn=self.dropout.p, dropout_attn=a.dropout,
-                                save=self.save)
+            return dict(d_model=a.embed_dim, heads=a.num_heads, d_ff=self.linear1.out_features,
+                        activation=self.activation_name, norm="pre_layer" if self.norm_first else "post_layer",
+                        norm_eps=self.norm1.eps, causal=causal, dropout=self.dropout1.p,
+                        dropout_ffn=self.dropout.p, dropout_attn=a.dropout, save=self.save)
+
+        def _desc(self, causal):
+            return encoder_desc(**self._cfg(causal))
 
         def _weights(self):
             a = self.self_attn
@@ -445,7 +485,7 @@ if torch is not None:
                 if pad is not None and unbatched:
                     pad = pad.unsqueeze(0)
                 lengths = _lengths(pad, b, l)
-            y = _apply_layer(x, None, self._desc(causal), self._weights(), {}, lengths, False, self.training)
+            y = _apply_layer(x, None, self._cfg(causal), self._weights(), {}, lengths, False, self.training)
             return y[0] if unbatched else (y if self.batch_first else y.transpose(0, 1))
 
         def extra_repr(self):
@@ -542,7 +582,9 @@ if torch is not None:
                 self._scale, self._scale_key = float(t), key
             return self._scale
 
-        def _desc(self, causal):
+        def _cfg(self, causal, read_scale=True):
+            """encoder_desc's arguments (read_scale False: attn_scale None, the scale parameter
+            passed to the op instead)."""
             a = self.self_attn
             act = _act_name(self.ff[1])
             if self.batch:
@@ -561,11 +603,14 @@ if torch is not None:
             if self.dropout_attn.p != self.dropout_ffn.p:
                 raise ValueError("fastgrad: dropout_attn and dropout_ffn must have the same p (one rate for both "
                                  "residual branches)")
-            return encoder_desc(a.W_Q.in_features, a.n_heads, self.ff[0].out_features, act, norm, eps, momentum,
-                                attn_scale=self._scale_value(), causal=causal, residual_scores=self.res_attention,
-                                dropout=self.dropout_attn.p, dropout_ffn=self.ff[2].p,
-                                dropout_attn=a.sdp_attn.attn_dropout.p, save=self.save,
-                                dropout_proj=a.to_out[1].p)
+            return dict(d_model=a.W_Q.in_features, heads=a.n_heads, d_ff=self.ff[0].out_features, activation=act,
+                        norm=norm, norm_eps=eps, bn_momentum=momentum,
+                        attn_scale=self._scale_value() if read_scale else None, causal=causal,
+                        residual_scores=self.res_attention, dropout=self.dropout_attn.p, dropout_ffn=self.ff[2].p,
+                        dropout_attn=a.sdp_attn.attn_dropout.p, save=self.save, dropout_proj=a.to_out[1].p)
+
+        def _desc(self, causal):
+            return encoder_desc(**self._cfg(causal))
 
         def _weights(self):
             a = self.self_attn
@@ -590,8 +635,12 @@ if torch is not None:
                                  f"{tuple(src.shape)}")
             if prev is not None and not self.res_attention:
                 raise ValueError("fastgrad: prev scores given to a layer without res_attention")
-            out = _apply_layer(src, prev, self._desc(causal), self._weights(), self._bn_buffers(), lengths,
-                               want_scores and self.res_attention, self.training)
+            if routed():  # the scale parameter's value is read inside the op (no host read while tracing)
+                cfg, scale = self._cfg(causal, read_scale=False), self.self_attn.sdp_attn.scale.detach()
+            else:
+                cfg, scale = self._cfg(causal), None
+            out = _apply_layer(src, prev, cfg, self._weights(), self._bn_buffers(), lengths,
+                               want_scores and self.res_attention, self.training, scale=scale)
             if self.training and self.batch:
                 for bn in self._bns():
                     bn.num_batches_tracked.add_(1)

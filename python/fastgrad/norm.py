@@ -521,6 +521,12 @@ if torch is not None:
             dx, dw, db = _call(revin_backward, _contig(dy), x, mean, stdev, w, b, denorm, eps, need)
             return dx, dw, db, None, None, None, None
 
+    def _revin(x, w, b, mean, stdev, denorm, eps):
+        """RevINFunction, or the custom op while torch.compile traces."""
+        if routed():
+            return FG.revin(x, w, b, mean, stdev, bool(denorm), float(eps))
+        return RevINFunction.apply(x, w, b, mean, stdev, denorm, eps)
+
     class RevIN(torch.nn.Module):
         """PatchTST's RevIN: forward(x, "norm") on x [B, L, C] saves the per-(instance, channel)
         mean and stdev (over L) and normalizes, with a learnable per-channel affine; forward(y,
@@ -541,12 +547,15 @@ if torch is not None:
             w = _as(w, x.dtype)
             b = _as(b, x.dtype)
             if mode == "norm":
-                self.mean, self.stdev = _call(revin_stats, _contig(x.detach()), self.eps, self.subtract_last)
-                return RevINFunction.apply(x, w, b, self.mean, self.stdev, False, self.eps)
+                if routed():
+                    self.mean, self.stdev = FG.revin_stats(x.detach(), float(self.eps), bool(self.subtract_last))
+                else:
+                    self.mean, self.stdev = _call(revin_stats, _contig(x.detach()), self.eps, self.subtract_last)
+                return _revin(x, w, b, self.mean, self.stdev, False, self.eps)
             if mode == "denorm":
                 if self.mean is None:
                     raise RuntimeError("fastgrad: RevIN.forward(x, 'denorm') before 'norm'")
-                return RevINFunction.apply(x, w, b, self.mean, self.stdev, True, self.eps)
+                return _revin(x, w, b, self.mean, self.stdev, True, self.eps)
             raise ValueError(f"fastgrad: RevIN mode must be 'norm' or 'denorm', not {mode!r}")
 
     __all__ += ["NormFunction", "BatchNormFunction", "DropoutFunction", "RevINFunction", "add_norm", "layer_norm",

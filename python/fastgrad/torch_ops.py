@@ -10,8 +10,15 @@ The ops are pure given their inputs: a dropout seed is an input (a one-element i
 drawn by the caller from torch's default generator), options travel as plain scalars and the C
 option structs are built inside the op; a gradient that is not wanted comes back as an empty
 tensor (custom ops return no None), which the autograd glue turns into None; BatchNorm's
-forward declares that it updates the running statistics in place. Workspace comes from torch's
-caching allocator (ops.run) and nothing inside reads a device value on the host.
+forward and the encoder layer's return updated copies of the running statistics, which the
+caller copies into its buffers. Workspace comes from torch's caching allocator (ops.run) and
+nothing inside reads a device value on the host, except PatchTST's attention-scale parameter,
+which the encoder layer op reads (one scalar; eager reads it once per change).
+
+The encoder layer (fg.TransformerEncoderLayer, fg.PatchTSTEncoder) is one op each way: the
+forward returns the cache of saved activations as a uint8 tensor (its size from
+fg_encoder_layer_sizes, which the fake implementation calls too), the backward takes it. RevIN is
+three ops (its statistics, which have no gradient, the forward and its backward).
 
 The public functions of autograd.py / norm.py call these ops while torch.compile traces, and
 their direct autograd.Function path in eager mode, where a custom op's dispatch would add host
@@ -813,6 +820,226 @@ def _dropout_bwd(ctx, dy):
 
 
 dropout.register_autograd(_dropout_bwd, setup_context=_dropout_setup)
+
+
+# ------------------------------------------------------------------ RevIN
+
+@_op("revin_stats")
+def revin_stats(x: Tensor, eps: float, subtract_last: bool) -> Tuple[Tensor, Tensor]:
+    """(mean, stdev) over L of x [..., L, C]; no autograd (constants to the backward, as PatchTST
+    detaches them)."""
+    from .norm import revin_stats as rs
+    return _call(rs, _contig(x), eps, subtract_last)
+
+
+@revin_stats.register_fake
+def _(x, eps, subtract_last):
+    shape = tuple(x.shape[:-2]) + (x.shape[-1],)
+    return x.new_empty(shape, dtype=_acc(x)), x.new_empty(shape, dtype=_acc(x))
+
+
+@_op("revin")
+def revin(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], mean: Tensor, stdev: Tensor, denorm: bool,
+          eps: float) -> Tensor:
+    from .norm import revin_forward
+    return _call(revin_forward, _contig(x), mean, stdev, weight, bias, denorm, eps)
+
+
+@revin.register_fake
+def _(x, weight, bias, mean, stdev, denorm, eps):
+    return x.new_empty(x.shape)
+
+
+@_op("revin_backward")
+def revin_backward(dy: Tensor, x: Tensor, mean: Tensor, stdev: Tensor, weight: Optional[Tensor],
+                   bias: Optional[Tensor], denorm: bool, eps: float, need_x: bool, need_w: bool,
+                   need_b: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    """(dx, dw, db) with mean and stdev held constant."""
+    from .norm import revin_backward as rb
+    dx, dw, db = _call(rb, _contig(dy), _contig(x), mean, stdev, weight, bias, denorm, eps, (need_x, need_w, need_b))
+    return _or_nothing(dx, dy), _or_nothing(dw, dy), _or_nothing(db, dy)
+
+
+@revin_backward.register_fake
+def _(dy, x, mean, stdev, weight, bias, denorm, eps, need_x, need_w, need_b):
+    c = x.shape[-1]
+    pdt = weight.dtype if weight is not None else x.dtype
+    return (dy.new_empty(x.shape) if need_x else _nothing(dy),
+            dy.new_empty((c,), dtype=pdt) if need_w and weight is not None else _nothing(dy),
+            dy.new_empty((c,), dtype=pdt) if need_b and bias is not None else _nothing(dy))
+
+
+def _revin_setup(ctx, inputs, output):
+    x, weight, bias, mean, stdev, denorm, eps = inputs
+    ctx.save_for_backward(x, weight, bias, mean, stdev)
+    ctx.cfg = (denorm, eps)
+
+
+def _revin_bwd(ctx, dy):
+    x, w, b, mean, stdev = ctx.saved_tensors
+    n = ctx.needs_input_grad
+    need = (n[0], w is not None and n[1], b is not None and n[2])
+    if not any(need):
+        return (None,) * 7
+    dx, dw, db = torch.ops.fastgrad.revin_backward(dy, x, mean, stdev, w, b, *ctx.cfg, *need)
+    return (dx if need[0] else None, dw if need[1] else None, db if need[2] else None) + (None,) * 4
+
+
+revin.register_autograd(_revin_bwd, setup_context=_revin_setup)
+
+
+# ------------------------------------------------------------------ the transformer encoder layer
+#
+# One op each way over fg_encoder_layer_forward / _backward. The layer's descriptor travels as its
+# fields (ENCODER_CFG, encoder_desc's arguments in order) and is built inside the op; the weights
+# as a list with their fg_encoder_layer_params names (one comma-separated string: custom ops take
+# no list of strings); the cache (what the forward saves for the
+# backward) is a uint8 output of the forward and an input of the backward, its size from
+# fg_encoder_layer_sizes (host-only), which the fake implementation calls too. BatchNorm's
+# running statistics are updated in copies that the forward returns (empty when not updated);
+# the caller copies them into its buffers. seed: (seed, offset), a two-element int64 CPU tensor
+# (torch.randint(0, 2**62, (2,)), the eager path's draw); scale: a tensor whose value replaces
+# attn_scale (PatchTST's scale parameter; read on the host inside the op).
+
+ENCODER_CFG = ("d_model", "heads", "d_ff", "activation", "norm", "norm_eps", "bn_momentum", "attn_scale", "causal",
+               "residual_scores", "dropout", "dropout_ffn", "dropout_attn", "save", "dropout_proj")
+
+_NO_BACKWARD = ("fastgrad: no backward through an evaluation-mode BatchNorm encoder layer (the library's backward "
+                "is of a training forward); call .train() or run under torch.no_grad()")
+
+
+def _enc_desc(cfg, scale=None):
+    from .encoder import encoder_desc
+    kw = dict(zip(ENCODER_CFG, cfg))
+    if scale is not None:
+        kw["attn_scale"] = float(scale)
+    return encoder_desc(**kw)
+
+
+def _enc_seed(seed):
+    return (int(seed[0]), int(seed[1])) if seed is not None else (0, 0)
+
+
+def _enc_params(names, weights, running):
+    params = dict(zip(names.split(","), weights))
+    for k, t in zip(("running_mean1", "running_var1", "running_mean2", "running_var2"), running):
+        if t is not None:
+            params[k] = t
+    return params
+
+
+@_op("encoder_layer")
+def encoder_layer(x: Tensor, scores_in: Optional[Tensor], lengths: Optional[Tensor], weights: List[Tensor],
+                  names: str, running_mean1: Optional[Tensor], running_var1: Optional[Tensor],
+                  running_mean2: Optional[Tensor], running_var2: Optional[Tensor], scale: Optional[Tensor],
+                  seed: Optional[Tensor], train: bool, return_scores: bool, d_model: int, heads: int, d_ff: int,
+                  activation: str, norm: str, norm_eps: float, bn_momentum: float, attn_scale: Optional[float],
+                  causal: bool, residual_scores: bool, dropout: float, dropout_ffn: float, dropout_attn: float,
+                  save: str, dropout_proj: float) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(y, scores_out, cache, running_mean1, running_var1, running_mean2, running_var2): scores
+    empty unless return_scores, cache empty unless train, the running statistics updated copies
+    when train with BatchNorm (else empty)."""
+    from .encoder import encoder_layer_forward
+    cfg = (d_model, heads, d_ff, activation, norm, norm_eps, bn_momentum, attn_scale, causal, residual_scores,
+           dropout, dropout_ffn, dropout_attn, save, dropout_proj)
+    desc = _enc_desc(cfg, scale)
+    running = (running_mean1, running_var1, running_mean2, running_var2)
+    update = train and running_mean1 is not None
+    running = tuple(t.clone() if update and t is not None else t for t in running)
+    s, off = _enc_seed(seed)
+    y, scores, cache = encoder_layer_forward(desc, _contig(x), _enc_params(names, weights, running), lengths,
+                                             _contig(scores_in) if scores_in is not None else None, train, s, off,
+                                             return_scores)
+    cache = cache if cache is not None else x.new_empty((0,), dtype=torch.uint8)
+    return (y, _or_nothing(scores, y), cache) + tuple(t if update else _nothing(y) for t in running)
+
+
+def encoder_cache_bytes(cfg, dtype, b, l):
+    """The cache's size in bytes (fg_encoder_layer_sizes, at least 16 as encoder.py allocates)."""
+    from .encoder import encoder_layer_sizes
+    return max(int(encoder_layer_sizes(_enc_desc(cfg), ops._TORCH_DTYPES[dtype], int(b), int(l))[0]), 16)
+
+
+@encoder_layer.register_fake
+def _(x, scores_in, lengths, weights, names, running_mean1, running_var1, running_mean2, running_var2, scale, seed,
+      train, return_scores, *cfg):
+    b, l = x.shape[0], x.shape[1]
+    sdt = scores_in.dtype if scores_in is not None else x.dtype
+    scores = x.new_empty((b, cfg[1], l, l), dtype=sdt) if return_scores else _nothing(x)
+    cache = x.new_empty((encoder_cache_bytes(cfg, x.dtype, b, l) if train else 0,), dtype=torch.uint8)
+    update = train and running_mean1 is not None
+    running = tuple(torch.empty_like(t) if update and t is not None else _nothing(x)
+                    for t in (running_mean1, running_var1, running_mean2, running_var2))
+    return (x.new_empty(x.shape), scores, cache) + running
+
+
+@_op("encoder_layer_backward")
+def encoder_layer_backward(dy: Tensor, dscores: Optional[Tensor], x: Tensor, scores_in: Optional[Tensor],
+                           lengths: Optional[Tensor], weights: List[Tensor], names: str,
+                           running_mean1: Optional[Tensor], running_var1: Optional[Tensor],
+                           running_mean2: Optional[Tensor], running_var2: Optional[Tensor], cache: Tensor,
+                           scale: Optional[Tensor], seed: Optional[Tensor], need_x: bool, need_s: bool,
+                           need_w: List[bool], d_model: int, heads: int, d_ff: int, activation: str, norm: str,
+                           norm_eps: float, bn_momentum: float, attn_scale: Optional[float], causal: bool,
+                           residual_scores: bool, dropout: float, dropout_ffn: float, dropout_attn: float, save: str,
+                           dropout_proj: float) -> Tuple[Tensor, Tensor, List[Tensor]]:
+    """(dx, dscores_in, [gradient of each weight]) of a training forward with the same inputs and
+    cache; the ones not asked for are empty."""
+    from .encoder import encoder_layer_backward as elb
+    if cache.numel() == 0:
+        raise RuntimeError(_NO_BACKWARD)
+    cfg = (d_model, heads, d_ff, activation, norm, norm_eps, bn_momentum, attn_scale, causal, residual_scores,
+           dropout, dropout_ffn, dropout_attn, save, dropout_proj)
+    running = (running_mean1, running_var1, running_mean2, running_var2)
+    names = names.split(",")
+    want = [n for n, w in zip(names, need_w) if w]
+    s, off = _enc_seed(seed)
+    params = _enc_params(",".join(names), weights, running)
+    dx, ds, grads = elb(_enc_desc(cfg, scale), _contig(dy), x, params, cache, lengths, scores_in, _contig(dscores) if dscores is not None else None, s, off, need=want,
+                        need_dx=need_x, need_dscores_in=need_s and scores_in is not None)
+    return _or_nothing(dx, dy), _or_nothing(ds, dy), [grads[n] if n in grads else _nothing(dy) for n in names]
+
+
+@encoder_layer_backward.register_fake
+def _(dy, dscores, x, scores_in, lengths, weights, names, running_mean1, running_var1, running_mean2, running_var2,
+      cache, scale, seed, need_x, need_s, need_w, *cfg):
+    return (dy.new_empty(x.shape) if need_x else _nothing(dy),
+            dy.new_empty(scores_in.shape, dtype=scores_in.dtype) if need_s and scores_in is not None
+            else _nothing(dy),
+            [dy.new_empty(w.shape, dtype=w.dtype) if k else _nothing(dy) for w, k in zip(weights, need_w)])
+
+
+def _encoder_setup(ctx, inputs, output):
+    x, scores_in, lengths, weights, names = inputs[:5]
+    running, scale, seed = inputs[5:9], inputs[9], inputs[10]
+    ctx.names, ctx.return_scores, ctx.cfg = names, inputs[12], inputs[13:]
+    ctx.n_weights = len(weights)
+    if inputs[11] and running[0] is not None:  # the updated copies (the caller writes the buffers in place)
+        running = output[3:7]
+    ctx.save_for_backward(x, scores_in, lengths, output[2], scale, seed, *running, *weights)
+    ctx.mark_non_differentiable(*output[2:])
+    _set_materialize(ctx)
+
+
+def _encoder_bwd(ctx, dy, dscores, *_):
+    x, scores_in, lengths, cache, scale, seed, *rest = ctx.saved_tensors
+    running, weights = rest[:4], rest[4:]
+    n = ctx.needs_input_grad  # n[3]: one flag per weight
+    need_w = [bool(k) for k in n[3]]
+    need_x, need_s = bool(n[0]), scores_in is not None and bool(n[1])
+    none_tail = (None,) * (len(ENCODER_CFG) + 9)
+    if not (need_x or need_s or any(need_w)):
+        return (None, None, None, [None] * ctx.n_weights) + none_tail
+    if dy is None:
+        dy = torch.zeros_like(x)
+    dx, ds, grads = torch.ops.fastgrad.encoder_layer_backward(
+        dy, dscores if ctx.return_scores else None, x, scores_in, lengths, list(weights), ctx.names, *running, cache,
+        scale, seed, need_x, need_s, need_w, *ctx.cfg)
+    return ((dx if need_x else None, ds if need_s else None, None, [g if k else None for g, k in zip(grads, need_w)])
+            + none_tail)
+
+
+encoder_layer.register_autograd(_encoder_bwd, setup_context=_encoder_setup)
 
 
 def all_ops():

@@ -11,6 +11,10 @@
   results bit for bit: the custom ops' autograd is the tested autograd.Functions' one.
 - torch.library.opcheck on every custom op (schema, fake tensors, autograd registration, AOT
   dispatch with dynamic shapes); a deliberately wrong fake implementation fails it.
+- The same for the encoder layers and RevIN: a model of fg.RevIN, fg.TransformerEncoderLayer
+  (pre- and post-norm) and fg.PatchTSTEncoder (BatchNorm, residual attention) traces into one
+  graph; compiled training steps (dropout on) give the eager loss, gradients and BatchNorm
+  running statistics; evaluation, and gradients through an evaluation-mode layer, too.
 - On CUDA only: fwd + bwd + fg.AdamW captured with torch.cuda.graph and replayed gives the eager
   steps' losses, gradients and parameters.
 """
@@ -113,6 +117,50 @@ def test_explain_block_has_no_graph_break():
     assert fastgrad_ops_in(ex.graphs) >= BLOCK_OPS
 
 
+class Encoders(torch.nn.Module):
+    """RevIN → TransformerEncoderLayer (pre-norm) → TransformerEncoderLayer (post-norm) →
+    PatchTSTEncoder (2 layers: BatchNorm, residual attention) → RevIN denorm, dropout on."""
+
+    def __init__(self, d=16, heads=2, p=0.1, dtype=torch.float64):
+        super().__init__()
+        self.revin = fg.RevIN(d).to(dtype)
+        self.pre = fg.TransformerEncoderLayer(d, heads, 32, dropout=p, activation="gelu", norm_first=True,
+                                              dtype=dtype)
+        self.post = fg.TransformerEncoderLayer(d, heads, 24, dropout=p, norm_first=False, dtype=dtype)
+        self.tst = fg.PatchTSTEncoder(2, d, heads, 32, dropout=p, attn_dropout=p, res_attention=True,
+                                      norm="BatchNorm", dtype=dtype)
+        with torch.no_grad():  # norms and RevIN's affine away from 1 / 0
+            for n, q in self.named_parameters():
+                if "norm" in n or "affine" in n:
+                    q.add_(torch.rand_like(q) * 0.4 - 0.2)
+
+    def forward(self, x):
+        z = self.tst(self.post(self.pre(self.revin(x, "norm"))))
+        return self.revin(z, "denorm")
+
+
+ENCODER_OPS = {"encoder_layer", "revin", "revin_stats"}
+
+
+def encoders_and_input(device, seed=0, p=0.1, dtype=None):
+    dtype = dtype or dtype_for(device)
+    torch.manual_seed(seed)
+    model = Encoders(p=p, dtype=dtype).to(device)
+    x = (torch.randn(3, 6, 16, dtype=dtype) * 2 + 1).to(device)
+    return model, x
+
+
+def test_explain_encoders_have_no_graph_break():
+    model, x = encoders_and_input("cpu")
+    ex = torch._dynamo.explain(lambda a: (model(a) ** 2).mean())(x)
+    assert ex.graph_break_count == 0, ex.break_reasons
+    assert ex.graph_count == 1
+    ops_in = [str(n.target).split(".")[1] for g in ex.graphs for n in g.graph.nodes
+              if str(n.target).startswith("fastgrad.")]
+    assert set(ops_in) >= ENCODER_OPS
+    assert ops_in.count("encoder_layer") == 4  # pre, post, PatchTST's two layers
+
+
 def test_explain_misc_has_no_graph_break():
     ex = torch._dynamo.explain(misc)(*misc_inputs("cpu"))
     assert ex.graph_break_count == 0, ex.break_reasons
@@ -170,6 +218,53 @@ def test_compiled_block_matches_eager(backend, device):
         close(compiled(twin, backend)(x, t), model(x, t), "eval loss")
 
 
+def run_encoders(model, x, seed):
+    torch.manual_seed(seed)
+    y = model(x)
+    loss = (y * torch.linspace(-1, 1, y.shape[-1], dtype=y.dtype, device=y.device)).square().mean()
+    loss.backward()
+    grads = {n.removeprefix("_orig_mod."): q.grad.clone() for n, q in model.named_parameters() if q.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return loss.detach(), grads
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_compiled_encoders_match_eager(backend, device):
+    model, x = encoders_and_input(device)
+    twin = copy.deepcopy(model)
+    fast = compiled(twin, backend)
+    bns = ("tst.layers.0.norm_attn.1", "tst.layers.0.norm_ffn.1", "tst.layers.1.norm_attn.1", "tst.layers.1.norm_ffn.1")
+    for step in range(2):
+        loss, grads = run_encoders(model, x, 200 + step)
+        closs, cgrads = run_encoders(fast, x, 200 + step)
+        close(closs, loss, f"step {step} loss")
+        trainable = {n for n, q in model.named_parameters() if q.requires_grad}
+        assert set(grads) == set(cgrads) == trainable
+        for n in grads:
+            close(cgrads[n], grads[n], f"step {step} grad {n}")
+        buffers, cbuffers = dict(model.named_buffers()), dict(twin.named_buffers())
+        for bn in bns:
+            for k in ("running_mean", "running_var", "num_batches_tracked"):
+                close(cbuffers[f"{bn}.{k}"], buffers[f"{bn}.{k}"], f"step {step} {bn}.{k}")
+    for bn in bns:
+        assert int(buffers[f"{bn}.num_batches_tracked"]) == 2
+        assert not torch.equal(buffers[f"{bn}.running_var"], torch.ones_like(buffers[f"{bn}.running_var"]))
+    other, _ = run_encoders(copy.deepcopy(model), x, 999)  # dropout is on: another seed, another loss
+    assert abs(float(other) - float(loss)) > 1e-6
+    model.eval(), twin.eval()
+    torch._dynamo.reset()
+    with torch.no_grad():
+        close(compiled(twin, backend)(x), model(x), "eval output")
+    # gradients through evaluation-mode layers without BatchNorm (a training forward, rates 0)
+    sub, csub = model.pre, compiled(twin.pre, backend)
+    xg, cxg = x.clone().requires_grad_(), x.clone().requires_grad_()
+    sub(xg).square().sum().backward()
+    csub(cxg).square().sum().backward()
+    close(cxg.grad, xg.grad, "eval-mode dx")
+    close(twin.pre.linear1.weight.grad, model.pre.linear1.weight.grad, "eval-mode dw_1")
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_compiled_misc_matches_eager(device):
     inputs = misc_inputs(device)
@@ -211,6 +306,41 @@ def test_custom_op_path_equals_direct_path(device):
         assert torch.equal(g0[n], g1[n]), n
     for i, (a, b) in enumerate(zip(mg0, mg1)):
         assert torch.equal(a, b), i
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_encoder_custom_op_path_equals_direct_path(device):
+    """The encoder layers and RevIN through their custom ops equal EncoderLayerFunction /
+    RevINFunction bit for bit: loss, gradients, running statistics."""
+    results = []
+    for routed in (False, True):
+        torch_ops.use_custom_ops(routed)
+        try:
+            model, x = encoders_and_input(device)
+            loss, grads = run_encoders(model, x, 17)
+            results.append((loss, grads, {n: b.clone() for n, b in model.named_buffers()}))
+        finally:
+            torch_ops.use_custom_ops(False)
+    (l0, g0, b0), (l1, g1, b1) = results
+    assert torch.equal(l0, l1)
+    assert set(g0) == set(g1)
+    for n in g0:
+        assert torch.equal(g0[n], g1[n]), n
+    for n in b0:
+        assert torch.equal(b0[n], b1[n]), n
+
+
+def test_encoder_eval_batchnorm_backward_refused_on_op_path():
+    """As the direct path: no backward through an evaluation-mode BatchNorm layer."""
+    torch_ops.use_custom_ops(True)
+    try:
+        enc = fg.PatchTSTEncoder(1, 8, 2, 16, dropout=0.0, dtype=torch.float64).eval()
+        x = torch.randn(2, 4, 8, dtype=torch.float64, requires_grad=True)
+        y = enc(x)
+        with pytest.raises(RuntimeError, match="evaluation-mode BatchNorm"):
+            y.sum().backward()
+    finally:
+        torch_ops.use_custom_ops(False)
 
 
 def test_eager_path_is_direct_unless_asked():
@@ -293,6 +423,74 @@ def _cases():
     _, s, mean, rstd, _, _ = FG.batch_norm(x, _c(6, 4), wb, None, None, None, True, 0.1, 1e-5, 0.3, SEED)
     cases.append(("batch_norm_backward", (_c(6, 4), _c(6, 4), s, wb, mean, rstd, True, 0.3, SEED, True, True, True,
                                           False)))
+    cases += _revin_cases() + _encoder_cases()
+    return cases
+
+
+def _revin_cases():
+    x = _c(2, 6, 3)
+    mean, stdev = FG.revin_stats(x, 1e-5, False)
+    return [("revin_stats", (_c(2, 6, 3), 1e-5, False)), ("revin_stats", (_c(6, 3), 1e-5, True)),
+            ("revin", (_r(2, 6, 3), _r(3), _r(3), mean, stdev, False, 1e-5)),
+            ("revin", (_r(2, 6, 3), None, None, mean, stdev, True, 1e-5)),
+            ("revin_backward", (_c(2, 6, 3), x, mean, stdev, _c(3), _c(3), True, 1e-5, True, True, True)),
+            ("revin_backward", (_c(2, 6, 3), x, mean, stdev, None, None, False, 1e-5, True, False, False))]
+
+
+def _cfg(d, heads, d_ff, norm, p, residual=False, activation="gelu"):
+    """encoder_layer's descriptor arguments (torch_ops.ENCODER_CFG's order)."""
+    return (d, heads, d_ff, activation, norm, 1e-5, 0.1, None, False, residual, p, p, p, "all", p)
+
+
+def _encoder_weights(d, d_ff, separate, grad=True):
+    mk = _r if grad else _c
+    qkv = ({"w_q": mk(d, d), "b_q": mk(d), "w_k": mk(d, d), "b_k": mk(d), "w_v": mk(d, d), "b_v": mk(d)} if separate
+           else {"w_qkv": mk(3 * d, d), "b_qkv": mk(3 * d)})
+    w = dict(qkv, w_o=mk(d, d), b_o=mk(d), w_1=mk(d_ff, d), b_1=mk(d_ff), w_2=mk(d, d_ff), b_2=mk(d),
+             norm1_w=mk(d), norm1_b=mk(d), norm2_w=mk(d), norm2_b=mk(d))
+    with torch.no_grad():
+        for t in w.values():
+            t.mul_(0.3)
+    return list(w.values()), ",".join(w)
+
+
+def _running(d):
+    return (torch.zeros(d, dtype=torch.float64), torch.ones(d, dtype=torch.float64),
+            torch.zeros(d, dtype=torch.float64) + 0.1, torch.ones(d, dtype=torch.float64) * 2)
+
+
+ENC_SEED = torch.tensor([1234567, 89])
+
+
+def _encoder_cases():
+    d, h, f = 8, 2, 16
+    ws, names = _encoder_weights(d, f, False)
+    wp, names_p = _encoder_weights(d, f, True)
+    scale = torch.tensor(0.4, dtype=torch.float64)
+    no_bn = (None,) * 4
+    cases = [
+        ("encoder_layer", (_r(2, 5, d), None, None, ws, names, *no_bn, None, ENC_SEED, True, False,
+                           *_cfg(d, h, f, "pre_layer", 0.1))),
+        ("encoder_layer", (_r(2, 5, d), None, torch.tensor([5, 3]), ws, names, *no_bn, None, None, True, False,
+                           *_cfg(d, h, f, "post_layer", 0.0, activation="relu"))),
+        ("encoder_layer", (_r(2, 5, d), _r(2, h, 5, 5), None, wp, names_p, *_running(d), scale, ENC_SEED, True,
+                           True, *_cfg(d, h, f, "post_batch", 0.2, residual=True))),
+        ("encoder_layer", (_c(2, 5, d), _c(2, h, 5, 5), None, [w.detach() for w in wp], names_p, *_running(d),
+                           scale, None, False, True, *_cfg(d, h, f, "post_batch", 0.0, residual=True))),
+    ]
+    # backward cases from their forwards' caches
+    ws, _ = _encoder_weights(d, f, False, grad=False)
+    x, cfg = _c(2, 5, d), _cfg(d, h, f, "pre_layer", 0.1)
+    _, _, cache, *_ = FG.encoder_layer(x, None, None, ws, names, *no_bn, None, ENC_SEED, True, False, *cfg)
+    cases.append(("encoder_layer_backward", (_c(2, 5, d), None, x, None, None, ws, names, *no_bn, cache, None,
+                                             ENC_SEED, True, False, [True] * len(ws), *cfg)))
+    wp, _ = _encoder_weights(d, f, True, grad=False)
+    x, s_in, cfg = _c(2, 5, d), _c(2, h, 5, 5), _cfg(d, h, f, "post_batch", 0.2, residual=True)
+    _, _, cache, *running = FG.encoder_layer(x, s_in, None, wp, names_p, *_running(d), scale, ENC_SEED, True, True,
+                                             *cfg)
+    need = [i % 3 != 1 for i in range(len(wp))]
+    cases.append(("encoder_layer_backward", (_c(2, 5, d), _c(2, h, 5, 5), x, s_in, None, wp, names_p, *running, cache,
+                                             scale, ENC_SEED, False, True, need, *cfg)))
     return cases
 
 
@@ -303,10 +501,46 @@ def test_every_custom_op_has_an_opcheck_case():
     assert {op._name for op in torch_ops.all_ops()} == {name for name, _ in CASES}
 
 
+def _clone(a):
+    if isinstance(a, list):
+        return [_clone(t) for t in a]
+    if isinstance(a, torch.Tensor):
+        return a.detach().clone().requires_grad_(a.requires_grad)
+    return a
+
+
+def _aot_dynamic_without_cache(args):
+    """opcheck's AOT-dispatch check (compiled with dynamic shapes vs eager: outputs and input
+    gradients) on every output of a training encoder_layer but the cache."""
+    def fn(*a):
+        y, scores, _, *running = FG.encoder_layer(*a)
+        return y, scores, running
+
+    torch._dynamo.reset()
+    outs = []
+    for f in (fn, torch.compile(fn, backend="aot_eager", dynamic=True, fullgraph=True)):
+        a = _clone(args)
+        y, scores, running = f(*a)
+        (y.square().sum() + (scores.sin().sum() if scores.numel() else 0)).backward()
+        leaves = [t for t in [a[0], a[1]] + a[3] if isinstance(t, torch.Tensor) and t.requires_grad]
+        outs.append([y, scores, *running] + [t.grad for t in leaves])
+    for i, (c, e) in enumerate(zip(*outs)):
+        close(c, e, f"output / gradient {i}")
+
+
+# opcheck's own AOT-dispatch check compares every byte of every output; a training
+# encoder_layer's cache has bytes between its regions that nothing writes (torch.empty)
+WITHOUT_AOT = ("test_schema", "test_autograd_registration", "test_faketensor")
+
+
 @pytest.mark.parametrize("case", range(len(CASES)), ids=[f"{n}-{i}" for i, (n, _) in enumerate(CASES)])
 def test_opcheck(case):
     name, args = CASES[case]
-    torch.library.opcheck(getattr(FG, name).default, args)
+    if name == "encoder_layer" and args[11]:  # train: a cache
+        torch.library.opcheck(getattr(FG, name).default, args, test_utils=WITHOUT_AOT)
+        _aot_dynamic_without_cache(args)
+    else:
+        torch.library.opcheck(getattr(FG, name).default, args)
 
 
 def test_opcheck_catches_a_wrong_fake():

@@ -427,3 +427,14 @@ def test_patchtst_attention_branch_dropouts():
     desc = enc.layers[0]._desc(False)
     assert desc.dropout == pytest.approx(0.2) and desc.dropout_proj == pytest.approx(0.2)
     assert desc.dropout_ffn == pytest.approx(0.2) and desc.dropout_attn == pytest.approx(0.05)
+
+
+def test_patchtst_eval_with_gradients_drops_nothing():
+    """An evaluation-mode LayerNorm PatchTST layer run for gradients (a training forward with
+    every rate 0) gives the evaluation forward's output: the projection's dropout is off too."""
+    torch.manual_seed(0)
+    enc = fg.PatchTSTEncoder(1, 8, 2, 16, dropout=0.3, norm="LayerNorm", dtype=torch.float64).eval()
+    x = torch.randn(2, 4, 8, dtype=torch.float64)
+    with torch.no_grad():
+        y = enc(x)
+    torch.testing.assert_close(enc(x.clone().requires_grad_()).detach(), y, rtol=1e-12, atol=1e-12)

@@ -965,7 +965,7 @@ typedef struct fg_encoder_layer_desc {
  * (1 / 0). The q, k, v projections are either packed (w_qkv [3d, d] with q, k, v rows in that
  * order, b_qkv [3d]: nn.MultiheadAttention's in_proj_weight / in_proj_bias) or separate (w_q,
  * w_k, w_v [d, d], b_q, b_k, b_v [d]: PatchTST's W_Q, W_K, W_V), never both. BatchNorm's running
- * statistics ([d], f32 or the layer's dtype) are required for post-norm BatchNorm and updated by a
+ * statistics ([d], f32 (f64 for f64) or the layer's dtype) are required for post-norm BatchNorm and updated by a
  * training forward; in a gradient struct they are ignored. */
 typedef struct fg_encoder_layer_params {
     fg_tensor w_qkv, b_qkv;

@@ -1051,6 +1051,25 @@ static void bad_cases(fg_backend be) {
     teardown(&P, &r, &D);
 }
 
+/* An f64 layer's BatchNorm keeps f64 running statistics: f32 ones are refused up front (found by the
+   fuzzer: they were refused by the BatchNorm part, after the parts before it had written). */
+static void f64_stats_case(void) {
+    cfg c = base_cfg(FG_ENCODER_POST_BATCH);
+    hostp P;
+    ref r;
+    dev D;
+    setup(&c, FG_BACKEND_CPU, FG_F64, &P, &r, &D);
+    const fg_encoder_layer_params p0 = D.params;
+    D.params.running_mean1.dtype = D.params.running_var1.dtype = FG_F32;
+    void *cache0 = th_snapshot(&D.cache);
+    TH_EXPECT_BAD(FG_ERR_DTYPE, "params->running_mean1 is f32", &D.y, dev_forward(&D, true));
+    TH_CHECK(th_unchanged(&D.cache, cache0), "f64 layer, f32 running statistics: the cache was written");
+    free(cache0);
+    D.params = p0;
+    TH_OK(dev_forward(&D, true));
+    teardown(&P, &r, &D);
+}
+
 /* An empty batch: nothing to compute, the gradients are sums over nothing (zeros). */
 static void empty_case(fg_backend be) {
     cfg c = base_cfg(FG_ENCODER_PRE_LAYER);
@@ -1143,6 +1162,7 @@ int main(void) {
         }
         bad_cases(be);
         empty_case(be);
+        if (be == FG_BACKEND_CPU) f64_stats_case();
         seed_case(be);
     }
     for (int norm = 0; norm < 4; norm++) fd_case(norm);

@@ -254,7 +254,9 @@ static fg_status check_params(fg_context *ctx, const char *op, const fg_encoder_
                            what);
         int64_t shape[2];
         const int rank = pshape(i, g->d, g->dff, shape);
-        FG_TRY(check_exact(ctx, op, what, t, g->dt, running ? FG_F32 : g->dt, rank, shape));
+        /* running statistics: BatchNorm's accumulator dtype (f32; f64 for f64) or the layer's */
+        FG_TRY(check_exact(ctx, op, what, t, g->dt, running ? (g->dt == FG_F64 ? FG_F64 : FG_F32) : g->dt, rank,
+                           shape));
     }
     if (grads_of) return FG_OK;
     const bool pk = pget(p, P_WQKV) != NULL;

@@ -3,7 +3,8 @@
  *
  * Bytes decode into calls: every op of the op table through the plan API (create, info,
  * workspace size, can_implement, run) and through its one-call function(s), fg_adamw_step,
- * fg_convert, the context calls and the small helpers. Operand descriptors get random ranks,
+ * the encoder layer (sizes, forward, backward), fg_convert, the context calls and the small
+ * helpers. Operand descriptors get random ranks,
  * shapes (from a pool of shared dims, so shapes agree often enough to run), strides (zero,
  * overlapping, huge), dtypes, NULL pointers, aliasing between operands, misalignment and
  * options. Every view with a finite extent below a cap gets a poisoned buffer of exactly its
@@ -768,6 +769,167 @@ static void adamw_call(rd *r) {
     arenas_check("adamw_step", s == FG_OK);
 }
 
+/* ------------------------------------------------------------------ encoder layer */
+
+/* The parameter slots of fg_encoder_layer_params in their order, and each one's shape from the
+   descriptor: 0 d, 1 [3d, d], 2 [3d], 3 [d, d], 4 [d_ff, d], 5 [d_ff], 6 [d, d_ff]. */
+#define ENC_N 22
+static const int enc_shape[ENC_N] = {1, 2, 3, 0, 3, 0, 3, 0, 3, 0, 4, 5, 6, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+static const int enc_rank[7] = {1, 2, 1, 2, 2, 1, 2};
+
+static fg_tensor *enc_slot(fg_encoder_layer_params *p, int i) { return &((fg_tensor *)p)[i]; }
+
+/* An operand of the given shape and dtype, contiguous, or (mode) one read from the bytes. */
+static void enc_operand(rd *r, operand *o, int rank, const int64_t *shape, fg_dtype dt, bool out) {
+    const uint8_t mode = u8(r);
+    if (mode >= 232) {
+        read_operand(r, o, "p", false, dt, FG_I32);
+    } else {
+        memset(o, 0, sizeof *o);
+        o->arena = -1;
+        o->t.rank = rank;
+        o->t.dtype = dt;
+        for (int i = 0; i < rank; i++) o->t.shape[i] = shape[i];
+        if (mode >= 224) o->data_mode = 1 + (mode & 1) * 2; /* NULL or misaligned data */
+    }
+    o->output = out;
+}
+
+/* fg_encoder_layer_sizes, _forward and (after a training forward that ran) _backward over a
+ * descriptor from the bytes: dims from the pool, every enum and rate sometimes out of range,
+ * the parameters present or absent one by one (their shapes the descriptor's, or read as any
+ * other operand), the cache and workspace the sizes said or less. */
+static void encoder_call(rd *r) {
+    fg_context *ctx = pick_context(u8(r));
+    fg_encoder_layer_desc d;
+    memset(&d, 0, sizeof d);
+    d.d_model = dim_value(u8(r));
+    d.heads = dim_value(u8(r));
+    d.d_ff = dim_value(u8(r));
+    const uint8_t k = u8(r), k2 = u8(r), k3 = u8(r);
+    static const fg_activation acts[8] = {FG_ACT_GELU, FG_ACT_RELU, FG_ACT_GELU_TANH, FG_ACT_SILU,
+                                          FG_ACT_GELU, FG_ACT_NONE, FG_ACT_TANH, (fg_activation)99};
+    d.activation = acts[k & 7];
+    d.norm = (fg_encoder_norm)((int)((k >> 3) & 7) % 6 - 1); /* -1 … 4 */
+    d.causal = (k >> 6) & 1;
+    d.residual_scores = (k >> 7) & 1;
+    d.save = (fg_encoder_save)(k2 & 3);
+    if ((k2 & 0xC0) == 0xC0) d.causal = 2;
+    if (k2 & 4) d.norm_eps = scalar(r);
+    if (k2 & 8) d.bn_momentum = scalar(r);
+    if (k2 & 16) d.attn_scale = scalar(r);
+    if (k2 & 32) d.dropout = scalar(r);
+    if (k3 & 1) d.dropout_ffn = scalar(r);
+    if (k3 & 2) d.dropout_attn = scalar(r);
+    if (k3 & 4) d.dropout_proj = scalar(r);
+    fg_encoder_layer_run run;
+    memset(&run, 0, sizeof run);
+    run.train = (k3 & 8) ? 1 : 0;
+    run.seed = u8(r);
+    run.offset = u8(r);
+    static const fg_dtype mains[4] = {FG_F32, FG_F16, FG_BF16, FG_F64};
+    const fg_dtype dt = mains[(k3 >> 4) & 3];
+    const int64_t B = dim_value(u8(r)), L = dim_value(u8(r));
+    const bool desc_null = (k3 & 0xC0) == 0xC0;
+    size_t cache_bytes = 0, ws_bytes = 0;
+    plant_stale_error();
+    redirect_fds();
+    fg_status s = fg_encoder_layer_sizes(desc_null ? NULL : &d, dt, B, L, &cache_bytes, &ws_bytes);
+    check_status("encoder_layer_sizes", s);
+    if (s != FG_OK || cache_bytes > ((size_t)1 << 20) || ws_bytes > ((size_t)1 << 20)) return;
+    /* operands: x, lengths, scores_in, y, scores_out, the parameters */
+    const int64_t dm = d.d_model, df = d.d_ff, H = d.heads;
+    const int64_t x_shape[3] = {B, L, dm}, s_shape[4] = {B, H, L, L}, len_shape[1] = {B};
+    const int64_t pshapes[7][2] = {{dm, 0}, {3 * dm, dm}, {3 * dm, 0}, {dm, dm}, {df, dm}, {df, 0}, {dm, df}};
+    const uint8_t pres0 = u8(r), pres1 = u8(r), pres2 = u8(r), opt = u8(r);
+    const uint32_t present = pres0 | (uint32_t)pres1 << 8 | (uint32_t)pres2 << 16;
+    operand ops[5 + ENC_N];
+    memset(ops, 0, sizeof ops);
+    enc_operand(r, &ops[0], 3, x_shape, dt, false);
+    enc_operand(r, &ops[1], 1, len_shape, (opt & 2) ? FG_I64 : FG_I32, false);
+    enc_operand(r, &ops[2], 4, s_shape, dt, false);
+    enc_operand(r, &ops[3], 3, x_shape, dt, true);
+    enc_operand(r, &ops[4], 4, s_shape, dt, true);
+    ops[1].absent = !(opt & 1), ops[2].absent = !(opt & 4), ops[4].absent = !(opt & 8);
+    for (int i = 0; i < ENC_N; i++) {
+        const int sh = enc_shape[i], rank = enc_rank[sh];
+        const bool stat = i >= 18; /* running statistics: f32 or the dtype, written in training */
+        enc_operand(r, &ops[5 + i], rank, pshapes[sh], stat && (opt & 16) ? FG_F32 : dt, stat);
+        ops[5 + i].absent = !(present >> i & 1);
+    }
+    for (int i = 0; i < 5 + ENC_N; i++)
+        if (ops[i].absent) ops[i].t.rank = 0, ops[i].arena = -1;
+    place(ops, 5 + ENC_N);
+    if (any_big(ops, 5 + ENC_N)) return;
+    const uint8_t cut = u8(r);
+    const size_t cache_give = (cut & 1) && cache_bytes ? cache_bytes - 1 : cache_bytes;
+    const size_t ws_give = (cut & 2) && ws_bytes ? ws_bytes / 2 : ws_bytes;
+    const int a_cache = arena_new(cache_give + 16), a_ws = arena_new(ws_give + 16);
+    arenas_fill((uint8_t[]){0x00, 0x3C, 0xFF, 0x41}[u8(r) & 3]);
+    resolve(ops, 5 + ENC_N);
+    mark_outputs(ops, 5 + ENC_N);
+    if (a_cache < 0 || a_ws < 0) return;
+    for (size_t b = 0; b < cache_give; b++) arenas[a_cache].mark[b] = 1; /* the forward writes the cache */
+    uint8_t *cache = (cut & 4) ? NULL : arenas[a_cache].mem + GUARD;
+    fg_encoder_layer_params P;
+    memset(&P, 0, sizeof P);
+    for (int i = 0; i < ENC_N; i++)
+        if (!ops[5 + i].absent) *enc_slot(&P, i) = ops[5 + i].t;
+    const fg_tensor *X = ops[0].null_ptr ? NULL : &ops[0].t;
+    const fg_tensor *len = ops[1].absent ? NULL : &ops[1].t, *sin = ops[2].absent ? NULL : &ops[2].t;
+    const fg_tensor *Y = &ops[3].t, *sout = ops[4].absent ? NULL : &ops[4].t;
+    arenas_snapshot();
+    plant_stale_error();
+    redirect_fds();
+    s = fg_encoder_layer_forward(ctx, desc_null ? NULL : &d, (cut & 8) ? NULL : &run, X, len, sin,
+                                 (cut & 16) ? NULL : &P, Y, sout, cache, cache_give);
+    check_status("encoder_layer_forward", s);
+    arenas_check("encoder_layer_forward", s == FG_OK);
+    if (s != FG_OK || !run.train || !cache) return;
+    /* the backward: dy (y's memory, an input now), dscores_out, dx, dscores_in, the gradients */
+    operand g[4 + ENC_N];
+    memset(g, 0, sizeof g);
+    const int n0 = n_arenas;
+    enc_operand(r, &g[0], 3, x_shape, dt, false);
+    enc_operand(r, &g[1], 4, s_shape, dt, false);
+    enc_operand(r, &g[2], 3, x_shape, dt, true);
+    enc_operand(r, &g[3], 4, s_shape, dt, true);
+    const uint8_t gopt = u8(r), gp0 = u8(r), gp1 = u8(r), gp2 = u8(r);
+    const uint32_t gpresent = gp0 | (uint32_t)gp1 << 8 | (uint32_t)gp2 << 16;
+    g[1].absent = !(gopt & 1), g[2].absent = !(gopt & 2), g[3].absent = !(gopt & 4);
+    for (int i = 0; i < ENC_N; i++) {
+        const int sh = enc_shape[i], rank = enc_rank[sh];
+        enc_operand(r, &g[4 + i], rank, pshapes[sh], dt, true);
+        g[4 + i].absent = !(gpresent >> i & 1);
+    }
+    for (int i = 0; i < 4 + ENC_N; i++)
+        if (g[i].absent) g[i].t.rank = 0, g[i].arena = -1;
+    place(g, 4 + ENC_N);
+    if (any_big(g, 4 + ENC_N)) return;
+    for (int i = n0; i < n_arenas; i++) { /* the new buffers: poisoned, nothing marked yet */
+        memset(arenas[i].mem, 0xA5, GUARD);
+        memset(arenas[i].mem + GUARD, 0x3C, arenas[i].body);
+        memset(arenas[i].mem + GUARD + arenas[i].body, 0x5A, GUARD);
+        memset(arenas[i].mark, 0, arenas[i].body + 1);
+    }
+    resolve(g, 4 + ENC_N);
+    for (int i = 0; i < n0; i++) memset(arenas[i].mark, 0, arenas[i].body + 1); /* the forward's buffers: inputs now */
+    mark_outputs(g, 4 + ENC_N);
+    for (size_t b = 0; b < ws_give; b++) arenas[a_ws].mark[b] = 1; /* scratch */
+    fg_encoder_layer_params G;
+    memset(&G, 0, sizeof G);
+    for (int i = 0; i < ENC_N; i++)
+        if (!g[4 + i].absent) *enc_slot(&G, i) = g[4 + i].t;
+    arenas_snapshot();
+    plant_stale_error();
+    redirect_fds();
+    s = fg_encoder_layer_backward(ctx, &d, &run, &g[0].t, g[1].absent ? NULL : &g[1].t, X, len, sin, &P, cache,
+                                  cache_give, g[2].absent ? NULL : &g[2].t, g[3].absent ? NULL : &g[3].t,
+                                  (gopt & 8) ? NULL : &G, gopt >> 7, arenas[a_ws].mem + GUARD, ws_give);
+    check_status("encoder_layer_backward", s);
+    arenas_check("encoder_layer_backward", s == FG_OK);
+}
+
 /* ------------------------------------------------------------------ the rest */
 
 static void convert_call(rd *r) {
@@ -968,7 +1130,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     for (int i = 0; i < 8; i++) pool[i] = pool_value(u8(&r));
     if (ftruncate(capture_fd, 0) != 0) abort();
     for (int c = 0; c < MAX_CALLS && r.n > 0; c++) {
-        const uint8_t kind = u8(&r) % 8;
+        const uint8_t kb = u8(&r), kind = kb % 8;
+        if (kb >= 248) { /* the encoder layer: bytes no older seed uses as a call's kind */
+            encoder_call(&r);
+            restore_fds();
+            arenas_free();
+            continue;
+        }
         switch (kind) {
         case 0: case 1: op_call(&r, true); break;
         case 2: case 3: op_call(&r, false); break;

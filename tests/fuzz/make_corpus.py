@@ -6,7 +6,8 @@ Beside them, valid calls that reach the compute paths behind options, which muta
 too rarely (an option flag shifts every byte after it): the log-prob options one by one
 (temperature, softcap, ignore_index, smoothing, z-loss, grad scale, small tiles) in every
 dtype with its accumulator-typed rows, each activation with the saved pre and the saved
-slope through every one-call variant, and each elementwise kind."""
+slope through every one-call variant, each elementwise kind, and the encoder layer's training
+forward and backward in four norm kinds and dtypes."""
 import os
 import sys
 
@@ -122,6 +123,26 @@ def option_seeds(seeds):
                 seeds[f"op{op:02d}_{dn}_binary{kind}"] = op_call(2, op, dt, opts, OPS[op][1], variant=2 * kind)
 
 
+def encoder_seeds(seeds):
+    """The encoder layer (kind byte 248): sizes, a training forward and its backward, d_model 4,
+    2 heads, d_ff 6, B 2, L 3, every operand its descriptor's shape (mode byte 0)."""
+    packed = 0b11 | 0b1111111100000000        # w_qkv, b_qkv; w_o … norm2_b
+    separate = 0b11111100 | 0b1111111100000000  # w_q … b_v; w_o … norm2_b
+    stats = 0b1111 << 18
+    cases = {  # name: (k: act | norm << 3 | causal << 6 | resid << 7, k3: train 8 | dtype << 4, params, opt, gopt)
+        "pre_layer_f32": (0 | 1 << 3 | 1 << 6, 8, packed, 0b0001, 0b0010),
+        "patchtst_f32": (0 | 4 << 3 | 1 << 7, 8, separate | stats, 0b11100, 0b0111),
+        "post_layer_bf16": (2 | 3 << 3, 8 | 2 << 4, packed, 0b0000, 0b0010 | 0x80),
+        "pre_rms_f64": (1 | 2 << 3, 8 | 3 << 4, separate, 0b0011, 0b0010),
+    }
+    for name, (k, k3, params, opt, gopt) in cases.items():
+        b = bytes([248, 0, K, B, SIX, k, 0, k3, 1, 2, B, N])
+        b += bytes([params & 255, params >> 8 & 255, params >> 16 & 255, opt]) + bytes(5 + 22) + bytes([0, 1])
+        grads = params & ~stats
+        b += bytes(4) + bytes([gopt, grads & 255, grads >> 8 & 255, grads >> 16 & 255]) + bytes(22)
+        seeds[f"encoder_{name}"] = b
+
+
 def main():
     os.makedirs(out, exist_ok=True)
     for f in os.listdir(out):
@@ -145,6 +166,7 @@ def main():
             for d in ([N, K], [M]):
                 b += operand(d)
         seeds[f"adamw_{name}"] = b + bytes([1])
+    encoder_seeds(seeds)
     seeds["convert_f32_bf16"] = bytes([5, 1, 3, 17, 0])
     seeds["convert_f16_f32"] = bytes([5, 2, 1, 9, 0])
     for k in range(6):

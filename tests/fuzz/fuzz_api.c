@@ -745,7 +745,8 @@ static void adamw_call(rd *r) {
     memset(ops, 0, sizeof ops);
     for (int l = 0; l < nl; l++)
         for (int i = 0; i < nt; i++) {
-            fg_dtype want = l == 0 ? pt : l == 1 ? ((lb & 32) ? FG_F32 : pt) : FG_F32;
+            /* moments (lists 2, 3): f32, or with bit 6 the params' dtype */
+            fg_dtype want = l == 0 ? pt : l == 1 ? ((lb & 32) ? FG_F32 : pt) : (l < 4 && (lb & 64)) ? pt : FG_F32;
             read_operand(r, &ops[l * 5 + i], "p", false, want, FG_I32);
             ops[l * 5 + i].null_ptr = false;
             ops[l * 5 + i].output = l != 1;

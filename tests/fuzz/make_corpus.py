@@ -159,7 +159,7 @@ def main():
     seeds["op17_call_none"] = op_call(2, 17, 0, LOGP_NONE, OPS[17][1][:5] + [[N]] + OPS[17][1][6:])
     option_seeds(seeds)
     # adamw: ctx lr b1 b2 eps wd step gs count lb, then operands list by list, fill
-    for lb, name in ((0, "f32"), (1 | 4, "f16_master"), (2, "bf16")):
+    for lb, name in ((0, "f32"), (1 | 4, "f16_master"), (2, "bf16"), (2 | 64, "bf16_moments")):
         nl = 5 if lb & 4 else 4
         b = bytes([4, 0, S["1e-3"], S["0.5"], S["0.999"], S["1e-8"], S["0.25"], 1, 0, 2, lb])
         for _ in range(nl):

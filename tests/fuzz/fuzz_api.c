@@ -841,7 +841,9 @@ static void encoder_call(rd *r) {
     /* operands: x, lengths, scores_in, y, scores_out, the parameters */
     const int64_t dm = d.d_model, df = d.d_ff, H = d.heads;
     const int64_t x_shape[3] = {B, L, dm}, s_shape[4] = {B, H, L, L}, len_shape[1] = {B};
-    const int64_t pshapes[7][2] = {{dm, 0}, {3 * dm, dm}, {3 * dm, 0}, {dm, dm}, {df, dm}, {df, 0}, {dm, df}};
+    /* 3d saturated: the sizes accept any d when nothing is computed (B or L 0) */
+    const int64_t dm3 = dm > INT64_MAX / 3 || dm < INT64_MIN / 3 ? INT64_MAX : 3 * dm;
+    const int64_t pshapes[7][2] = {{dm, 0}, {dm3, dm}, {dm3, 0}, {dm, dm}, {df, dm}, {df, 0}, {dm, df}};
     const uint8_t pres0 = u8(r), pres1 = u8(r), pres2 = u8(r), opt = u8(r);
     const uint32_t present = pres0 | (uint32_t)pres1 << 8 | (uint32_t)pres2 << 16;
     operand ops[5 + ENC_N];

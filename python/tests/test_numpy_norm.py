@@ -203,7 +203,14 @@ def test_batch_norm_training_and_eval(rng, dt, shape):
     assert s is None
     xv = x.astype(np.float64)
     yr, mr, vr = bn_ref(xv, w.astype(np.float64), b.astype(np.float64), 1e-5)
-    assert relerr(y, yr) <= tol(dt) and relerr(mean, mr) <= tol(dt) and relerr(rstd, 1 / np.sqrt(vr + 1e-5)) <= tol(dt)
+    # The library's statistics are the all-reducible sums {Σ s, Σ s², N} in f64 (the split form's), so
+    # var = Σ s²/N − mean² carries an absolute error of a few f64 units of mean² + var: relative to
+    # var + eps that is eps64·(mean² + var)/(var + eps), large when a channel's values nearly agree
+    # (seen: two rows with var 7e-6 around 0.95, rstd off by 1.3e-12). The reference is two-pass;
+    # the statistics' tolerance adds that bound (f32's tolerance is far above it).
+    cond = float(np.max((mr**2 + vr) / (vr + 1e-5)))
+    tol_s = tol(dt) + 8 * np.finfo(np.float64).eps * cond
+    assert relerr(y, yr) <= tol_s and relerr(mean, mr) <= tol(dt) and relerr(rstd, 1 / np.sqrt(vr + 1e-5)) <= tol_s
     n = xv.size // c
     # the running statistics: (1 − m)·old + m·batch, the variance unbiased; compared at a tolerance
     # far below the update's size (0.2·|batch − old|)
@@ -225,8 +232,8 @@ def test_batch_norm_training_and_eval(rng, dt, shape):
     dx, _, dw, db = fg.batch_norm_backward(dy, x, w, mean, rstd)
     g = dyv * w.astype(np.float64)
     dref = (g - g.mean(0) - xh * (g * xh).mean(0)) / np.sqrt(vr + 1e-5)
-    assert err_terms(dx, dref.reshape(shape), (g / np.sqrt(vr + 1e-5)).reshape(shape)) <= tol(dt)
-    assert relerr(dw, (dyv * xh).sum(0)) <= tol(dt) and relerr(db, dyv.sum(0)) <= tol(dt)
+    assert err_terms(dx, dref.reshape(shape), (g / np.sqrt(vr + 1e-5)).reshape(shape)) <= tol_s
+    assert relerr(dw, (dyv * xh).sum(0)) <= tol_s and relerr(db, dyv.sum(0)) <= tol(dt)
     dxe, _, _, _ = fg.batch_norm_backward(dy, x, w, me, re, training=False, need=(True, False, False, False))
     assert relerr(dxe, (dyv * w.astype(np.float64) / np.sqrt(rv.astype(np.float64) + 1e-5)).reshape(shape)) <= tol(dt)
 

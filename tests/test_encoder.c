@@ -126,18 +126,25 @@ static double act_d(int a, double x) {
     }
 }
 
+/* A row's mean (0 for RMSNorm) and 1/√(mean square about it + eps). */
+static void row_stats(bool rms, double eps, const double *r, int64_t D, double *mean, double *rstd) {
+    double m = 0, q = 0;
+    if (!rms) {
+        for (int64_t j = 0; j < D; j++) m += r[j];
+        m /= (double)D;
+    }
+    for (int64_t j = 0; j < D; j++) q += (r[j] - m) * (r[j] - m);
+    *mean = m;
+    *rstd = 1 / sqrt(q / (double)D + eps);
+}
+
 /* Row norm (LayerNorm or RMSNorm) of x [n, D]. */
 static void rownorm(bool rms, double eps, const double *x, const double *w, const double *b, int64_t n, int64_t D,
                     double *y) {
     for (int64_t i = 0; i < n; i++) {
         const double *r = x + i * D;
-        double mean = 0, q = 0;
-        if (!rms) {
-            for (int64_t j = 0; j < D; j++) mean += r[j];
-            mean /= (double)D;
-        }
-        for (int64_t j = 0; j < D; j++) q += (r[j] - mean) * (r[j] - mean);
-        const double rstd = 1 / sqrt(q / (double)D + eps);
+        double mean, rstd;
+        row_stats(rms, eps, r, D, &mean, &rstd);
         for (int64_t j = 0; j < D; j++) y[i * D + j] = (r[j] - mean) * rstd * (w ? w[j] : 1) + (b ? b[j] : 0);
     }
 }
@@ -148,13 +155,8 @@ static void rownorm_bw(bool rms, double eps, const double *x, const double *w, c
     double *xh = dalloc(D), *gg = dalloc(D);
     for (int64_t i = 0; i < n; i++) {
         const double *r = x + i * D;
-        double mean = 0, q = 0;
-        if (!rms) {
-            for (int64_t j = 0; j < D; j++) mean += r[j];
-            mean /= (double)D;
-        }
-        for (int64_t j = 0; j < D; j++) q += (r[j] - mean) * (r[j] - mean);
-        const double rstd = 1 / sqrt(q / (double)D + eps);
+        double mean, rstd;
+        row_stats(rms, eps, r, D, &mean, &rstd);
         double mg = 0, mgx = 0;
         for (int64_t j = 0; j < D; j++) {
             xh[j] = (r[j] - mean) * rstd;

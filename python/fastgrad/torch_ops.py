@@ -78,7 +78,8 @@ def _acc(t):
 
 
 def _nothing(ref):
-    """The placeholder for an output that is not wanted (custom ops return no None)."""
+    """An empty tensor standing for a gradient autograd did not ask for: a custom op's outputs
+    are tensors, never None (the autograd wrappers turn it back into None)."""
     return ref.new_empty((0,))
 
 
@@ -200,14 +201,17 @@ def _two_setup(ctx, inputs, output):
     ctx.save_for_backward(*inputs)
 
 
-def _matmul_bwd(ctx, dc):
-    a, b = ctx.saved_tensors
-    n = ctx.needs_input_grad
-    da, db = torch.ops.fastgrad.matmul_backward(dc, a, b, n[0], n[1])
-    return da if n[0] else None, db if n[1] else None
+def _two_bwd(backward_op):
+    """The autograd backward of a two-input op whose backward op takes (grad, a, b, need_a, need_b)."""
+    def bwd(ctx, g):
+        a, b = ctx.saved_tensors
+        n = ctx.needs_input_grad
+        da, db = backward_op(g, a, b, n[0], n[1])
+        return da if n[0] else None, db if n[1] else None
+    return bwd
 
 
-matmul.register_autograd(_matmul_bwd, setup_context=_two_setup)
+matmul.register_autograd(_two_bwd(matmul_backward), setup_context=_two_setup)
 
 
 @_op("outer")
@@ -233,14 +237,7 @@ def _(dz, x, y, need_x, need_y):
             dz.new_empty((dz.shape[1],)) if need_y else _nothing(dz))
 
 
-def _outer_bwd(ctx, dz):
-    x, y = ctx.saved_tensors
-    n = ctx.needs_input_grad
-    dx, dy = torch.ops.fastgrad.outer_backward(dz, x, y, n[0], n[1])
-    return dx if n[0] else None, dy if n[1] else None
-
-
-outer.register_autograd(_outer_bwd, setup_context=_two_setup)
+outer.register_autograd(_two_bwd(outer_backward), setup_context=_two_setup)
 
 
 # ------------------------------------------------------------------ elementwise family

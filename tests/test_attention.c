@@ -743,6 +743,9 @@ static const problem cases[] = {
     {2, 2, 17, 8, T, F, F, F, F, 0, 0.3, F, F, "short", "short"},
     {3, 4, 42, 8, F, F, T, T, T, 0, 0, T, F, "short", "short"},        /* PatchTST, d_model 128 */
     {2, 4, 42, 4, F, F, T, T, T, 0.1, 0, F, T, "short", "short"},      /* d_model 16, dropout   */
+    {3, 4, 42, 4, F, T, T, T, T, 0, 0, T, F, "short", "short"},        /* d_model 16, the CPU's hd-4 path */
+    {2, 3, 17, 4, T, F, T, T, T, 0, 0.3, F, F, "short", "short"},      /* hd 4, causal, one vector */
+    {2, 2, 64, 4, F, T, F, T, F, 0, 0, F, F, "short", "short"},        /* hd 4, four vectors */
     {3, 5, 33, 20, T, T, T, T, T, 0.1, 0, F, T, "short", "short"},     /* thread a row, every option */
     {5, 7, 42, 16, F, T, F, T, T, 0, 0, F, F, "short", "short"},       /* a block's heads past B·H */
     {3, 2, 127, 16, T, T, F, F, F, 0, 0, F, F, "short", "short"},

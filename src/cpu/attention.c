@@ -182,6 +182,255 @@ FG_INLINE void st_row_f64(void *dst, fg_dtype t, int64_t off, int64_t st, const 
 #define LOAD_SROW load_srow_f64
 #include "attention_rows.h" /* (it undefines these parameters at its end) */
 
+/* ------------------------------------------------------------------ the short-head fast path */
+
+/* PatchTST's heads (f32, hd = 4, L <= 64, no dropout, unit rows): the same per-row algorithm as
+ * attention_rows.h, written for AVX-512 with a row's ≤ 4 key vectors held in registers from the
+ * scores to P·V (one pass instead of a loop each), and the four hd sums of P·V, dq reduced
+ * together (one transposing tree instead of four). Kᵀ and Vᵀ (dKᵀ, dVᵀ) sit in the thread's slice
+ * with Lp = NV·16 keys a row. Chosen at run time where the CPU has AVX-512 and the views have unit
+ * rows; the sums' order is fixed, so the result does not depend on the thread count either. */
+#if defined(__GNUC__) && defined(__x86_64__) && !defined(FG_CPU_NO_CLONES)
+#include <immintrin.h>
+#define FG_ATTN_FAST 1
+#define AVX512_FN static inline __attribute__((always_inline, target("avx512f,avx512dq,avx512vl,avx512bw,fma")))
+#define AVX512_KERNEL __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,fma")))
+
+/* e^x for x <= 0 or NaN (fg_v_exp's polynomial; 2^n by scalef, which makes the subnormals). */
+AVX512_FN __m512 exp_neg16(__m512 x) {
+    const __m512 xc = _mm512_max_ps(_mm512_set1_ps(-104.0f), x); /* NaN stays (second operand) */
+    const __m512 magic = _mm512_set1_ps(12582912.0f);
+    const __m512 t = _mm512_fmadd_ps(xc, _mm512_set1_ps(1.44269504088896341f), magic);
+    const __m512 n = _mm512_sub_ps(t, magic);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    const __m512 z = _mm512_mul_ps(r, r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, z, r), _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(y, n);
+}
+
+/* The four sums of a0 … a3's lanes, in lanes 0 … 3 (a fixed tree). */
+AVX512_FN __m128 sum4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+    const __m512 b0 = _mm512_add_ps(_mm512_shuffle_f32x4(a0, a1, 0x44), _mm512_shuffle_f32x4(a0, a1, 0xEE));
+    const __m512 b1 = _mm512_add_ps(_mm512_shuffle_f32x4(a2, a3, 0x44), _mm512_shuffle_f32x4(a2, a3, 0xEE));
+    __m512 c = _mm512_add_ps(_mm512_shuffle_f32x4(b0, b1, 0x88), _mm512_shuffle_f32x4(b0, b1, 0xDD));
+    c = _mm512_add_ps(c, _mm512_permute_ps(c, 0xB1));
+    c = _mm512_add_ps(c, _mm512_permute_ps(c, 0x4E));
+    return _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0), c));
+}
+
+/* keys [0, n) of vector v as a lane mask */
+AVX512_FN __mmask16 keys_below(int v, int64_t n) {
+    const int64_t k = n - 16 * v;
+    return k <= 0 ? 0 : k >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << k) - 1);
+}
+
+/* Kᵀ and Vᵀ of head (b, h) into kt, vt ([4][Lp]): keys [0, len), zero past them. */
+AVX512_FN void load_kv4(const fg_attn_call *c, int64_t b, int64_t h, int64_t len, int64_t Lp, float *kt, float *vt) {
+    const float *k = (const float *)c->k.data + b * c->k.sb + h * c->k.sh;
+    const float *v = (const float *)c->v.data + b * c->v.sb + h * c->v.sh;
+    for (int64_t e = 0; e < 4 * Lp; e += 16) {
+        _mm512_storeu_ps(kt + e, _mm512_setzero_ps());
+        _mm512_storeu_ps(vt + e, _mm512_setzero_ps());
+    }
+    for (int64_t j = 0; j < len; j++) {
+        const float *kj = k + j * c->k.sl, *vj = v + j * c->v.sl;
+        for (int x = 0; x < 4; x++) kt[x * Lp + j] = kj[x], vt[x * Lp + j] = vj[x];
+    }
+}
+
+AVX512_FN void fwd_head4(const fg_attn_call *c, int64_t b, int64_t h, int64_t len, float *buf, const int NV) {
+    const fg_attn_problem *p = &c->p;
+    const int64_t L = p->L, Lp = 16 * NV;
+    float *kt = buf, *vt = buf + 4 * Lp;
+    load_kv4(c, b, h, len, Lp, kt, vt);
+    const __m512 scale = _mm512_set1_ps((float)c->scale), ninf = _mm512_set1_ps(-INFINITY);
+    const float *q = (const float *)c->q.data + b * c->q.sb + h * c->q.sh;
+    float *o = (float *)c->o.data + b * c->o.sb + h * c->o.sh;
+    const float *si = c->scores_in.data ? (const float *)c->scores_in.data + b * c->scores_in.sb + h * c->scores_in.sh : NULL;
+    float *so = c->scores_out.data ? (float *)c->scores_out.data + b * c->scores_out.sb + h * c->scores_out.sh : NULL;
+    float *lse = (float *)c->lse + (b * p->H + h) * L;
+    for (int64_t i = 0; i < L; i++) {
+        const int64_t jend = p->causal ? (i + 1 < len ? i + 1 : len) : len;
+        const float *qi = q + i * c->q.sl;
+        const __m512 q0 = _mm512_set1_ps(qi[0]), q1 = _mm512_set1_ps(qi[1]), q2 = _mm512_set1_ps(qi[2]), q3 = _mm512_set1_ps(qi[3]);
+        __m512 s[4], mx = ninf;
+        __mmask16 km[4];
+        for (int v = 0; v < NV; v++) {
+            km[v] = keys_below(v, jend);
+            __m512 a = _mm512_mul_ps(q0, _mm512_loadu_ps(kt + 16 * v));
+            a = _mm512_fmadd_ps(q1, _mm512_loadu_ps(kt + Lp + 16 * v), a);
+            a = _mm512_fmadd_ps(q2, _mm512_loadu_ps(kt + 2 * Lp + 16 * v), a);
+            a = _mm512_fmadd_ps(q3, _mm512_loadu_ps(kt + 3 * Lp + 16 * v), a);
+            a = si ? _mm512_fmadd_ps(a, scale, _mm512_maskz_loadu_ps(km[v], si + i * c->scores_in.sl + 16 * v))
+                   : _mm512_mul_ps(a, scale);
+            s[v] = _mm512_mask_mov_ps(ninf, km[v], a);
+            if (so) _mm512_mask_storeu_ps(so + i * c->scores_out.sl + 16 * v, keys_below(v, L), s[v]);
+            mx = _mm512_max_ps(s[v], mx); /* a NaN score is passed over (the second operand) */
+        }
+        float m = _mm512_reduce_max_ps(mx);
+        float *oi = o + i * c->o.sl;
+        if (m == -INFINITY) { /* every score −∞ or NaN: NaN makes the row NaN; else no key, o = 0 */
+            __mmask16 nan = 0;
+            for (int v = 0; v < NV; v++) nan |= _mm512_cmp_ps_mask(s[v], s[v], _CMP_UNORD_Q);
+            if (!nan) {
+                _mm_storeu_ps(oi, _mm_setzero_ps());
+                lse[i] = -INFINITY;
+                continue;
+            }
+            m = NAN;
+        }
+        const __m512 mv = _mm512_set1_ps(m);
+        __m512 sum = _mm512_setzero_ps(), a0 = sum, a1 = sum, a2 = sum, a3 = sum;
+        for (int v = 0; v < NV; v++) {
+            const __m512 e = _mm512_maskz_mov_ps(km[v], exp_neg16(_mm512_sub_ps(s[v], mv)));
+            sum = _mm512_add_ps(sum, e);
+            a0 = _mm512_fmadd_ps(e, _mm512_loadu_ps(vt + 16 * v), a0);
+            a1 = _mm512_fmadd_ps(e, _mm512_loadu_ps(vt + Lp + 16 * v), a1);
+            a2 = _mm512_fmadd_ps(e, _mm512_loadu_ps(vt + 2 * Lp + 16 * v), a2);
+            a3 = _mm512_fmadd_ps(e, _mm512_loadu_ps(vt + 3 * Lp + 16 * v), a3);
+        }
+        const float total = _mm512_reduce_add_ps(sum);
+        _mm_storeu_ps(oi, _mm_mul_ps(sum4(a0, a1, a2, a3), _mm_set1_ps(1 / total)));
+        lse[i] = m + logf(total);
+    }
+}
+
+AVX512_FN void bwd_head4(const fg_attn_call *c, int64_t b, int64_t h, int64_t len, float *buf, const int NV) {
+    const fg_attn_problem *p = &c->p;
+    const int64_t L = p->L, Lp = 16 * NV;
+    float *kt = buf, *vt = kt + 4 * Lp, *dkt = vt + 4 * Lp, *dvt = dkt + 4 * Lp;
+    load_kv4(c, b, h, len, Lp, kt, vt);
+    for (int64_t e = 0; e < 4 * Lp; e += 16) {
+        _mm512_storeu_ps(dkt + e, _mm512_setzero_ps());
+        _mm512_storeu_ps(dvt + e, _mm512_setzero_ps());
+    }
+    const bool acc = p->accumulate;
+    const __m512 scale = _mm512_set1_ps((float)c->scale);
+    const float *q = (const float *)c->q.data + b * c->q.sb + h * c->q.sh;
+    const float *o = (const float *)c->o.data + b * c->o.sb + h * c->o.sh;
+    const float *dO = (const float *)c->d_o.data + b * c->d_o.sb + h * c->d_o.sh;
+    const float *si = c->scores_in.data ? (const float *)c->scores_in.data + b * c->scores_in.sb + h * c->scores_in.sh : NULL;
+    const float *g = c->dscores.data ? (const float *)c->dscores.data + b * c->dscores.sb + h * c->dscores.sh : NULL;
+    float *dsi = c->dscores_in.data ? (float *)c->dscores_in.data + b * c->dscores_in.sb + h * c->dscores_in.sh : NULL;
+    float *dq = c->dq.data ? (float *)c->dq.data + b * c->dq.sb + h * c->dq.sh : NULL;
+    const float *lse = (const float *)c->lse + (b * p->H + h) * L;
+    for (int64_t i = 0; i < L; i++) {
+        const int64_t jend = p->causal ? (i + 1 < len ? i + 1 : len) : len;
+        const float l = lse[i];
+        __m512 ds[4];
+        __m128 dq4 = _mm_setzero_ps();
+        __mmask16 km[4];
+        const bool empty = l == -INFINITY;
+        for (int v = 0; v < NV; v++) km[v] = empty ? 0 : keys_below(v, jend), ds[v] = _mm512_setzero_ps();
+        if (!empty) {
+            const float *qi = q + i * c->q.sl, *oi = o + i * c->o.sl, *di = dO + i * c->d_o.sl;
+            float D = 0;
+            for (int x = 0; x < 4; x++) D += di[x] * oi[x];
+            const __m512 q0 = _mm512_set1_ps(qi[0]), q1 = _mm512_set1_ps(qi[1]), q2 = _mm512_set1_ps(qi[2]), q3 = _mm512_set1_ps(qi[3]);
+            const __m512 d0 = _mm512_set1_ps(di[0]), d1 = _mm512_set1_ps(di[1]), d2 = _mm512_set1_ps(di[2]), d3 = _mm512_set1_ps(di[3]);
+            const __m512 lv = _mm512_set1_ps(l), Dv = _mm512_set1_ps(D);
+            __m512 g0 = _mm512_setzero_ps(), g1 = g0, g2 = g0, g3 = g0;
+            for (int v = 0; v < NV; v++) {
+                const float *k0 = kt + 16 * v, *v0 = vt + 16 * v;
+                __m512 a = _mm512_mul_ps(q0, _mm512_loadu_ps(k0));
+                a = _mm512_fmadd_ps(q1, _mm512_loadu_ps(k0 + Lp), a);
+                a = _mm512_fmadd_ps(q2, _mm512_loadu_ps(k0 + 2 * Lp), a);
+                a = _mm512_fmadd_ps(q3, _mm512_loadu_ps(k0 + 3 * Lp), a);
+                __m512 e = _mm512_mul_ps(d0, _mm512_loadu_ps(v0));
+                e = _mm512_fmadd_ps(d1, _mm512_loadu_ps(v0 + Lp), e);
+                e = _mm512_fmadd_ps(d2, _mm512_loadu_ps(v0 + 2 * Lp), e);
+                e = _mm512_fmadd_ps(d3, _mm512_loadu_ps(v0 + 3 * Lp), e);
+                a = si ? _mm512_fmadd_ps(a, scale, _mm512_maskz_loadu_ps(km[v], si + i * c->scores_in.sl + 16 * v))
+                       : _mm512_mul_ps(a, scale);
+                const __m512 pr = _mm512_maskz_mov_ps(km[v], exp_neg16(_mm512_sub_ps(a, lv)));
+                __m512 d = _mm512_maskz_mul_ps(km[v], pr, _mm512_sub_ps(e, Dv));
+                if (g) d = _mm512_add_ps(d, _mm512_maskz_loadu_ps(km[v], g + i * c->dscores.sl + 16 * v));
+                ds[v] = d;
+                /* dKᵀ, dVᵀ += this row's terms (keys past jend get nothing, not 0·q); dq's lanes */
+                float *dk0 = dkt + 16 * v, *dv0 = dvt + 16 * v;
+                _mm512_storeu_ps(dk0, _mm512_mask3_fmadd_ps(d, q0, _mm512_loadu_ps(dk0), km[v]));
+                _mm512_storeu_ps(dk0 + Lp, _mm512_mask3_fmadd_ps(d, q1, _mm512_loadu_ps(dk0 + Lp), km[v]));
+                _mm512_storeu_ps(dk0 + 2 * Lp, _mm512_mask3_fmadd_ps(d, q2, _mm512_loadu_ps(dk0 + 2 * Lp), km[v]));
+                _mm512_storeu_ps(dk0 + 3 * Lp, _mm512_mask3_fmadd_ps(d, q3, _mm512_loadu_ps(dk0 + 3 * Lp), km[v]));
+                _mm512_storeu_ps(dv0, _mm512_mask3_fmadd_ps(pr, d0, _mm512_loadu_ps(dv0), km[v]));
+                _mm512_storeu_ps(dv0 + Lp, _mm512_mask3_fmadd_ps(pr, d1, _mm512_loadu_ps(dv0 + Lp), km[v]));
+                _mm512_storeu_ps(dv0 + 2 * Lp, _mm512_mask3_fmadd_ps(pr, d2, _mm512_loadu_ps(dv0 + 2 * Lp), km[v]));
+                _mm512_storeu_ps(dv0 + 3 * Lp, _mm512_mask3_fmadd_ps(pr, d3, _mm512_loadu_ps(dv0 + 3 * Lp), km[v]));
+                g0 = _mm512_mask3_fmadd_ps(d, _mm512_loadu_ps(k0), g0, km[v]);
+                g1 = _mm512_mask3_fmadd_ps(d, _mm512_loadu_ps(k0 + Lp), g1, km[v]);
+                g2 = _mm512_mask3_fmadd_ps(d, _mm512_loadu_ps(k0 + 2 * Lp), g2, km[v]);
+                g3 = _mm512_mask3_fmadd_ps(d, _mm512_loadu_ps(k0 + 3 * Lp), g3, km[v]);
+            }
+            dq4 = sum4(g0, g1, g2, g3);
+        }
+        if (dsi) { /* ds, and 0 at the masked positions (nothing to add with accumulate) */
+            float *r = dsi + i * c->dscores_in.sl;
+            for (int v = 0; v < NV; v++) {
+                if (acc) _mm512_mask_storeu_ps(r + 16 * v, km[v], _mm512_add_ps(_mm512_maskz_loadu_ps(km[v], r + 16 * v), ds[v]));
+                else _mm512_mask_storeu_ps(r + 16 * v, keys_below(v, L), ds[v]);
+            }
+        }
+        if (dq) {
+            float *r = dq + i * c->dq.sl;
+            dq4 = _mm_mul_ps(dq4, _mm512_castps512_ps128(scale));
+            _mm_storeu_ps(r, acc ? _mm_add_ps(_mm_loadu_ps(r), dq4) : dq4);
+        }
+    }
+    float *dk = c->dk.data ? (float *)c->dk.data + b * c->dk.sb + h * c->dk.sh : NULL;
+    float *dv = c->dv.data ? (float *)c->dv.data + b * c->dv.sb + h * c->dv.sh : NULL;
+    const float sc = (float)c->scale;
+    for (int64_t j = 0; j < L; j++) {
+        if (dk) {
+            float *r = dk + j * c->dk.sl;
+            for (int x = 0; x < 4; x++) r[x] = acc ? r[x] + dkt[x * Lp + j] * sc : dkt[x * Lp + j] * sc;
+        }
+        if (dv) {
+            float *r = dv + j * c->dv.sl;
+            for (int x = 0; x < 4; x++) r[x] = acc ? r[x] + dvt[x * Lp + j] : dvt[x * Lp + j];
+        }
+    }
+}
+
+AVX512_KERNEL static void fast_unit(const fg_attn_call *c, int64_t b, int64_t h, int64_t len, float *buf) {
+    const int nv = (int)((c->p.L + 15) / 16);
+    if (c->p.forward) switch (nv) {
+        case 1: fwd_head4(c, b, h, len, buf, 1); break;
+        case 2: fwd_head4(c, b, h, len, buf, 2); break;
+        case 3: fwd_head4(c, b, h, len, buf, 3); break;
+        default: fwd_head4(c, b, h, len, buf, 4); break;
+        }
+    else switch (nv) {
+        case 1: bwd_head4(c, b, h, len, buf, 1); break;
+        case 2: bwd_head4(c, b, h, len, buf, 2); break;
+        case 3: bwd_head4(c, b, h, len, buf, 3); break;
+        default: bwd_head4(c, b, h, len, buf, 4); break;
+        }
+}
+
+static bool unit_x(const fg_attn_view *v) { return !v->data || v->sx == 1; }
+
+/* The fast path's case: f32 throughout, hd = 4, L <= 64, no dropout, every view with unit rows. */
+static bool fast_case(const fg_attn_call *c) {
+    const fg_attn_problem *p = &c->p;
+    if (p->dtype != FG_F32 || p->sdtype != FG_F32 || p->acc != FG_F32 || p->hd != 4 || p->L > 64 || p->L < 1 || p->dropout)
+        return false;
+    const fg_attn_view *v[12] = {&c->q, &c->k, &c->v, &c->o, &c->scores_in, &c->scores_out,
+                                 &c->d_o, &c->dscores, &c->dq, &c->dk, &c->dv, &c->dscores_in};
+    for (int i = 0; i < 12; i++)
+        if (!unit_x(v[i])) return false;
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+}
+#endif
+
 /* Bytes of one thread's slice of the workspace (64-byte multiples). */
 static size_t slice_bytes(const fg_attn_problem *p) {
     const size_t real = p->dtype == FG_F64 ? 8 : 4, lanes = 64 / real;
@@ -239,6 +488,11 @@ fg_status fg_cpu_attn(fg_context *ctx, const fg_attn_call *c) {
     if (slice && (size_t)team > c->ws_bytes / slice) team = (int)(c->ws_bytes / slice);
     if (team < 1) team = 1;
     const bool f64 = p->dtype == FG_F64;
+#ifdef FG_ATTN_FAST
+    const bool fast = fast_case(c);
+#else
+    const bool fast = false;
+#endif
 #pragma omp parallel num_threads(team) if (team > 1)
     {
         const int tid = team > 1 ? omp_get_thread_num() : 0;
@@ -248,6 +502,12 @@ fg_status fg_cpu_attn(fg_context *ctx, const fg_attn_call *c) {
             const int64_t b = u / H, h = u % H;
             const int64_t len = length_of(c, b);
             if (len < 0 || len > L) continue;
+#ifdef FG_ATTN_FAST
+            if (fast) {
+                fast_unit(c, b, h, len, buf);
+                continue;
+            }
+#endif
             if (p->forward) {
                 if (f64) fwd_unit_f64(c, b, h, len, buf);
                 else fwd_unit_f32(c, b, h, len, buf);

@@ -239,7 +239,14 @@ typedef enum fg_op {
     FG_OP_PATCH_BACKWARD = 36,         /* 0:dy [...,P,S] 1:dx [...,L] (fg_patch_options)        */
     FG_OP_REGRESSION_LOSS = 37,        /* 0:pred 1:target 2:loss ([1], or pred's shape) 3:dpred (opt)
                                           (fg_regression_loss_options)                          */
-    FG_OP_SERIES_WINDOWS = 38          /* 0:series [T,C] 1:starts [B] (i32/i64) 2:y [B,W,C]         */
+    FG_OP_SERIES_WINDOWS = 38,         /* 0:series [T,C] 1:starts [B] (i32/i64) 2:y [B,W,C]         */
+    /* Vocabulary-parallel log-prob (fg_logp_options' vocab_start / vocab_total; see
+       "Linear log-prob" below): this rank's partial statistics, and their combination    */
+    FG_OP_LINEAR_LOGP_SHARD_FORWARD = 39, /* 0:h [N,D] 1:w [V_r,D] 2:b [V_r] (opt) 3:target [N]
+                                          4:lse_part [N] 5:tlogit_part [N] 6:entropy_part [N] (opt) */
+    FG_OP_LINEAR_LOGP_SHARD_COMBINE = 40  /* 0:target [N] 1:lse_parts [R,N] 2:tlogit_parts [N] or [R,N]
+                                          3:entropy_parts [R,N] (opt) 4:logp [N] 5:lse [N]
+                                          6:entropy [N] (opt)                                    */
 } fg_op;
 
 #define FG_MAX_OPERANDS 16
@@ -596,6 +603,12 @@ typedef struct fg_logp_options {
        accumulator included, 4M..256M logits; one pass full rows, N·V/4 within
        64M..256M). */
     int64_t max_tile_elements;
+    /* vocabulary parallelism: w and b hold the rows [vocab_start, vocab_start + V_r) of a
+       vocabulary of vocab_total classes (targets are global ids in [0, vocab_total)).
+       vocab_total 0: unsharded (vocab_start must be 0). Read by linear_logp_shard_forward and
+       linear_logp_backward; the one-call forward and cross-entropy refuse a real shard. */
+    int64_t vocab_start;
+    int64_t vocab_total;
 } fg_logp_options;
 
 /* log_softmax(L)[target] of the logits L of h·wᵀ + b (options above) without ever
@@ -639,6 +652,40 @@ FG_NODISCARD FG_API fg_status fg_linear_cross_entropy(
     const fg_tensor *b, const fg_tensor *target, const fg_tensor *row_weight, const fg_tensor *loss,
     const fg_tensor *lse, const fg_tensor *dh, const fg_tensor *dw, const fg_tensor *db,
     int accumulate);
+
+/* Vocabulary parallelism (the split API; the library itself never communicates). Each of R
+ * ranks holds w's rows [vocab_start, vocab_start + V_r) (and b's), with opt->vocab_start /
+ * vocab_total set, and the same h and target (global ids):
+ *  1. fg_linear_logp_shard_forward: this slice's lse_part = log Σ_{j∈slice} e^(L_j),
+ *     tlogit_part = L[target] when the slice holds the target, else 0, and entropy_part = the
+ *     entropy of the slice's own softmax. A target in [0, vocab_total) outside the slice is
+ *     normal; outside [0, vocab_total) (and not ignore_index) it is the family's device-value
+ *     error (NaN row, FG_ERR_DEVICE_VALUE from fg_context_check). Ignored rows give 0.
+ *  2. the caller all-gathers lse_part and entropy_part into [R, N] (rank order) and
+ *     all-reduces tlogit_part with SUM (or gathers it into [R, N]).
+ *  3. fg_linear_logp_shard_combine: lse = logsumexp_r lse_r, logp = L[target] − lse,
+ *     entropy = lse − Σ_r e^(lse_r − lse)·(lse_r − H_r), over r in order (deterministic; every
+ *     rank gets the same bits). Ignored rows give 0.
+ *  4. fg_linear_logp_backward with the same opt and the GLOBAL lse / entropy: dw, db are this
+ *     slice's gradients; dh is this rank's partial, which the caller all-reduces with SUM.
+ * The cross-entropy's loss, weights, reductions and z-loss are functions of (logp, lse) and
+ * go to the backward as dlogp / dlse. Label smoothing needs Σ_j L_j over the vocabulary and is
+ * refused (FG_ERR_UNSUPPORTED): opt->label_smoothing must be 0 in the shard forward.
+ * lse_part, tlogit_part, entropy_part and all combine operands: f32 (f64 for f64 inputs). */
+FG_NODISCARD FG_API fg_status fg_linear_logp_shard_forward(fg_context *ctx, const fg_logp_options *opt,
+                                                           const fg_tensor *h, const fg_tensor *w,
+                                                           const fg_tensor *b, const fg_tensor *target,
+                                                           const fg_tensor *lse_part,
+                                                           const fg_tensor *tlogit_part,
+                                                           const fg_tensor *entropy_part);
+/* lse_parts [R, N] (row r = rank r's lse_part), tlogit_parts [N] (already summed) or [R, N],
+ * entropy_parts [R, N] or NULL (then entropy must be NULL); target [N] and opt's
+ * ignore_index mark the ignored rows. */
+FG_NODISCARD FG_API fg_status fg_linear_logp_shard_combine(fg_context *ctx, const fg_logp_options *opt,
+                                                           const fg_tensor *target, const fg_tensor *lse_parts,
+                                                           const fg_tensor *tlogit_parts,
+                                                           const fg_tensor *entropy_parts, const fg_tensor *logp,
+                                                           const fg_tensor *lse, const fg_tensor *entropy);
 
 /* ------------------------------------------------------------------ Normalization and dropout */
 /* Common to the family:

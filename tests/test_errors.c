@@ -64,6 +64,8 @@ static const op_case cases[] = {
     {FG_OP_LINEAR_LOGP_BACKWARD, 12,
      {{V_N}, {V_N}, {V_N}, {NK}, {MK}, {V_M}, {V_N}, {V_N}, {V_N}, {NK}, {MK}, {V_M}}, 0},
     {FG_OP_LINEAR_CROSS_ENTROPY, 10, {{NK}, {MK}, {V_M}, {V_N}, {V_N}, {1, {D_ONE}}, {V_N}, {NK}, {MK}, {V_M}}, 0},
+    {FG_OP_LINEAR_LOGP_SHARD_FORWARD, 7, {{NK}, {MK}, {V_M}, {V_N}, {V_N}, {V_N}, {V_N}}, 0},
+    {FG_OP_LINEAR_LOGP_SHARD_COMBINE, 7, {{V_N}, {2, {D_B, D_N}}, {V_N}, {2, {D_B, D_N}}, {V_N}, {V_N}, {V_N}}, 0},
     {FG_OP_LINEAR_ACT_FORWARD, 5, {{NK}, {MK}, {V_M}, {NM}, {NM}}, 0},
     {FG_OP_LINEAR_ACT_BACKWARD, 8, {{NM}, {NM}, {NK}, {MK}, {V_M}, {NK}, {MK}, {V_M}}, 0},
     {FG_OP_NORM_FORWARD, 8, {{NK}, {NK}, {V_K}, {V_K}, {NK}, {NK}, {V_N}, {V_N}}, 0},

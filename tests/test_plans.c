@@ -348,6 +348,19 @@ static void linear_cases(fg_context *ctx, fg_backend be, fg_dtype dt, bool *cove
     add(&c, be, 0, dt, 2, hd), add(&c, be, 1, dt, 2, vd), add(&c, be, 3, FG_I64, 1, r1), add(&c, be, 5, acc, 1, one);
     add(&c, be, 7, dt, 2, hd), add(&c, be, 8, dt, 2, vd);
     DONE();
+    fg_logp_options so = lo; /* the second of two slices: rows [100, 300) of a 400-class vocabulary */
+    so.vocab_start = 100, so.vocab_total = 400;
+    CASE(FG_OP_LINEAR_LOGP_SHARD_FORWARD, "linear_logp_shard_forward");
+    c.options = &so, c.options_size = sizeof so;
+    add(&c, be, 0, dt, 2, hd), add(&c, be, 1, dt, 2, (int64_t[]){200, D}), add(&c, be, 3, FG_I64, 1, r1);
+    add(&c, be, 4, acc, 1, r1), add(&c, be, 5, acc, 1, r1), add(&c, be, 6, acc, 1, r1);
+    DONE();
+    CASE(FG_OP_LINEAR_LOGP_SHARD_COMBINE, "linear_logp_shard_combine");
+    c.options = &lo, c.options_size = sizeof lo;
+    int64_t parts[2] = {3, R};
+    add(&c, be, 0, FG_I64, 1, r1), add(&c, be, 1, acc, 2, parts), add(&c, be, 2, acc, 1, r1);
+    add(&c, be, 3, acc, 2, parts), add(&c, be, 4, acc, 1, r1), add(&c, be, 5, acc, 1, r1), add(&c, be, 6, acc, 1, r1);
+    DONE();
 }
 
 /* Linear + activation at a shape: the forward (with pre kept, and without) and the backward

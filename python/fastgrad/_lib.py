@@ -281,6 +281,8 @@ class LogpOptions(_Options):
         ("z_loss", ctypes.c_double),
         ("grad_scale", ctypes.c_double),
         ("max_tile_elements", ctypes.c_int64),
+        ("vocab_start", ctypes.c_int64),
+        ("vocab_total", ctypes.c_int64),
     ]
 
 

@@ -63,7 +63,7 @@ static const struct {
     S(fg_logp_options), F(fg_logp_options, temperature), F(fg_logp_options, softcap),
     F(fg_logp_options, use_ignore_index), F(fg_logp_options, ignore_index), F(fg_logp_options, reduction),
     F(fg_logp_options, label_smoothing), F(fg_logp_options, z_loss), F(fg_logp_options, grad_scale),
-    F(fg_logp_options, max_tile_elements),
+    F(fg_logp_options, max_tile_elements), F(fg_logp_options, vocab_start), F(fg_logp_options, vocab_total),
     S(fg_adamw_hparams), F(fg_adamw_hparams, lr), F(fg_adamw_hparams, beta1), F(fg_adamw_hparams, beta2),
     F(fg_adamw_hparams, eps), F(fg_adamw_hparams, weight_decay), F(fg_adamw_hparams, step),
     F(fg_adamw_hparams, grad_scale),

@@ -263,11 +263,18 @@ fg_status fg_cpu_adamw(fg_context *ctx, const fg_adamw_run *r);
  *           dtype (first: written, else added)
  *   REDUCE  *loss_out = Σ loss_rows (fixed order) · (mean ? 1/count : 1)
  *   CAST    dst[i] = src[i] (+ dst[i] when accumulate), acc type → dst_dtype, n elements
+ *   COMBINE the vocabulary shards' parts [nparts, N] → logp, lse, entropy (rows [r0, r0+rows)):
+ *           lse = logsumexp_r lse_r, logp = Σ tlogit − lse, entropy = lse − Σ_r e^(lse_r − lse)·
+ *           (lse_r − H_r), r in order; tlogit_parts has t_parts rows (1: already summed)
  * Targets outside [0, V) that are not ignored make the row NaN and raise
- * FG_FLAG_BAD_TARGET with the row (FORWARD, CE, COEF). */
+ * FG_FLAG_BAD_TARGET with the row (FORWARD, CE, COEF).
+ * Vocabulary shards: the tile's column j is the global class vstart + v0 + j; V is the whole
+ * vocabulary (the targets' range), vslice the shard's width. shard FORWARD writes the parts
+ * into lse (lse_r), logp (L[target] when vstart <= target < vstart + vslice, else 0) and
+ * entropy (H_r); unsharded, vstart = 0 and vslice = V. */
 typedef enum fg_logp_step {
     FG_LOGP_STATS, FG_LOGP_FORWARD, FG_LOGP_CE, FG_LOGP_COEF, FG_LOGP_COUNT, FG_LOGP_GRAD,
-    FG_LOGP_REDUCE, FG_LOGP_CAST
+    FG_LOGP_REDUCE, FG_LOGP_CAST, FG_LOGP_COMBINE
 } fg_logp_step;
 
 typedef struct fg_logp_call {
@@ -300,6 +307,12 @@ typedef struct fg_logp_call {
     fg_dtype dst_dtype;
     int64_t n;
     bool accumulate;
+    /* vocabulary shards */
+    int64_t vstart, vslice;
+    bool shard;
+    /* COMBINE */
+    const void *lse_parts, *tlogit_parts, *entropy_parts;
+    int64_t nparts, t_parts;
 } fg_logp_call;
 
 fg_status fg_cpu_logp(fg_context *ctx, const fg_logp_call *c);

@@ -28,6 +28,13 @@ static int target_kind(const fg_logp_call *c, int64_t t) {
     return (t < 0 || t >= c->V) ? 2 : 0;
 }
 
+/* Row r's target as a column of a block whose first column is the shard's column c0: −1
+   when the block does not hold it (another shard's class, ignored, out of range). */
+static int64_t local_target(const fg_logp_call *c, int64_t r, int64_t c0) {
+    const int64_t t = target_at(c, r), t0 = c->vstart + c0;
+    return t >= t0 && t - t0 < c->vslice - c0 ? t - t0 : -1;
+}
+
 static double ld(const void *p, fg_dtype t, int64_t i) { return p ? fg_load_f64(p, t, i) : 0.0; }
 
 /* logit L from z, and dL/dz */
@@ -59,8 +66,8 @@ static void stats(const fg_context *ctx, const fg_logp_call *c) {
             s += e;
             a += e * L;
         }
-        int64_t t = target_at(c, r);
-        if (t >= c->v0 && t < c->v0 + c->cols) zt = logit(c, fg_load_f64(c->z, c->dtype, base + t - c->v0), NULL);
+        const int64_t t = target_at(c, r), t0 = c->vstart + c->v0; /* the tile's first class */
+        if (t >= t0 && t < t0 + c->cols) zt = logit(c, fg_load_f64(c->z, c->dtype, base + (t - t0)), NULL);
         double prev[5];
         for (int k = 0; k < 5; k++) prev[k] = c->first ? 0.0 : fg_load_f64(c->state, c->acc, 5 * r + k);
         if (!c->first) {
@@ -113,6 +120,9 @@ static int64_t rows_step(const fg_context *ctx, const fg_logp_call *c) {
         if (kind == 1) lse = logp = ent = 0.0;
         if (kind == 2) lse = logp = ent = NAN;
         if (c->step == FG_LOGP_FORWARD) {
+            if (c->shard && kind == 0) { /* the parts: L[target] where this shard holds it, else 0 */
+                logp = local_target(c, r, 0) >= 0 ? st[2] : 0.0;
+            }
             if (c->logp) fg_store_f64(c->logp, c->acc, r, logp);
             if (c->lse) fg_store_f64(c->lse, c->acc, r, lse);
             if (c->entropy) fg_store_f64(c->entropy, c->acc, r, ent);
@@ -141,7 +151,7 @@ static int64_t rows_step(const fg_context *ctx, const fg_logp_call *c) {
 /* dz of tile element (i, j) from the logit z holds there, row i's coefficients rc */
 static double dz_at(const fg_logp_call *c, const double rc[6], int64_t i, int64_t j) {
     if (rc[0] == 0.0 && rc[1] == 0.0 && rc[2] == 0.0 && rc[3] == 0.0) return 0.0;
-    const int64_t t = target_at(c, c->r0 + i) - c->v0;
+    const int64_t t = local_target(c, c->r0 + i, c->v0);
     double dldz, L = logit(c, fg_load_f64(c->z, c->dtype, i * c->ld + j), &dldz);
     double p = exp(L - rc[4]);
     double dL = (j == t ? rc[0] : 0.0) + rc[1] * p + rc[2] * p * (L - rc[4] + rc[5]) + rc[3];
@@ -254,10 +264,10 @@ static void stats_f32(const fg_context *ctx, const fg_logp_call *c) {
         double st[4];
         row_stats(c, i, st);
         double m = st[0], u = st[1], s = st[2], a = st[3], zt = NAN;
-        const int64_t t = target_at(c, r);
-        if (t >= c->v0 && t < c->v0 + c->cols) {
+        const int64_t t = target_at(c, r), t0 = c->vstart + c->v0; /* the tile's first class */
+        if (t >= t0 && t < t0 + c->cols) {
             const float inv_cap = c->softcap > 0.0 ? (float)(1.0 / c->softcap) : 0.0f;
-            zt = logit_f(fg_v_ld(c->z, c->dtype, i * c->ld + t - c->v0), (float)c->inv_temp, (float)c->softcap,
+            zt = logit_f(fg_v_ld(c->z, c->dtype, i * c->ld + (t - t0)), (float)c->inv_temp, (float)c->softcap,
                          inv_cap, c->softcap > 0.0, NULL);
         }
         if (!c->first) {
@@ -295,7 +305,7 @@ FG_INLINE void grad_typed(const fg_logp_call *c, fg_dtype t, bool softcap, int64
             for (int64_t j = 0; j < n; j++) fg_v_st(z, t, base + j, 0.0f);
             continue;
         }
-        const int64_t tt = target_at(c, c->r0 + i) - c->v0 - c0; /* the target's column in the block */
+        const int64_t tt = local_target(c, c->r0 + i, c->v0 + c0); /* the target's column in the block */
         const float hl = H - lse;
         if (acc) {
 #pragma GCC ivdep
@@ -375,6 +385,39 @@ static void grad_f32(const fg_context *ctx, const fg_logp_call *c) {
     }
 }
 
+/* COMBINE: one row at a time, the shards in order; ignored rows 0. */
+static void combine(const fg_context *ctx, const fg_logp_call *c) {
+    const int team_ = fg_cpu_team(ctx, c->rows * c->nparts, 32768);
+#pragma omp parallel for schedule(static) num_threads(team_) if (team_ > 1)
+    for (int64_t i = 0; i < c->rows; i++) {
+        const int64_t r = c->r0 + i, N = c->N;
+        double lse = 0.0, logp = 0.0, ent = 0.0;
+        if (!(c->use_ignore && target_at(c, r) == c->ignore_index)) {
+            double m = -INFINITY, s = 0.0, tl = 0.0, el = 0.0;
+            for (int64_t k = 0; k < c->nparts; k++) {
+                const double l = fg_load_f64(c->lse_parts, c->acc, k * N + r);
+                if (l > m || isnan(l)) m = l;
+            }
+            const double mm = isinf(m) && m < 0 ? 0.0 : m;
+            for (int64_t k = 0; k < c->nparts; k++) s += exp(fg_load_f64(c->lse_parts, c->acc, k * N + r) - mm);
+            lse = isnan(m) ? m : mm + log(s);
+            for (int64_t k = 0; k < c->t_parts; k++) tl += fg_load_f64(c->tlogit_parts, c->acc, k * N + r);
+            logp = tl - lse;
+            if (c->entropy_parts) {
+                for (int64_t k = 0; k < c->nparts; k++) {
+                    const double l = fg_load_f64(c->lse_parts, c->acc, k * N + r);
+                    const double q = exp(l - lse); /* the shard's share of the mass; 0: it adds nothing */
+                    if (q != 0.0) el += q * (l - fg_load_f64(c->entropy_parts, c->acc, k * N + r));
+                }
+                ent = lse - el;
+            }
+        }
+        if (c->logp) fg_store_f64(c->logp, c->acc, r, logp);
+        if (c->lse) fg_store_f64(c->lse, c->acc, r, lse);
+        if (c->entropy) fg_store_f64(c->entropy, c->acc, r, ent);
+    }
+}
+
 fg_status fg_cpu_logp(fg_context *ctx, const fg_logp_call *c) {
     switch (c->step) {
     case FG_LOGP_STATS:
@@ -407,6 +450,10 @@ fg_status fg_cpu_logp(fg_context *ctx, const fg_logp_call *c) {
         fg_store_f64(c->loss_out, c->acc, 0, sum * fg_load_f64(c->scale, c->acc, 1));
         return FG_OK;
     }
+    case FG_LOGP_COMBINE:
+        fg_record_kernel(ctx, "logp_combine");
+        combine(ctx, c);
+        return FG_OK;
     case FG_LOGP_CAST: {
     const int team_ = fg_cpu_team(ctx, c->n, 32768);
 #pragma omp parallel for schedule(static) num_threads(team_) if (team_ > 1)

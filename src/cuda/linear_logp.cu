@@ -9,6 +9,10 @@
  *         the slabs' partial sums are added in slab order (db) — one read and one write.
  *  row steps (FORWARD, CE, COEF) one thread per row; a bad target raises the context
  *         flag with an atomic max on the inverted row (the smallest row wins).
+ *  COMBINE one thread per row over the vocabulary shards' parts, the shards in order.
+ *  Vocabulary shards: STATS and GRAD take the tile's first global class (vstart + v0) where
+ *         they compared the target with v0, so a target held by another shard matches no
+ *         column; FORWARD writes the shard's parts.
  * exp runs as ex2.approx on pre-scaled logits (relative error ~2⁻²²). No floating-point
  * atomics anywhere: the same bits on every run.
  * Why row kernels over a cuBLASLt tile of logits rather than one fused GEMM + softmax: the
@@ -152,6 +156,8 @@ struct row_args {
     float *logp, *lse, *ent, *loss_rows, *rc;
     float eps, zloss;
     unsigned long long *flag;
+    bool shard;
+    int64_t vstart, vslice;
 };
 
 __global__ void rows_kernel(row_args a) {
@@ -186,6 +192,7 @@ __global__ void rows_kernel(row_args a) {
     if (kind == 1) lse = logp = ent = 0.f;
     if (kind == 2) lse = logp = ent = NAN;
     if (a.step == FG_LOGP_FORWARD) {
+        if (a.shard && kind == 0) logp = t >= a.vstart && t - a.vstart < a.vslice ? st[2] : 0.f; /* the parts */
         if (a.logp) a.logp[r] = logp;
         if (a.lse) a.lse[r] = lse;
         if (a.ent) a.ent[r] = ent;
@@ -291,6 +298,39 @@ __global__ void __launch_bounds__(THREADS) grad_kernel(T *__restrict__ z, int64_
 
 
 
+/* ------------------------------------------------------------------ COMBINE */
+
+template <typename A>
+__global__ void combine_kernel(int64_t N, int64_t R, int64_t RT, const void *target, bool t32, bool use_ignore,
+                               int64_t ignore, const A *__restrict__ lse_parts, const A *__restrict__ tl_parts,
+                               const A *__restrict__ ent_parts, A *logp_out, A *lse_out, A *ent_out) {
+    const int64_t r = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (r >= N) return;
+    A lse = 0, logp = 0, ent = 0;
+    if (!(use_ignore && target_at(target, t32, r) == ignore)) {
+        A m = -INFINITY, s = 0, tl = 0, el = 0;
+        for (int64_t k = 0; k < R; k++) {
+            const A l = lse_parts[k * N + r];
+            if (l > m || l != l) m = l;
+        }
+        const A mm = m == -INFINITY ? A(0) : m;
+        for (int64_t k = 0; k < R; k++) s += exp(lse_parts[k * N + r] - mm);
+        lse = m != m ? m : mm + log(s);
+        for (int64_t k = 0; k < RT; k++) tl += tl_parts[k * N + r];
+        logp = tl - lse;
+        if (ent_parts) {
+            for (int64_t k = 0; k < R; k++) {
+                const A l = lse_parts[k * N + r], q = exp(l - lse);
+                if (q != A(0)) el += q * (l - ent_parts[k * N + r]);
+            }
+            ent = lse - el;
+        }
+    }
+    if (logp_out) logp_out[r] = logp;
+    if (lse_out) lse_out[r] = lse;
+    if (ent_out) ent_out[r] = ent;
+}
+
 /* ------------------------------------------------------------------ dispatch */
 
 extern "C" size_t fg_cuda_logp_scratch(int64_t rows, int64_t cols) {
@@ -305,12 +345,13 @@ template <typename T> static cudaError_t tile_step(const fg_logp_call *c, cudaSt
     constexpr int VEC = 16 / sizeof(T);
     const bool t32 = c->target_dtype == FG_I32;
     const bool vec = vec_ok<T>(c);
+    const int64_t t0 = c->vstart + c->v0; /* the tile's first global class: only targets compare with it */
     if (c->step == FG_LOGP_STATS) {
         if (vec)
-            stats_kernel<T, VEC><<<(unsigned)c->rows, THREADS, 0, s>>>((const T *)c->z, c->ld, c->r0, c->v0, c->cols,
+            stats_kernel<T, VEC><<<(unsigned)c->rows, THREADS, 0, s>>>((const T *)c->z, c->ld, c->r0, t0, c->cols,
                                                                        c->target, t32, fn, (float *)c->state, c->first);
         else
-            stats_kernel<T, 1><<<(unsigned)c->rows, THREADS, 0, s>>>((const T *)c->z, c->ld, c->r0, c->v0, c->cols,
+            stats_kernel<T, 1><<<(unsigned)c->rows, THREADS, 0, s>>>((const T *)c->z, c->ld, c->r0, t0, c->cols,
                                                                      c->target, t32, fn, (float *)c->state, c->first);
         return cudaGetLastError();
     }
@@ -318,11 +359,11 @@ template <typename T> static cudaError_t tile_step(const fg_logp_call *c, cudaSt
     float *part = c->db_acc ? (float *)c->scratch : nullptr;
     if (vec) {
         dim3 grid((unsigned)cdiv(c->cols, (int64_t)THREADS * VEC), (unsigned)slabs);
-        grad_kernel<T, VEC><<<grid, THREADS, 0, s>>>((T *)c->z, c->ld, c->r0, c->rows, c->v0, c->cols, c->target, t32,
+        grad_kernel<T, VEC><<<grid, THREADS, 0, s>>>((T *)c->z, c->ld, c->r0, c->rows, t0, c->cols, c->target, t32,
                                                      fn, (const float *)c->rc, part);
     } else {
         dim3 grid((unsigned)cdiv(c->cols, (int64_t)THREADS), (unsigned)slabs);
-        grad_kernel<T, 1><<<grid, THREADS, 0, s>>>((T *)c->z, c->ld, c->r0, c->rows, c->v0, c->cols, c->target, t32,
+        grad_kernel<T, 1><<<grid, THREADS, 0, s>>>((T *)c->z, c->ld, c->r0, c->rows, t0, c->cols, c->target, t32,
                                                    fn, (const float *)c->rc, part);
     }
     cudaError_t e = cudaGetLastError();
@@ -339,6 +380,17 @@ template <typename T> static cudaError_t cast(const fg_logp_call *c, cudaStream_
 extern "C" fg_status fg_cuda_logp(fg_context *ctx, const fg_logp_call *c) {
     fg_device_guard guard(ctx->device);
     cudaStream_t s = ctx->cuda->stream;
+    if (c->step == FG_LOGP_COMBINE) { /* f32 parts (f64 problems run on the CPU) */
+        fg_record_kernel(ctx, "logp_combine");
+        if (c->rows == 0) return FG_OK;
+        if (c->acc != FG_F32) return fg_fail(FG_ERR_UNSUPPORTED, "cuda linear_logp: f64 runs on the CPU backend");
+        combine_kernel<float><<<(unsigned)cdiv(c->rows, 256), 256, 0, s>>>(
+            c->N, c->nparts, c->t_parts, c->target, c->target_dtype == FG_I32, c->use_ignore, c->ignore_index,
+            (const float *)c->lse_parts, (const float *)c->tlogit_parts, (const float *)c->entropy_parts,
+            (float *)c->logp, (float *)c->lse, (float *)c->entropy);
+        cudaError_t ce = cudaGetLastError();
+        return ce == cudaSuccess ? FG_OK : fg_cuda_fail(ce, "linear_logp_shard_combine");
+    }
     if (c->acc != FG_F32) return fg_fail(FG_ERR_UNSUPPORTED, "cuda linear_logp: f64 runs on the CPU backend");
     logit_fn fn = {(float)c->inv_temp, (float)c->softcap, c->softcap > 0 ? (float)(1.0 / c->softcap) : 0.f};
     const bool t32 = c->target_dtype == FG_I32;
@@ -364,7 +416,7 @@ extern "C" fg_status fg_cuda_logp(fg_context *ctx, const fg_logp_call *c) {
                       (const float *)c->entropy_in, (const float *)c->dlogp, (const float *)c->dentropy,
                       (const float *)c->dlse, (const float *)c->row_weight, (float *)c->logp, (float *)c->lse,
                       (float *)c->entropy, (float *)c->loss_rows, (float *)c->rc, (float)c->label_smoothing,
-                      (float)c->z_loss, ctx->cuda->flag};
+                      (float)c->z_loss, ctx->cuda->flag, c->shard, c->vstart, c->vslice};
         rows_kernel<<<(unsigned)cdiv(c->rows, 256), 256, 0, s>>>(a);
         e = cudaGetLastError();
         break;
@@ -377,6 +429,7 @@ extern "C" fg_status fg_cuda_logp(fg_context *ctx, const fg_logp_call *c) {
                                                (float *)c->loss_out);
         e = cudaGetLastError();
         break;
+    case FG_LOGP_COMBINE: break; /* above */
     case FG_LOGP_CAST:
         if (c->n == 0) return FG_OK;
         switch (c->dst_dtype) {

@@ -20,6 +20,12 @@
  *            (f32 accumulator unless dh is f32)
  *  one pass  row tiles of full width: z → STATS → CE (loss, coefficients) → GRAD →
  *            dh = dz·w, dw += dzᵀ·h — three products instead of four
+ *  shards    vocabulary parallelism (opt.vocab_start / vocab_total): the shard forward is the
+ *            forward over the slice, the target moved by vocab_start, writing the slice's
+ *            parts (lse_r, L[target] or 0, H_r); COMBINE (no GEMM) merges the gathered parts;
+ *            the backward given the global lse / entropy is already the shard's backward
+ *            (p = e^(L − lse) with the global lse, the target term only where the slice holds
+ *            the target), so it only moves the target too
  * Every sum has a fixed order, so the results are the same bits on every run.
  */
 #include "../core/internal.h"
@@ -31,6 +37,7 @@
 enum { LF_H, LF_W, LF_B, LF_T, LF_LOGP, LF_LSE, LF_ENT, LF_N };
 enum { LB_DLOGP, LB_DENT, LB_DLSE, LB_H, LB_W, LB_B, LB_T, LB_LSE, LB_ENT, LB_DH, LB_DW, LB_DB, LB_N };
 enum { CE_H, CE_W, CE_B, CE_T, CE_RW, CE_LOSS, CE_LSE, CE_DH, CE_DW, CE_DB, CE_N };
+enum { SC_T, SC_LSE_PARTS, SC_TLOGIT_PARTS, SC_ENT_PARTS, SC_LOGP, SC_LSE, SC_ENT, SC_N };
 
 static const fg_logp_options *logp_opts(const fg_plan_desc *d) { return d->options; }
 
@@ -53,6 +60,12 @@ static fg_status check_options(const char *op, const fg_logp_options *o, bool ce
     if (o->max_tile_elements < 0)
         return fg_fail(FG_ERR_INVALID_VALUE, "%s: logp.max_tile_elements=%lld is negative", op,
                        (long long)o->max_tile_elements);
+    if (o->vocab_start < 0 || o->vocab_total < 0)
+        return fg_fail(FG_ERR_INVALID_VALUE, "%s: logp.vocab_start=%lld and logp.vocab_total=%lld must be >= 0", op,
+                       (long long)o->vocab_start, (long long)o->vocab_total);
+    if (o->vocab_total == 0 && o->vocab_start != 0)
+        return fg_fail(FG_ERR_INVALID_VALUE, "%s: logp.vocab_start=%lld but logp.vocab_total=0 (unsharded)", op,
+                       (long long)o->vocab_start);
     if (!ce) return FG_OK;
     if ((int)o->reduction < 0 || (int)o->reduction > FG_REDUCTION_NONE)
         return fg_fail(FG_ERR_INVALID_VALUE, "%s: logp.reduction=%d is not an fg_reduction", op, (int)o->reduction);
@@ -65,6 +78,19 @@ static fg_status check_options(const char *op, const fg_logp_options *o, bool ce
     return FG_OK;
 }
 
+/* The shard [vocab_start, vocab_start + V) must lie in [0, vocab_total) (vocab_total 0: the
+   whole vocabulary). */
+static fg_status check_shard(const char *op, const fg_logp_options *o, int64_t V) {
+    if (o->vocab_total != 0 && o->vocab_start > o->vocab_total - V)
+        return fg_fail(FG_ERR_SHAPE, "%s: w.shape[0]=%lld rows from logp.vocab_start=%lld pass logp.vocab_total=%lld",
+                       op, (long long)V, (long long)o->vocab_start, (long long)o->vocab_total);
+    return FG_OK;
+}
+
+/* True for a shard that is not the whole vocabulary. */
+static bool sharded(const fg_logp_options *o, int64_t V) {
+    return o->vocab_total != 0 && !(o->vocab_start == 0 && o->vocab_total == V);
+}
 
 /* A row vector [N] of the accumulator type. */
 static fg_status check_row(const char *op, const char *what, const fg_tensor *t, int64_t n, fg_dtype acc) {
@@ -265,6 +291,10 @@ static fg_logp_call base_call(const run_ctx *r, fg_logp_step s, int ti) {
     c.z_loss = o->z_loss;
     c.grad_scale = o->grad_scale != 0.0 ? o->grad_scale : 1.0;
     c.reduction = (int)o->reduction;
+    c.vstart = o->vocab_start;
+    c.vslice = r->g.V;
+    if (o->vocab_total != 0) c.V = o->vocab_total; /* the targets' range */
+    c.shard = r->d->op == FG_OP_LINEAR_LOGP_SHARD_FORWARD;
     return c;
 }
 
@@ -315,8 +345,10 @@ static fg_status forward(run_ctx *r) {
     fg_logp_call c = base_call(r, FG_LOGP_FORWARD, LF_T);
     c.state = r->ws ? at(r->ws, L->state) : NULL;
     c.r0 = 0, c.rows = g->N;
-    c.logp = (void *)data_of(r, LF_LOGP);
-    c.lse = (void *)data_of(r, LF_LSE);
+    /* the shard forward's operands 4, 5 are lse_part, tlogit_part (the step writes the
+       target's logit where the forward writes logp) */
+    c.logp = (void *)data_of(r, c.shard ? LF_LSE : LF_LOGP);
+    c.lse = (void *)data_of(r, c.shard ? LF_LOGP : LF_LSE);
     c.entropy = (void *)data_of(r, LF_ENT);
     return step(r, &c);
 }
@@ -486,23 +518,25 @@ static fg_status driver(fg_context *ctx, const fg_plan_desc *d, const fg_tensor 
     r.es = fg_dtype_size(r.dtype);
     r.aes = fg_dtype_size(r.acc);
     r.info = info;
-    const int kind = d->op == FG_OP_LINEAR_LOGP_FORWARD    ? GEOM_FORWARD
+    const bool fwd = d->op == FG_OP_LINEAR_LOGP_FORWARD || d->op == FG_OP_LINEAR_LOGP_SHARD_FORWARD;
+    const int kind = fwd                                   ? GEOM_FORWARD
                      : d->op == FG_OP_LINEAR_LOGP_BACKWARD ? GEOM_BACKWARD
                                                            : GEOM_ONE_PASS;
     int64_t acc_bytes = 0; /* the backward's f32 dh accumulator */
     if (kind == GEOM_BACKWARD && has(&d->operands[LB_DH]) && d->operands[LB_DH].dtype != r.acc)
         acc_bytes = h->shape[0] * h->shape[1] * (int64_t)r.aes;
     r.g = make_geom(ctx, h->shape[0], h->shape[1], w->shape[0], logp_opts(d)->max_tile_elements, kind, r.es, acc_bytes);
-    const char *name = d->op == FG_OP_LINEAR_LOGP_FORWARD    ? "linear_logp_forward"
-                       : d->op == FG_OP_LINEAR_LOGP_BACKWARD ? "linear_logp_backward"
-                                                             : "linear_cross_entropy";
+    const char *name = d->op == FG_OP_LINEAR_LOGP_FORWARD         ? "linear_logp_forward"
+                       : d->op == FG_OP_LINEAR_LOGP_SHARD_FORWARD ? "linear_logp_shard_forward"
+                       : d->op == FG_OP_LINEAR_LOGP_BACKWARD      ? "linear_logp_backward"
+                                                                  : "linear_cross_entropy";
     if (r.dtype == FG_F64 && !ctx->be->f64_kernels)
         return fg_fail(FG_ERR_UNSUPPORTED, "%s: the %s backend has no f64 kernels for it (f64 runs on the CPU)", name,
                        ctx->be->name);
     if (!run) {
         /* plan: size every region and every GEMM (the first of each loop is enough) */
         info->name[0] = 0;
-        fg_status s = d->op == FG_OP_LINEAR_LOGP_FORWARD    ? forward(&r)
+        fg_status s = fwd                                   ? forward(&r)
                       : d->op == FG_OP_LINEAR_LOGP_BACKWARD ? backward(&r)
                                                             : cross_entropy(&r);
         if (s != FG_OK) return s;
@@ -518,7 +552,7 @@ static fg_status driver(fg_context *ctx, const fg_plan_desc *d, const fg_tensor 
     /* run: size the regions (the same walk without asking the GEMMs), then walk again
        with the GEMMs' workspace after the last region */
     r.size_only = true;
-    fg_status s = d->op == FG_OP_LINEAR_LOGP_FORWARD    ? forward(&r)
+    fg_status s = fwd                                   ? forward(&r)
                   : d->op == FG_OP_LINEAR_LOGP_BACKWARD ? backward(&r)
                                                         : cross_entropy(&r);
     if (s != FG_OK) return s;
@@ -533,7 +567,7 @@ static fg_status driver(fg_context *ctx, const fg_plan_desc *d, const fg_tensor 
     r.ws = ws;
     r.ops = ops;
     r.run = true;
-    return d->op == FG_OP_LINEAR_LOGP_FORWARD    ? forward(&r)
+    return fwd                                   ? forward(&r)
            : d->op == FG_OP_LINEAR_LOGP_BACKWARD ? backward(&r)
                                                  : cross_entropy(&r);
 }
@@ -541,16 +575,109 @@ static fg_status driver(fg_context *ctx, const fg_plan_desc *d, const fg_tensor 
 /* ------------------------------------------------------------------ lowering (validation) */
 
 static fg_status lower_forward(const fg_plan_desc *d, fg_lowered *out) {
-    const char *op = "linear_logp_forward";
+    const bool shard = d->op == FG_OP_LINEAR_LOGP_SHARD_FORWARD;
+    const char *op = shard ? "linear_logp_shard_forward" : "linear_logp_forward";
+    const fg_tensor *o = d->operands;
+    const fg_logp_options *lo = logp_opts(d);
+    FG_TRY(check_options(op, lo, false));
+    if (shard && lo->label_smoothing != 0.0)
+        return fg_fail(FG_ERR_UNSUPPORTED,
+                       "%s: logp.label_smoothing=%g: smoothing needs the sum of the logits over the whole "
+                       "vocabulary, which the shard parts do not carry; use label_smoothing 0",
+                       op, lo->label_smoothing);
+    FG_TRY(check_inputs(op, &o[LF_H], &o[LF_W], &o[LF_B], &o[LF_T]));
+    const int64_t N = o[LF_H].shape[0], V = o[LF_W].shape[0];
+    FG_TRY(check_shard(op, lo, V));
+    if (!shard && sharded(lo, V))
+        return fg_fail(FG_ERR_UNSUPPORTED,
+                       "%s: logp.vocab_start=%lld, logp.vocab_total=%lld is a shard of the vocabulary; its log-probs "
+                       "need the other shards (linear_logp_shard_forward, then linear_logp_shard_combine)",
+                       op, (long long)lo->vocab_start, (long long)lo->vocab_total);
+    const fg_dtype acc = acc_of(o[LF_H].dtype);
+    FG_TRY(check_row(op, shard ? "lse_part" : "logp", &o[LF_LOGP], N, acc));
+    FG_TRY(check_row(op, shard ? "tlogit_part" : "lse", &o[LF_LSE], N, acc));
+    if (has(&o[LF_ENT])) FG_TRY(check_row(op, shard ? "entropy_part" : "entropy", &o[LF_ENT], N, acc));
+    out->driver = driver;
+    return FG_OK;
+}
+
+/* COMBINE needs no tile and no GEMM: one backend step over all rows. */
+static fg_status combine_driver(fg_context *ctx, const fg_plan_desc *d, const fg_tensor *ops, void *priv,
+                                fg_kernel_info *info, void *ws, size_t ws_bytes, bool run) {
+    (void)priv, (void)ws, (void)ws_bytes;
+    const fg_tensor *lp = &d->operands[SC_LSE_PARTS];
+    const fg_dtype acc = lp->dtype;
+    if (acc == FG_F64 && !ctx->be->f64_kernels)
+        return fg_fail(FG_ERR_UNSUPPORTED, "linear_logp_shard_combine: the %s backend has no f64 kernels for it "
+                       "(f64 runs on the CPU)", ctx->be->name);
+    if (!run) {
+        snprintf(info->name, sizeof info->name, "logp_combine");
+        info->workspace_bytes = 0;
+        info->deterministic = true;
+        info->accumulator = acc;
+        return FG_OK;
+    }
+    const fg_logp_options *o = logp_opts(d);
+    fg_logp_call c;
+    memset(&c, 0, sizeof c);
+    c.step = FG_LOGP_COMBINE;
+    c.dtype = c.acc = acc;
+    c.N = lp->shape[1];
+    c.r0 = 0, c.rows = c.N;
+    c.nparts = lp->shape[0];
+    c.t_parts = d->operands[SC_TLOGIT_PARTS].rank == 2 ? d->operands[SC_TLOGIT_PARTS].shape[0] : 1;
+    c.target = ops[SC_T].data;
+    c.target_dtype = d->operands[SC_T].dtype;
+    c.use_ignore = o->use_ignore_index != 0;
+    c.ignore_index = o->ignore_index;
+    c.lse_parts = ops[SC_LSE_PARTS].data;
+    c.tlogit_parts = ops[SC_TLOGIT_PARTS].data;
+    c.entropy_parts = has(&d->operands[SC_ENT_PARTS]) ? ops[SC_ENT_PARTS].data : NULL;
+    c.logp = ops[SC_LOGP].data;
+    c.lse = ops[SC_LSE].data;
+    c.entropy = has(&d->operands[SC_ENT]) ? ops[SC_ENT].data : NULL;
+    return ctx->be->logp(ctx, &c);
+}
+
+/* [R, N] parts of the accumulator type. */
+static fg_status check_parts(const char *op, const char *what, const fg_tensor *t, int64_t R, int64_t N, fg_dtype acc) {
+    FG_TRY(fg_check_desc(op, what, t, 2, 2));
+    if (t->dtype != acc)
+        return fg_fail(FG_ERR_DTYPE, "%s: %s is %s but lse_parts is %s", op, what, fg_dtype_name(t->dtype),
+                       fg_dtype_name(acc));
+    if (t->shape[0] != R || t->shape[1] != N)
+        return fg_fail(FG_ERR_SHAPE, "%s: %s is [%lld, %lld] but it must be [R=%lld, N=%lld]", op, what,
+                       (long long)t->shape[0], (long long)t->shape[1], (long long)R, (long long)N);
+    return fg_check_contiguous(op, what, t);
+}
+
+static fg_status lower_combine(const fg_plan_desc *d, fg_lowered *out) {
+    const char *op = "linear_logp_shard_combine";
     const fg_tensor *o = d->operands;
     FG_TRY(check_options(op, logp_opts(d), false));
-    FG_TRY(check_inputs(op, &o[LF_H], &o[LF_W], &o[LF_B], &o[LF_T]));
-    const int64_t N = o[LF_H].shape[0];
-    const fg_dtype acc = acc_of(o[LF_H].dtype);
-    FG_TRY(check_row(op, "logp", &o[LF_LOGP], N, acc));
-    FG_TRY(check_row(op, "lse", &o[LF_LSE], N, acc));
-    if (has(&o[LF_ENT])) FG_TRY(check_row(op, "entropy", &o[LF_ENT], N, acc));
-    out->driver = driver;
+    FG_TRY(fg_check_any_desc(op, "target", &o[SC_T], 1, 1));
+    if (o[SC_T].dtype != FG_I32 && o[SC_T].dtype != FG_I64)
+        return fg_fail(FG_ERR_DTYPE, "%s: target is %s but it must be i32 or i64", op, fg_dtype_name(o[SC_T].dtype));
+    FG_TRY(fg_check_contiguous(op, "target", &o[SC_T]));
+    const int64_t N = o[SC_T].shape[0];
+    FG_TRY(fg_check_desc(op, "lse_parts", &o[SC_LSE_PARTS], 2, 2));
+    const fg_dtype acc = o[SC_LSE_PARTS].dtype;
+    if (acc != FG_F32 && acc != FG_F64)
+        return fg_fail(FG_ERR_DTYPE, "%s: lse_parts is %s but it must be f32 or f64", op, fg_dtype_name(acc));
+    const int64_t R = o[SC_LSE_PARTS].shape[0];
+    if (R < 1) return fg_fail(FG_ERR_SHAPE, "%s: lse_parts.shape[0]=R=0: there are no shards", op);
+    FG_TRY(check_parts(op, "lse_parts", &o[SC_LSE_PARTS], R, N, acc));
+    if (o[SC_TLOGIT_PARTS].rank == 2) FG_TRY(check_parts(op, "tlogit_parts", &o[SC_TLOGIT_PARTS], R, N, acc));
+    else FG_TRY(check_row(op, "tlogit_parts", &o[SC_TLOGIT_PARTS], N, acc));
+    if (has(&o[SC_ENT_PARTS])) FG_TRY(check_parts(op, "entropy_parts", &o[SC_ENT_PARTS], R, N, acc));
+    FG_TRY(check_row(op, "logp", &o[SC_LOGP], N, acc));
+    FG_TRY(check_row(op, "lse", &o[SC_LSE], N, acc));
+    if (has(&o[SC_ENT])) {
+        if (!has(&o[SC_ENT_PARTS]))
+            return fg_fail(FG_ERR_NULL_POINTER, "%s: entropy is requested but entropy_parts is absent", op);
+        FG_TRY(check_row(op, "entropy", &o[SC_ENT], N, acc));
+    }
+    out->driver = combine_driver;
     return FG_OK;
 }
 
@@ -559,6 +686,7 @@ static fg_status lower_backward(const fg_plan_desc *d, fg_lowered *out) {
     const fg_tensor *o = d->operands;
     FG_TRY(check_options(op, logp_opts(d), false));
     FG_TRY(check_inputs(op, &o[LB_H], &o[LB_W], &o[LB_B], &o[LB_T]));
+    FG_TRY(check_shard(op, logp_opts(d), o[LB_W].shape[0]));
     const int64_t N = o[LB_H].shape[0];
     const fg_dtype acc = acc_of(o[LB_H].dtype);
     if (!has(&o[LB_DLOGP]) && !has(&o[LB_DENT]) && !has(&o[LB_DLSE]))
@@ -586,6 +714,14 @@ static fg_status lower_cross_entropy(const fg_plan_desc *d, fg_lowered *out) {
     const fg_tensor *o = d->operands;
     FG_TRY(check_options(op, logp_opts(d), true));
     FG_TRY(check_inputs(op, &o[CE_H], &o[CE_W], &o[CE_B], &o[CE_T]));
+    const fg_logp_options *lo = logp_opts(d);
+    FG_TRY(check_shard(op, lo, o[CE_W].shape[0]));
+    if (sharded(lo, o[CE_W].shape[0]))
+        return fg_fail(FG_ERR_UNSUPPORTED,
+                       "%s: logp.vocab_start=%lld, logp.vocab_total=%lld is a shard of the vocabulary; the one pass "
+                       "needs the global lse before its gradients (linear_logp_shard_forward, "
+                       "linear_logp_shard_combine, then linear_logp_backward)",
+                       op, (long long)lo->vocab_start, (long long)lo->vocab_total);
     const int64_t N = o[CE_H].shape[0];
     const fg_dtype acc = acc_of(o[CE_H].dtype);
     if (has(&o[CE_RW])) FG_TRY(check_row(op, "row_weight", &o[CE_RW], N, acc));
@@ -621,6 +757,15 @@ static const fg_op_decl ops[] = {
       [CE_LOSS] = OUT("loss"), [CE_LSE] = OUT_OPT("lse"), [CE_DH] = OUT_OPT("dh"), [CE_DW] = OUT_OPT("dw"),
       [CE_DB] = OUT_OPT("db")},
      0, OPTS, false, lower_cross_entropy},
+    {FG_OP_LINEAR_LOGP_SHARD_FORWARD, "linear_logp_shard_forward", LF_N,
+     {[LF_H] = IN("h"), [LF_W] = IN("w"), [LF_B] = IN_OPT("b"), [LF_T] = IN("target"), [LF_LOGP] = OUT("lse_part"),
+      [LF_LSE] = OUT("tlogit_part"), [LF_ENT] = OUT_OPT("entropy_part")},
+     0, OPTS, false, lower_forward},
+    {FG_OP_LINEAR_LOGP_SHARD_COMBINE, "linear_logp_shard_combine", SC_N,
+     {[SC_T] = IN("target"), [SC_LSE_PARTS] = IN("lse_parts"), [SC_TLOGIT_PARTS] = IN("tlogit_parts"),
+      [SC_ENT_PARTS] = IN_OPT("entropy_parts"), [SC_LOGP] = OUT("logp"), [SC_LSE] = OUT("lse"),
+      [SC_ENT] = OUT_OPT("entropy")},
+     0, OPTS, false, lower_combine},
 };
 #undef OPTS
 #undef IN
@@ -654,4 +799,20 @@ fg_status fg_linear_cross_entropy(fg_context *ctx, const fg_logp_options *opt, c
                                   const fg_tensor *dh, const fg_tensor *dw, const fg_tensor *db, int accumulate) {
     const fg_tensor *args[CE_N] = {h, w, b, target, row_weight, loss, lse, dh, dw, db};
     return fg_run_op(ctx, FG_OP_LINEAR_CROSS_ENTROPY, opt, args, CE_N, accumulate, 0);
+}
+
+fg_status fg_linear_logp_shard_forward(fg_context *ctx, const fg_logp_options *opt, const fg_tensor *h,
+                                       const fg_tensor *w, const fg_tensor *b, const fg_tensor *target,
+                                       const fg_tensor *lse_part, const fg_tensor *tlogit_part,
+                                       const fg_tensor *entropy_part) {
+    const fg_tensor *args[LF_N] = {h, w, b, target, lse_part, tlogit_part, entropy_part};
+    return fg_run_op(ctx, FG_OP_LINEAR_LOGP_SHARD_FORWARD, opt, args, LF_N, 0, 0);
+}
+
+fg_status fg_linear_logp_shard_combine(fg_context *ctx, const fg_logp_options *opt, const fg_tensor *target,
+                                       const fg_tensor *lse_parts, const fg_tensor *tlogit_parts,
+                                       const fg_tensor *entropy_parts, const fg_tensor *logp, const fg_tensor *lse,
+                                       const fg_tensor *entropy) {
+    const fg_tensor *args[SC_N] = {target, lse_parts, tlogit_parts, entropy_parts, logp, lse, entropy};
+    return fg_run_op(ctx, FG_OP_LINEAR_LOGP_SHARD_COMBINE, opt, args, SC_N, 0, 0);
 }

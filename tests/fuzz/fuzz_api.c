@@ -421,6 +421,10 @@ static void read_options(rd *r, const fg_op_info *info, options *o, const void *
         o->logp.grad_scale = f & 32 ? scalar(r) : 0;
         static const int64_t tiles[8] = {0, 1, 2, 7, 16, -1, (int64_t)1 << 40, 3};
         o->logp.max_tile_elements = f & 64 ? tiles[u8(r) & 7] : 0;
+        /* vocabulary shards: unsharded, a valid or invalid slice of a few classes, negative */
+        static const int64_t starts[4] = {0, 1, 3, -1}, totals[4] = {0, 4, 9, (int64_t)1 << 62};
+        const uint8_t v = f & 128 ? u8(r) : 0;
+        o->logp.vocab_start = starts[v & 3], o->logp.vocab_total = totals[(v >> 2) & 3];
     } else if (strcmp(info->options_type, "fg_linear_act_options") == 0) {
         o->act.act = (fg_activation)((int)(u8(r) % 10) - 1);
         o->act.saved = (fg_act_saved)((int)(u8(r) % 4) - 1);
@@ -552,6 +556,10 @@ static fg_status call_one(fg_context *ctx, fg_op op, int variant, const operand 
                                        P[11], acc);
     case FG_OP_LINEAR_CROSS_ENTROPY:
         return fg_linear_cross_entropy(ctx, lo, P[0], P[1], P[2], P[3], P[4], P[5], P[6], P[7], P[8], P[9], acc);
+    case FG_OP_LINEAR_LOGP_SHARD_FORWARD:
+        return fg_linear_logp_shard_forward(ctx, lo, P[0], P[1], P[2], P[3], P[4], P[5], P[6]);
+    case FG_OP_LINEAR_LOGP_SHARD_COMBINE:
+        return fg_linear_logp_shard_combine(ctx, lo, P[0], P[1], P[2], P[3], P[4], P[5], P[6]);
     case FG_OP_LINEAR_ACT_FORWARD:
         switch (variant % 3) {
         case 0: return fg_linear_act_forward_ex(ctx, ao, P[0], P[1], P[2], P[3], P[4]);

@@ -13,7 +13,8 @@ from .ops import (adamw_step, attention_backward, attention_forward, attention_o
                   context_check, last_kernels, lerp_backward, lerp_forward,
                   linear_act_backward, linear_act_forward, linear_backward_bias, linear_backward_input,
                   linear_backward_weight, linear_cross_entropy_onepass,
-                  linear_forward, linear_logp_backward, linear_logp_forward, logp_options, matmul_backward_input,
+                  linear_forward, linear_logp_backward, linear_logp_forward, linear_logp_shard_combine,
+                  linear_logp_shard_forward, logp_options, matmul_backward_input,
                   matmul_backward_other, matmul_forward, outer_backward_input, outer_backward_other, outer_forward,
                   plan_info, set_allow_tf32, unary_backward, unary_forward)
 from .encoder import encoder_desc, encoder_layer_backward, encoder_layer_forward, encoder_layer_sizes
@@ -29,7 +30,8 @@ except ImportError:  # pragma: no cover - no torch in CI
     pass
 else:
     from .autograd import Attention, AttentionFunction, attention  # noqa: F401
-    from .distributed import SyncBatchNorm, convert_sync_batchnorm, sync_batch_norm  # noqa: F401
+    from .distributed import (SyncBatchNorm, convert_sync_batchnorm, sync_batch_norm,  # noqa: F401
+                              vocab_parallel_cross_entropy, vocab_parallel_logp)
     from .encoder import (EncoderLayerFunction, PatchTSTEncoder, PatchTSTEncoderLayer,  # noqa: F401
                           TransformerEncoderLayer)
     from .norm import (BatchNorm1d, Dropout, LayerNorm, RevIN, RMSNorm, add_norm, batch_norm,  # noqa: F401

@@ -1,4 +1,6 @@
-"""Data-parallel training with fastgrad: synchronized BatchNorm over torch.distributed.
+"""Multi-GPU training with fastgrad over torch.distributed: synchronized BatchNorm (data
+parallel) and a vocabulary-parallel linear log-prob / cross-entropy (a language-model head whose
+weight rows are split across ranks).
 
 fg.SyncBatchNorm is a drop-in for torch.nn.SyncBatchNorm on x [N, C, *] (the channel is dim 1,
 as torch's BatchNorm1d / SyncBatchNorm take it; [N, C] and [N, C, L] are the usual shapes).
@@ -18,12 +20,26 @@ gives the gradient of the global-batch loss. Ranks may hold different numbers of
 Without an initialized process group, or with world size 1, it is plain fg.BatchNorm1d; in
 evaluation it normalizes with the running statistics and communicates nothing.
 
+Vocabulary parallelism (vocab_parallel_cross_entropy, vocab_parallel_logp): each rank holds the
+rows [vocab_start, vocab_start + V_r) of the head's weight (and bias) and the same h and target
+(global class ids). The library's split API (include/fastgrad.h, fg_linear_logp_shard_*):
+  forward:  this slice's parts {lse_r, L[target] or 0, H_r} → dist.all_gather (lse_r, H_r) and
+            dist.all_reduce SUM (L[target]) → combine (the same bits on every rank) → logp, lse,
+            entropy; the loss (row weights, z-loss, reductions) is torch on those [N] vectors
+  backward: the log-prob backward with the global lse → this slice's dw, db and a partial dh
+            (f32 for low-precision h) → dist.all_reduce SUM → dh
+Label smoothing needs Σ_j L_j over the whole vocabulary and is refused (FastgradError,
+FG_ERR_UNSUPPORTED). Without an initialized group or with one rank it is fg.linear_cross_entropy /
+fg.linear_logp.
+
 The all-reduces are torch.distributed calls in eager mode (no torch.compile route yet: a
 compiled model breaks the graph here).
 """
 import torch
 import torch.distributed as dist
 
+from . import ops
+from .autograd import linear_cross_entropy, linear_logp
 from .norm import (BatchNorm1d, _seed, batch_norm, batch_norm_apply, batch_norm_backward_apply,
                    batch_norm_backward_stats, batch_norm_stats, dropout_backward)
 from .torch_ops import _call
@@ -173,4 +189,128 @@ class SyncBatchNorm(BatchNorm1d):
 
 convert_sync_batchnorm = SyncBatchNorm.convert_sync_batchnorm
 
-__all__ = ["SyncBatchNorm", "SyncBatchNormFunction", "sync_batch_norm", "convert_sync_batchnorm"]
+
+# ------------------------------------------------------------------ vocabulary parallelism
+
+def _gather_rows(x, group):
+    """[N] on every rank → [R, N], row r from rank r of the group."""
+    parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, x, group=group)
+    return torch.stack(parts)
+
+
+class VocabParallelLogpFunction(torch.autograd.Function):
+    """(logp, lse, entropy) over a vocabulary whose weight rows are split across the group's
+    ranks; h [N, D] and target [N] are the same on every rank, w / b this rank's slice."""
+
+    @staticmethod
+    def forward(ctx, h, weight, bias, target, options, want_entropy, group):
+        w = weight.contiguous()
+        lse_r, tl_r, ent_r = ops.linear_logp_shard_forward(h, w, target, bias, entropy=want_entropy, options=options)
+        dist.all_reduce(tl_r, group=group)
+        lse_parts = _gather_rows(lse_r, group)
+        ent_parts = _gather_rows(ent_r, group) if want_entropy else None
+        logp, lse, ent = ops.linear_logp_shard_combine(target, lse_parts, tl_r, ent_parts, options=options)
+        ctx.save_for_backward(h, w, bias, target, lse, ent)
+        ctx.options, ctx.group = options, group
+        ctx.mark_non_differentiable(target)
+        if ent is None:
+            return logp, lse, None
+        return logp, lse, ent
+
+    @staticmethod
+    def backward(ctx, dlogp, dlse, dent):
+        h, w, bias, target, lse, ent = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        rd = lse.dtype
+
+        def row(g):
+            return None if g is None else g.to(rd).contiguous()
+
+        dl, ds, de = row(dlogp), row(dlse), row(dent) if ent is not None else None
+        if dl is None and ds is None and de is None:
+            dl = torch.zeros_like(lse)
+        # dh is a partial sum over this slice's classes: f32 (f64 for f64) before the all-reduce,
+        # then h's dtype; the same need on every rank (one model), so the collectives pair up
+        dh_acc = torch.empty(h.shape, dtype=rd, device=h.device) if need[0] else None
+        dh, dw, db = ops.linear_logp_backward(h, w, target, lse, bias, dlogp=dl, dentropy=de,
+                                              entropy=ent if de is not None else None, dlse=ds,
+                                              need=(need[0], need[1], need[2]), options=ctx.options,
+                                              out=(dh_acc, None, None))
+        if dh is not None:
+            dist.all_reduce(dh, group=ctx.group)
+            dh = dh.to(h.dtype)
+        return dh, dw, db, None, None, None, None
+
+
+def _shard_options(weight, vocab_start, vocab_total, **kw):
+    if vocab_total is None:
+        raise ValueError("fastgrad: vocab_total (the whole vocabulary's size) is required")
+    return ops.logp_options(vocab_start=int(vocab_start), vocab_total=int(vocab_total), **kw)
+
+
+def _whole(weight, vocab_start, vocab_total):
+    """Without a group (or with one rank) the slice must be the whole vocabulary."""
+    if int(vocab_start) != 0 or (vocab_total is not None and int(vocab_total) != weight.shape[0]):
+        raise ValueError(f"fastgrad: rows [{vocab_start}, {int(vocab_start) + weight.shape[0]}) of a vocabulary of "
+                         f"{vocab_total} need the other ranks' slices, but there is no process group of > 1 ranks")
+
+
+def vocab_parallel_logp(h, w_shard, b_shard, target, vocab_start, vocab_total, group=None, temperature=1.0,
+                        softcap=0.0, ignore_index=None, return_entropy=False, max_tile_elements=0):
+    """log_softmax(cap(h·wᵀ + b)/T)[target] per row over the whole vocabulary, this rank holding
+    w's rows [vocab_start, vocab_start + V_r) (w_shard [V_r, D], b_shard [V_r] or None); h [..., D]
+    and target [...] (global ids in [0, vocab_total)) the same on every rank of group (None: the
+    default group). Differentiable in h, w_shard and b_shard; the softmax entropy too with
+    return_entropy. Without a group of > 1 ranks it is fg.linear_logp."""
+    if not _synced(group):
+        _whole(w_shard, vocab_start, vocab_total)
+        return linear_logp(h, w_shard, target, b_shard, temperature, softcap, ignore_index, return_entropy,
+                           max_tile_elements)
+    opt = _shard_options(w_shard, vocab_start, vocab_total, temperature=temperature, softcap=softcap,
+                         ignore_index=ignore_index, max_tile_elements=max_tile_elements)
+    shape = h.shape[:-1]
+    h2, t2 = h.reshape(-1, h.shape[-1]).contiguous(), target.reshape(-1).contiguous()
+    logp, _, ent = VocabParallelLogpFunction.apply(h2, w_shard, b_shard, t2, opt, bool(return_entropy), group)
+    logp = logp.reshape(shape)
+    return (logp, ent.reshape(shape)) if return_entropy else logp
+
+
+def vocab_parallel_cross_entropy(h, w_shard, b_shard, target, vocab_start, vocab_total, group=None, reduction="mean",
+                                 label_smoothing=0.0, z_loss=0.0, ignore_index=-100, row_weight=None, temperature=1.0,
+                                 softcap=0.0, max_tile_elements=0):
+    """fg.linear_cross_entropy of h against the whole vocabulary, this rank holding w's rows
+    [vocab_start, vocab_start + V_r) (w_shard [V_r, D], b_shard [V_r] or None) and every rank of
+    group (None: the default group) the same h [..., D], target [...] and row_weight. Row loss
+    row_weight·(−logp + z_loss·lse²); mean divides by the rows not ignored, as
+    fg.linear_cross_entropy. Every rank returns the same loss; the gradients of h are complete on
+    every rank, those of w_shard / b_shard are this slice's. label_smoothing is refused
+    (FG_ERR_UNSUPPORTED) with a group of > 1 ranks. Without one it is fg.linear_cross_entropy."""
+    if not _synced(group):
+        _whole(w_shard, vocab_start, vocab_total)
+        return linear_cross_entropy(h, w_shard, target, b_shard, reduction, label_smoothing, z_loss, ignore_index,
+                                    row_weight, temperature, softcap, max_tile_elements)
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"fastgrad: reduction must be 'mean', 'sum' or 'none', not {reduction!r}")
+    opt = _shard_options(w_shard, vocab_start, vocab_total, temperature=temperature, softcap=softcap,
+                         ignore_index=ignore_index, label_smoothing=label_smoothing,
+                         max_tile_elements=max_tile_elements)
+    shape = h.shape[:-1]
+    h2, t2 = h.reshape(-1, h.shape[-1]).contiguous(), target.reshape(-1).contiguous()
+    logp, lse, _ = VocabParallelLogpFunction.apply(h2, w_shard, b_shard, t2, opt, False, group)
+    rows = -logp
+    if z_loss:
+        rows = rows + float(z_loss) * lse * lse  # ignored rows: lse = 0
+    if row_weight is not None:
+        rows = rows * row_weight.reshape(-1).to(rows.dtype)
+    if reduction == "none":
+        return rows.reshape(shape)
+    total = rows.sum()
+    if reduction == "sum":
+        return total
+    kept = t2.numel() if ignore_index is None else (t2 != ignore_index).sum()
+    return total / torch.clamp(torch.as_tensor(kept, device=total.device), min=1).to(total.dtype)
+
+
+__all__ = ["SyncBatchNorm", "SyncBatchNormFunction", "sync_batch_norm", "convert_sync_batchnorm",
+           "VocabParallelLogpFunction", "vocab_parallel_logp", "vocab_parallel_cross_entropy"]

@@ -449,8 +449,9 @@ def linear_act_backward(dy, x, w, b=None, pre=None, act="gelu_tanh", need=(True,
 # ------------------------------------------------------------------ Linear log-prob / cross-entropy
 
 def logp_options(temperature=1.0, softcap=0.0, ignore_index=None, reduction="mean", label_smoothing=0.0,
-                 z_loss=0.0, grad_scale=1.0, max_tile_elements=0):
-    """The fg_logp_options of the log-prob family (see include/fastgrad.h)."""
+                 z_loss=0.0, grad_scale=1.0, max_tile_elements=0, vocab_start=0, vocab_total=0):
+    """The fg_logp_options of the log-prob family (see include/fastgrad.h); vocab_start /
+    vocab_total place w's rows in a vocabulary split across ranks (0, 0: unsharded)."""
     if reduction not in _lib.REDUCTION:
         raise ValueError(f"fastgrad: reduction must be one of {sorted(_lib.REDUCTION)}, not {reduction!r}")
     return _lib.LogpOptions(temperature=float(temperature), softcap=float(softcap),
@@ -458,7 +459,8 @@ def logp_options(temperature=1.0, softcap=0.0, ignore_index=None, reduction="mea
                             ignore_index=int(ignore_index) if ignore_index is not None else 0,
                             reduction=_lib.REDUCTION[reduction], label_smoothing=float(label_smoothing),
                             z_loss=float(z_loss), grad_scale=float(grad_scale),
-                            max_tile_elements=int(max_tile_elements))
+                            max_tile_elements=int(max_tile_elements), vocab_start=int(vocab_start),
+                            vocab_total=int(vocab_total))
 
 
 def _row_dtype(h):
@@ -475,6 +477,31 @@ def linear_logp_forward(h, w, target, b=None, entropy=False, options=None):
     logp, lse = _empty_like_family(h, (n,), rd), _empty_like_family(h, (n,), rd)
     ent = _empty_like_family(h, (n,), rd) if entropy else None
     run("linear_logp_forward", dict(h=h, w=w, b=b, target=target, logp=logp, lse=lse, entropy=ent),
+        options=options or logp_options())
+    return logp, lse, ent
+
+
+def linear_logp_shard_forward(h, w, target, b=None, entropy=False, options=None):
+    """One rank's parts of a vocabulary-parallel log-prob: (lse_part, tlogit_part, entropy_part
+    or None) over w's rows [vocab_start, vocab_start + V_r) of the options (include/fastgrad.h,
+    fg_linear_logp_shard_forward)."""
+    rd = _row_dtype(h)
+    n = h.shape[0]
+    lse, tl = _empty_like_family(h, (n,), rd), _empty_like_family(h, (n,), rd)
+    ent = _empty_like_family(h, (n,), rd) if entropy else None
+    run("linear_logp_shard_forward", dict(h=h, w=w, b=b, target=target, lse_part=lse, tlogit_part=tl,
+                                          entropy_part=ent), options=options or logp_options())
+    return lse, tl, ent
+
+
+def linear_logp_shard_combine(target, lse_parts, tlogit_parts, entropy_parts=None, options=None):
+    """(logp, lse, entropy or None) from the gathered parts: lse_parts [R, N], tlogit_parts [N]
+    (summed) or [R, N], entropy_parts [R, N] or None; shards added in rank order."""
+    n = lse_parts.shape[1]
+    logp, lse = _empty_like_family(lse_parts, (n,)), _empty_like_family(lse_parts, (n,))
+    ent = _empty_like_family(lse_parts, (n,)) if entropy_parts is not None else None
+    run("linear_logp_shard_combine", dict(target=target, lse_parts=lse_parts, tlogit_parts=tlogit_parts,
+                                          entropy_parts=entropy_parts, logp=logp, lse=lse, entropy=ent),
         options=options or logp_options())
     return logp, lse, ent
 
@@ -624,6 +651,7 @@ __all__ = ["FastgradError", "set_allow_tf32", "plan_info", "linear_forward", "li
            "linear_backward_weight", "linear_backward_bias", "matmul_forward", "matmul_backward_input",
            "matmul_backward_other", "outer_forward", "outer_backward_input", "outer_backward_other",
            "unary_forward", "unary_backward", "lerp_forward", "lerp_backward", "axpby_forward", "axpby_backward",
-           "adamw_step", "adamw_describe", "adamw_step_arrays", "logp_options", "linear_logp_forward", "linear_logp_backward", "linear_cross_entropy_onepass",
+           "adamw_step", "adamw_describe", "adamw_step_arrays", "logp_options", "linear_logp_forward", "linear_logp_backward",
+           "linear_logp_shard_forward", "linear_logp_shard_combine", "linear_cross_entropy_onepass",
            "context_check", "last_kernels", "linear_act_forward", "linear_act_backward", "attention_options",
            "attention_forward", "attention_backward"]

@@ -319,3 +319,216 @@ def _check_ddp(outs, seed, dtype, opt_name):
     for n in outs[0]["params"]:  # DDP keeps the replicas identical
         assert torch.equal(outs[0]["params"][n], outs[1]["params"][n]), n
     assert not np.allclose(ref_losses[0].item(), ref_losses[-1].item())  # it trained
+
+
+# ------------------------------------------------------------------ vocabulary-parallel cross-entropy
+
+# vocabulary and slice bounds per world size: unequal slices, and (3 ranks) a slice of one class
+VP_BOUNDS = {2: (37, [0, 15, 37]), 3: (41, [0, 20, 21, 41])}
+VP_N, VP_D = 13, 9
+# (name, dtype, bias, kwargs of vocab_parallel_cross_entropy); "logp" runs vocab_parallel_logp
+VP_CONFIGS = [
+    ("mean+ignore", torch.float64, True, dict(reduction="mean", ignore_index=-100)),
+    ("sum+zloss+weights+T+cap", torch.float64, True,
+     dict(reduction="sum", z_loss=1e-3, temperature=0.7, softcap=4.0, ignore_index=3)),
+    ("none+weights", torch.float64, False, dict(reduction="none", ignore_index=-100)),
+    ("mean f32", torch.float32, True, dict(reduction="mean", ignore_index=-100, z_loss=1e-2)),
+    ("logp+entropy", torch.float64, True, dict(temperature=1.3, ignore_index=-100)),
+]
+
+
+def _vp_data(seed, world, dtype, bias, ignore_index=-100):
+    """The global problem (same on every rank): h [N, D], w [V, D], b [V], targets with ignored rows,
+    positive row weights, the upstream gradients."""
+    V, _ = VP_BOUNDS[world]
+    g = torch.Generator().manual_seed(seed)
+    h = (torch.randn(VP_N, VP_D, generator=g, dtype=torch.float64) * 0.8).to(dtype)
+    w = torch.randn(V, VP_D, generator=g, dtype=torch.float64).to(dtype)
+    b = (torch.randn(V, generator=g, dtype=torch.float64) * 0.5).to(dtype) if bias else None
+    t = torch.randint(V, (VP_N,), generator=g)
+    t[2], t[7] = ignore_index, ignore_index
+    rw = (torch.rand(VP_N, generator=g, dtype=torch.float64) + 0.5)
+    gl = torch.randn(VP_N, generator=g, dtype=torch.float64)  # d loss (none) / d logp
+    ge = torch.randn(VP_N, generator=g, dtype=torch.float64)  # d / d entropy
+    return h, w, b, t, rw, gl, ge
+
+
+def _vp_loss(fn_ce, fn_logp, name, kw, h, w, b, t, rw, gl, ge):
+    """The case's scalar objective through fn_ce / fn_logp (sharded or not), so that one backward
+    gives every gradient."""
+    if name.startswith("logp"):
+        logp, ent = fn_logp(h, w, b, t, kw)
+        return (logp, ent), (logp * gl.to(logp.dtype)).sum() + (ent * ge.to(ent.dtype)).sum()
+    weights = rw.to(h.dtype) if ("weights" in name) else None
+    loss = fn_ce(h, w, b, t, weights, kw)
+    if kw["reduction"] == "none":
+        return loss, (loss * gl.to(loss.dtype)).sum()
+    return loss, loss
+
+
+def _vp_run(h, w, b, t, rw, gl, ge, name, kw, fn_ce, fn_logp):
+    h = h.detach().clone().requires_grad_()
+    w = w.detach().clone().requires_grad_()
+    b = b.detach().clone().requires_grad_() if b is not None else None
+    out, obj = _vp_loss(fn_ce, fn_logp, name, kw, h, w, b, t, rw, gl, ge)
+    obj.backward()
+    res = {"out": tuple(o.detach() for o in out) if isinstance(out, tuple) else out.detach(), "dh": h.grad,
+           "dw": w.grad}
+    if b is not None:
+        res["db"] = b.grad
+    return res
+
+
+def _vp_worker(rank, world, seed):
+    V, bounds = VP_BOUNDS[world]
+    lo, hi = bounds[rank], bounds[rank + 1]
+    res = {}
+    for i, (name, dtype, bias, kw) in enumerate(VP_CONFIGS):
+        h, w, b, t, rw, gl, ge = _vp_data(seed + i, world, dtype, bias, kw["ignore_index"])
+
+        def ce(h_, w_, b_, t_, rw_, kw_):
+            return fg.vocab_parallel_cross_entropy(h_, w_, b_, t_, lo, V, row_weight=rw_, **kw_)
+
+        def logp(h_, w_, b_, t_, kw_):
+            return fg.vocab_parallel_logp(h_, w_, b_, t_, lo, V, return_entropy=True, **kw_)
+
+        res[name] = _vp_run(h, w[lo:hi], b[lo:hi] if b is not None else None, t, rw, gl, ge, name, kw, ce, logp)
+    # label smoothing needs Σ_j L_j over the whole vocabulary: refused, naming it
+    h, w, b, t, *_ = _vp_data(seed, world, torch.float64, True)
+    try:
+        fg.vocab_parallel_cross_entropy(h, w[lo:hi], b[lo:hi], t, lo, V, label_smoothing=0.1)
+        res["smoothing"] = "accepted"
+    except fg.FastgradError as e:
+        res["smoothing"] = (e.status, str(e))
+    return res
+
+
+def _vp_fg(h, w, b, t, rw, gl, ge, name, kw):
+    """Single process, whole vocabulary: fg.linear_cross_entropy / fg.linear_logp."""
+    return _vp_run(h, w, b, t, rw, gl, ge, name, kw,
+                   lambda h_, w_, b_, t_, rw_, kw_: fg.linear_cross_entropy(h_, w_, t_, b_, row_weight=rw_, **kw_),
+                   lambda h_, w_, b_, t_, kw_: fg.linear_logp(h_, w_, t_, b_, return_entropy=True, **kw_))
+
+
+def _vp_torch(h, w, b, t, rw, gl, ge, name, kw):
+    """torch on f64 copies: F.linear, the cap and temperature, F.cross_entropy / log_softmax."""
+    F = torch.nn.functional
+    T, cap, ign = kw.get("temperature", 1.0), kw.get("softcap", 0.0), kw.get("ignore_index", None)
+
+    def logits(h_, w_, b_):
+        z = F.linear(h_, w_, b_)
+        return (cap * torch.tanh(z / cap) if cap else z) / T
+
+    def ce(h_, w_, b_, t_, rw_, kw_):
+        L = logits(h_, w_, b_)
+        rows = F.cross_entropy(L, t_, reduction="none", ignore_index=ign if ign is not None else -100)
+        kept = t_ != ign if ign is not None else torch.ones_like(t_, dtype=torch.bool)
+        lse = torch.where(kept, torch.logsumexp(L, dim=-1), torch.zeros((), dtype=L.dtype))
+        rows = rows + kw_.get("z_loss", 0.0) * lse * lse
+        if rw_ is not None:
+            rows = rows * rw_
+        if kw_["reduction"] == "none":
+            return rows
+        return rows.sum() if kw_["reduction"] == "sum" else rows.sum() / kept.sum().clamp(min=1)
+
+    def logp(h_, w_, b_, t_, kw_):
+        L = logits(h_, w_, b_)
+        lp = torch.log_softmax(L, dim=-1)
+        kept = t_ != ign if ign is not None else torch.ones_like(t_, dtype=torch.bool)
+        tgt = lp.gather(1, torch.where(kept, t_, 0)[:, None])[:, 0]
+        ent = -(lp.exp() * lp).sum(-1)
+        zero = torch.zeros((), dtype=L.dtype)
+        return torch.where(kept, tgt, zero), torch.where(kept, ent, zero)
+
+    d = lambda x: None if x is None else x.double()  # noqa: E731
+    return _vp_run(d(h), d(w), d(b), t, rw, gl, ge, name, kw, ce, logp)
+
+
+def _vp_compare(got, ref, tol, what):
+    if isinstance(ref, tuple):
+        for g_, r_ in zip(got, ref):
+            assert err(g_, r_) <= tol, (what, err(g_, r_), tol)
+    else:
+        assert err(got, ref) <= tol, (what, err(got, ref), tol)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_vocab_parallel_cross_entropy_matches_whole_vocabulary(tmp_path, rng, world):
+    """Every rank's loss (mean / sum / none, ignore_index, z-loss, row weights, temperature and
+    softcap, with and without a bias) and the log-prob + entropy variant, the gradient of h on
+    every rank, and the slices' gradients of w and b concatenated, against one process over the
+    whole vocabulary: fg.linear_cross_entropy / fg.linear_logp (the same dtype) and torch on f64
+    copies. Tolerances: f64 1e-12 against both; f32 1e-5 (the suite's) against both. Every rank
+    returns the same loss bits (the combine runs the same sums in rank order). Label smoothing is
+    refused with FG_ERR_UNSUPPORTED naming it."""
+    seed = _seed(rng)
+    outs = _spawn(_vp_worker, world, tmp_path, seed)
+    for i, (name, dtype, bias, kw) in enumerate(VP_CONFIGS):
+        data = _vp_data(seed + i, world, dtype, bias, kw["ignore_index"])
+        tol = 1e-12 if dtype == torch.float64 else 1e-5
+        ranks = [o[name] for o in outs]
+        for o in ranks[1:]:
+            _vp_compare(o["out"], ranks[0]["out"], 0.0, (name, "the same loss on every rank"))
+        for j, ref in enumerate((_vp_fg(*data, name, kw), _vp_torch(*data, name, kw))):
+            who = (name, world, ["fastgrad", "torch"][j])
+            for r, o in enumerate(ranks):
+                _vp_compare(o["out"], ref["out"], tol, who + ("loss", r))
+                assert o["dh"].dtype == dtype
+                _vp_compare(o["dh"], ref["dh"], tol, who + ("dh", r))
+            _vp_compare(torch.cat([o["dw"] for o in ranks]), ref["dw"], tol, who + ("dw",))
+            if bias:
+                _vp_compare(torch.cat([o["db"] for o in ranks]), ref["db"], tol, who + ("db",))
+    for o in outs:
+        status, msg = o["smoothing"]
+        assert status == fg._lib.ERR_UNSUPPORTED and "label_smoothing" in msg, o["smoothing"]
+
+
+def test_vocab_parallel_without_group_is_linear_cross_entropy(rng):
+    """No process group: vocab_parallel_cross_entropy is fg.linear_cross_entropy over the whole
+    vocabulary (label smoothing included), and a real slice is refused."""
+    assert not dist.is_initialized()
+    h = torch.tensor(rng.normal(size=(7, 5)), requires_grad=True)
+    w = torch.tensor(rng.normal(size=(11, 5)), requires_grad=True)
+    t = torch.tensor(rng.integers(0, 11, 7))
+    a = fg.vocab_parallel_cross_entropy(h, w, None, t, 0, 11, label_smoothing=0.1, z_loss=1e-3)
+    b = fg.linear_cross_entropy(h, w, t, label_smoothing=0.1, z_loss=1e-3)
+    assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="other ranks"):
+        fg.vocab_parallel_cross_entropy(h, w[:6], None, t, 0, 11)
+
+
+def test_vocab_parallel_split_api_simulated_ranks(rng):
+    """One process, three simulated ranks (numpy, f64): the split API's parts combined by hand as the
+    collectives would (tlogit summed; lse / entropy gathered) equal fg.linear_logp_forward over the
+    whole vocabulary, and Σ_r dh_r and the concatenated dw / db equal its backward."""
+    N, D, V = 9, 6, 23
+    h = rng.normal(size=(N, D))
+    w = rng.normal(size=(V, D))
+    b = rng.normal(size=V)
+    t = rng.integers(0, V, N).astype(np.int64)
+    bounds = [0, 8, 9, 23]
+    logp_ref, lse_ref, ent_ref = fg.linear_logp_forward(h, w, t, b, entropy=True)
+    parts = []
+    for r in range(3):
+        lo, hi = bounds[r], bounds[r + 1]
+        opt = fg.logp_options(vocab_start=lo, vocab_total=V)
+        parts.append(fg.linear_logp_shard_forward(h, w[lo:hi].copy(), t, b[lo:hi].copy(), entropy=True, options=opt))
+    lse_p = np.stack([p[0] for p in parts])
+    tl = sum(p[1] for p in parts)
+    ent_p = np.stack([p[2] for p in parts])
+    logp, lse, ent = fg.linear_logp_shard_combine(t, lse_p, tl, ent_p)
+    for got, ref in ((logp, logp_ref), (lse, lse_ref), (ent, ent_ref)):
+        assert np.abs(got - ref).max() <= 1e-12 * max(1.0, np.abs(ref).max())
+    dl = rng.normal(size=N)
+    dh_ref, dw_ref, db_ref = fg.linear_logp_backward(h, w, t, lse_ref, b, dlogp=dl)
+    dh = np.zeros_like(h)
+    dws, dbs = [], []
+    for r in range(3):
+        lo, hi = bounds[r], bounds[r + 1]
+        opt = fg.logp_options(vocab_start=lo, vocab_total=V)
+        dh_r, dw_r, db_r = fg.linear_logp_backward(h, w[lo:hi].copy(), t, lse, b[lo:hi].copy(), dlogp=dl, options=opt)
+        dh += dh_r
+        dws.append(dw_r), dbs.append(db_r)
+    assert np.abs(dh - dh_ref).max() <= 1e-12 * np.abs(dh_ref).max()
+    assert np.abs(np.concatenate(dws) - dw_ref).max() <= 1e-12 * np.abs(dw_ref).max()
+    assert np.abs(np.concatenate(dbs) - db_ref).max() <= 1e-12 * np.abs(db_ref).max()

@@ -1,0 +1,82 @@
+#!/usr/bin/env python3
+"""profile_gpt2.py — where bench/gpt2_step.py's GPT-2 training step spends its GPU time, fastgrad's
+modules beside plain torch eager: each build's CUDA kernels summed over a step (slowest first,
+share of the step, launches), the kernels' total against the step's wall time (the difference is
+the GPU waiting on the host), for deciding what to fix first.
+
+    PYTHONPATH=python:bench FASTGRAD_LIBRARY=build-gpu/libfastgrad.so python3 tools/profile_gpt2.py [--top 25]
+"""
+import argparse
+import os
+import sys
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "bench"))
+
+import fastgrad as fg  # noqa: E402
+import gpt2_step as g2  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--steps", type=int, default=3)
+    args = ap.parse_args()
+    dev, dtype = torch.device("cuda"), torch.bfloat16
+    c = g2.Config()
+    gen = torch.Generator().manual_seed(1)
+    batches = []
+    for _ in range(2):
+        idx = torch.randint(0, c.vocab, (c.batch, c.seq + 1), generator=gen)
+        batches.append((idx[:, :-1].contiguous().to(dev), idx[:, 1:].contiguous().to(dev)))
+    for build, attn in (("torch", "sdpa"), ("fastgrad", "fg")):
+        torch.manual_seed(1)
+        model = g2.GPT2(c, build=build, attn=attn).gpt2_init().to(dev, dtype)
+        if build == "fastgrad":
+            opt = fg.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, moment_dtype="param")
+        else:
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=True)
+
+        def step(i):
+            opt.zero_grad(set_to_none=True)
+            model(*batches[i % 2]).backward()
+            opt.step()
+
+        for i in range(3):
+            step(i)
+        torch.cuda.synchronize()
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        for i in range(args.steps):
+            step(i)
+        e1.record()
+        torch.cuda.synchronize()
+        wall = e0.elapsed_time(e1) / args.steps
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for i in range(args.steps):
+                step(i)
+            torch.cuda.synchronize()
+        rows = {}
+        for ev in prof.events():
+            if ev.device_type != torch.autograd.DeviceType.CUDA:
+                continue
+            name = ev.name if len(ev.name) < 100 else ev.name[:97] + "..."
+            t, n = rows.get(name, (0.0, 0))
+            rows[name] = (t + ev.device_time / 1000.0 / args.steps, n + 1)
+        table = sorted(((t, n / args.steps, k) for k, (t, n) in rows.items()), reverse=True)
+        total = sum(t for t, _, _ in table)
+        launches = sum(n for _, n, _ in table)
+        print(f"\n## {build} (attention {attn}): step {wall:.2f} ms (CUDA events), kernels {total:.2f} ms, "
+              f"{launches:.0f} launches a step")
+        print("| ms a step | share | launches | kernel |\n|---:|---:|---:|---|")
+        for t, n, k in table[:args.top]:
+            print(f"| {t:.3f} | {100 * t / total:.1f}% | {n:.0f} | `{k}` |")
+        del model, opt
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

@@ -507,6 +507,14 @@ static int revin_out(model *m, int64_t B) {
     return 0;
 }
 
+/* What the FFN's GELU saves for its backward (in y->pre): on the CPU its slope, made in the
+ * forward's pass beside the value, so the backward's g = dy ⊙ s is one multiply instead of
+ * erf and exp again (the same f32 slope, so the same bits); on CUDA the pre-activation, which
+ * its fused short-K backward recomputes from. */
+static fg_act_saved ffn_saved(const model *m) {
+    return m->dv->backend == FG_BACKEND_CUDA ? FG_ACT_SAVED_PRE : FG_ACT_SAVED_SLOPE;
+}
+
 static int forward_patchtst(model *m, int64_t B, int64_t step, bool train) {
     const config *c = &m->cfg;
     const int64_t N = B * m->C, P = m->P, d = m->d, S = c->patch_len, Hh = c->heads, hd = m->hd, T = N * P;
@@ -553,10 +561,10 @@ static int forward_patchtst(model *m, int64_t B, int64_t step, bool train) {
         const fg_tensor rm1 = t1(m->bdt, stat_at(m, y->rm1), d), rv1 = t1(m->bdt, stat_at(m, y->rv1), d);
         const fg_tensor s1 = t2(m->dt, y->s1, T, d), h1 = t2(m->dt, y->h1, T, d), mean1 = t1(m->acc, y->mean1, d), rstd1 = t1(m->acc, y->rstd1, d);
         CK(fg_batch_norm_forward(ctx, &bo1, &hx, &a, &w1n, &b1n, &rm1, &rv1, &h1, &s1, &mean1, &rstd1));
-        /* the FFN: GELU (erf) with pre kept, dropout, the second Linear */
+        /* the FFN: GELU (erf) with pre or its slope kept, dropout, the second Linear */
         const fg_tensor w1 = t2(m->dt, P_(m, y->w1), dff, d), b1 = t1(m->dt, P_(m, y->b1), dff), pre = t2(m->dt, y->pre, T, dff);
         const fg_tensor f = t2(m->dt, y->f, T, dff);
-        const fg_linear_act_options lo = {FG_ACT_GELU, FG_ACT_SAVED_PRE, 0};
+        const fg_linear_act_options lo = {FG_ACT_GELU, train ? ffn_saved(m) : FG_ACT_SAVED_PRE, 0};
         CK(fg_linear_act_forward_ex(ctx, &lo, &h1, &w1, &b1, &f, train ? &pre : NULL));
         dop = drop(m, site(l, SITE_FFN), step, train);
         if (dop.p > 0) CK(fg_dropout_forward(ctx, &dop, &f, &f));
@@ -633,7 +641,7 @@ static int backward_patchtst(model *m, int64_t B, int64_t step) {
         /* f = GELU(h1·W1ᵀ + b1): dh1 += into gmid */
         const fg_tensor h1 = t2(m->dt, y->h1, T, d), w1 = t2(m->dt, P_(m, y->w1), dff, d), b1 = t1(m->dt, P_(m, y->b1), dff);
         const fg_tensor pre = t2(m->dt, y->pre, T, dff), dw1 = t2(m->dt, G_(m, y->w1), dff, d), db1 = t1(m->dt, G_(m, y->b1), dff);
-        const fg_linear_act_options lo = {FG_ACT_GELU, FG_ACT_SAVED_PRE, 1};
+        const fg_linear_act_options lo = {FG_ACT_GELU, ffn_saved(m), 1};
         CK(fg_linear_act_backward_ex(ctx, &lo, &df, &pre, &h1, &w1, &b1, &gmid, &dw1, &db1, 1));
         /* h1 = BN(s1), s1 = h + dropout(a): gx ← ds1 (= dh so far), da ← da */
         bo.dropout = drop(m, site(l, SITE_ATTN_RES), step, true);

@@ -9,7 +9,8 @@
  * each rank's fg_linear_logp_backward with the global lse / entropy gives its dh partial
  * (summed here, as the caller's all-reduce would) and its slice of dw / db, checked against
  * the reference's dh and the reference's dw / db rows of that slice. Options: temperature,
- * softcap, ignore_index, i32 / i64 targets. Also: targets of another slice raise nothing,
+ * softcap, ignore_index, i32 / i64 targets. Also: finite differences of the f64 pipeline (the
+ * backward is the forward + combine's gradient), targets of another slice raise nothing,
  * a target outside [0, vocab_total) is the device-value error, and bad input writes nothing.
  */
 #include "harness.h"
@@ -263,6 +264,91 @@ static void run_case(fg_context *ctx, fg_backend be, fg_dtype dt, const problem 
     free_ref(&ref);
 }
 
+/* ------------------------------------------------------------------ finite differences */
+
+/* Σ_n dl·logp + de·entropy + ds·lse of the sharded pipeline (CPU, f64, host arrays); with
+   grads, also the gradients of h, w, b (Σ_r dh_r, the slices' dw, db concatenated). */
+static double fd_objective(fg_context *ctx, const problem *p, const double *h, const double *w, const double *b,
+                           const int64_t *t, const double *dl, const double *de, const double *ds, double *gh,
+                           double *gw, double *gb) {
+    const int64_t N = p->N, D = p->D, V = p->V;
+    const int R = p->R;
+    int64_t hs[2] = {N, D}, ns[1] = {N}, ps[2] = {R, N};
+    double *lp = malloc(sizeof(double) * (size_t)(R * N)), *ep = malloc(sizeof(double) * (size_t)(R * N));
+    double *tl = malloc(sizeof(double) * (size_t)(R * N)), *ts = calloc((size_t)N, sizeof(double));
+    double logp[64], lse[64], ent[64];
+    fg_tensor th = fg_tensor_make((void *)h, FG_F64, 2, hs), tt = fg_tensor_make((void *)t, FG_I64, 1, ns);
+    for (int r = 0; r < R; r++) {
+        const int64_t v0 = p->bounds[r], vr = p->bounds[r + 1] - v0;
+        int64_t wsh[2] = {vr, D}, bsh[1] = {vr};
+        fg_logp_options o = p->opt;
+        o.vocab_start = v0, o.vocab_total = V;
+        fg_tensor tw = fg_tensor_make((void *)(w + v0 * D), FG_F64, 2, wsh), tb = fg_tensor_make((void *)(b + v0), FG_F64, 1, bsh);
+        fg_tensor a = fg_tensor_make(lp + r * N, FG_F64, 1, ns), c = fg_tensor_make(tl + r * N, FG_F64, 1, ns),
+                  e = fg_tensor_make(ep + r * N, FG_F64, 1, ns);
+        TH_OK(fg_linear_logp_shard_forward(ctx, &o, &th, &tw, &tb, &tt, &a, &c, &e));
+        for (int64_t n = 0; n < N; n++) ts[n] += tl[r * N + n];
+    }
+    fg_tensor LP = fg_tensor_make(lp, FG_F64, 2, ps), EP = fg_tensor_make(ep, FG_F64, 2, ps), TS = fg_tensor_make(ts, FG_F64, 1, ns);
+    fg_tensor a = fg_tensor_make(logp, FG_F64, 1, ns), c = fg_tensor_make(lse, FG_F64, 1, ns), e = fg_tensor_make(ent, FG_F64, 1, ns);
+    TH_OK(fg_linear_logp_shard_combine(ctx, &p->opt, &tt, &LP, &TS, &EP, &a, &c, &e));
+    double obj = 0;
+    for (int64_t n = 0; n < N; n++) obj += dl[n] * logp[n] + de[n] * ent[n] + ds[n] * lse[n];
+    if (gh) {
+        double *dh = malloc(sizeof(double) * (size_t)(N * D));
+        for (int64_t i = 0; i < N * D; i++) gh[i] = 0;
+        fg_tensor tdl = fg_tensor_make((void *)dl, FG_F64, 1, ns), tde = fg_tensor_make((void *)de, FG_F64, 1, ns),
+                  tds = fg_tensor_make((void *)ds, FG_F64, 1, ns), tdh = fg_tensor_make(dh, FG_F64, 2, hs);
+        for (int r = 0; r < R; r++) {
+            const int64_t v0 = p->bounds[r], vr = p->bounds[r + 1] - v0;
+            int64_t wsh[2] = {vr, D}, bsh[1] = {vr};
+            fg_logp_options o = p->opt;
+            o.vocab_start = v0, o.vocab_total = V;
+            fg_tensor tw = fg_tensor_make((void *)(w + v0 * D), FG_F64, 2, wsh), tb = fg_tensor_make((void *)(b + v0), FG_F64, 1, bsh);
+            fg_tensor tdw = fg_tensor_make(gw + v0 * D, FG_F64, 2, wsh), tdb = fg_tensor_make(gb + v0, FG_F64, 1, bsh);
+            TH_OK(fg_linear_logp_backward(ctx, &o, &tdl, &tde, &tds, &th, &tw, &tb, &tt, &c, &e, &tdh, &tdw, &tdb, 0));
+            for (int64_t i = 0; i < N * D; i++) gh[i] += dh[i];
+        }
+        free(dh);
+    }
+    free(lp), free(ep), free(tl), free(ts);
+    return obj;
+}
+
+/* The sharded backward is the gradient of the sharded forward + combine: central differences in
+ * f64 at every coordinate of h, w and b (R = 3, softcap and temperature, an ignored row). */
+static void finite_differences(fg_context *ctx) {
+    problem p = {5, 4, 11, true, {0}, FG_I64, 3, {0, 3, 4, 11}, 11, 0};
+    p.opt.temperature = 0.8, p.opt.softcap = 3.0, p.opt.use_ignore_index = 1, p.opt.ignore_index = -1;
+    const int64_t N = p.N, D = p.D, V = p.V;
+    double h[20], w[44], b[11], dl[5], de[5], ds[5], gh[20], gw[44], gb[11];
+    int64_t t[5] = {0, 3, -1, 10, 5};
+    th_fill(h, N * D), th_fill(w, V * D), th_fill(b, V), th_fill(dl, N), th_fill(de, N), th_fill(ds, N);
+    fd_objective(ctx, &p, h, w, b, t, dl, de, ds, gh, gw, gb);
+    double *vars[3] = {h, w, b}, *grads[3] = {gh, gw, gb};
+    const int64_t counts[3] = {N * D, V * D, V};
+    const char *names[3] = {"h", "w", "b"};
+    const double step = 1e-5;
+    for (int k = 0; k < 3; k++) {
+        double worst = 0, scale = 0;
+        for (int64_t i = 0; i < counts[k]; i++) {
+            const double x = vars[k][i];
+            vars[k][i] = x + step;
+            const double up = fd_objective(ctx, &p, h, w, b, t, dl, de, ds, NULL, NULL, NULL);
+            vars[k][i] = x - step;
+            const double dn = fd_objective(ctx, &p, h, w, b, t, dl, de, ds, NULL, NULL, NULL);
+            vars[k][i] = x;
+            const double fd = (up - dn) / (2 * step);
+            worst = fmax(worst, fabs(fd - grads[k][i]));
+            scale = fmax(scale, fabs(grads[k][i]));
+            if (isnan(grads[k][i])) worst = INFINITY;
+        }
+        /* truncation ~h²·f‴/6 and cancellation ~1e-16/h: 1e-8 of the largest gradient */
+        TH_CHECK(worst <= 1e-8 * fmax(scale, 1.0), "finite differences d%s: max error %.3g (max |grad| %.3g)", names[k],
+                 worst, scale);
+    }
+}
+
 /* ------------------------------------------------------------------ device values and bad input */
 
 /* A target outside [0, vocab_total): NaN in its row's parts, FG_ERR_DEVICE_VALUE naming the row;
@@ -369,6 +455,11 @@ int main(void) {
     th_init("linear_logp_shard");
     fg_backend bes[2];
     int nb = th_backends(bes);
+    {
+        fg_context *cpu = th_context(FG_BACKEND_CPU, false);
+        finite_differences(cpu);
+        fg_context_destroy(cpu);
+    }
     for (int bi = 0; bi < nb; bi++) {
         fg_backend be = bes[bi];
         fg_context *ctx = th_context(be, false);

@@ -280,6 +280,30 @@ static void logp_kernels(void) {
                                                 &db.t, 0), NULL);
         written(label, &loss), written(label, &dh), written(label, &dw);
     }
+    {   /* vocabulary shards: the shard forward over w's rows [400, V) (the target moved in STATS),
+           its backward (GRAD), and the combine kernel over two gathered parts */
+        fg_logp_options o;
+        memset(&o, 0, sizeof o);
+        o.vocab_start = 400, o.vocab_total = V;
+        int64_t sd[2] = {V - 400, D}, s1[1] = {V - 400}, p2[2] = {2, N};
+        fg_tensor ws = th_tensor(&w.buf, 400 * D, 2, sd, NULL), bs = th_tensor(&b.buf, 400, 1, s1, NULL);
+        fg_tensor dws = th_tensor(&dw.buf, 0, 2, sd, NULL);
+        th_poison(&lse.buf), th_poison(&logp.buf), th_poison(&ent.buf);
+        launched("linear_logp_shard_forward",
+                 fg_linear_logp_shard_forward(ctx, &o, &h.t, &ws, &bs, &target, &lse.t, &logp.t, &ent.t), NULL);
+        written("linear_logp_shard_forward", &lse), written("linear_logp_shard_forward", &ent);
+        th_operand parts = make(FG_F32, 2, p2, 0);
+        th_poison(&lse.buf), th_poison(&logp.buf), th_poison(&ent.buf);
+        launched("linear_logp_shard_combine",
+                 fg_linear_logp_shard_combine(ctx, &o, &target, &parts.t, &dl.t, &parts.t, &logp.t, &lse.t, &ent.t),
+                 "logp_combine");
+        written("linear_logp_shard_combine", &logp), written("linear_logp_shard_combine", &ent);
+        th_poison(&dh.buf);
+        launched("linear_logp_backward shard", fg_linear_logp_backward(ctx, &o, &dl.t, NULL, NULL, &h.t, &ws, &bs, &target,
+                                                                       &lse.t, NULL, &dh.t, &dws, NULL, 0), NULL);
+        written("linear_logp_backward shard", &dh);
+        th_drop(&parts);
+    }
     fg_status st = fg_context_check(ctx);
     launched("linear_logp device flag", st, NULL);
     th_drop(&h), th_drop(&w), th_drop(&b), th_drop(&logp), th_drop(&lse), th_drop(&ent), th_drop(&dl);

@@ -31,6 +31,9 @@ static const lcase cases[] = {
     {1, {1}, 515, 1031, 2},  {1, {45}, 70, 37, 2},   {1, {0}, 8, 4, 0},         {1, {6}, 0, 4, 0},
     /* many rows, a short k (the CPU's own f32 short-k product: forward at k <= 32, backward_input at m <= 32) */
     {1, {1037}, 16, 128, 0}, {1, {700}, 20, 129, 1}, {2, {3, 700}, 8, 40, 3}, {1, {1037}, 129, 20, 2},
+    /* many rows, few outputs, a longer k (the CPU's own f32 narrow product: forward at m <= 16,
+       backward_input at k <= 16; rows not a multiple of its 8-row block) */
+    {1, {4103}, 128, 16, 0}, {2, {3, 2731}, 67, 13, 2}, {1, {4103}, 16, 128, 1},
 };
 
 /* w [m, k]; layout 2 stores it column-major (as [k, m]). */

@@ -8,7 +8,8 @@
  * rounded once. Vector products with a vector of ones (bias gradients) and low-precision
  * GEMVs are loops with f64 accumulation in a fixed order (eight interleaved partial sums
  * where a dot product runs along contiguous memory): results are deterministic whatever
- * the thread count. Threads follow src/cpu/cpu.h: OpenBLAS's for the products (the
+ * the thread count. Short (k <= 32) and narrow (n <= 16) f32 products of many rows run own
+ * kernels instead (smallk, narrow below). Threads follow src/cpu/cpu.h: OpenBLAS's for the products (the
  * context's count when it sets one), OpenMP teams for the loops, never both at once.
  */
 #include "cpu.h"
@@ -408,6 +409,75 @@ static fg_status smallk(const fg_context *ctx, const fg_gemm *g, void *ws, size_
     return FG_OK;
 }
 
+/* Narrow products (8 <= n <= 16: c's row is one vector; k past smallk's, up to NARROW_K): a tall a
+   times a few columns, as PatchTST's FFN has them (T × 128 times 128 × 16). OpenBLAS packs all of a
+   for these, a copy that costs as much as the product. Here NARROW_R rows run at once, each row's
+   16 sums in its own register over p in order (b packed as k rows of 16, zero past n), so the
+   multiply-adds' latency hides behind the other rows' and a is read once, in place. One thread a
+   row block: the result does not depend on the thread count. */
+enum { NARROW_R = 8, NARROW_K = 4096 };
+
+static bool narrow_takes(const fg_gemm *g) {
+    return g->dtype == FG_F32 && !g->c_f32 && g->k > SMALLK_K && g->k <= NARROW_K && g->n >= 8 && g->n <= 16 &&
+           g->m >= 256 && g->c.cs == 1 && !(g->batch > 1 && g->c.bs == 0) && g->m * g->n >= (1 << 16);
+}
+
+FG_CPU_CLONES
+static void tall_rows(const fg_gemm *g, const float *a, const float *bp, float *c, int64_t r0, int64_t r1) {
+    const int64_t n = g->n, k = g->k, rs = g->a.rs, cs = g->a.cs;
+    int64_t i = r0;
+    for (; i + NARROW_R <= r1; i += NARROW_R) {
+        smallk_v s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0}, s4 = {0}, s5 = {0}, s6 = {0}, s7 = {0};
+        const float *ai = a + i * rs;
+        for (int64_t p = 0; p < k; p++) {
+            smallk_v b;
+            memcpy(&b, bp + p * 16, 64);
+            const float *ap = ai + p * cs;
+            s0 += ap[0] * b, s1 += ap[rs] * b, s2 += ap[2 * rs] * b, s3 += ap[3 * rs] * b;
+            s4 += ap[4 * rs] * b, s5 += ap[5 * rs] * b, s6 += ap[6 * rs] * b, s7 += ap[7 * rs] * b;
+        }
+        float acc[NARROW_R][16];
+        memcpy(acc[0], &s0, 64), memcpy(acc[1], &s1, 64), memcpy(acc[2], &s2, 64), memcpy(acc[3], &s3, 64);
+        memcpy(acc[4], &s4, 64), memcpy(acc[5], &s5, 64), memcpy(acc[6], &s6, 64), memcpy(acc[7], &s7, 64);
+        for (int r = 0; r < NARROW_R; r++) smallk_store(g, c + (i + r) * g->c.rs, i + r, 0, n, acc[r]);
+    }
+    for (; i < r1; i++) {
+        smallk_v s0 = {0};
+        for (int64_t p = 0; p < k; p++) {
+            smallk_v b;
+            memcpy(&b, bp + p * 16, 64);
+            s0 += a[i * rs + p * cs] * b;
+        }
+        float acc[16];
+        memcpy(acc, &s0, 64);
+        smallk_store(g, c + i * g->c.rs, i, 0, n, acc);
+    }
+}
+
+static fg_status narrow(const fg_context *ctx, const fg_gemm *g, void *ws, size_t ws_bytes) {
+    const int64_t n = g->n, k = g->k;
+    if (ws_bytes < (size_t)(k * 16) * sizeof(float)) return fg_fail(FG_ERR_INTERNAL, "cpu gemm: workspace too small");
+    float *bp = ws;
+    for (int64_t b = 0; b < g->batch; b++) {
+        const float *a = (const float *)g->a.data + b * g->a.bs, *bb = (const float *)g->b.data + b * g->b.bs;
+        float *c = (float *)g->c.data + b * g->c.bs;
+        for (int64_t p = 0; p < k; p++)
+            for (int64_t j = 0; j < 16; j++) bp[p * 16 + j] = j < n ? bb[p * g->b.rs + j * g->b.cs] : 0.0f;
+        const int team = fg_cpu_team(ctx, g->m * n * k, 1 << 18);
+        if (team == 1) {
+            tall_rows(g, a, bp, c, 0, g->m);
+            continue;
+        }
+#pragma omp parallel num_threads(team)
+        {
+            int64_t lo, hi;
+            fg_cpu_share(g->m, omp_get_num_threads(), omp_get_thread_num(), NARROW_R, &lo, &hi);
+            tall_rows(g, a, bp, c, lo, hi);
+        }
+    }
+    return FG_OK;
+}
+
 static fg_status general(const fg_context *ctx, const fg_gemm *g, void *ws, size_t ws_bytes) {
     const fg_dtype t = g->dtype, ct = g->c_f32 ? FG_F32 : t;
     const int64_t m = g->m, n = g->n, k = g->k;
@@ -493,6 +563,12 @@ fg_status fg_cpu_gemm(fg_context *ctx, const fg_gemm *g, fg_kernel_info *info, v
         info->workspace_bytes = (size_t)(g->k * g->n) * sizeof(float);
         if (!run) return FG_OK;
         return smallk(ctx, g, ws, ws_bytes);
+    }
+    if (narrow_takes(g)) {
+        snprintf(info->name, sizeof info->name, "cpu:f32_narrow");
+        info->workspace_bytes = (size_t)(g->k * 16) * sizeof(float);
+        if (!run) return FG_OK;
+        return narrow(ctx, g, ws, ws_bytes);
     }
     const bool low = g->dtype == FG_F16 || g->dtype == FG_BF16;
     snprintf(info->name, sizeof info->name, low ? "cpu:%s->f32+openblas:sgemm" : "openblas:%sgemm",

@@ -1,17 +1,18 @@
 /*
  * test_linear_logp_shard.c — vocabulary-parallel log-prob (the split API): R = 1, 2, 3 ranks
- * simulated in one process on every backend present and every dtype. Each rank runs
- * fg_linear_logp_shard_forward over its slice of w / b (unequal slices, a slice of one
- * class, a slice that holds no target, tiles forced small so the target offset meets tiles
- * that start past the slice's first class); the test gathers the parts (the tlogits summed,
- * and gathered as [R, N]) as an all-gather / all-reduce would; fg_linear_logp_shard_combine
- * gives logp / lse / entropy, checked against a float64 loop over the whole vocabulary;
- * each rank's fg_linear_logp_backward with the global lse / entropy gives its dh partial
- * (summed here, as the caller's all-reduce would) and its slice of dw / db, checked against
- * the reference's dh and the reference's dw / db rows of that slice. Options: temperature,
- * softcap, ignore_index, i32 / i64 targets. Also: finite differences of the f64 pipeline (the
- * backward is the forward + combine's gradient), targets of another slice raise nothing,
- * a target outside [0, vocab_total) is the device-value error, and bad input writes nothing.
+ * simulated in one process on every backend present and every dtype (f32, f16, bf16; f64 on
+ * the CPU). Each rank runs fg_linear_logp_shard_forward over its slice of w / b (unequal
+ * slices, a slice of one class, a slice that holds no target, tiles forced small so the
+ * target offset meets tiles that start past the slice's first class); the test gathers the
+ * parts (the tlogits summed, and gathered as [R, N]) as an all-gather / all-reduce would;
+ * fg_linear_logp_shard_combine gives logp / lse / entropy, checked against a float64 loop
+ * over the whole vocabulary; each rank's fg_linear_logp_backward with the global lse /
+ * entropy gives its dh partial (summed here, as the caller's all-reduce would) and its slice
+ * of dw / db, checked against the reference's dh and the reference's dw / db rows of that
+ * slice. Options: temperature, softcap, ignore_index, i32 / i64 targets. Also: finite
+ * differences of the f64 pipeline (the backward is the forward + combine's gradient), targets
+ * of another slice raise nothing, a target outside [0, vocab_total) is the device-value
+ * error, and bad input writes nothing.
  */
 #include "harness.h"
 
@@ -466,7 +467,6 @@ int main(void) {
         for (int di = 0; di < 4; di++) {
             fg_dtype dt = th_dtypes[di];
             if (dt == FG_F64 && be != FG_BACKEND_CPU) continue;
-            if (dt == FG_F16) continue; /* f16 takes the f32 / bf16 paths; the issue asks f32, bf16, f64 */
             problem one = {17, 33, 127, true, {0}, FG_I64, 1, {0, 127}, 127, 0};
             run_case(ctx, be, dt, &one, "R=1");
             /* unequal slices, ignore_index rows, temperature and softcap, tiles of a few columns so

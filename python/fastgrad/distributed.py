@@ -23,9 +23,9 @@ evaluation it normalizes with the running statistics and communicates nothing.
 Vocabulary parallelism (vocab_parallel_cross_entropy, vocab_parallel_logp): each rank holds the
 rows [vocab_start, vocab_start + V_r) of the head's weight (and bias) and the same h and target
 (global class ids). The library's split API (include/fastgrad.h, fg_linear_logp_shard_*):
-  forward:  this slice's parts {lse_r, L[target] or 0, H_r} → dist.all_gather (lse_r, H_r) and
-            dist.all_reduce SUM (L[target]) → combine (the same bits on every rank) → logp, lse,
-            entropy; the loss (row weights, z-loss, reductions) is torch on those [N] vectors
+  forward:  this slice's parts {lse_r, L[target] or 0, H_r} → one dist.all_gather of the
+            stacked parts → combine, the ranks in order (the same bits on every rank) → logp,
+            lse, entropy; the loss (row weights, z-loss, reductions) is torch on those [N] vectors
   backward: the log-prob backward with the global lse → this slice's dw, db and a partial dh
             (f32 for low-precision h) → dist.all_reduce SUM → dh
 Label smoothing needs Σ_j L_j over the whole vocabulary and is refused (FastgradError,
@@ -193,7 +193,7 @@ convert_sync_batchnorm = SyncBatchNorm.convert_sync_batchnorm
 # ------------------------------------------------------------------ vocabulary parallelism
 
 def _gather_rows(x, group):
-    """[N] on every rank → [R, N], row r from rank r of the group."""
+    """[k, N] on every rank → [R, k, N], block r from rank r of the group."""
     parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
     dist.all_gather(parts, x, group=group)
     return torch.stack(parts)
@@ -207,10 +207,12 @@ class VocabParallelLogpFunction(torch.autograd.Function):
     def forward(ctx, h, weight, bias, target, options, want_entropy, group):
         w = weight.contiguous()
         lse_r, tl_r, ent_r = ops.linear_logp_shard_forward(h, w, target, bias, entropy=want_entropy, options=options)
-        dist.all_reduce(tl_r, group=group)
-        lse_parts = _gather_rows(lse_r, group)
-        ent_parts = _gather_rows(ent_r, group) if want_entropy else None
-        logp, lse, ent = ops.linear_logp_shard_combine(target, lse_parts, tl_r, ent_parts, options=options)
+        # one collective: every rank gathers every rank's parts and combines them in rank order,
+        # so all ranks hold the same bits (an all-reduce's order is the backend's)
+        g = _gather_rows(torch.stack([lse_r, tl_r] + ([ent_r] if want_entropy else [])), group)
+        ent_parts = g[:, 2].contiguous() if want_entropy else None
+        logp, lse, ent = ops.linear_logp_shard_combine(target, g[:, 0].contiguous(), g[:, 1].contiguous(), ent_parts,
+                                                       options=options)
         ctx.save_for_backward(h, w, bias, target, lse, ent)
         ctx.options, ctx.group = options, group
         ctx.mark_non_differentiable(target)

@@ -636,7 +636,10 @@ FG_NODISCARD FG_API fg_status fg_linear_logp_forward(fg_context *ctx, const fg_l
 /* Gradients of Σ_n dlogp[n]·logp[n] + dentropy[n]·entropy[n] + dlse[n]·lse[n] (any of
  * the three upstream gradients may be NULL, not all; entropy is needed with dentropy).
  * Each of dh, dw, db may be NULL (not wanted); the weight and bias gradients are summed
- * over the rows in f32 and rounded once. accumulate adds into all requested outputs. */
+ * over the rows in f32 and rounded once. accumulate adds into all requested outputs.
+ * With a shard in opt (vocab_start / vocab_total, see the vocabulary parallelism below), w / b
+ * are the slice, lse / entropy the whole vocabulary's (fg_linear_logp_shard_combine's): dw, db
+ * are the slice's gradients and dh this rank's partial, to be summed over the ranks. */
 FG_NODISCARD FG_API fg_status fg_linear_logp_backward(
     fg_context *ctx, const fg_logp_options *opt, const fg_tensor *dlogp, const fg_tensor *dentropy,
     const fg_tensor *dlse, const fg_tensor *h, const fg_tensor *w, const fg_tensor *b,

@@ -1,11 +1,12 @@
 /*
  * backend.c — the CPU backend's table: the functions the front doors and the plan
  * mechanism reach the CPU kernels through (src/core/internal.h, fg_backend_ops). The CPU
- * backend has one path per step (OpenBLAS for products, OpenMP loops for the rest), so its
- * plan hook for linear + activation chooses nothing: GEMM, then the activation pass.
+ * backend has one path per step (OpenBLAS or its own kernels for products, OpenMP loops for
+ * the rest); its plan hook for linear + activation puts the forward's activation in the short-k
+ * product's store where that product runs, else GEMM, then the activation pass.
  * Each entry records what it launched for fg_context_last_kernels.
  */
-#include "../core/internal.h"
+#include "cpu.h"
 
 #include <string.h>
 
@@ -35,8 +36,11 @@ static size_t cpu_logp_scratch(int64_t rows, int64_t cols) {
 static fg_status cpu_logp(fg_context *ctx, const fg_logp_call *c) { return fg_cpu_logp(ctx, c); }
 
 static fg_status cpu_act_plan(fg_context *ctx, const fg_act_problem *p, fg_act_path *path) {
-    (void)ctx, (void)p;
+    (void)ctx;
     memset(path, 0, sizeof *path);
+    /* the forward as one short-k product with the activation (and pre or its slope) in its
+       store, where that kernel takes the product: no pre written and read again */
+    path->epilogue = p->forward && fg_cpu_smallk_fits(p->dtype, p->N, p->M, p->K);
     path->fwd = FG_ACT_STEP_FORWARD;
     path->fused = FG_ACT_STEP_FORWARD; /* none */
     return FG_OK;

@@ -44,6 +44,12 @@ void fg_cpu_blas_quiet(void);
 void fg_cpu_blas_enter(void);
 void fg_cpu_blas_leave(void);
 
+/* The own short-k f32 product takes an m × n × k problem (src/cpu/gemm.c), and it applies the
+   GEMM's activation epilogue (fg_gemm.act, epi.aux) to this one: the linear + activation plan
+   (src/cpu/backend.c) asks the first to promise the second. */
+bool fg_cpu_smallk_fits(fg_dtype t, int64_t m, int64_t n, int64_t k);
+bool fg_cpu_smallk_fuses(const fg_gemm *g);
+
 /* The threads fastgrad's loops may use: the context's num_threads, else OpenMP's default. */
 static inline int fg_cpu_threads(const fg_context *ctx) {
     return ctx->num_threads > 0 ? ctx->num_threads : omp_get_max_threads();

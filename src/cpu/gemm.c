@@ -321,33 +321,62 @@ static void narrow_rows_any(const fg_gemm *g, void *c, float *cf, int64_t r0, in
    not depend on the thread count. c = alpha·a·b + (beta·c + bias) in f32. */
 enum { SMALLK_K = 32, SMALLK_J = 64 };
 
+bool fg_cpu_smallk_fits(fg_dtype t, int64_t m, int64_t n, int64_t k) {
+    return t == FG_F32 && k > 0 && k <= SMALLK_K && n >= 8 && m >= 256 && n * k <= 16384 && m * n >= (1 << 16);
+}
+
 static bool smallk_takes(const fg_gemm *g) {
-    return g->dtype == FG_F32 && !g->c_f32 && g->k > 0 && g->k <= SMALLK_K && g->n >= 8 && g->m >= 256 &&
-           g->c.cs == 1 && !(g->batch > 1 && g->c.bs == 0) && g->n * g->k <= 16384 && g->m * g->n >= (1 << 16);
+    return fg_cpu_smallk_fits(g->dtype, g->m, g->n, g->k) && !g->c_f32 && g->c.cs == 1 &&
+           !(g->batch > 1 && g->c.bs == 0);
+}
+
+/* smallk applies fg_gemm.act (and writes epi.aux) in its store: an activation or a kept pre, no
+   formed operand, one product (not a batch sum) */
+bool fg_cpu_smallk_fuses(const fg_gemm *g) {
+    return (g->act != FG_ACT_NONE || g->epi.has_aux) && g->act != FG_ACT_GIVEN_SLOPE && !g->epi.form &&
+           !g->epi.col_sums;
 }
 
 typedef float smallk_v __attribute__((vector_size(64))); /* 16 floats: one AVX-512 register, two AVX2 */
 
-/* c's row i, columns [j0, j0 + 64): pre = beta·c + bias (f32), then alpha·acc added */
-FG_INLINE void smallk_store(const fg_gemm *g, float *ci, int64_t i, int64_t j0, int64_t w, const float *acc) {
+/* c's row i, columns [j0, j0 + w): pre = beta·c + bias (f32), then alpha·acc added; with an
+   activation fused (act >= 0: fg_gemm.act, a constant at the call) c = act(pre) and, where x (the
+   epilogue's aux row) is given, pre or its slope (slope) there. */
+FG_INLINE void smallk_store(const fg_gemm *g, float *ci, float *xi, int act, bool slope, int64_t i, int64_t j0,
+                            int64_t w, const float *acc) {
     const float alpha = (float)g->alpha, beta = (float)g->beta;
     const float *bias = g->bias;
     const bool bias_row = bias && g->bias_cs == 1;
     const float *br = bias_row ? bias + i * g->bias_rs + j0 : NULL;
+    float *out = act < 0 ? ci + j0 : NULL, v[SMALLK_J];
     for (int64_t j = 0; j < w; j++) {
         float pre = beta != 0.0f ? beta * ci[j0 + j] : 0.0f;
         if (bias) pre += bias_row ? br[j] : bias[i * g->bias_rs + (j0 + j) * g->bias_cs];
-        ci[j0 + j] = alpha * acc[j] + pre;
+        (out ? out : v)[j] = alpha * acc[j] + pre;
+    }
+    if (act < 0) return;
+    float *y = ci + j0, *x = xi ? xi + j0 : NULL;
+    if (x && slope) {
+#pragma GCC ivdep
+        for (int64_t j = 0; j < w; j++) y[j] = fg_v_act(act, v[j], &x[j]);
+    } else if (x) {
+#pragma GCC ivdep
+        for (int64_t j = 0; j < w; j++) y[j] = fg_v_act(act, v[j], NULL), x[j] = v[j];
+    } else {
+#pragma GCC ivdep
+        for (int64_t j = 0; j < w; j++) y[j] = fg_v_act(act, v[j], NULL);
     }
 }
 
-FG_CPU_CLONES
-static void smallk_rows(const fg_gemm *g, const float *a, const float *bp, float *c, int64_t r0, int64_t r1) {
+FG_INLINE void smallk_rows_t(const fg_gemm *g, const float *a, const float *bp, float *c, int64_t r0, int64_t r1,
+                             int act) {
     const int64_t n = g->n, k = g->k, full = n / SMALLK_J * SMALLK_J;
+    float *aux = act >= 0 && g->epi.has_aux ? g->epi.aux : NULL;
+    const bool slope = g->epi.slope;
     for (int64_t i = r0; i < r1; i++) {
         float ai[SMALLK_K];
         for (int64_t p = 0; p < k; p++) ai[p] = a[i * g->a.rs + p * g->a.cs];
-        float *ci = c + i * g->c.rs;
+        float *ci = c + i * g->c.rs, *xi = aux ? aux + i * g->c.rs : NULL;
         for (int64_t j0 = 0; j0 < full; j0 += SMALLK_J) { /* 64 columns in four vector registers */
             smallk_v s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
             for (int64_t p = 0; p < k; p++) {
@@ -359,7 +388,7 @@ static void smallk_rows(const fg_gemm *g, const float *a, const float *bp, float
             }
             float acc[SMALLK_J];
             memcpy(acc, &s0, 64), memcpy(acc + 16, &s1, 64), memcpy(acc + 32, &s2, 64), memcpy(acc + 48, &s3, 64);
-            smallk_store(g, ci, i, j0, SMALLK_J, acc);
+            smallk_store(g, ci, xi, act, slope, i, j0, SMALLK_J, acc);
         }
         int64_t j0 = full;
         for (; j0 + 16 <= n; j0 += 16) { /* then 16 columns a register */
@@ -371,7 +400,7 @@ static void smallk_rows(const fg_gemm *g, const float *a, const float *bp, float
             }
             float acc[16];
             memcpy(acc, &s0, 64);
-            smallk_store(g, ci, i, j0, 16, acc);
+            smallk_store(g, ci, xi, act, slope, i, j0, 16, acc);
         }
         if (j0 < n) { /* the last n mod 16 columns */
             float acc[16] = {0};
@@ -380,8 +409,26 @@ static void smallk_rows(const fg_gemm *g, const float *a, const float *bp, float
                 const float x = ai[p], *row = bp + p * n + j0;
                 for (int64_t j = 0; j < w; j++) acc[j] += x * row[j];
             }
-            smallk_store(g, ci, i, j0, w, acc);
+            smallk_store(g, ci, xi, act, slope, i, j0, w, acc);
         }
+    }
+}
+
+/* The epilogue's activation as a constant of each instantiation (−1: none fused). */
+FG_CPU_CLONES
+static void smallk_rows(const fg_gemm *g, const float *a, const float *bp, float *c, int64_t r0, int64_t r1) {
+    if (!fg_cpu_smallk_fuses(g)) {
+        smallk_rows_t(g, a, bp, c, r0, r1, -1);
+        return;
+    }
+    switch (g->act) {
+    case FG_ACT_RELU: smallk_rows_t(g, a, bp, c, r0, r1, FG_ACT_RELU); break;
+    case FG_ACT_GELU: smallk_rows_t(g, a, bp, c, r0, r1, FG_ACT_GELU); break;
+    case FG_ACT_GELU_TANH: smallk_rows_t(g, a, bp, c, r0, r1, FG_ACT_GELU_TANH); break;
+    case FG_ACT_SILU: smallk_rows_t(g, a, bp, c, r0, r1, FG_ACT_SILU); break;
+    case FG_ACT_SIGMOID: smallk_rows_t(g, a, bp, c, r0, r1, FG_ACT_SIGMOID); break;
+    case FG_ACT_TANH: smallk_rows_t(g, a, bp, c, r0, r1, FG_ACT_TANH); break;
+    default: smallk_rows_t(g, a, bp, c, r0, r1, FG_ACT_NONE); break;
     }
 }
 
@@ -439,7 +486,7 @@ static void tall_rows(const fg_gemm *g, const float *a, const float *bp, float *
         float acc[NARROW_R][16];
         memcpy(acc[0], &s0, 64), memcpy(acc[1], &s1, 64), memcpy(acc[2], &s2, 64), memcpy(acc[3], &s3, 64);
         memcpy(acc[4], &s4, 64), memcpy(acc[5], &s5, 64), memcpy(acc[6], &s6, 64), memcpy(acc[7], &s7, 64);
-        for (int r = 0; r < NARROW_R; r++) smallk_store(g, c + (i + r) * g->c.rs, i + r, 0, n, acc[r]);
+        for (int r = 0; r < NARROW_R; r++) smallk_store(g, c + (i + r) * g->c.rs, NULL, -1, false, i + r, 0, n, acc[r]);
     }
     for (; i < r1; i++) {
         smallk_v s0 = {0};
@@ -450,7 +497,7 @@ static void tall_rows(const fg_gemm *g, const float *a, const float *bp, float *
         }
         float acc[16];
         memcpy(acc, &s0, 64);
-        smallk_store(g, c + i * g->c.rs, i, 0, n, acc);
+        smallk_store(g, c + i * g->c.rs, NULL, -1, false, i, 0, n, acc);
     }
 }
 
@@ -559,7 +606,8 @@ fg_status fg_cpu_gemm(fg_context *ctx, const fg_gemm *g, fg_kernel_info *info, v
         return FG_OK;
     }
     if (smallk_takes(g)) {
-        snprintf(info->name, sizeof info->name, "cpu:f32_smallk");
+        info->act_fused = fg_cpu_smallk_fuses(g);
+        snprintf(info->name, sizeof info->name, info->act_fused ? "cpu:f32_smallk+act" : "cpu:f32_smallk");
         info->workspace_bytes = (size_t)(g->k * g->n) * sizeof(float);
         if (!run) return FG_OK;
         return smallk(ctx, g, ws, ws_bytes);

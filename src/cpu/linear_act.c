@@ -1,10 +1,9 @@
 /*
  * linear_act.c — the CPU backend's elementwise steps of linear + activation (the step
  * list is in core/internal.h; the driver and its GEMMs are in ops/linear_act.c), and the
- * activation math: f64 (fg_act_value / fg_act_slope, the reference, and the math of f64
- * problems), and f32 for f32 / f16 / bf16 data, written branch-free on src/cpu/vec.h's
- * exp so the passes vectorize (FG_CPU_CLONES: AVX-512, AVX2, baseline); erf's f32 form is
- * the Chebyshev fit of Numerical Recipes' erfcc (relative error below 1.2e-7).
+ * activation math in f64 (fg_act_value / fg_act_slope, the reference, and the math of f64
+ * problems); the f32 math for f32 / f16 / bf16 data is src/cpu/vec.h's fg_v_act, which the
+ * GEMM's fused epilogue (src/cpu/gemm.c) shares.
  *
  * FORWARD is one pass: y = act(pre), and the slope into pre when asked. GRAD is one pass
  * too: g = dy ⊙ act′(pre) and db's column sums together; with db the threads split the
@@ -68,64 +67,7 @@ double fg_act_slope(int act, double x) {
     }
 }
 
-/* ------------------------------------------------------------------ f32 math */
-
-/* erfc(x) in f32 (Numerical Recipes' erfcc: t·exp(−z² + P(t)), t = 1/(1 + z/2), z = |x|) */
-FG_INLINE float erfc_f(float x) {
-    const float z = fabsf(x), t = 1.0f / (1.0f + 0.5f * z);
-    float p = 0.17087277f;
-    p = p * t + -0.82215223f;
-    p = p * t + 1.48851587f;
-    p = p * t + -1.13520398f;
-    p = p * t + 0.27886807f;
-    p = p * t + -0.18628806f;
-    p = p * t + 0.09678418f;
-    p = p * t + 0.37409196f;
-    p = p * t + 1.00002368f;
-    p = p * t + -1.26551223f;
-    const float r = t * fg_v_exp(-z * z + p);
-    return x >= 0 ? r : (x != x ? x : 2.0f - r);
-}
-
-/* act(x) and act′(x) in f32 (slope NULL: the value only); act a constant at the call */
-FG_INLINE float act_f(int act, float x, float *slope) {
-    float v = x, s = x == x ? 1.0f : x;
-    switch (act) {
-    case FG_ACT_RELU:
-        v = x > 0 ? x : (x == x ? 0.0f : x);
-        s = x > 0 ? 1.0f : (x == x ? 0.0f : x);
-        break;
-    case FG_ACT_GELU: {
-        const float phi = 0.5f * erfc_f(-x * 0.70710678118654752f);
-        v = x * phi;
-        s = phi + x * 0.39894228040143268f * fg_v_exp(-0.5f * x * x);
-        break;
-    }
-    case FG_ACT_GELU_TANH: { /* x·σ(2u), u = √(2/π)(x + 0.044715x³) */
-        const float x2 = x * x;
-        const float u2 = 1.5957691216057308f * (x + 0.044715f * x2 * x);
-        float sd;
-        const float sg = fg_v_sigmoid(u2, &sd);
-        v = x * sg;
-        const float full = sg + x * sd * 1.5957691216057308f * (1.0f + 0.134145f * x2);
-        s = fabsf(x) > 10.0f ? (x > 0 ? 1.0f : 0.0f) : full; /* the limits, instead of 0·∞ far out */
-        break;
-    }
-    case FG_ACT_SILU: {
-        float sd;
-        const float sg = fg_v_sigmoid(x, &sd);
-        v = x * sg;
-        s = sg + x * sd;
-        break;
-    }
-    case FG_ACT_SIGMOID: v = fg_v_sigmoid(x, &s); break;
-    case FG_ACT_TANH: v = fg_v_tanh_slope(x, &s); break;
-    case FG_ACT_GIVEN_SLOPE: s = x; break;
-    default: break;
-    }
-    if (slope) *slope = s;
-    return v;
-}
+/* ------------------------------------------------------------------ f32 passes (the math: vec.h's fg_v_act) */
 
 /* FORWARD over rows [r0, r1); t, act constants at the call */
 FG_INLINE void forward_typed(const fg_act_call *c, fg_dtype t, int act, int64_t r0, int64_t r1) {
@@ -136,13 +78,13 @@ FG_INLINE void forward_typed(const fg_act_call *c, fg_dtype t, int act, int64_t 
 #pragma GCC ivdep
             for (int64_t j = 0; j < c->cols; j++) {
                 float s;
-                const float v = act_f(act, fg_v_ld(pre, t, pi + j), &s);
+                const float v = fg_v_act(act, fg_v_ld(pre, t, pi + j), &s);
                 fg_v_st(y, t, yi + j, v);
                 fg_v_st(pre, t, pi + j, s);
             }
         } else {
 #pragma GCC ivdep
-            for (int64_t j = 0; j < c->cols; j++) fg_v_st(y, t, yi + j, act_f(act, fg_v_ld(pre, t, pi + j), NULL));
+            for (int64_t j = 0; j < c->cols; j++) fg_v_st(y, t, yi + j, fg_v_act(act, fg_v_ld(pre, t, pi + j), NULL));
         }
     }
 }
@@ -158,7 +100,7 @@ FG_INLINE void grad_typed(const fg_act_call *c, fg_dtype t, int act, int64_t r0,
 #pragma GCC ivdep
             for (int64_t j = 0; j < n; j++) {
                 float s;
-                act_f(act, fg_v_ld(c->pre, t, pi + j), &s);
+                fg_v_act(act, fg_v_ld(c->pre, t, pi + j), &s);
                 const float g = fg_v_ld(c->dy, t, di + j) * s;
                 acc[j] += g;
                 fg_v_st(c->g, t, gi + j, g);
@@ -166,14 +108,14 @@ FG_INLINE void grad_typed(const fg_act_call *c, fg_dtype t, int act, int64_t r0,
         } else if (acc) {
             for (int64_t j = 0; j < n; j++) {
                 float s;
-                act_f(act, fg_v_ld(c->pre, t, pi + j), &s);
+                fg_v_act(act, fg_v_ld(c->pre, t, pi + j), &s);
                 acc[j] += fg_v_ld(c->dy, t, di + j) * s;
             }
         } else {
 #pragma GCC ivdep
             for (int64_t j = 0; j < n; j++) {
                 float s;
-                act_f(act, fg_v_ld(c->pre, t, pi + j), &s);
+                fg_v_act(act, fg_v_ld(c->pre, t, pi + j), &s);
                 fg_v_st(c->g, t, gi + j, fg_v_ld(c->dy, t, di + j) * s);
             }
         }

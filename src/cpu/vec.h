@@ -5,7 +5,7 @@
  * same bits as fg_f32_to_f16 / fg_f32_to_bf16 / fg_f16_to_f32 of src/core/dtype.c: round
  * to nearest even, NaN stays NaN, overflow to inf); exp, tanh and sigmoid in f32, branch-
  * free for the same reason (exp within 2 ulp; tanh without the cancellation of
- * (1 − e)/(1 + e) near 0); and FG_CPU_CLONES, which compiles a hot function once per x86
+ * (1 − e)/(1 + e) near 0); the activations and their slopes on them (fg_v_act); and FG_CPU_CLONES, which compiles a hot function once per x86
  * level (AVX-512, AVX2 + FMA, baseline) and picks one at load time, since the library
  * itself is built for the baseline.
  *
@@ -208,6 +208,68 @@ FG_INLINE float fg_v_sigmoid(float x, float *slope) {
     const float inv = 1.0f / d;
     if (slope) *slope = e * inv * inv;
     return x >= 0 ? inv : (x != x ? x : e * inv);
+}
+
+/* ------------------------------------------------------------------ activations (f32) */
+
+/* The activations' f32 math for f32 / f16 / bf16 data (the linear + activation passes and the
+   GEMM's fused epilogue share it), branch-free on the exp above so the loops vectorize; erf's
+   f32 form is the Chebyshev fit of Numerical Recipes' erfcc (relative error below 1.2e-7). */
+/* erfc(x) in f32 (Numerical Recipes' erfcc: t·exp(−z² + P(t)), t = 1/(1 + z/2), z = |x|) */
+FG_INLINE float fg_v_erfc(float x) {
+    const float z = fabsf(x), t = 1.0f / (1.0f + 0.5f * z);
+    float p = 0.17087277f;
+    p = p * t + -0.82215223f;
+    p = p * t + 1.48851587f;
+    p = p * t + -1.13520398f;
+    p = p * t + 0.27886807f;
+    p = p * t + -0.18628806f;
+    p = p * t + 0.09678418f;
+    p = p * t + 0.37409196f;
+    p = p * t + 1.00002368f;
+    p = p * t + -1.26551223f;
+    const float r = t * fg_v_exp(-z * z + p);
+    return x >= 0 ? r : (x != x ? x : 2.0f - r);
+}
+
+/* act(x) and act′(x) in f32 (slope NULL: the value only); act a constant at the call */
+FG_INLINE float fg_v_act(int act, float x, float *slope) {
+    float v = x, s = x == x ? 1.0f : x;
+    switch (act) {
+    case FG_ACT_RELU:
+        v = x > 0 ? x : (x == x ? 0.0f : x);
+        s = x > 0 ? 1.0f : (x == x ? 0.0f : x);
+        break;
+    case FG_ACT_GELU: {
+        const float phi = 0.5f * fg_v_erfc(-x * 0.70710678118654752f);
+        v = x * phi;
+        s = phi + x * 0.39894228040143268f * fg_v_exp(-0.5f * x * x);
+        break;
+    }
+    case FG_ACT_GELU_TANH: { /* x·σ(2u), u = √(2/π)(x + 0.044715x³) */
+        const float x2 = x * x;
+        const float u2 = 1.5957691216057308f * (x + 0.044715f * x2 * x);
+        float sd;
+        const float sg = fg_v_sigmoid(u2, &sd);
+        v = x * sg;
+        const float full = sg + x * sd * 1.5957691216057308f * (1.0f + 0.134145f * x2);
+        s = fabsf(x) > 10.0f ? (x > 0 ? 1.0f : 0.0f) : full; /* the limits, instead of 0·∞ far out */
+        break;
+    }
+    case FG_ACT_SILU: {
+        float sd;
+        const float sg = fg_v_sigmoid(x, &sd);
+        v = x * sg;
+        s = sg + x * sd;
+        break;
+    }
+    case FG_ACT_SIGMOID: v = fg_v_sigmoid(x, &s); break;
+    case FG_ACT_TANH: v = fg_v_tanh_slope(x, &s); break;
+    case FG_ACT_GIVEN_SLOPE: s = x; break;
+    default: break;
+    }
+    if (slope) *slope = s;
+    return v;
 }
 
 #endif /* FG_CPU_VEC_H */

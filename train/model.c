@@ -104,10 +104,13 @@ static prof_site prof[PROF_SITES];
 static int prof_on;
 
 /* The process's CPU time: on a shared machine (other processes on the cores) a far steadier
- * measure of an op than the wall clock; with --threads 1 it is the op's time. */
+ * measure of an op than the wall clock; with --threads 1 it is the op's time. FGT_PROFILE_WALL=1
+ * takes the wall clock instead, to see which ops do not scale with the threads. */
 static double prof_now(void) {
+    static int wall = -1;
+    if (wall < 0) wall = getenv("FGT_PROFILE_WALL") && atoi(getenv("FGT_PROFILE_WALL")) == 1;
     struct timespec t;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    clock_gettime(wall ? CLOCK_MONOTONIC : CLOCK_PROCESS_CPUTIME_ID, &t);
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
@@ -142,7 +145,9 @@ void model_profile_print(FILE *f) {
     double total = 0;
     while (n < PROF_SITES && prof[n].line) total += prof[n].seconds, n++;
     qsort(prof, (size_t)n, sizeof prof[0], by_time);
-    fprintf(f, "profile: %.3f s of CPU time in the model's ops (each op synchronized)\n", total);
+    const char *w = getenv("FGT_PROFILE_WALL");
+    fprintf(f, "profile: %.3f s of %s in the model's ops (each op synchronized)\n", total,
+            w && atoi(w) == 1 ? "wall-clock time" : "CPU time");
     for (int i = 0; i < n; i++) {
         char name[64];
         snprintf(name, sizeof name, "%s", prof[i].call);

@@ -8,8 +8,8 @@
  * rounded once. Vector products with a vector of ones (bias gradients) and low-precision
  * GEMVs are loops with f64 accumulation in a fixed order (eight interleaved partial sums
  * where a dot product runs along contiguous memory): results are deterministic whatever
- * the thread count. Short (k <= 32) and narrow (n <= 16) f32 products of many rows run own
- * kernels instead (smallk, narrow below). Threads follow src/cpu/cpu.h: OpenBLAS's for the products (the
+ * the thread count. Short (k <= 32) and narrow (n <= 16) f32 products of many rows, and long
+ * (k >= 4096) products of few outputs, run own kernels instead (smallk, narrow, longk below). Threads follow src/cpu/cpu.h: OpenBLAS's for the products (the
  * context's count when it sets one), OpenMP teams for the loops, never both at once.
  */
 #include "cpu.h"
@@ -525,6 +525,91 @@ static fg_status narrow(const fg_context *ctx, const fg_gemm *g, void *ws, size_
     return FG_OK;
 }
 
+/* Long products of few outputs (k >= LONGK_MIN, m and n <= 256, a contiguous along m and b along
+   n, one of m, n a multiple of 16): the weight gradients dW = dyᵀ·x over many tokens. OpenBLAS packs
+   both long operands for these and runs them on its own threads, a change of pool around every
+   call (src/cpu/cpu.h) that made them slower on two threads than on one. Here c is a sum of outer
+   products a(·, p) ⊗ b(p, ·): the tokens in fixed chunks of LONGK_CHUNK, each chunk's product summed
+   in f32 over p in order into its own partial (register tiles: the contiguous dimension in vectors,
+   the other broadcast), the chunks split among the OpenMP threads, and the partials then added in
+   chunk order: the result does not depend on the thread count. */
+enum { LONGK_MIN = 4096, LONGK_CHUNK = 512, LONGK_MAX = 256 };
+
+static bool longk_takes(const fg_gemm *g) {
+    return g->dtype == FG_F32 && !g->c_f32 && g->batch == 1 && g->k >= LONGK_MIN && g->bias_operand < 0 &&
+           !g->bias && g->a.rs == 1 && g->b.cs == 1 && g->m <= LONGK_MAX && g->n <= LONGK_MAX &&
+           (g->m % 16 == 0 || g->n % 16 == 0) && !g->epi.form && !g->epi.has_aux && !g->epi.col_sums;
+}
+
+static size_t longk_bytes(const fg_gemm *g) {
+    return (size_t)((g->k + LONGK_CHUNK - 1) / LONGK_CHUNK) * (size_t)(g->m * g->n) * sizeof(float);
+}
+
+/* Rows [t0, t1) of x (vectors along V, v0 … v0 + 16·VV) times y's scalars s0 … s0 + ns − 1 (ns <= SS):
+   out[s][v] (row length V) = Σ_t y(t, s)·x(t, v). VV and SS constants at the call. */
+FG_INLINE void longk_tile(const float *x, int64_t ldx, const float *y, int64_t ldy, int64_t t0, int64_t t1, int64_t v0,
+                          int64_t s0, int ns, float *out, int64_t V, const int VV, const int SS) {
+    smallk_v acc[16][4];
+    for (int s = 0; s < SS; s++)
+        for (int v = 0; v < VV; v++) acc[s][v] = (smallk_v){0};
+    for (int64_t t = t0; t < t1; t++) {
+        const float *xr = x + t * ldx + v0, *yr = y + t * ldy + s0;
+        smallk_v xv[4];
+        for (int v = 0; v < VV; v++) memcpy(&xv[v], xr + 16 * v, 64);
+        for (int s = 0; s < SS; s++)
+            if (s < ns) {
+                const float ys = yr[s];
+                for (int v = 0; v < VV; v++) acc[s][v] += ys * xv[v];
+            }
+    }
+    for (int s = 0; s < SS; s++)
+        if (s < ns)
+            for (int v = 0; v < VV; v++) memcpy(out + (s0 + s) * V + v0 + 16 * v, &acc[s][v], 64);
+}
+
+FG_INLINE void longk_chunk_t(const float *x, int64_t ldx, const float *y, int64_t ldy, int64_t t0, int64_t t1, int64_t V,
+                             int64_t S, float *out, const int VV, const int SS) {
+    for (int64_t v0 = 0; v0 < V; v0 += 16 * VV)
+        for (int64_t s0 = 0; s0 < S; s0 += SS)
+            longk_tile(x, ldx, y, ldy, t0, t1, v0, s0, S - s0 < SS ? (int)(S - s0) : SS, out, V, VV, SS);
+}
+
+FG_CPU_CLONES
+static void longk_chunk(const float *x, int64_t ldx, const float *y, int64_t ldy, int64_t t0, int64_t t1, int64_t V,
+                        int64_t S, float *out) {
+    if (V % 64 == 0) longk_chunk_t(x, ldx, y, ldy, t0, t1, V, S, out, 4, 4);
+    else if (V % 32 == 0) longk_chunk_t(x, ldx, y, ldy, t0, t1, V, S, out, 2, 8);
+    else longk_chunk_t(x, ldx, y, ldy, t0, t1, V, S, out, 1, 16);
+}
+
+static fg_status longk(const fg_context *ctx, const fg_gemm *g, void *ws, size_t ws_bytes) {
+    if (ws_bytes < longk_bytes(g)) return fg_fail(FG_ERR_INTERNAL, "cpu gemm: workspace too small");
+    const int64_t m = g->m, n = g->n, k = g->k, mn = m * n, chunks = (k + LONGK_CHUNK - 1) / LONGK_CHUNK;
+    const float *a = g->a.data, *b = g->b.data;
+    float *part = ws, *c = g->c.data;
+    /* vectors along n (b's rows) where n is a multiple of 16 and not the shorter, else along m */
+    const bool along_n = n % 16 == 0 && (n >= m || m % 16 != 0);
+    const float *x = along_n ? b : a, *y = along_n ? a : b;
+    const int64_t ldx = along_n ? g->b.rs : g->a.cs, ldy = along_n ? g->a.cs : g->b.rs;
+    const int64_t V = along_n ? n : m, S = along_n ? m : n;
+    const int team = fg_cpu_team(ctx, mn * k, 1 << 18);
+#pragma omp parallel for schedule(static) num_threads(team) if (team > 1)
+    for (int64_t ch = 0; ch < chunks; ch++) {
+        const int64_t t0 = ch * LONGK_CHUNK, t1 = t0 + LONGK_CHUNK < k ? t0 + LONGK_CHUNK : k;
+        longk_chunk(x, ldx, y, ldy, t0, t1, V, S, part + ch * mn);
+    }
+    /* partial [s][v] is c(s, v) along n, c(v, s) along m */
+    const float alpha = (float)g->alpha, beta = (float)g->beta;
+    for (int64_t s = 0; s < S; s++)
+        for (int64_t v = 0; v < V; v++) {
+            float sum = 0.0f;
+            for (int64_t ch = 0; ch < chunks; ch++) sum += part[ch * mn + s * V + v];
+            float *ci = c + (along_n ? s * g->c.rs + v * g->c.cs : v * g->c.rs + s * g->c.cs);
+            *ci = beta != 0.0f ? alpha * sum + beta * *ci : alpha * sum;
+        }
+    return FG_OK;
+}
+
 static fg_status general(const fg_context *ctx, const fg_gemm *g, void *ws, size_t ws_bytes) {
     const fg_dtype t = g->dtype, ct = g->c_f32 ? FG_F32 : t;
     const int64_t m = g->m, n = g->n, k = g->k;
@@ -611,6 +696,12 @@ fg_status fg_cpu_gemm(fg_context *ctx, const fg_gemm *g, fg_kernel_info *info, v
         info->workspace_bytes = (size_t)(g->k * g->n) * sizeof(float);
         if (!run) return FG_OK;
         return smallk(ctx, g, ws, ws_bytes);
+    }
+    if (longk_takes(g)) {
+        snprintf(info->name, sizeof info->name, "cpu:f32_longk");
+        info->workspace_bytes = longk_bytes(g);
+        if (!run) return FG_OK;
+        return longk(ctx, g, ws, ws_bytes);
     }
     if (narrow_takes(g)) {
         snprintf(info->name, sizeof info->name, "cpu:f32_narrow");

@@ -21,6 +21,9 @@ static const mcase cases[] = {
     {2, 1, 1, 33, 64, 40, 2}, {3, 1, 0, 9, 12, 8, 2},   {4, 0, 1, 1, 16, 24, 0},
     {3, 1, 0, 1, 1000, 3, 0}, {2, 1, 1, 1, 129, 1, 3}, {6, 0, 1, 7, 5, 3, 1},
     {0, 0, 0, 1, 1031, 257, 0}, {2, 1, 0, 0, 3, 4, 0},
+    /* a 2-D a against a batch: backward_input sums the batch into da, many rows of <= 16 (the CPU's
+       narrow product over the batches' k) */
+    {3, 0, 1, 4103, 16, 16, 0}, {2, 0, 1, 5101, 13, 20, 1},
 };
 
 static void shape3(int is3, int64_t batch, int64_t r, int64_t c, int64_t *s, int *rank) {

@@ -461,27 +461,36 @@ static fg_status smallk(const fg_context *ctx, const fg_gemm *g, void *ws, size_
    for these, a copy that costs as much as the product. Here NARROW_R rows run at once, each row's
    16 sums in its own register over p in order (b packed as k rows of 16, zero past n), so the
    multiply-adds' latency hides behind the other rows' and a is read once, in place. One thread a
-   row block: the result does not depend on the thread count. */
+   row block: the result does not depend on the thread count. A batch summed into one c runs as
+   one product whose k is the batches' k in order (PatchTST's dh = Σ_j dqkv_j·W_j). */
 enum { NARROW_R = 8, NARROW_K = 4096 };
 
+/* a batch summed into one c (c.bs == 0) runs as one product over the batches' k concatenated */
+static int64_t narrow_depth(const fg_gemm *g) { return (g->batch > 1 && g->c.bs == 0 ? g->batch : 1) * g->k; }
+
 static bool narrow_takes(const fg_gemm *g) {
-    return g->dtype == FG_F32 && !g->c_f32 && g->k > SMALLK_K && g->k <= NARROW_K && g->n >= 8 && g->n <= 16 &&
-           g->m >= 256 && g->c.cs == 1 && !(g->batch > 1 && g->c.bs == 0) && g->m * g->n >= (1 << 16);
+    const int64_t kk = narrow_depth(g);
+    return g->dtype == FG_F32 && !g->c_f32 && kk > SMALLK_K && kk <= NARROW_K && g->k > 0 && g->n >= 8 && g->n <= 16 &&
+           g->m >= 256 && g->c.cs == 1 && g->m * g->n >= (1 << 16);
 }
 
+/* Rows [r0, r1) of c = Σ over nb batches (a's batch stride bs) of a·b, bp their b's packed. */
 FG_CPU_CLONES
-static void tall_rows(const fg_gemm *g, const float *a, const float *bp, float *c, int64_t r0, int64_t r1) {
-    const int64_t n = g->n, k = g->k, rs = g->a.rs, cs = g->a.cs;
+static void tall_rows(const fg_gemm *g, const float *a, const float *bp, float *c, int64_t r0, int64_t r1,
+                      int64_t nb) {
+    const int64_t n = g->n, k = g->k, rs = g->a.rs, cs = g->a.cs, bs = g->a.bs;
     int64_t i = r0;
     for (; i + NARROW_R <= r1; i += NARROW_R) {
         smallk_v s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0}, s4 = {0}, s5 = {0}, s6 = {0}, s7 = {0};
-        const float *ai = a + i * rs;
-        for (int64_t p = 0; p < k; p++) {
-            smallk_v b;
-            memcpy(&b, bp + p * 16, 64);
-            const float *ap = ai + p * cs;
-            s0 += ap[0] * b, s1 += ap[rs] * b, s2 += ap[2 * rs] * b, s3 += ap[3 * rs] * b;
-            s4 += ap[4 * rs] * b, s5 += ap[5 * rs] * b, s6 += ap[6 * rs] * b, s7 += ap[7 * rs] * b;
+        for (int64_t q = 0; q < nb; q++) {
+            const float *ai = a + q * bs + i * rs, *bq = bp + q * k * 16;
+            for (int64_t p = 0; p < k; p++) {
+                smallk_v b;
+                memcpy(&b, bq + p * 16, 64);
+                const float *ap = ai + p * cs;
+                s0 += ap[0] * b, s1 += ap[rs] * b, s2 += ap[2 * rs] * b, s3 += ap[3 * rs] * b;
+                s4 += ap[4 * rs] * b, s5 += ap[5 * rs] * b, s6 += ap[6 * rs] * b, s7 += ap[7 * rs] * b;
+            }
         }
         float acc[NARROW_R][16];
         memcpy(acc[0], &s0, 64), memcpy(acc[1], &s1, 64), memcpy(acc[2], &s2, 64), memcpy(acc[3], &s3, 64);
@@ -490,11 +499,12 @@ static void tall_rows(const fg_gemm *g, const float *a, const float *bp, float *
     }
     for (; i < r1; i++) {
         smallk_v s0 = {0};
-        for (int64_t p = 0; p < k; p++) {
-            smallk_v b;
-            memcpy(&b, bp + p * 16, 64);
-            s0 += a[i * rs + p * cs] * b;
-        }
+        for (int64_t q = 0; q < nb; q++)
+            for (int64_t p = 0; p < k; p++) {
+                smallk_v b;
+                memcpy(&b, bp + (q * k + p) * 16, 64);
+                s0 += a[q * bs + i * rs + p * cs] * b;
+            }
         float acc[16];
         memcpy(acc, &s0, 64);
         smallk_store(g, c + i * g->c.rs, NULL, -1, false, i, 0, n, acc);
@@ -502,24 +512,28 @@ static void tall_rows(const fg_gemm *g, const float *a, const float *bp, float *
 }
 
 static fg_status narrow(const fg_context *ctx, const fg_gemm *g, void *ws, size_t ws_bytes) {
-    const int64_t n = g->n, k = g->k;
-    if (ws_bytes < (size_t)(k * 16) * sizeof(float)) return fg_fail(FG_ERR_INTERNAL, "cpu gemm: workspace too small");
+    const int64_t n = g->n, k = g->k, kk = narrow_depth(g), nb = kk / k;
+    if (ws_bytes < (size_t)(kk * 16) * sizeof(float)) return fg_fail(FG_ERR_INTERNAL, "cpu gemm: workspace too small");
     float *bp = ws;
-    for (int64_t b = 0; b < g->batch; b++) {
-        const float *a = (const float *)g->a.data + b * g->a.bs, *bb = (const float *)g->b.data + b * g->b.bs;
+    for (int64_t b = 0; b < g->batch; b += nb) {
+        const float *a = (const float *)g->a.data + b * g->a.bs;
         float *c = (float *)g->c.data + b * g->c.bs;
-        for (int64_t p = 0; p < k; p++)
-            for (int64_t j = 0; j < 16; j++) bp[p * 16 + j] = j < n ? bb[p * g->b.rs + j * g->b.cs] : 0.0f;
-        const int team = fg_cpu_team(ctx, g->m * n * k, 1 << 18);
+        for (int64_t q = 0; q < nb; q++) {
+            const float *bb = (const float *)g->b.data + (b + q) * g->b.bs;
+            for (int64_t p = 0; p < k; p++)
+                for (int64_t j = 0; j < 16; j++)
+                    bp[(q * k + p) * 16 + j] = j < n ? bb[p * g->b.rs + j * g->b.cs] : 0.0f;
+        }
+        const int team = fg_cpu_team(ctx, g->m * n * kk, 1 << 18);
         if (team == 1) {
-            tall_rows(g, a, bp, c, 0, g->m);
+            tall_rows(g, a, bp, c, 0, g->m, nb);
             continue;
         }
 #pragma omp parallel num_threads(team)
         {
             int64_t lo, hi;
             fg_cpu_share(g->m, omp_get_num_threads(), omp_get_thread_num(), NARROW_R, &lo, &hi);
-            tall_rows(g, a, bp, c, lo, hi);
+            tall_rows(g, a, bp, c, lo, hi, nb);
         }
     }
     return FG_OK;
@@ -705,7 +719,7 @@ fg_status fg_cpu_gemm(fg_context *ctx, const fg_gemm *g, fg_kernel_info *info, v
     }
     if (narrow_takes(g)) {
         snprintf(info->name, sizeof info->name, "cpu:f32_narrow");
-        info->workspace_bytes = (size_t)(g->k * 16) * sizeof(float);
+        info->workspace_bytes = (size_t)(narrow_depth(g) * 16) * sizeof(float);
         if (!run) return FG_OK;
         return narrow(ctx, g, ws, ws_bytes);
     }

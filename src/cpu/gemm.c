@@ -612,12 +612,14 @@ static fg_status longk(const fg_context *ctx, const fg_gemm *g, void *ws, size_t
         const int64_t t0 = ch * LONGK_CHUNK, t1 = t0 + LONGK_CHUNK < k ? t0 + LONGK_CHUNK : k;
         longk_chunk(x, ldx, y, ldy, t0, t1, V, S, part + ch * mn);
     }
-    /* partial [s][v] is c(s, v) along n, c(v, s) along m */
+    /* the partials added in chunk order into the first (partial [s][v] is c(s, v) along n, c(v, s)
+       along m) */
+    for (int64_t ch = 1; ch < chunks; ch++)
+        for (int64_t e = 0; e < mn; e++) part[e] += part[ch * mn + e];
     const float alpha = (float)g->alpha, beta = (float)g->beta;
     for (int64_t s = 0; s < S; s++)
         for (int64_t v = 0; v < V; v++) {
-            float sum = 0.0f;
-            for (int64_t ch = 0; ch < chunks; ch++) sum += part[ch * mn + s * V + v];
+            const float sum = part[s * V + v];
             float *ci = c + (along_n ? s * g->c.rs + v * g->c.cs : v * g->c.rs + s * g->c.cs);
             *ci = beta != 0.0f ? alpha * sum + beta * *ci : alpha * sum;
         }

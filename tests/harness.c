@@ -334,6 +334,11 @@ void th_prepare_out(th_operand *o, double *ref, int accumulate) {
 }
 
 void th_verify(const char *what, th_operand *o, const double *ref, double tol, const char *label) {
+    th_verify_slack(what, o, ref, NULL, tol, label);
+}
+
+void th_verify_slack(const char *what, th_operand *o, const double *ref, const double *slack, double tol,
+                     const char *label) {
     double *got = malloc((size_t)(o->n ? o->n : 1) * sizeof(double));
     th_get(&o->buf, &o->t, got);
     double err = th_relerr(got, ref, o->n);
@@ -364,7 +369,7 @@ void th_verify(const char *what, th_operand *o, const double *ref, double tol, c
         if (mean < tiny) mean = tiny;
         int64_t bad = -1, count = 0;
         for (int64_t i = 0; i < o->n; i++)
-            if (!(fabs(got[i] - ref[i]) <= 4 * tol * (fabs(ref[i]) + mean))) {
+            if (!(fabs(got[i] - ref[i]) <= 4 * tol * (fabs(ref[i]) + mean) + (slack ? slack[i] : 0))) {
                 if (bad < 0) bad = i;
                 count++;
             }

@@ -117,6 +117,11 @@ void th_drop(th_operand *o);
 void th_prepare_out(th_operand *o, double *ref, int accumulate);
 /* Reads o back and checks relerr against ref. */
 void th_verify(const char *what, th_operand *o, const double *ref, double tol, const char *label);
+/* th_verify with a per-element allowance added to the f16 / bf16 element bound: what a documented
+ * rounding of an intermediate can move each element by when two correct implementations round
+ * it on either side of a tie (e.g. one ulp of each rounded term of a sum). */
+void th_verify_slack(const char *what, th_operand *o, const double *ref, const double *slack, double tol,
+                     const char *label);
 
 /* Runs `call`, expecting status `want`, `needle` in fg_last_error(), and the storage of
  * operand `out` bit-for-bit untouched. */

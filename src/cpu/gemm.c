@@ -511,6 +511,59 @@ static void tall_rows(const fg_gemm *g, const float *a, const float *bp, float *
     }
 }
 
+/* The narrow product's dot form, where a's rows are contiguous and k a multiple of 16: row i's 16
+   outputs as 16 dot products of a's row with bt's rows (b transposed, [16, nb·k], zero past n), each
+   in its own register over p in 16-lane steps, then the 16 registers folded together by a fixed
+   transposing tree into one vector of the 16 sums. No broadcasts: the row is read in whole vectors;
+   the tree pays from 64 terms a row on. */
+static bool narrow_dot(const fg_gemm *g) { return g->a.cs == 1 && g->k % 16 == 0 && narrow_depth(g) >= 64; }
+
+/* lanes of a and b (32 = b's first) picked by idx */
+#define SHUF(a, b, ...) __builtin_shuffle(a, b, (smallk_i){__VA_ARGS__})
+typedef int32_t smallk_i __attribute__((vector_size(64)));
+
+FG_INLINE smallk_v fold_pair(smallk_v x, smallk_v y, int level) {
+    switch (level) {
+    case 0: return SHUF(x, y, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+                   SHUF(x, y, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+    case 1: return SHUF(x, y, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+                   SHUF(x, y, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+    case 2: return SHUF(x, y, 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
+                   SHUF(x, y, 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+    default: return SHUF(x, y, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
+                    SHUF(x, y, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    }
+}
+#undef SHUF
+
+FG_CPU_CLONES
+static void dot_rows(const fg_gemm *g, const float *a, const float *bt, float *c, int64_t r0, int64_t r1, int64_t nb) {
+    const int64_t n = g->n, k = g->k, kk = nb * k, rs = g->a.rs, bs = g->a.bs;
+    for (int64_t i = r0; i < r1; i++) {
+        smallk_v s[16];
+        for (int j = 0; j < 16; j++) s[j] = (smallk_v){0};
+        for (int64_t q = 0; q < nb; q++) {
+            const float *ai = a + q * bs + i * rs, *bq = bt + q * k;
+            for (int64_t p = 0; p < k; p += 16) {
+                smallk_v x;
+                memcpy(&x, ai + p, 64);
+                for (int j = 0; j < 16; j++) {
+                    smallk_v w;
+                    memcpy(&w, bq + j * kk + p, 64);
+                    s[j] += x * w;
+                }
+            }
+        }
+        for (int j = 0; j < 8; j++) s[j] = fold_pair(s[2 * j], s[2 * j + 1], 0);
+        for (int j = 0; j < 4; j++) s[j] = fold_pair(s[2 * j], s[2 * j + 1], 1);
+        for (int j = 0; j < 2; j++) s[j] = fold_pair(s[2 * j], s[2 * j + 1], 2);
+        s[0] = fold_pair(s[0], s[1], 3);
+        float acc[16];
+        memcpy(acc, &s[0], 64);
+        smallk_store(g, c + i * g->c.rs, NULL, -1, false, i, 0, n, acc);
+    }
+}
+
 static fg_status narrow(const fg_context *ctx, const fg_gemm *g, void *ws, size_t ws_bytes) {
     const int64_t n = g->n, k = g->k, kk = narrow_depth(g), nb = kk / k;
     if (ws_bytes < (size_t)(kk * 16) * sizeof(float)) return fg_fail(FG_ERR_INTERNAL, "cpu gemm: workspace too small");
@@ -518,22 +571,20 @@ static fg_status narrow(const fg_context *ctx, const fg_gemm *g, void *ws, size_
     for (int64_t b = 0; b < g->batch; b += nb) {
         const float *a = (const float *)g->a.data + b * g->a.bs;
         float *c = (float *)g->c.data + b * g->c.bs;
-        for (int64_t q = 0; q < nb; q++) {
+        const bool dot = narrow_dot(g);
+        for (int64_t q = 0; q < nb; q++) { /* b's k × 16 (zero past n), or its transpose for the dot form */
             const float *bb = (const float *)g->b.data + (b + q) * g->b.bs;
             for (int64_t p = 0; p < k; p++)
                 for (int64_t j = 0; j < 16; j++)
-                    bp[(q * k + p) * 16 + j] = j < n ? bb[p * g->b.rs + j * g->b.cs] : 0.0f;
+                    bp[dot ? j * kk + q * k + p : (q * k + p) * 16 + j] = j < n ? bb[p * g->b.rs + j * g->b.cs] : 0.0f;
         }
         const int team = fg_cpu_team(ctx, g->m * n * kk, 1 << 18);
-        if (team == 1) {
-            tall_rows(g, a, bp, c, 0, g->m, nb);
-            continue;
-        }
-#pragma omp parallel num_threads(team)
+#pragma omp parallel num_threads(team) if (team > 1)
         {
             int64_t lo, hi;
             fg_cpu_share(g->m, omp_get_num_threads(), omp_get_thread_num(), NARROW_R, &lo, &hi);
-            tall_rows(g, a, bp, c, lo, hi, nb);
+            if (dot) dot_rows(g, a, bp, c, lo, hi, nb);
+            else tall_rows(g, a, bp, c, lo, hi, nb);
         }
     }
     return FG_OK;

@@ -11,13 +11,14 @@ import os
 import sys
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "bench"))
+sys.path.insert(0, HERE)
 
 import fastgrad as fg  # noqa: E402
 import gpt2_step as g2  # noqa: E402
+from profile_encoder import kernel_table  # noqa: E402  (one step's CUDA kernels, summed by name)
 
 
 def main():
@@ -55,18 +56,7 @@ def main():
         e1.record()
         torch.cuda.synchronize()
         wall = e0.elapsed_time(e1) / args.steps
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for i in range(args.steps):
-                step(i)
-            torch.cuda.synchronize()
-        rows = {}
-        for ev in prof.events():
-            if ev.device_type != torch.autograd.DeviceType.CUDA:
-                continue
-            name = ev.name if len(ev.name) < 100 else ev.name[:97] + "..."
-            t, n = rows.get(name, (0.0, 0))
-            rows[name] = (t + ev.device_time / 1000.0 / args.steps, n + 1)
-        table = sorted(((t, n / args.steps, k) for k, (t, n) in rows.items()), reverse=True)
+        table = kernel_table(step, [(0,), (1,)], args.steps)
         total = sum(t for t, _, _ in table)
         launches = sum(n for _, n, _ in table)
         print(f"\n## {build} (attention {attn}): step {wall:.2f} ms (CUDA events), kernels {total:.2f} ms, "

@@ -670,11 +670,14 @@ FG_NODISCARD FG_API fg_status fg_linear_cross_entropy(
  *     entropy = lse − Σ_r e^(lse_r − lse)·(lse_r − H_r), over r in order (deterministic; every
  *     rank gets the same bits). Ignored rows give 0.
  *  4. fg_linear_logp_backward with the same opt and the GLOBAL lse / entropy: dw, db are this
- *     slice's gradients; dh is this rank's partial, which the caller all-reduces with SUM.
+ *     slice's gradients; dh is this rank's partial, which the caller all-reduces with SUM —
+ *     give it an f32 dh (f64 for f64) for low-precision h, or every rank's rounding adds up.
+ * Every rank holds at least one class (V_r >= 1: an empty slice is refused, FG_ERR_SHAPE).
  * The cross-entropy's loss, weights, reductions and z-loss are functions of (logp, lse) and
  * go to the backward as dlogp / dlse. Label smoothing needs Σ_j L_j over the vocabulary and is
  * refused (FG_ERR_UNSUPPORTED): opt->label_smoothing must be 0 in the shard forward.
- * lse_part, tlogit_part, entropy_part and all combine operands: f32 (f64 for f64 inputs). */
+ * lse_part, tlogit_part, entropy_part and the combine's float operands: f32 (f64 for f64
+ * inputs); target int32 or int64. */
 FG_NODISCARD FG_API fg_status fg_linear_logp_shard_forward(fg_context *ctx, const fg_logp_options *opt,
                                                            const fg_tensor *h, const fg_tensor *w,
                                                            const fg_tensor *b, const fg_tensor *target,

@@ -215,7 +215,6 @@ class VocabParallelLogpFunction(torch.autograd.Function):
                                                        options=options)
         ctx.save_for_backward(h, w, bias, target, lse, ent)
         ctx.options, ctx.group = options, group
-        ctx.mark_non_differentiable(target)
         if ent is None:
             return logp, lse, None
         return logp, lse, ent
@@ -245,7 +244,7 @@ class VocabParallelLogpFunction(torch.autograd.Function):
         return dh, dw, db, None, None, None, None
 
 
-def _shard_options(weight, vocab_start, vocab_total, **kw):
+def _shard_options(vocab_start, vocab_total, **kw):
     if vocab_total is None:
         raise ValueError("fastgrad: vocab_total (the whole vocabulary's size) is required")
     return ops.logp_options(vocab_start=int(vocab_start), vocab_total=int(vocab_total), **kw)
@@ -263,13 +262,14 @@ def vocab_parallel_logp(h, w_shard, b_shard, target, vocab_start, vocab_total, g
     """log_softmax(cap(h·wᵀ + b)/T)[target] per row over the whole vocabulary, this rank holding
     w's rows [vocab_start, vocab_start + V_r) (w_shard [V_r, D], b_shard [V_r] or None); h [..., D]
     and target [...] (global ids in [0, vocab_total)) the same on every rank of group (None: the
-    default group). Differentiable in h, w_shard and b_shard; the softmax entropy too with
+    default group) — group is the vocabulary's (tensor-parallel) group, not DDP's data-parallel
+    one, and every rank holds at least one class (V_r >= 1). Differentiable in h, w_shard and b_shard; the softmax entropy too with
     return_entropy. Without a group of > 1 ranks it is fg.linear_logp."""
     if not _synced(group):
         _whole(w_shard, vocab_start, vocab_total)
         return linear_logp(h, w_shard, target, b_shard, temperature, softcap, ignore_index, return_entropy,
                            max_tile_elements)
-    opt = _shard_options(w_shard, vocab_start, vocab_total, temperature=temperature, softcap=softcap,
+    opt = _shard_options(vocab_start, vocab_total, temperature=temperature, softcap=softcap,
                          ignore_index=ignore_index, max_tile_elements=max_tile_elements)
     shape = h.shape[:-1]
     h2, t2 = h.reshape(-1, h.shape[-1]).contiguous(), target.reshape(-1).contiguous()
@@ -283,7 +283,9 @@ def vocab_parallel_cross_entropy(h, w_shard, b_shard, target, vocab_start, vocab
                                  softcap=0.0, max_tile_elements=0):
     """fg.linear_cross_entropy of h against the whole vocabulary, this rank holding w's rows
     [vocab_start, vocab_start + V_r) (w_shard [V_r, D], b_shard [V_r] or None) and every rank of
-    group (None: the default group) the same h [..., D], target [...] and row_weight. Row loss
+    group (None: the default group) the same h [..., D], target [...] and row_weight — group is
+    the vocabulary's (tensor-parallel) group, not DDP's data-parallel one, and every rank holds at
+    least one class (V_r >= 1; a rank with none is refused while the others wait). Row loss
     row_weight·(−logp + z_loss·lse²); mean divides by the rows not ignored, as
     fg.linear_cross_entropy. Every rank returns the same loss; the gradients of h are complete on
     every rank, those of w_shard / b_shard are this slice's. label_smoothing is refused
@@ -294,7 +296,9 @@ def vocab_parallel_cross_entropy(h, w_shard, b_shard, target, vocab_start, vocab
                                     row_weight, temperature, softcap, max_tile_elements)
     if reduction not in ("mean", "sum", "none"):
         raise ValueError(f"fastgrad: reduction must be 'mean', 'sum' or 'none', not {reduction!r}")
-    opt = _shard_options(w_shard, vocab_start, vocab_total, temperature=temperature, softcap=softcap,
+    if reduction == "none" and (label_smoothing or z_loss):  # as fg.linear_cross_entropy, on any number of ranks
+        raise ValueError("fastgrad: reduction='none' takes no label_smoothing or z_loss")
+    opt = _shard_options(vocab_start, vocab_total, temperature=temperature, softcap=softcap,
                          ignore_index=ignore_index, label_smoothing=label_smoothing,
                          max_tile_elements=max_tile_elements)
     shape = h.shape[:-1]

@@ -17,6 +17,7 @@
 #include "harness.h"
 
 #include <math.h>
+#include <string.h>
 
 #define MAX_R 4
 
@@ -44,6 +45,7 @@ typedef struct reference {
        rounded to dt before the softmax: one unit of z_j moves dz_j by up to
        |∂dz_j/∂z_j|·unit, twice that for the lse it shifts (dw and db) */
     double *dw_slack, *db_slack;
+    double *L; /* [N, V] the logits as the softmax takes them (rounded, capped, over T); 0 for ignored rows */
 } reference;
 
 static bool ignored(const problem *p, int64_t t) { return p->opt.use_ignore_index && t == p->opt.ignore_index; }
@@ -65,6 +67,7 @@ static reference compute_ref(const problem *p, fg_dtype dt, const double *h, con
     r.dw_slack = calloc((size_t)(V * D) + 1, sizeof(double));
     r.db = calloc((size_t)V + 1, sizeof(double));
     r.db_slack = calloc((size_t)V + 1, sizeof(double));
+    r.L = calloc((size_t)(N * V) + 1, sizeof(double));
     double *L = malloc(sizeof(double) * (size_t)V), *S = malloc(sizeof(double) * (size_t)V);
     double *U = malloc(sizeof(double) * (size_t)V); /* dt's spacing at each rounded logit */
     for (int64_t n = 0; n < N; n++) {
@@ -86,6 +89,7 @@ static reference compute_ref(const problem *p, fg_dtype dt, const double *h, con
             if (L[j] > m) m = L[j];
         }
         double s = 0, el = 0;
+        memcpy(r.L + n * V, L, sizeof(double) * (size_t)V);
         for (int64_t j = 0; j < V; j++) s += exp(L[j] - m);
         const double lse = m + log(s);
         for (int64_t j = 0; j < V; j++) el += exp(L[j] - lse) * L[j];
@@ -115,7 +119,7 @@ static reference compute_ref(const problem *p, fg_dtype dt, const double *h, con
 }
 
 static void free_ref(reference *r) {
-    free(r->logp), free(r->lse), free(r->ent), free(r->dh), free(r->dw), free(r->dw_slack), free(r->db), free(r->db_slack);
+    free(r->logp), free(r->lse), free(r->ent), free(r->dh), free(r->dw), free(r->dw_slack), free(r->db), free(r->db_slack), free(r->L);
 }
 
 /* ------------------------------------------------------------------ operands */
@@ -202,6 +206,27 @@ static void run_case(fg_context *ctx, fg_backend be, fg_dtype dt, const problem 
         th_get(&lp.buf, &lp.t, lse_parts + r * N);
         th_get(&tl.buf, &tl.t, tl_parts + r * N);
         th_get(&ep.buf, &ep.t, ent_parts + r * N);
+        /* each part against the slice's own softmax in f64 (ignored rows: 0) */
+        double *rl = calloc((size_t)N + 1, sizeof(double)), *rt = calloc((size_t)N + 1, sizeof(double)),
+               *re = calloc((size_t)N + 1, sizeof(double));
+        for (int64_t n = 0; n < N; n++) {
+            if (ignored(p, t[n])) continue;
+            const double *Ln = ref.L + n * V + v0;
+            double m = -INFINITY, sum = 0, el = 0;
+            for (int64_t j = 0; j < vr; j++) m = Ln[j] > m ? Ln[j] : m;
+            for (int64_t j = 0; j < vr; j++) sum += exp(Ln[j] - m);
+            rl[n] = m + log(sum);
+            for (int64_t j = 0; j < vr; j++) el += exp(Ln[j] - rl[n]) * Ln[j];
+            re[n] = rl[n] - el;
+            rt[n] = t[n] >= v0 && t[n] < v0 + vr ? Ln[t[n] - v0] : 0;
+        }
+        TH_CHECK(th_relerr(lse_parts + r * N, rl, N) <= tol, "%s rank %d: lse_part relerr %.3g > %.3g", lab, r,
+                 th_relerr(lse_parts + r * N, rl, N), tol);
+        TH_CHECK(th_relerr(tl_parts + r * N, rt, N) <= tol, "%s rank %d: tlogit_part relerr %.3g > %.3g", lab, r,
+                 th_relerr(tl_parts + r * N, rt, N), tol);
+        TH_CHECK(th_relerr(ent_parts + r * N, re, N) <= tol, "%s rank %d: entropy_part relerr %.3g > %.3g", lab, r,
+                 th_relerr(ent_parts + r * N, re, N), tol);
+        free(rl), free(rt), free(re);
         for (int64_t n = 0; n < N; n++) {
             const bool here = !ignored(p, t[n]) && t[n] >= v0 && t[n] < v0 + vr;
             TH_CHECK(isfinite(lse_parts[r * N + n]) && isfinite(ent_parts[r * N + n]), "%s rank %d row %lld: parts %g %g",
@@ -233,8 +258,10 @@ static void run_case(fg_context *ctx, fg_backend be, fg_dtype dt, const problem 
     {
         th_operand lse2 = vec_of(be, acc, 1, N, 0);
         th_poison(&lse2.buf);
+        th_poison(&logp.buf);
         TH_OK(fg_linear_logp_shard_combine(ctx, &p->opt, &target, &LP.t, &TS.t, NULL, &logp.t, &lse2.t, NULL));
         th_verify("lse (no entropy)", &lse2, ref.lse, tol, lab);
+        th_verify("logp (no entropy)", &logp, ref.logp, tol, lab);
         th_drop(&lse2);
     }
 

@@ -522,16 +522,23 @@ static bool narrow_dot(const fg_gemm *g) { return g->a.cs == 1 && g->k % 16 == 0
 #define SHUF(a, b, ...) __builtin_shuffle(a, b, (smallk_i){__VA_ARGS__})
 typedef int32_t smallk_i __attribute__((vector_size(64)));
 
-FG_INLINE smallk_v fold_pair(smallk_v x, smallk_v y, int level) {
+/* *out = the pair folded at this level; vectors by address, not by value: a 64-byte vector
+   passed or returned by value crosses an ABI GCC warns about in files built without AVX-512 */
+FG_INLINE void fold_pair(smallk_v *out, const smallk_v *px, const smallk_v *py, int level) {
+    const smallk_v x = *px, y = *py;
     switch (level) {
-    case 0: return SHUF(x, y, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+    case 0: *out = SHUF(x, y, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
                    SHUF(x, y, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
-    case 1: return SHUF(x, y, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+        return;
+    case 1: *out = SHUF(x, y, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
                    SHUF(x, y, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
-    case 2: return SHUF(x, y, 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
+        return;
+    case 2: *out = SHUF(x, y, 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
                    SHUF(x, y, 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
-    default: return SHUF(x, y, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
+        return;
+    default: *out = SHUF(x, y, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
                     SHUF(x, y, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+        return;
     }
 }
 #undef SHUF
@@ -554,10 +561,10 @@ static void dot_rows(const fg_gemm *g, const float *a, const float *bt, float *c
                 }
             }
         }
-        for (int j = 0; j < 8; j++) s[j] = fold_pair(s[2 * j], s[2 * j + 1], 0);
-        for (int j = 0; j < 4; j++) s[j] = fold_pair(s[2 * j], s[2 * j + 1], 1);
-        for (int j = 0; j < 2; j++) s[j] = fold_pair(s[2 * j], s[2 * j + 1], 2);
-        s[0] = fold_pair(s[0], s[1], 3);
+        for (int j = 0; j < 8; j++) fold_pair(&s[j], &s[2 * j], &s[2 * j + 1], 0);
+        for (int j = 0; j < 4; j++) fold_pair(&s[j], &s[2 * j], &s[2 * j + 1], 1);
+        for (int j = 0; j < 2; j++) fold_pair(&s[j], &s[2 * j], &s[2 * j + 1], 2);
+        fold_pair(&s[0], &s[0], &s[1], 3);
         float acc[16];
         memcpy(acc, &s[0], 64);
         smallk_store(g, c + i * g->c.rs, NULL, -1, false, i, 0, n, acc);

@@ -518,9 +518,13 @@ static void tall_rows(const fg_gemm *g, const float *a, const float *bp, float *
    the tree pays from 64 terms a row on. */
 static bool narrow_dot(const fg_gemm *g) { return g->a.cs == 1 && g->k % 16 == 0 && narrow_depth(g) >= 64; }
 
-/* lanes of a and b (32 = b's first) picked by idx */
+/* lanes of a and b (16 = b's first) picked by idx */
+#if defined(__clang__)
+#define SHUF(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+#else
 #define SHUF(a, b, ...) __builtin_shuffle(a, b, (smallk_i){__VA_ARGS__})
 typedef int32_t smallk_i __attribute__((vector_size(64)));
+#endif
 
 /* *out = the pair folded at this level; vectors by address, not by value: a 64-byte vector
    passed or returned by value crosses an ABI GCC warns about in files built without AVX-512 */

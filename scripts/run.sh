@@ -19,6 +19,9 @@ for a in "$@"; do
   if [ "$a" = --full ]; then full=1; else args+=("$a"); fi
 done
 scripts/deps.sh
+# OpenMP threads that finish a region sleep instead of spinning: on a machine whose cores other
+# work shares, a spinning thread holds a core the descheduled one needs (docs/decisions.md 139)
+export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j "$(nproc 2>/dev/null || echo 2)" --target fastgrad-train
 out=build/run

@@ -38,8 +38,15 @@ if torch is not None:
                      torch.float64: _lib.F64, torch.int32: _lib.I32, torch.int64: _lib.I64}
 
 
+class _NoTensor:  # stands in for torch.Tensor without torch: no array is an instance of it
+    pass
+
+
+_Tensor = torch.Tensor if torch is not None else _NoTensor
+
+
 def _is_torch(a):
-    return torch is not None and isinstance(a, torch.Tensor)
+    return isinstance(a, _Tensor)
 
 
 def _dtype_code(a, name):
@@ -99,20 +106,6 @@ def _empty_like_family(ref, shape, dtype=None):
     if _is_torch(ref):
         return torch.empty(shape, dtype=dtype or ref.dtype, device=ref.device)
     return np.empty(shape, dtype=dtype or ref.dtype)
-
-
-def _signature(a):
-    if a is None:
-        return None
-    if _is_torch(a):
-        return (a.dtype, a.shape, a.stride())
-    return (a.dtype, a.shape, a.strides)
-
-
-def _pointer(a):
-    if a is None:
-        return None
-    return a.data_ptr() if _is_torch(a) else a.ctypes.data
 
 
 _MAX_PLANS = 512  # per context; a cache that outgrows this starts again
@@ -189,10 +182,23 @@ def run(op, operands, accumulate=False, options=None, flags=0):
     if tdev is not None and backend == _lib.BACKEND_CUDA:
         ctx.set_stream(torch.cuda.current_stream(tdev).cuda_stream)
     flags = flags | (_lib.PLAN_ALLOW_TF32 if _allow_tf32 else 0)
-    pointers = [_pointer(a) for a in operands]
+    # the plan's key and the data pointers in one walk (the per-call host cost: docs/perf-notes.md 19):
+    # each operand adds (dtype, shape, strides), an absent one None — unambiguous, as neither is None
+    key = [op, bool(accumulate), flags, options.key() if options is not None else None]
+    pointers = []
+    for a in operands:
+        if a is None:
+            pointers.append(None)
+            key.append(None)
+        elif isinstance(a, _Tensor):
+            pointers.append(a.data_ptr())
+            key += (a.dtype, a.shape, a.stride())
+        else:
+            pointers.append(a.ctypes.data)
+            key += (a.dtype, a.shape, a.strides)
     align = _alignment(pointers)
-    key = (op, bool(accumulate), flags, options.key() if options is not None else None, align,
-           tuple(_signature(a) for a in operands))
+    key.append(align)
+    key = tuple(key)
     entry = ctx.plans.get(key)
     if entry is None:
         if len(ctx.plans) >= _MAX_PLANS:

@@ -38,7 +38,8 @@ from ._lib import ERR_MISALIGNED, ERR_UNSUPPORTED, FastgradError
 
 def _dense(a):
     """A broadcast view (a zero stride, as autograd hands out for sum()) made dense."""
-    if isinstance(a, torch.Tensor) and any(s == 0 and n > 1 for s, n in zip(a.stride(), a.shape)):
+    if isinstance(a, torch.Tensor) and not a.is_contiguous() and any(s == 0 and n > 1
+                                                                      for s, n in zip(a.stride(), a.shape)):
         return a.contiguous()
     return a
 

@@ -503,18 +503,14 @@ def targets_table(steps, host, adam, explain, device, out):
 
     yes = lambda b: "yes" if b else "NO"  # noqa: E731
     for suffix, what in (("", "fg.attention"), ("_sdpa", "SDPA")):
-        te, fe = ms("torch_eager"), ms("fg_eager" + suffix)
-        name = f"fastgrad ({what}) eager speed vs torch eager"
-        if te and fe:
-            row(name, f"{fe:.2f} vs {te:.2f} ms", f"{te / fe:.2f}x", ">= 1.15x", yes(te / fe >= 1.15))
-        else:
-            na(name, ">= 1.15x", "a row failed or was skipped")
-        tc, fc = ms("torch_compile"), ms("fg_compile" + suffix)
-        name = f"torch.compile(fastgrad, {what}) speed vs torch.compile"
-        if tc and fc:
-            row(name, f"{fc:.2f} vs {tc:.2f} ms", f"{tc / fc:.2f}x", ">= 1.05x", yes(tc / fc >= 1.05))
-        else:
-            na(name, ">= 1.05x", "a row failed or was skipped")
+        for base, mine, name, need in (
+                ("torch_eager", "fg_eager", f"fastgrad ({what}) eager speed vs torch eager", 1.15),
+                ("torch_compile", "fg_compile", f"torch.compile(fastgrad, {what}) speed vs torch.compile", 1.05)):
+            tb, tf = ms(base), ms(mine + suffix)
+            if tb and tf:
+                row(name, f"{tf:.2f} vs {tb:.2f} ms", f"{tb / tf:.2f}x", f">= {need:.2f}x", yes(tb / tf >= need))
+            else:
+                na(name, f">= {need:.2f}x", "a row failed or was skipped")
         pc = steps.get("torch_compile", {}).get("peak")
         for k, lab in (("fg_eager" + suffix, "eager"), ("fg_compile" + suffix, "compiled")):
             pf = steps.get(k, {}).get("peak")

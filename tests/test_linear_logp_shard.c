@@ -50,6 +50,16 @@ typedef struct reference {
 
 static bool ignored(const problem *p, int64_t t) { return p->opt.use_ignore_index && t == p->opt.ignore_index; }
 
+/* log Σ e^L and the entropy of softmax(L) over n logits, in f64 */
+static void lse_entropy(const double *L, int64_t n, double *lse, double *H) {
+    double m = -INFINITY, s = 0, el = 0;
+    for (int64_t j = 0; j < n; j++) m = L[j] > m ? L[j] : m;
+    for (int64_t j = 0; j < n; j++) s += exp(L[j] - m);
+    *lse = m + log(s);
+    for (int64_t j = 0; j < n; j++) el += exp(L[j] - *lse) * L[j];
+    *H = *lse - el;
+}
+
 /* Over the whole vocabulary. The logits h·wᵀ + b are rounded to dt (the family's contract, as
    F.linear's output is), and so is dz before the products take it (db sums it unrounded): the
    header says both. */
@@ -72,7 +82,6 @@ static reference compute_ref(const problem *p, fg_dtype dt, const double *h, con
     double *U = malloc(sizeof(double) * (size_t)V); /* dt's spacing at each rounded logit */
     for (int64_t n = 0; n < N; n++) {
         if (ignored(p, t[n])) continue;
-        double m = -INFINITY;
         for (int64_t j = 0; j < V; j++) {
             double z = b ? b[j] : 0;
             for (int64_t k = 0; k < D; k++) z += h[n * D + k] * w[j * D + k];
@@ -86,14 +95,10 @@ static reference compute_ref(const problem *p, fg_dtype dt, const double *h, con
             } else {
                 L[j] = z / T, S[j] = 1 / T;
             }
-            if (L[j] > m) m = L[j];
         }
-        double s = 0, el = 0;
         memcpy(r.L + n * V, L, sizeof(double) * (size_t)V);
-        for (int64_t j = 0; j < V; j++) s += exp(L[j] - m);
-        const double lse = m + log(s);
-        for (int64_t j = 0; j < V; j++) el += exp(L[j] - lse) * L[j];
-        const double H = lse - el;
+        double lse, H;
+        lse_entropy(L, V, &lse, &H);
         r.lse[n] = lse, r.logp[n] = L[t[n]] - lse, r.ent[n] = H;
         for (int64_t j = 0; j < V; j++) {
             const double pj = exp(L[j] - lse);
@@ -212,12 +217,7 @@ static void run_case(fg_context *ctx, fg_backend be, fg_dtype dt, const problem 
         for (int64_t n = 0; n < N; n++) {
             if (ignored(p, t[n])) continue;
             const double *Ln = ref.L + n * V + v0;
-            double m = -INFINITY, sum = 0, el = 0;
-            for (int64_t j = 0; j < vr; j++) m = Ln[j] > m ? Ln[j] : m;
-            for (int64_t j = 0; j < vr; j++) sum += exp(Ln[j] - m);
-            rl[n] = m + log(sum);
-            for (int64_t j = 0; j < vr; j++) el += exp(Ln[j] - rl[n]) * Ln[j];
-            re[n] = rl[n] - el;
+            lse_entropy(Ln, vr, &rl[n], &re[n]);
             rt[n] = t[n] >= v0 && t[n] < v0 + vr ? Ln[t[n] - v0] : 0;
         }
         TH_CHECK(th_relerr(lse_parts + r * N, rl, N) <= tol, "%s rank %d: lse_part relerr %.3g > %.3g", lab, r,
@@ -315,6 +315,24 @@ static void run_case(fg_context *ctx, fg_backend be, fg_dtype dt, const problem 
 
 /* ------------------------------------------------------------------ finite differences */
 
+/* Rank r's shard options and its f64 views of w's and b's rows (host arrays) */
+typedef struct fd_slice {
+    fg_logp_options o;
+    int64_t wsh[2], bsh[1];
+    fg_tensor w, b;
+} fd_slice;
+
+static fd_slice fd_slice_of(const problem *p, int r, const double *w, const double *b) {
+    fd_slice sl;
+    const int64_t v0 = p->bounds[r], vr = p->bounds[r + 1] - v0;
+    sl.o = p->opt;
+    sl.o.vocab_start = v0, sl.o.vocab_total = p->V;
+    sl.wsh[0] = vr, sl.wsh[1] = p->D, sl.bsh[0] = vr;
+    sl.w = fg_tensor_make((void *)(w + v0 * p->D), FG_F64, 2, sl.wsh);
+    sl.b = fg_tensor_make((void *)(b + v0), FG_F64, 1, sl.bsh);
+    return sl;
+}
+
 /* Σ_n dl·logp + de·entropy + ds·lse of the sharded pipeline (CPU, f64, host arrays); with
    grads, also the gradients of h, w, b (Σ_r dh_r, the slices' dw, db concatenated). */
 static double fd_objective(fg_context *ctx, const problem *p, const double *h, const double *w, const double *b,
@@ -328,14 +346,10 @@ static double fd_objective(fg_context *ctx, const problem *p, const double *h, c
     double logp[64], lse[64], ent[64];
     fg_tensor th = fg_tensor_make((void *)h, FG_F64, 2, hs), tt = fg_tensor_make((void *)t, FG_I64, 1, ns);
     for (int r = 0; r < R; r++) {
-        const int64_t v0 = p->bounds[r], vr = p->bounds[r + 1] - v0;
-        int64_t wsh[2] = {vr, D}, bsh[1] = {vr};
-        fg_logp_options o = p->opt;
-        o.vocab_start = v0, o.vocab_total = V;
-        fg_tensor tw = fg_tensor_make((void *)(w + v0 * D), FG_F64, 2, wsh), tb = fg_tensor_make((void *)(b + v0), FG_F64, 1, bsh);
+        fd_slice sl = fd_slice_of(p, r, w, b);
         fg_tensor a = fg_tensor_make(lp + r * N, FG_F64, 1, ns), c = fg_tensor_make(tl + r * N, FG_F64, 1, ns),
                   e = fg_tensor_make(ep + r * N, FG_F64, 1, ns);
-        TH_OK(fg_linear_logp_shard_forward(ctx, &o, &th, &tw, &tb, &tt, &a, &c, &e));
+        TH_OK(fg_linear_logp_shard_forward(ctx, &sl.o, &th, &sl.w, &sl.b, &tt, &a, &c, &e));
         for (int64_t n = 0; n < N; n++) ts[n] += tl[r * N + n];
     }
     fg_tensor LP = fg_tensor_make(lp, FG_F64, 2, ps), EP = fg_tensor_make(ep, FG_F64, 2, ps), TS = fg_tensor_make(ts, FG_F64, 1, ns);
@@ -349,13 +363,11 @@ static double fd_objective(fg_context *ctx, const problem *p, const double *h, c
         fg_tensor tdl = fg_tensor_make((void *)dl, FG_F64, 1, ns), tde = fg_tensor_make((void *)de, FG_F64, 1, ns),
                   tds = fg_tensor_make((void *)ds, FG_F64, 1, ns), tdh = fg_tensor_make(dh, FG_F64, 2, hs);
         for (int r = 0; r < R; r++) {
-            const int64_t v0 = p->bounds[r], vr = p->bounds[r + 1] - v0;
-            int64_t wsh[2] = {vr, D}, bsh[1] = {vr};
-            fg_logp_options o = p->opt;
-            o.vocab_start = v0, o.vocab_total = V;
-            fg_tensor tw = fg_tensor_make((void *)(w + v0 * D), FG_F64, 2, wsh), tb = fg_tensor_make((void *)(b + v0), FG_F64, 1, bsh);
-            fg_tensor tdw = fg_tensor_make(gw + v0 * D, FG_F64, 2, wsh), tdb = fg_tensor_make(gb + v0, FG_F64, 1, bsh);
-            TH_OK(fg_linear_logp_backward(ctx, &o, &tdl, &tde, &tds, &th, &tw, &tb, &tt, &c, &e, &tdh, &tdw, &tdb, 0));
+            fd_slice sl = fd_slice_of(p, r, w, b);
+            const int64_t v0 = p->bounds[r];
+            fg_tensor tdw = fg_tensor_make(gw + v0 * D, FG_F64, 2, sl.wsh), tdb = fg_tensor_make(gb + v0, FG_F64, 1, sl.bsh);
+            TH_OK(fg_linear_logp_backward(ctx, &sl.o, &tdl, &tde, &tds, &th, &sl.w, &sl.b, &tt, &c, &e, &tdh, &tdw, &tdb,
+                                          0));
             for (int64_t i = 0; i < N * D; i++) gh[i] += dh[i];
         }
         free(dh);

@@ -12,10 +12,17 @@ options structs) come from the library's op table through fg_op_describe. The ct
 Structures are declared here, and at import every size and field offset is checked
 against fg_abi_layout: a struct edited on one side only fails the import with a message
 naming the struct and the field.
+
+The compiled per-call module fastgrad._fastcall (python/fastgrad/_fastcall.c, built by
+CMake beside the library when Python's headers are found) is looked for beside the library
+that was loaded, then beside this file; fastcall_module() gives it, or None and why
+(FASTGRAD_NO_EXT=1 turns it off). ops.py decides whether to use it.
 """
 import collections
 import ctypes
 import ctypes.util
+import importlib.machinery
+import importlib.util
 import os
 import threading
 
@@ -559,8 +566,13 @@ class Context:
         self.backend = backend
         self.stream = None
         self.plans = {}
+        # the compiled path's cache (ops.py, _fastcall.c): its key bytes -> (plan handle, workspace
+        # bytes, Plan), each plan one of self.plans'; emptied in place with them, as _fastcall
+        # keeps a reference to this dict
+        self.fast = {}
 
     def clear_plans(self):
+        self.fast.clear()
         for entry in self.plans.values():
             lib.fg_plan_destroy(entry.plan.handle)
         self.plans = {}
@@ -619,3 +631,39 @@ def context(backend, device=0):
     if key not in cache:
         cache[key] = Context(backend, device)
     return cache[key]
+
+
+# ------------------------------------------------------------------ the compiled per-call module
+
+
+def _load_fastcall():
+    """(module, None), or (None, why not): fastgrad._fastcall from the loaded library's folder,
+    then from this package's."""
+    if os.environ.get("FASTGRAD_NO_EXT", "") not in ("", "0"):
+        return None, "FASTGRAD_NO_EXT is set"
+    here = os.path.dirname(os.path.abspath(__file__))
+    folders = [os.path.dirname(os.path.abspath(lib._name))] if os.path.sep in lib._name else []
+    folders += [here] if here not in folders else []
+    for folder in folders:
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+            path = os.path.join(folder, "_fastcall" + suffix)
+            if not os.path.exists(path):
+                continue
+            try:
+                spec = importlib.util.spec_from_file_location(__package__ + "._fastcall", path)
+                module = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(module)
+            except ImportError as e:
+                return None, f"{path} does not load: {e}"
+            if module.VERSION != VERSION:
+                return None, f"{path} was built for version {module.VERSION:#x}, the library is {VERSION:#x}"
+            return module, None
+    return None, "not built (no _fastcall module in " + ", ".join(folders) + ")"
+
+
+_fastcall, FASTCALL_WHY_NOT = _load_fastcall()
+
+
+def fastcall_module():
+    """fastgrad._fastcall when it was found and loads, else None (FASTCALL_WHY_NOT says why)."""
+    return _fastcall

@@ -29,6 +29,8 @@ def set_allow_tf32(allow):
     """Lets f32 products round their inputs to tf32 on tensor cores (off by default)."""
     global _allow_tf32
     _allow_tf32 = bool(allow)
+    if FAST is not None:
+        FAST.set_tf32(_lib.PLAN_ALLOW_TF32 if _allow_tf32 else 0)
 
 
 _NP_DTYPES = {np.dtype(np.float32): _lib.F32, np.dtype(np.float16): _lib.F16, np.dtype(np.float64): _lib.F64,
@@ -163,12 +165,36 @@ def _ordered(info, operands):
     return operands
 
 
-def run(op, operands, accumulate=False, options=None, flags=0):
+def _cuda_stream(device):
+    """The current CUDA stream of device (an index) as an int: what the context is set to."""
+    if _raw_stream is not None:
+        return _raw_stream(device)
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) if torch is not None else None
+
+
+def _workspace(ref, nbytes):
+    """(owner, pointer) of nbytes of scratch from ref's allocator: torch's caching allocator on
+    ref's device, or a numpy buffer aligned to 256 bytes."""
+    if _is_torch(ref):
+        ws = torch.empty(nbytes, dtype=torch.uint8, device=ref.device)
+        return ws, ws.data_ptr()
+    ws = np.empty(nbytes + 256, dtype=np.uint8)
+    return ws, (ws.ctypes.data + 255) & ~255
+
+
+def _run_py(op, operands, accumulate=False, options=None, flags=0, fast_key=None):
     """Runs op (a name of _lib.OPS) on operands: a dict by the operand names fg_op_describe
     gives (_lib.OPERANDS[op]), or a list in that order; None or left out = absent. options
     is the op's options struct (_lib.ElementwiseOptions, LinearActOptions or LogpOptions, as
     fg_op_describe names it) or None for the defaults; flags adds _lib.PLAN_* flags (tf32
-    follows set_allow_tf32). Returns the plan."""
+    follows set_allow_tf32). Returns the plan.
+
+    This is run() in Python; the compiled run (_fastcall.c) calls it for what it leaves to
+    Python, and with fast_key (its key for these operands) when the plan is not in its cache
+    yet: the plan is then entered there."""
     info = _op(op)
     operands = _ordered(info, operands)
     if options is not None:
@@ -180,7 +206,7 @@ def run(op, operands, accumulate=False, options=None, flags=0):
     backend, device, tdev = _placement(ref)
     ctx = _lib.context(backend, device)
     if tdev is not None and backend == _lib.BACKEND_CUDA:
-        ctx.set_stream(torch.cuda.current_stream(tdev).cuda_stream)
+        ctx.set_stream(_cuda_stream(device))
     flags = flags | (_lib.PLAN_ALLOW_TF32 if _allow_tf32 else 0)
     # the plan's key and the data pointers in one walk (the per-call host cost: docs/perf-notes.md 19):
     # each operand adds (dtype, shape, strides), an absent one None — unambiguous, as neither is None
@@ -207,16 +233,47 @@ def run(op, operands, accumulate=False, options=None, flags=0):
     for i, p in enumerate(pointers):
         entry.array[i].data = p
     plan = entry.plan
+    if fast_key is not None:
+        ctx.fast[fast_key] = (plan.handle.value, plan.workspace_bytes, plan)
     ws, ws_ptr = None, 0
     if plan.workspace_bytes:
-        if _is_torch(ref):
-            ws = torch.empty(plan.workspace_bytes, dtype=torch.uint8, device=ref.device)
-            ws_ptr = ws.data_ptr()
-        else:
-            ws = np.empty(plan.workspace_bytes + 256, dtype=np.uint8)
-            ws_ptr = (ws.ctypes.data + 255) & ~255
+        ws, ws_ptr = _workspace(ref, plan.workspace_bytes)
     plan.run(entry.array, ws_ptr, plan.workspace_bytes)
     return plan
+
+
+def _context_pair(backend, device):
+    """(context, its fast cache) of the calling thread: what _fastcall keeps per thread."""
+    ctx = _lib.context(backend, device)
+    return ctx, ctx.fast
+
+
+def _configure_fastcall(module):
+    """Hands _fastcall what it reads; (run, None), or (None, why) when it refuses this library."""
+    ops = {name: (info.id, _lib.OPERANDS[name], _lib.OPTIONS.get(info.options_type)) for name, info in _lib.OPS.items()}
+    address = lambda f: ctypes.cast(f, ctypes.c_void_p).value  # noqa: E731
+    try:
+        module.configure(address(_lib.lib.fg_plan_run), address(_lib.lib.fg_last_error), ops, np.ndarray,
+                         torch.Tensor if torch is not None else None,
+                         dict(_TORCH_DTYPES) if torch is not None else {}, _context_pair, _cuda_stream, _workspace,
+                         _run_py, FastgradError,
+                         (_lib.abi_layout("fg_tensor"), _lib.MAX_RANK, _lib.MAX_OPERANDS))
+    except (TypeError, ValueError) as e:
+        return None, str(e)
+    return module.run, None
+
+
+# run(op, operands, accumulate=False, options=None, flags=0): the compiled path when
+# fastgrad._fastcall is built and loads (FAST is the module then; FAST_WHY_NOT says why not),
+# else _run_py. Both give the same results and raise the same errors.
+FAST, FAST_WHY_NOT = _lib.fastcall_module(), _lib.FASTCALL_WHY_NOT
+run = _run_py
+if FAST is not None:
+    _fast_run, FAST_WHY_NOT = _configure_fastcall(FAST)
+    if _fast_run is None:
+        FAST = None
+    else:
+        run = _fast_run
 
 
 def plan_info(op, operands, names=None, accumulate=False, options=None):
@@ -555,7 +612,7 @@ def context_check(device=None):
         return
     index = device.index if isinstance(device, torch.device) else int(device)
     ctx = _lib.context(_lib.BACKEND_CUDA, index or 0)
-    ctx.set_stream(torch.cuda.current_stream(torch.device("cuda", index or 0)).cuda_stream)
+    ctx.set_stream(_cuda_stream(index or 0))
     ctx.check()
 
 
@@ -631,7 +688,7 @@ def adamw_step_arrays(first, n, params, grads, exp_avg, exp_avg_sq, master, *, l
     backend, device, tdev = _placement(first)
     ctx = _lib.context(backend, device)
     if tdev is not None and backend == _lib.BACKEND_CUDA:
-        ctx.set_stream(torch.cuda.current_stream(tdev).cuda_stream)
+        ctx.set_stream(_cuda_stream(device))
     hp = _lib.AdamWHparams(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay, step=int(step),
                            grad_scale=grad_scale)
     _lib.check(_lib.lib.fg_adamw_step(ctx.handle, hp, n, params, grads, exp_avg, exp_avg_sq, master))

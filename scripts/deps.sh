@@ -9,6 +9,9 @@ command -v c++ >/dev/null 2>&1 || need+=(g++)
 command -v cmake >/dev/null 2>&1 || need+=(cmake)
 command -v make >/dev/null 2>&1 || need+=(make)
 command -v python3 >/dev/null 2>&1 || need+=(python3)
+# Python's headers, for the compiled per-call module fastgrad._fastcall (CMake skips it without them)
+python3 -c 'import os, sysconfig; raise SystemExit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
+  >/dev/null 2>&1 || need+=(python3-dev)
 if ! { [ -e /usr/include/cblas.h ] || ls /usr/include/*/cblas.h /usr/include/*/*/cblas.h >/dev/null 2>&1; } ||
    ! ldconfig -p 2>/dev/null | grep -q libopenblas; then
   need+=(libopenblas-dev)

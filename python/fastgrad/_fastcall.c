@@ -363,8 +363,10 @@ static PyObject *fc_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
             return NULL;
         flags_obj = zero;
     }
-    PyObject *result = NULL, *key = NULL, *ws_owner = NULL;
-    PyObject *items[FG_MAX_OPERANDS];
+    PyObject *result = NULL, *key = NULL, *ws_owner = NULL, *entry = NULL;
+    PyObject *items[FG_MAX_OPERANDS]; /* held while the call runs: Python code (a tensor's
+                                         attributes, the hooks) runs in between */
+    Py_ssize_t held = 0;
     fg_tensor t[FG_MAX_OPERANDS];
     unsigned char kbuf[KEY_CAP];
     size_t kn = 0;
@@ -388,6 +390,8 @@ static PyObject *fc_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                 goto fallback;
             found += v != NULL;
             items[i] = v ? v : Py_None;
+            Py_INCREF(items[i]);
+            held = i + 1;
         }
         if (found != PyDict_Size(operands)) /* a name the op does not have */
             goto fallback;
@@ -395,8 +399,11 @@ static PyObject *fc_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
         int list = PyList_Check(operands);
         if ((list ? PyList_Size(operands) : PyTuple_Size(operands)) != n)
             goto fallback;
-        for (Py_ssize_t i = 0; i < n; i++)
+        for (Py_ssize_t i = 0; i < n; i++) {
             items[i] = list ? PyList_GetItem(operands, i) : PyTuple_GetItem(operands, i);
+            Py_INCREF(items[i]);
+            held = i + 1;
+        }
     } else
         goto fallback;
     if (options != Py_None && (PyObject *)Py_TYPE(options) != opt_class)
@@ -453,7 +460,8 @@ static PyObject *fc_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
         goto fallback;
     if (!(key = PyBytes_FromStringAndSize((const char *)kbuf, (Py_ssize_t)kn)))
         goto done;
-    PyObject *entry = PyDict_GetItemWithError(PyTuple_GetItem(cx, 1), key); /* borrowed */
+    entry = PyDict_GetItemWithError(PyTuple_GetItem(cx, 1), key);
+    Py_XINCREF(entry); /* held: the workspace hook runs Python code */
     if (!entry) {
         if (PyErr_Occurred())
             goto done;
@@ -507,6 +515,9 @@ fallback:
 done:
     Py_XDECREF(key);
     Py_XDECREF(ws_owner);
+    Py_XDECREF(entry);
+    for (Py_ssize_t i = 0; i < held; i++)
+        Py_DECREF(items[i]);
     Py_XDECREF(zero);
     return result;
 }

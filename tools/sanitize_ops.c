@@ -83,6 +83,13 @@ static void gemm_kernels(void) {
         written("linear_backward_bias (column sums)", &DB);
         th_drop(&X), th_drop(&W), th_drop(&B), th_drop(&Y), th_drop(&DX), th_drop(&DY), th_drop(&DB);
     }
+    {   /* a weight gradient of few outputs over many rows: the skinny product (slabs + finish) */
+        int64_t dy[2] = {5000, 16}, x[2] = {5000, 24}, w[2] = {16, 24};
+        th_operand DY = make(dt, 2, dy, 0), X = make(dt, 2, x, 0), DW = out(dt, 2, w, 0);
+        launched("linear_backward_weight skinny", fg_linear_backward_weight(ctx, &DY.t, &X.t, &DW.t, 0), "skinny<");
+        written("linear_backward_weight skinny", &DW);
+        th_drop(&DY), th_drop(&X), th_drop(&DW);
+    }
     {   /* K = 0: y = b, written by axpby_2d */
         int64_t x[2] = {37, 0}, w[2] = {40, 0}, b[1] = {40}, y[2] = {37, 40};
         th_operand X = make(dt, 2, x, 0), W = make(dt, 2, w, 0), B = make(dt, 1, b, 0), Y = out(dt, 2, y, 0);

@@ -11,8 +11,11 @@
  *    gemv_dot: each output is a dot product of a contiguous run (a warp per output
  *    pair, 16-byte loads). gemv_cols: outputs are columns of row-contiguous data
  *    (dx of a single row, bias gradients as a product with a vector of ones): blocks
- *    sum fixed row slices into a partial buffer, and a second kernel adds the slices
- *    in order, so the result is deterministic.
+ *    of row lanes × column vectors sum fixed row slices into a partial buffer, and a
+ *    second kernel adds the slices (a warp a column, a fixed tree), so the result is
+ *    deterministic.
+ *  - Skinny products (m, n ≤ 128, k ≥ 4096: weight gradients of narrow layers over many
+ *    tokens): an own kernel, 4 × 4 register tiles over k-slabs and a finish in slab order.
  *  - Rank-1 products (k == 1, outer products) of 2-byte types: an own write-stream
  *    kernel (it streams the writes faster than cuBLASLt does for 2-byte types; for f32
  *    cuBLASLt is faster, so f32 / f64 stay there).
@@ -118,41 +121,46 @@ __global__ void __launch_bounds__(DOT_THREADS) gemv_dot_kernel(vec_args<T> a) {
 
 constexpr int COLS_THREADS = 256;
 
-/* Block (x, s) sums rows [s·rows_per, (s+1)·rows_per) for VEC columns per thread; with
- * one slice it finishes the outputs, else it writes its slice of `part` [S, len]. */
+/* Block (x, s) of a column sum: CV threads side by side take VEC columns each (16-byte loads
+ * when `vec`, else element loads of the same columns), and the block's COLS_THREADS / CV row
+ * lanes walk slice s's rows (lane l: rows p0 + l, p0 + l + lanes, ...), so a few columns still
+ * fill the block. The lanes' sums are added by a fixed tree in shared memory; with one slice the
+ * block finishes the outputs, else it writes its slice of `part` [S, len]. The geometry depends
+ * on the shape alone and both load forms add the same terms in the same order: the same bits
+ * whatever the alignment or the GPU. */
 template <typename T, int VEC>
 __global__ void __launch_bounds__(COLS_THREADS)
-    gemv_cols_kernel(vec_args<T> a, typename acc_type<T>::type *part, int64_t rows_per, int slices) {
+    gemv_cols_kernel(vec_args<T> a, typename acc_type<T>::type *part, int64_t rows_per, int slices, int cv, bool vec) {
     typedef typename acc_type<T>::type A;
-    const int64_t j = ((int64_t)blockIdx.x * COLS_THREADS + threadIdx.x) * VEC;
-    if (j >= a.len) return;
+    __shared__ A red[COLS_THREADS * VEC];
+    const int c = threadIdx.x % cv, lane = threadIdx.x / cv, lanes = COLS_THREADS / cv;
+    const int64_t j = ((int64_t)blockIdx.x * cv + c) * VEC;
     const int64_t p0 = (int64_t)blockIdx.y * rows_per;
     const int64_t p1 = p0 + rows_per < a.depth ? p0 + rows_per : a.depth;
     A acc[VEC];
 #pragma unroll
     for (int e = 0; e < VEC; e++) acc[e] = 0;
-    const bool full = VEC > 1 && j + VEC <= a.len;
-    if (full) {
-        int64_t p = p0;
-        for (; p + 4 <= p1; p += 4) { /* four rows in flight */
-            vec_t<T, VEC> r[4];
+    if (j < a.len && vec && j + VEC <= a.len) {
+        int64_t p = p0 + lane;
+        for (; p + 7 * lanes < p1; p += 8 * lanes) { /* eight rows in flight */
+            vec_t<T, VEC> r[8];
 #pragma unroll
-            for (int u = 0; u < 4; u++) r[u] = load_vec<T, VEC>(a.m + (p + u) * a.mp + j);
+            for (int u = 0; u < 8; u++) r[u] = load_vec<T, VEC>(a.m + (p + u * lanes) * a.mp + j);
 #pragma unroll
-            for (int u = 0; u < 4; u++) {
-                A x = a.v ? to_acc(a.v[(p + u) * a.vs]) : A(1);
+            for (int u = 0; u < 8; u++) {
+                A x = a.v ? to_acc(a.v[(p + u * lanes) * a.vs]) : A(1);
 #pragma unroll
                 for (int e = 0; e < VEC; e++) acc[e] += x * to_acc(r[u].v[e]);
             }
         }
-        for (; p < p1; p++) {
+        for (; p < p1; p += lanes) {
             vec_t<T, VEC> r = load_vec<T, VEC>(a.m + p * a.mp + j);
             A x = a.v ? to_acc(a.v[p * a.vs]) : A(1);
 #pragma unroll
             for (int e = 0; e < VEC; e++) acc[e] += x * to_acc(r.v[e]);
         }
-    } else {
-        for (int64_t p = p0; p < p1; p++) {
+    } else if (j < a.len) {
+        for (int64_t p = p0 + lane; p < p1; p += lanes) {
             A x = a.v ? to_acc(a.v[p * a.vs]) : A(1);
 #pragma unroll
             for (int e = 0; e < VEC; e++)
@@ -160,25 +168,38 @@ __global__ void __launch_bounds__(COLS_THREADS)
         }
     }
 #pragma unroll
+    for (int e = 0; e < VEC; e++) red[threadIdx.x * VEC + e] = acc[e];
+    __syncthreads();
+    for (int h = lanes >> 1; h > 0; h >>= 1) { /* lane l += lane l + h, halving */
+        if (lane < h)
+#pragma unroll
+            for (int e = 0; e < VEC; e++) red[threadIdx.x * VEC + e] += red[(threadIdx.x + h * cv) * VEC + e];
+        __syncthreads();
+    }
+    if (lane != 0 || j >= a.len) return;
+#pragma unroll
     for (int e = 0; e < VEC; e++) {
         if (j + e >= a.len) break;
+        const A sum = red[c * VEC + e];
         if (slices == 1)
-            epilogue(a.out + (j + e) * a.os, acc[e], a.alpha, a.beta,
-                     a.bias ? a.bias + (j + e) * a.bias_inc : nullptr);
+            epilogue(a.out + (j + e) * a.os, sum, a.alpha, a.beta, a.bias ? a.bias + (j + e) * a.bias_inc : nullptr);
         else
-            part[(int64_t)blockIdx.y * a.len + j + e] = acc[e];
+            part[(int64_t)blockIdx.y * a.len + j + e] = sum;
     }
 }
 
-/* Adds the slices in order: the same bits every run. */
+/* Adds the slices of column j in a fixed order (a warp a column: strided lane sums, then the
+ * xor tree, lane 0's result): the same bits every run. */
 template <typename T>
-__global__ void gemv_cols_finish(vec_args<T> a, const typename acc_type<T>::type *part, int slices) {
+__global__ void __launch_bounds__(256) gemv_cols_finish(vec_args<T> a, const typename acc_type<T>::type *part, int slices) {
     typedef typename acc_type<T>::type A;
-    const int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int lane = threadIdx.x & 31;
+    const int64_t j = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     if (j >= a.len) return;
     A acc = 0;
-    for (int s = 0; s < slices; s++) acc += part[(int64_t)s * a.len + j];
-    epilogue(a.out + j * a.os, acc, a.alpha, a.beta, a.bias ? a.bias + j * a.bias_inc : nullptr);
+    for (int s = lane; s < slices; s += 32) acc += part[(int64_t)s * a.len + j];
+    acc = warp_sum(acc);
+    if (lane == 0) epilogue(a.out + j * a.os, acc, a.alpha, a.beta, a.bias ? a.bias + j * a.bias_inc : nullptr);
 }
 
 /* ------------------------------------------------------------------ 2-D axpby */
@@ -320,10 +341,15 @@ template <typename T> struct vector_product {
             cudaError_t e = cudaGetLastError();
             return e == cudaSuccess ? FG_OK : fg_cuda_fail(e, "gemv_dot");
         }
-        /* columns: slices chosen from the shape alone, so results never depend on the GPU */
-        const int64_t col_blocks = cdiv(cdiv(a.len, VEC), COLS_THREADS);
-        int64_t slices = cdiv(1024, col_blocks);
-        int64_t max_slices = cdiv(a.depth, 64); /* (more, smaller slices are slower) */
+        /* columns: the geometry from the shape alone (VEC columns a thread, CV threads side by
+           side, the rest of the block row lanes), so results never depend on the GPU or on the
+           pointers' alignment; about 512 blocks, each lane taking at least 8 rows */
+        const int64_t col_vecs = cdiv(a.len, VEC);
+        int cv = 1;
+        while (cv < col_vecs && cv < COLS_THREADS) cv <<= 1;
+        const int64_t lanes = COLS_THREADS / cv, col_blocks = cdiv(col_vecs, cv);
+        int64_t slices = cdiv(512, col_blocks);
+        const int64_t max_slices = cdiv(a.depth, lanes * 8); /* (one round of eight rows a lane) */
         if (slices > max_slices) slices = max_slices;
         if (slices > 65535) slices = 65535;
         if (slices < 1) slices = 1;
@@ -335,15 +361,214 @@ template <typename T> struct vector_product {
                  ones ? "_ones" : "");
         if (!do_run) return FG_OK;
         if (ws_bytes < info->workspace_bytes) return fg_fail(FG_ERR_INTERNAL, "gemv_cols: workspace too small");
-        dim3 grid_v((unsigned)col_blocks, (unsigned)slices), grid_s((unsigned)cdiv(a.len, COLS_THREADS), (unsigned)slices);
+        dim3 grid((unsigned)col_blocks, (unsigned)slices);
         A *part = (A *)ws;
-        if (vec) gemv_cols_kernel<T, VEC><<<grid_v, COLS_THREADS, 0, ctx->cuda->stream>>>(a, part, rows_per, (int)slices);
-        else gemv_cols_kernel<T, 1><<<grid_s, COLS_THREADS, 0, ctx->cuda->stream>>>(a, part, rows_per, (int)slices);
+        gemv_cols_kernel<T, VEC><<<grid, COLS_THREADS, 0, ctx->cuda->stream>>>(a, part, rows_per, (int)slices, cv,
+                                                                               vec && a.mj == 1);
         cudaError_t e = cudaGetLastError();
         if (e == cudaSuccess && slices > 1)
-            gemv_cols_finish<T><<<(unsigned)cdiv(a.len, 256), 256, 0, ctx->cuda->stream>>>(a, part, (int)slices);
+            gemv_cols_finish<T><<<(unsigned)cdiv(a.len * 32, 256), 256, 0, ctx->cuda->stream>>>(a, part, (int)slices);
         if (e == cudaSuccess) e = cudaGetLastError();
         return e == cudaSuccess ? FG_OK : fg_cuda_fail(e, "gemv_cols");
+    }
+};
+
+/* ------------------------------------------------------------------ skinny products */
+
+/* c [m, n] = alpha·Σ_p a(:, p) ⊗ b(p, :) + beta·c for few outputs (m, n ≤ 128) and a long
+ * reduction (k ≥ 4096): weight gradients dyᵀ·x of narrow layers over many tokens, where cuBLASLt
+ * runs a few tiles for the whole of k, or a split-K with a reduction kernel costing as much as
+ * the product. Here a column of a (a.rs == 1) and a row of b (b.cs == 1) are contiguous: each
+ * thread keeps a 4 × 4 tile of c in registers; the block's threads cover the outputs and, when
+ * they are few, several k-lanes of the block's slab of rows each (lane l: rows p0 + l,
+ * p0 + l + lanes, ...), added by a fixed tree in shared memory; every slab writes one partial
+ * [m, n] in f32, and a finish kernel adds the slabs in order. The geometry depends on the shape
+ * alone and both load forms add the same terms in the same order: the same bits every run. */
+constexpr int SK_THREADS = 256, SK_T = 4;
+
+struct skinny_geom {
+    int64_t tiles_n, outs;  /* 4 × 4 tiles along n, and in all */
+    int ot, klanes;         /* output threads a block (a power of two), k-lanes a block */
+    int64_t out_blocks, slices, rows_per;
+};
+
+static skinny_geom skinny_geometry(const fg_gemm *g) {
+    skinny_geom s;
+    s.tiles_n = cdiv(g->n, SK_T);
+    s.outs = cdiv(g->m, SK_T) * s.tiles_n;
+    s.ot = 1;
+    while (s.ot < s.outs && s.ot < SK_THREADS) s.ot <<= 1;
+    s.klanes = SK_THREADS / s.ot;
+    s.out_blocks = cdiv(s.outs, s.ot);
+    /* 32 rows a lane (four rounds of eight loads in flight: the product is latency-bound, not
+       bandwidth- or FMA-bound, at these sizes), the partials at most 8 MB */
+    int64_t slices = cdiv(g->k, (int64_t)s.klanes * 32);
+    const int64_t most = ((int64_t)1 << 21) / (g->m * g->n);
+    if (slices > most) slices = most;
+    if (slices > 65535) slices = 65535;
+    if (slices < 1) slices = 1;
+    s.rows_per = cdiv(g->k, slices);
+    s.slices = cdiv(g->k, s.rows_per);
+    return s;
+}
+
+/* Whether the skinny kernel takes the product (the same answer planning and running). */
+static bool skinny_takes(const fg_gemm *g) {
+    if (g->dtype != FG_F32 && g->dtype != FG_F16 && g->dtype != FG_BF16) return false;
+    if (g->batch != 1 || g->c_f32 || g->act || g->bias || g->bias_operand >= 0) return false;
+    if (g->epi.has_aux || g->epi.form || g->epi.col_sums) return false;
+    if (g->k < 4096 || g->m < 2 || g->n < 2 || g->m > 128 || g->n > 128) return false;
+    if (g->a.operand == FG_OPERAND_ONES || g->b.operand == FG_OPERAND_ONES) return false;
+    return g->a.rs == 1 && g->b.cs == 1;
+}
+
+struct skinny_args {
+    int64_t m, n, k, lda, ldb, c_rs, c_cs, rows_per, tiles_n, outs;
+    int ot, klanes, slices;
+    bool vec;
+    float alpha, beta;
+};
+
+template <typename T>
+__device__ __forceinline__ void skinny_load4(const T *p, int64_t left, bool vec, float (&v)[SK_T]) {
+    if (vec && left >= SK_T) {
+        const vec_t<T, SK_T> x = *(const vec_t<T, SK_T> *)p;
+#pragma unroll
+        for (int e = 0; e < SK_T; e++) v[e] = to_acc(x.v[e]);
+    } else {
+#pragma unroll
+        for (int e = 0; e < SK_T; e++) v[e] = e < left ? to_acc(p[e]) : 0.f;
+    }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(SK_THREADS) skinny_kernel(const T *a, const T *b, T *c, float *part, skinny_args s) {
+    __shared__ float red[SK_THREADS * SK_T * SK_T];
+    const int t = threadIdx.x % s.ot, lane = threadIdx.x / s.ot;
+    const int64_t o = (int64_t)blockIdx.x * s.ot + t;
+    const int64_t i0 = o / s.tiles_n * SK_T, j0 = o % s.tiles_n * SK_T;
+    const int64_t p0 = (int64_t)blockIdx.y * s.rows_per;
+    const int64_t p1 = p0 + s.rows_per < s.k ? p0 + s.rows_per : s.k;
+    float acc[SK_T][SK_T];
+#pragma unroll
+    for (int x = 0; x < SK_T; x++)
+#pragma unroll
+        for (int y = 0; y < SK_T; y++) acc[x][y] = 0.f;
+    if (o < s.outs) {
+        const int64_t mi = s.m - i0, nj = s.n - j0;
+        int64_t p = p0 + lane;
+        for (; p + 7 * s.klanes < p1; p += 8 * s.klanes) { /* eight rows in flight */
+            float va[8][SK_T], vb[8][SK_T];
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                skinny_load4(a + (p + u * s.klanes) * s.lda + i0, mi, s.vec, va[u]);
+                skinny_load4(b + (p + u * s.klanes) * s.ldb + j0, nj, s.vec, vb[u]);
+            }
+#pragma unroll
+            for (int u = 0; u < 8; u++)
+#pragma unroll
+                for (int x = 0; x < SK_T; x++)
+#pragma unroll
+                    for (int y = 0; y < SK_T; y++) acc[x][y] += va[u][x] * vb[u][y];
+        }
+        for (; p < p1; p += s.klanes) {
+            float va[SK_T], vb[SK_T];
+            skinny_load4(a + p * s.lda + i0, mi, s.vec, va);
+            skinny_load4(b + p * s.ldb + j0, nj, s.vec, vb);
+#pragma unroll
+            for (int x = 0; x < SK_T; x++)
+#pragma unroll
+                for (int y = 0; y < SK_T; y++) acc[x][y] += va[x] * vb[y];
+        }
+    }
+    /* the k-lanes' tiles, added by halving: lane l += lane l + h */
+    float *mine = red + threadIdx.x * SK_T * SK_T;
+#pragma unroll
+    for (int x = 0; x < SK_T; x++)
+#pragma unroll
+        for (int y = 0; y < SK_T; y++) mine[x * SK_T + y] = acc[x][y];
+    __syncthreads();
+    for (int h = s.klanes >> 1; h > 0; h >>= 1) {
+        if (lane < h) {
+            const float *other = red + (threadIdx.x + h * s.ot) * SK_T * SK_T;
+#pragma unroll
+            for (int e = 0; e < SK_T * SK_T; e++) mine[e] += other[e];
+        }
+        __syncthreads();
+    }
+    if (lane != 0 || o >= s.outs) return;
+    for (int x = 0; x < SK_T && i0 + x < s.m; x++)
+        for (int y = 0; y < SK_T && j0 + y < s.n; y++) {
+            const int64_t i = i0 + x, j = j0 + y;
+            if (s.slices == 1)
+                epilogue<T, float>(c + i * s.c_rs + j * s.c_cs, mine[x * SK_T + y], s.alpha, s.beta, nullptr);
+            else
+                part[((int64_t)blockIdx.y * s.m + i) * s.n + j] = mine[x * SK_T + y];
+        }
+}
+
+/* Adds the slabs' partials in order: a block takes 32 outputs × 32 slab lanes (lane l: slabs l,
+ * l + 32, ..., two sums alternating), the lanes added by a fixed tree. */
+constexpr int SK_FIN_LANES = 32;
+template <typename T>
+__global__ void __launch_bounds__(32 * SK_FIN_LANES) skinny_finish(const float *part, T *c, skinny_args s) {
+    __shared__ float red[32 * SK_FIN_LANES];
+    const int t = threadIdx.x & 31, lane = threadIdx.x >> 5;
+    const int64_t mn = s.m * s.n, o = (int64_t)blockIdx.x * 32 + t;
+    float acc0 = 0.f, acc1 = 0.f;
+    if (o < mn) {
+        int q = lane;
+        for (; q + SK_FIN_LANES < s.slices; q += 2 * SK_FIN_LANES) {
+            acc0 += part[(int64_t)q * mn + o];
+            acc1 += part[(int64_t)(q + SK_FIN_LANES) * mn + o];
+        }
+        if (q < s.slices) acc0 += part[(int64_t)q * mn + o];
+    }
+    red[threadIdx.x] = acc0 + acc1;
+    __syncthreads();
+    for (int h = SK_FIN_LANES / 2; h > 0; h >>= 1) {
+        if (lane < h) red[threadIdx.x] += red[threadIdx.x + h * 32];
+        __syncthreads();
+    }
+    if (lane == 0 && o < mn)
+        epilogue<T, float>(c + o / s.n * s.c_rs + o % s.n * s.c_cs, red[t], s.alpha, s.beta, nullptr);
+}
+
+template <typename T> struct skinny_product {
+    static fg_status run(const fg_gemm *g, fg_context *ctx, fg_kernel_info *info, void *ws, size_t ws_bytes,
+                         bool do_run) {
+        const skinny_geom q = skinny_geometry(g);
+        skinny_args s;
+        s.m = g->m, s.n = g->n, s.k = g->k, s.lda = g->a.cs, s.ldb = g->b.rs, s.c_rs = g->c.rs, s.c_cs = g->c.cs;
+        s.rows_per = q.rows_per, s.tiles_n = q.tiles_n, s.outs = q.outs;
+        s.ot = q.ot, s.klanes = q.klanes, s.slices = (int)q.slices;
+        s.alpha = (float)g->alpha, s.beta = (float)g->beta;
+        /* vector loads of four elements: the rows' starts and strides aligned to them */
+        const size_t v = SK_T * sizeof(T);
+        const bool strides = (s.lda * (int64_t)sizeof(T)) % (int64_t)v == 0 && (s.ldb * (int64_t)sizeof(T)) % (int64_t)v == 0;
+        s.vec = strides && (do_run ? (uintptr_t)g->a.data % v == 0 && (uintptr_t)g->b.data % v == 0
+                                   : (g->align == 0 || g->align >= v));
+        info->workspace_bytes = q.slices > 1 ? (size_t)(q.slices * g->m * g->n) * sizeof(float) : 0;
+        snprintf(info->name, sizeof info->name, "skinny<%s,v%d>x%lld", fg_dtype_name(g->dtype), s.vec ? SK_T : 1,
+                 (long long)q.slices);
+        if (!do_run) return FG_OK;
+        if (ws_bytes < info->workspace_bytes) return fg_fail(FG_ERR_INTERNAL, "skinny: workspace too small");
+        cudaStream_t st = ctx->cuda->stream;
+        dim3 grid((unsigned)q.out_blocks, (unsigned)q.slices);
+        skinny_kernel<T><<<grid, SK_THREADS, 0, st>>>((const T *)g->a.data, (const T *)g->b.data, (T *)g->c.data,
+                                                      (float *)ws, s);
+        cudaError_t e = cudaGetLastError();
+        if (e == cudaSuccess && q.slices > 1)
+            skinny_finish<T><<<(unsigned)cdiv(g->m * g->n, 32), 32 * SK_FIN_LANES, 0, st>>>((const float *)ws,
+                                                                                           (T *)g->c.data, s);
+        if (e == cudaSuccess) e = cudaGetLastError();
+        return e == cudaSuccess ? FG_OK : fg_cuda_fail(e, "skinny");
+    }
+};
+/* (f64 products never take it: skinny_takes) */
+template <> struct skinny_product<double> {
+    static fg_status run(const fg_gemm *, fg_context *, fg_kernel_info *, void *, size_t, bool) {
+        return fg_fail(FG_ERR_INTERNAL, "skinny: no f64 kernel");
     }
 };
 
@@ -810,5 +1035,6 @@ extern "C" fg_status fg_cuda_gemm(fg_context *ctx, const fg_gemm *g, fg_kernel_i
         if (!vector) return fg_fail(FG_ERR_INTERNAL, "cuda gemm: a ones operand outside a vector product");
         return by_dtype<vector_product>(g->dtype, g, ctx, info, ws, ws_bytes, run);
     }
+    if (skinny_takes(g)) return by_dtype<skinny_product>(g->dtype, g, ctx, info, ws, ws_bytes, run);
     return by_dtype<general_product>(g->dtype, g, ctx, info, ws, ws_bytes, run);
 }

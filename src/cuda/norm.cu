@@ -20,7 +20,7 @@
  *      slabs in order. The apply kernels form each channel's coefficients from the f64 sums in
  *      every block; the blocks of the first slab write mean / rstd, the running statistics and
  *      dw / db.
- *  DROPOUT  one pass, 16-byte vectors with a scalar tail. REVIN_*  per (instance, channel).
+ *  DROPOUT  one pass, 16-byte vectors with a scalar tail. REVIN_*  a warp per (instance, channel) for the statistics, a thread per element to apply.
  * Dropout masks are src/core/rng.h's, the same bits as the CPU backend's, regenerated in the
  * backward; s = x + r·m is an f32 multiply then an f32 add (no FMA), rounded to the dtype, and
  * the norm is taken of that rounded s — what the unfused x + dropout(r), norm(·) computes.
@@ -941,49 +941,56 @@ struct revin_args {
     bool denorm, subtract_last;
 };
 
-/* A thread per (instance, channel): mean and the biased variance over the steps, in f64, two
- * passes; stdev = √(var + eps); subtract_last: mean holds the last step (stdev is still the
- * deviation around the mean, as PatchTST's RevIN computes it). */
+/* A warp per (instance, channel): mean and the biased variance over the steps, in f64, two
+ * passes, each lane summing the steps lane, lane + 32, ... and the lanes added by the xor tree
+ * (lane 0's sums); stdev = √(var + eps); subtract_last: mean holds the last step (stdev is still
+ * the deviation around the mean, as PatchTST's RevIN computes it). */
 template <typename T>
 __global__ void __launch_bounds__(256) revin_stats_kernel(const revin_args a) {
     const int64_t n = a.inst * a.cols;
-    for (int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; q < n; q += (int64_t)gridDim.x * blockDim.x) {
+    const int lane = threadIdx.x & 31;
+    for (int64_t q = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; q < n;
+         q += ((int64_t)gridDim.x * blockDim.x) >> 5) {
         const int64_t i = q / a.cols, c = q % a.cols;
         const T *xp = (const T *)a.x + i * a.steps * a.ld_x + c;
         double sum = 0.0;
-        for (int64_t t = 0; t < a.steps; t++) sum += (double)to_acc(xp[t * a.ld_x]);
-        const double mean = sum / (double)a.steps;
+        for (int64_t t = lane; t < a.steps; t += 32) sum += (double)to_acc(xp[t * a.ld_x]);
+        for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        const double mean = __shfl_sync(0xffffffffu, sum, 0) / (double)a.steps;
         double sq = 0.0;
-        for (int64_t t = 0; t < a.steps; t++) {
+        for (int64_t t = lane; t < a.steps; t += 32) {
             const double d = (double)to_acc(xp[t * a.ld_x]) - mean;
             sq += d * d;
         }
-        a.mean[q] = a.subtract_last ? to_acc(xp[(a.steps - 1) * a.ld_x]) : (float)mean;
-        a.stdev[q] = (float)sqrt(sq / (double)a.steps + (double)a.eps);
+        for (int o = 16; o > 0; o >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o);
+        if (lane == 0) {
+            a.mean[q] = a.subtract_last ? to_acc(xp[(a.steps - 1) * a.ld_x]) : (float)mean;
+            a.stdev[q] = (float)sqrt(sq / (double)a.steps + (double)a.eps);
+        }
     }
 }
 
-/* y = (x − μ)/σ·w + b, or (denorm) y = (x − b)/(w + ε²)·σ + μ, in PatchTST's order of operations. */
+/* y = (x − μ)/σ·w + b, or (denorm) y = (x − b)/(w + ε²)·σ + μ, in PatchTST's order of operations:
+ * a thread per element of the [inst·steps, cols] rows (short rows of a few channels fill the
+ * block). */
 template <typename T>
 __global__ void __launch_bounds__(256) revin_apply_kernel(const revin_args a) {
-    const int64_t rows = a.inst * a.steps;
-    for (int64_t row = blockIdx.y; row < rows; row += gridDim.y) {
-        const int64_t i = row / a.steps;
-        for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < a.cols; c += (int64_t)gridDim.x * blockDim.x) {
-            const float mu = a.mean[i * a.cols + c], sd = a.stdev[i * a.cols + c];
-            const float w = a.w ? to_acc(((const T *)a.w)[c]) : 1.f, b = a.b ? to_acc(((const T *)a.b)[c]) : 0.f;
-            float v = to_acc(((const T *)a.x)[row * a.ld_x + c]);
-            if (!a.denorm) {
-                v = (v - mu) / sd;
-                if (a.w) v = v * w;
-                if (a.b) v = v + b;
-            } else {
-                if (a.b) v = v - b;
-                if (a.w) v = v / (w + a.eps2);
-                v = v * sd + mu;
-            }
-            ((T *)a.y)[row * a.ld_y + c] = from_acc<T>(v);
+    const int64_t n = a.inst * a.steps * a.cols;
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t row = e / a.cols, c = e % a.cols, i = row / a.steps;
+        const float mu = a.mean[i * a.cols + c], sd = a.stdev[i * a.cols + c];
+        const float w = a.w ? to_acc(((const T *)a.w)[c]) : 1.f, b = a.b ? to_acc(((const T *)a.b)[c]) : 0.f;
+        float v = to_acc(((const T *)a.x)[row * a.ld_x + c]);
+        if (!a.denorm) {
+            v = (v - mu) / sd;
+            if (a.w) v = v * w;
+            if (a.b) v = v + b;
+        } else {
+            if (a.b) v = v - b;
+            if (a.w) v = v / (w + a.eps2);
+            v = v * sd + mu;
         }
+        ((T *)a.y)[row * a.ld_y + c] = from_acc<T>(v);
     }
 }
 
@@ -1375,12 +1382,11 @@ static fg_status dropout_step(fg_context *ctx, fg_norm_call *c, bool run) {
 
 template <typename T> static void launch_revin(int which, const revin_args &a, cudaStream_t s) {
     if (which == 0) {
-        const int64_t n = a.inst * a.cols, blocks = cdiv(n, 256);
+        const int64_t warps = a.inst * a.cols, blocks = cdiv(warps * 32, 256);
         revin_stats_kernel<T><<<(unsigned)(blocks < 65535 ? blocks : 65535), 256, 0, s>>>(a);
     } else {
-        const int64_t rows = a.inst * a.steps, bx = cdiv(a.cols, 256);
-        const dim3 grid((unsigned)(bx < 65535 ? bx : 65535), (unsigned)(rows < 65535 ? rows : 65535));
-        revin_apply_kernel<T><<<grid, 256, 0, s>>>(a);
+        const int64_t blocks = cdiv(a.inst * a.steps * a.cols, 256);
+        revin_apply_kernel<T><<<(unsigned)(blocks < 65535 ? blocks : 65535), 256, 0, s>>>(a);
     }
 }
 

@@ -31,6 +31,7 @@ class LinearFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x, weight = ctx.saved_tensors
+        dy = _dense(dy)  # once for the three gradients (a broadcast dy, as sum() gives, is copied)
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
             dx = _call(ops.linear_backward_input, dy, weight)

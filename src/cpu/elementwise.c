@@ -333,6 +333,179 @@ static void row_unit(const fg_ew *e, const ew_par *p, const ew_row *r, int64_t n
     }
 }
 
+#ifdef FG_Z
+/* ------------------------------------------------------------------ AVX-512 rows */
+
+/* The unit rows of f32 / bf16 data on AVX-512 (vec.h's FG_Z helpers): the math of the rows
+   above, 16 lanes at a time, the tail by lane masks; softcap by the rational tanh and the
+   exp form of its slope (a few ulp of f32, as the loops above). pow and elu keep the loops
+   above. */
+
+/* y (or y + the stored value) at lanes k of element i */
+FG_Z_INLINE void z_out(void *y, fg_dtype t, int64_t i, __mmask16 k, __m512 v, bool acc) {
+    if (acc) v = _mm512_add_ps(fg_z_ld(y, t, i, k), v);
+    fg_z_st(y, t, i, k, v);
+}
+
+/* lerp(a, b, w) from the nearer end, w per lane */
+FG_Z_INLINE __m512 z_lerp(__m512 a, __m512 b, __m512 w) {
+    const __m512 d = _mm512_sub_ps(b, a);
+    const __m512 lo = _mm512_fmadd_ps(w, d, a);
+    const __m512 hi = _mm512_fnmadd_ps(d, _mm512_sub_ps(_mm512_set1_ps(1.0f), w), b);
+    return _mm512_mask_mov_ps(hi, _mm512_cmp_ps_mask(w, _mm512_set1_ps(0.5f), _CMP_LT_OQ), lo);
+}
+
+/* The loops below take their operands' pointers and scalars as locals (a store through a
+   bf16 pointer may alias anything, so fields read through e or r would be read again for every
+   vector) and op, kind, dtype and accumulate as constants at the call: one specialized loop per
+   case, whole vectors then the tail. */
+
+/* y = f(x) (fwd) or dx = dy·f′(x), f a unary kind */
+FG_Z_INLINE void z_unary_vec(int kind, bool fwd, fg_dtype t, bool acc, const void *xp, const void *dyp, void *yp,
+                             const ew_par p, int64_t i, __mmask16 k) {
+    const __m512 s0 = _mm512_set1_ps(p.s0);
+    if (!fwd && kind == FG_UNARY_SCALE) { /* dx = dy·s, x not read */
+        z_out(yp, t, i, k, _mm512_mul_ps(fg_z_ld(dyp, t, i, k), s0), acc);
+        return;
+    }
+    const __m512 x = fg_z_ld(xp, t, i, k);
+    __m512 v;
+    switch (kind) {
+    case FG_UNARY_SCALE: v = _mm512_mul_ps(s0, x); break;
+    case FG_UNARY_LEAKY_RELU: {
+        const __mmask16 pos = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_GT_OQ);
+        if (fwd) v = _mm512_mask_mov_ps(_mm512_mul_ps(s0, x), pos, x);
+        else { /* NaN where x is */
+            const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+            v = _mm512_mask_mov_ps(_mm512_mask_mov_ps(s0, pos, _mm512_set1_ps(1.0f)), nan, x);
+        }
+        break;
+    }
+    case FG_UNARY_CLAMP:
+        if (fwd) { /* NaN passes */
+            v = _mm512_mask_mov_ps(x, _mm512_cmp_ps_mask(x, _mm512_set1_ps(p.lo_in), _CMP_LT_OQ), _mm512_set1_ps(p.lo));
+            v = _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(x, _mm512_set1_ps(p.hi_in), _CMP_GT_OQ), _mm512_set1_ps(p.hi));
+        } else {
+            const __mmask16 in = _mm512_cmp_ps_mask(x, _mm512_set1_ps(p.lo_in), _CMP_GE_OQ) &
+                                 _mm512_cmp_ps_mask(x, _mm512_set1_ps(p.hi_in), _CMP_LE_OQ);
+            v = _mm512_maskz_mov_ps(in, _mm512_set1_ps(1.0f));
+        }
+        break;
+    default: { /* softcap */
+        const __m512 u = _mm512_mul_ps(x, _mm512_set1_ps(p.inv_c));
+        v = fwd ? _mm512_mul_ps(s0, fg_z_tanh(u)) : fg_z_tanh_slope(u);
+        break;
+    }
+    }
+    if (!fwd) v = _mm512_mul_ps(fg_z_ld(dyp, t, i, k), v);
+    z_out(yp, t, i, k, v, acc);
+}
+
+FG_Z_INLINE void z_unary_row(int kind, bool fwd, fg_dtype t, bool acc, const ew_row *r, const ew_par *p, int64_t n) {
+    const void *x = r->ptr[fwd ? UF_X : UB_X], *dy = r->ptr[UB_DY];
+    void *y = r->ptr[fwd ? UF_Y : UB_DX];
+    const ew_par q = *p;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) z_unary_vec(kind, fwd, t, acc, x, dy, y, q, i, (__mmask16)0xffff);
+    if (i < n) z_unary_vec(kind, fwd, t, acc, x, dy, y, q, i, fg_z_lanes(n - i));
+}
+
+/* y = α·a + β·b (axpby), or lerp(a, b, w) with w the tensor wp or, when wp is NULL, s0 */
+FG_Z_INLINE void z_binary_fwd_vec(int kind, bool tw, fg_dtype t, bool acc, const void *ap, const void *bp,
+                                  const void *wp, void *yp, float s0, float s1, int64_t i, __mmask16 k) {
+    const __m512 a = fg_z_ld(ap, t, i, k), b = fg_z_ld(bp, t, i, k);
+    __m512 v;
+    if (kind == FG_BINARY_AXPBY) v = _mm512_fmadd_ps(_mm512_set1_ps(s1), b, _mm512_mul_ps(_mm512_set1_ps(s0), a));
+    else v = z_lerp(a, b, tw ? fg_z_ld(wp, t, i, k) : _mm512_set1_ps(s0));
+    z_out(yp, t, i, k, v, acc);
+}
+
+FG_Z_INLINE void z_binary_fwd_row(int kind, bool tw, fg_dtype t, bool acc, const ew_row *r, const ew_par *p,
+                                  int64_t n) {
+    const void *a = r->ptr[BF_A], *b = r->ptr[BF_B], *w = r->ptr[BF_W];
+    void *y = r->ptr[BF_Y];
+    const float s0 = p->s0, s1 = p->s1;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) z_binary_fwd_vec(kind, tw, t, acc, a, b, w, y, s0, s1, i, (__mmask16)0xffff);
+    if (i < n) z_binary_fwd_vec(kind, tw, t, acc, a, b, w, y, s0, s1, i, fg_z_lanes(n - i));
+}
+
+/* whichever of da, db, dw are direct outputs here (the others NULL): da = ca·dy, db = cb·dy
+   with (ca, cb) = (α, β) for axpby, (1 − w, w) for lerp (w the tensor wp when tw), and
+   dw = (b − a)·dy */
+FG_Z_INLINE void z_binary_bwd_vec(bool tw, fg_dtype t, bool acc, const void *dyp, const void *ap, const void *bp,
+                                  const void *wp, void *da, void *db, void *dw, float ca, float cb, int64_t i,
+                                  __mmask16 k) {
+    const __m512 dy = fg_z_ld(dyp, t, i, k);
+    __m512 va = _mm512_set1_ps(ca), vb = _mm512_set1_ps(cb);
+    if (tw) {
+        vb = fg_z_ld(wp, t, i, k);
+        va = _mm512_sub_ps(_mm512_set1_ps(1.0f), vb);
+    }
+    if (da) z_out(da, t, i, k, _mm512_mul_ps(va, dy), acc);
+    if (db) z_out(db, t, i, k, _mm512_mul_ps(vb, dy), acc);
+    if (dw) z_out(dw, t, i, k, _mm512_mul_ps(_mm512_sub_ps(fg_z_ld(bp, t, i, k), fg_z_ld(ap, t, i, k)), dy), acc);
+}
+
+FG_Z_INLINE void z_binary_bwd_row(bool tw, fg_dtype t, bool acc, const fg_ew *e, const ew_row *r, const ew_par *p,
+                                  int64_t n) {
+    const void *dy = r->ptr[BB_DY], *a = r->ptr[BB_A], *b = r->ptr[BB_B], *w = r->ptr[BB_W];
+    void *da = r->ptr[BB_DA], *db = r->ptr[BB_DB], *dw = r->ptr[BB_DW];
+    float ca = p->s0, cb = p->s1;
+    if (e->kind != FG_BINARY_AXPBY) ca = 1.0f - p->s0, cb = p->s0;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) z_binary_bwd_vec(tw, t, acc, dy, a, b, w, da, db, dw, ca, cb, i, (__mmask16)0xffff);
+    if (i < n) z_binary_bwd_vec(tw, t, acc, dy, a, b, w, da, db, dw, ca, cb, i, fg_z_lanes(n - i));
+}
+
+FG_Z_INLINE void z_unary_kind(bool fwd, fg_dtype t, bool acc, const fg_ew *e, const ew_row *r, const ew_par *p,
+                              int64_t n) {
+    switch (e->kind) {
+    case FG_UNARY_SCALE: z_unary_row(FG_UNARY_SCALE, fwd, t, acc, r, p, n); break;
+    case FG_UNARY_LEAKY_RELU: z_unary_row(FG_UNARY_LEAKY_RELU, fwd, t, acc, r, p, n); break;
+    case FG_UNARY_CLAMP: z_unary_row(FG_UNARY_CLAMP, fwd, t, acc, r, p, n); break;
+    default: z_unary_row(FG_UNARY_SOFTCAP, fwd, t, acc, r, p, n); break;
+    }
+}
+
+FG_Z_INLINE void z_row_typed(const fg_ew *e, const ew_par *p, fg_dtype t, bool acc, const ew_row *r, int64_t n) {
+    switch (e->op) {
+    case FG_OP_UNARY_FORWARD: z_unary_kind(true, t, acc, e, r, p, n); break;
+    case FG_OP_UNARY_BACKWARD: z_unary_kind(false, t, acc, e, r, p, n); break;
+    case FG_OP_BINARY_FORWARD:
+        if (e->kind == FG_BINARY_AXPBY) z_binary_fwd_row(FG_BINARY_AXPBY, false, t, acc, r, p, n);
+        else if (e->present >> BF_W & 1u) z_binary_fwd_row(FG_BINARY_LERP, true, t, acc, r, p, n);
+        else z_binary_fwd_row(FG_BINARY_LERP, false, t, acc, r, p, n);
+        break;
+    default:
+        if (e->kind != FG_BINARY_AXPBY && (e->present >> BB_W & 1u)) z_binary_bwd_row(true, t, acc, e, r, p, n);
+        else z_binary_bwd_row(false, t, acc, e, r, p, n);
+        break;
+    }
+}
+
+FG_Z_KERNEL
+static void row_unit_z(const fg_ew *e, const ew_par *p, const ew_row *r, int64_t n) {
+    const fg_dtype t = e->dtype;
+    if (t == FG_BF16) {
+        if (e->accumulate) z_row_typed(e, p, FG_BF16, true, r, n);
+        else z_row_typed(e, p, FG_BF16, false, r, n);
+    } else {
+        if (e->accumulate) z_row_typed(e, p, FG_F32, true, r, n);
+        else z_row_typed(e, p, FG_F32, false, r, n);
+    }
+}
+
+/* Whether the AVX-512 rows take this problem (chosen once per call). */
+static bool z_takes(const fg_ew *e) {
+    if (e->dtype != FG_F32 && e->dtype != FG_BF16) return false;
+    if ((e->op == FG_OP_UNARY_FORWARD || e->op == FG_OP_UNARY_BACKWARD) &&
+        (e->kind == FG_UNARY_POW || e->kind == FG_UNARY_ELU))
+        return false;
+    return fg_z_usable();
+}
+#endif
+
 /* Any other row (strided or broadcast operands): the same math, element by element. */
 static void row_strided(const fg_ew *e, const ew_par *p, const ew_row *r, int64_t n) {
     switch (e->dtype) {
@@ -359,7 +532,7 @@ static void row_f64(const fg_ew *e, unsigned direct, const ew_row *r, int64_t n)
 }
 
 /* Elements [lo, hi) of the full shape (row-major order over it), rows of the innermost dim. */
-static void walk(const fg_ew *e, const ew_par *p, unsigned direct, int64_t lo, int64_t hi) {
+static void walk(const fg_ew *e, const ew_par *p, unsigned direct, bool z, int64_t lo, int64_t hi) {
     const int rank = e->rank > 0 ? e->rank : 1;
     const int64_t inner = e->rank > 0 ? e->shape[rank - 1] : 1;
     const size_t es = fg_dtype_size(e->dtype);
@@ -388,6 +561,9 @@ static void walk(const fg_ew *e, const ew_par *p, unsigned direct, int64_t lo, i
             r.st[i] = e->rank > 0 ? e->stride[i][rank - 1] : 0;
         }
         if (e->dtype == FG_F64) row_f64(e, direct, &r, len);
+#ifdef FG_Z
+        else if (unit && z) row_unit_z(e, p, &r, len);
+#endif
         else if (unit) row_unit(e, p, &r, len);
         else row_strided(e, p, &r, len);
         idx += len;
@@ -409,16 +585,21 @@ fg_status fg_cpu_elementwise(fg_context *ctx, const fg_ew *e, fg_kernel_info *in
         for (int i = 0; i < e->n_operands; i++)
             if ((e->outputs >> i & 1u) && !(direct >> i & 1u)) d.present &= ~(1u << i);
         const ew_par p = params_of(&d);
+#ifdef FG_Z
+        const bool z = z_takes(&d);
+#else
+        const bool z = false;
+#endif
         /* a share is at least 2^15 elements; shares split at 64-byte multiples */
         const int team = fg_cpu_team(ctx, e->numel, 1 << 15);
         if (team == 1) {
-            walk(&d, &p, direct, 0, e->numel);
+            walk(&d, &p, direct, z, 0, e->numel);
         } else {
 #pragma omp parallel num_threads(team)
             {
                 int64_t lo, hi;
                 fg_cpu_share(e->numel, omp_get_num_threads(), omp_get_thread_num(), 32, &lo, &hi);
-                walk(&d, &p, direct, lo, hi);
+                walk(&d, &p, direct, z, lo, hi);
             }
         }
     }

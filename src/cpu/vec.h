@@ -272,4 +272,131 @@ FG_INLINE float fg_v_act(int act, float x, float *slope) {
     return v;
 }
 
+/* ------------------------------------------------------------------ AVX-512 streams */
+
+/* The unit-stride f32 / bf16 streams of the elementwise family and AdamW, written for
+   AVX-512 and chosen at run time (fg_z_usable) where the CPU has it; elsewhere the clones of
+   the loops above run. 16 f32 lanes a vector, the tail by lane masks (no scalar remainder).
+   bf16 is widened by a shift and narrowed by vcvtne2ps2bf16 / vcvtneps2bf16, which round to
+   nearest even and keep NaN NaN with the same bits as fg_v_f32_to_bf16 — except that they
+   flush f32 subnormals to zero, so a vector holding one takes fg_v_f32_to_bf16's integer
+   rounding instead (the same bits in every case). The math helpers here are accurate to a few
+   ulp of f32, cheaper than their exact forms above: the rational tanh, exp with a scalef, and
+   reciprocal / square-root estimates refined by one Newton step. */
+#if defined(__GNUC__) && defined(__x86_64__) && !defined(FG_CPU_NO_CLONES)
+#include <immintrin.h>
+#define FG_Z 1
+#define FG_Z_ISA "avx512f,avx512dq,avx512vl,avx512bw,avx512bf16,fma"
+#define FG_Z_INLINE static inline __attribute__((always_inline, target(FG_Z_ISA)))
+#define FG_Z_KERNEL __attribute__((target(FG_Z_ISA)))
+
+/* Whether this CPU runs the FG_Z_ISA code (asked once). */
+static inline bool fg_z_usable(void) {
+    static int known = -1;
+    int k = __atomic_load_n(&known, __ATOMIC_RELAXED);
+    if (k < 0) {
+        __builtin_cpu_init();
+        k = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
+            __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("fma");
+        __atomic_store_n(&known, k, __ATOMIC_RELAXED);
+    }
+    return k;
+}
+
+/* the first n lanes (all 16 from 16 up) */
+FG_Z_INLINE __mmask16 fg_z_lanes(int64_t n) { return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1u); }
+
+/* f32 → bf16 of 16 lanes, fg_v_f32_to_bf16's bits */
+FG_Z_INLINE __m256i fg_z_bf16(__m512 v) {
+    if (__builtin_expect(_mm512_fpclass_ps_mask(v, 0x20) == 0, 1)) { /* no subnormal lane */
+        const __m256bh h = _mm512_cvtneps_pbh(v);
+        __m256i r;
+        memcpy(&r, &h, sizeof r);
+        return r;
+    }
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
+    const __m512i nan = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+    const __mmask16 isnan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                    _mm512_set1_epi32(0x7f800000));
+    return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(rounded, isnan, nan));
+}
+
+/* 16 elements of p (f32 or bf16, a constant at the call) from element i, lanes k (the others 0) */
+FG_Z_INLINE __m512 fg_z_ld(const void *p, fg_dtype t, int64_t i, __mmask16 k) {
+    if (t == FG_BF16) {
+        const __m256i h = _mm256_maskz_loadu_epi16(k, (const uint16_t *)p + i);
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+    return _mm512_maskz_loadu_ps(k, (const float *)p + i);
+}
+
+FG_Z_INLINE void fg_z_st(void *p, fg_dtype t, int64_t i, __mmask16 k, __m512 v) {
+    if (t == FG_BF16) _mm256_mask_storeu_epi16((uint16_t *)p + i, k, fg_z_bf16(v));
+    else _mm512_mask_storeu_ps((float *)p + i, k, v);
+}
+
+/* e^x for x ≤ 0 or NaN: fg_v_exp's reduction and polynomial, 2^n by scalef (subnormal
+   results as expf's, 0 below −104) */
+FG_Z_INLINE __m512 fg_z_exp_neg(__m512 x) {
+    const __m512 xc = _mm512_max_ps(_mm512_set1_ps(-104.0f), x); /* NaN stays (the second operand) */
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    const __m512 z = _mm512_mul_ps(r, r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, z, r), _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(y, n);
+}
+
+/* 1/d for d finite, normal and nonzero: the 14-bit estimate and one Newton step (within about
+   an ulp) */
+FG_Z_INLINE __m512 fg_z_rcp(__m512 d) {
+    const __m512 r = _mm512_rcp14_ps(d);
+    return _mm512_fmadd_ps(r, _mm512_fnmadd_ps(d, r, _mm512_set1_ps(1.0f)), r);
+}
+
+/* tanh(t): for |t| < 9.01 the rational minimax form t·P(t²)/Q(t²) of degree 13/6 that Eigen and
+   XLA use (t clamped to ±7.99881172 inside it, where it reaches its top), past 9.01 ±1 as tanh
+   rounds to in f32; below 0.0004 t itself. Within a few ulp of tanh; NaN stays NaN. */
+FG_Z_INLINE __m512 fg_z_tanh(__m512 t) {
+    const __m512 a = _mm512_abs_ps(t);
+    const __m512 x = _mm512_min_ps(_mm512_set1_ps(7.99881172180175781f),
+                                   _mm512_max_ps(_mm512_set1_ps(-7.99881172180175781f), t)); /* NaN stays */
+    const __m512 x2 = _mm512_mul_ps(x, x);
+    __m512 p = _mm512_set1_ps(-2.76076847742355e-16f);
+    p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(2.00018790482477e-13f));
+    p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(-8.60467152213735e-11f));
+    p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(5.12229709037114e-08f));
+    p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(1.48572235717979e-05f));
+    p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(6.37261928875436e-04f));
+    p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(4.89352455891786e-03f));
+    __m512 q = _mm512_set1_ps(1.19825839466702e-06f);
+    q = _mm512_fmadd_ps(q, x2, _mm512_set1_ps(1.18534705686654e-04f));
+    q = _mm512_fmadd_ps(q, x2, _mm512_set1_ps(2.26843463243900e-03f));
+    q = _mm512_fmadd_ps(q, x2, _mm512_set1_ps(4.89352518554385e-03f));
+    __m512 y = _mm512_mul_ps(_mm512_mul_ps(x, p), fg_z_rcp(q));
+    y = _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(a, _mm512_set1_ps(0.0004f), _CMP_LT_OQ), t);
+    const __m512 one = _mm512_castsi512_ps(_mm512_ternarylogic_epi32(
+        _mm512_castps_si512(t), _mm512_set1_epi32(0x80000000), _mm512_set1_epi32(0x3f800000), 0xea)); /* ±1 */
+    return _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(a, _mm512_set1_ps(9.0125f), _CMP_GE_OQ), one);
+}
+
+/* 1 − tanh²(t) = 4e/(1 + e)², e = e^(−2|t|): no cancellation where tanh → ±1; 0 far out,
+   NaN for NaN */
+FG_Z_INLINE __m512 fg_z_tanh_slope(__m512 t) {
+    const __m512 e = fg_z_exp_neg(_mm512_mul_ps(_mm512_abs_ps(t), _mm512_set1_ps(-2.0f)));
+    const __m512 inv = fg_z_rcp(_mm512_add_ps(e, _mm512_set1_ps(1.0f)));
+    return _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(e, _mm512_set1_ps(4.0f)), inv), inv);
+}
+#endif /* FG_Z */
+
 #endif /* FG_CPU_VEC_H */

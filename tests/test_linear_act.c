@@ -95,36 +95,99 @@ static ref reference(fg_dtype dt, int act, const double *x, const double *w, con
 
 static void free_ref(ref *r) { free(r->pre), free(r->y), free(r->dx), free(r->dw), free(r->db); }
 
-/* relu's kink: where the f64 pre-activation is within the op's own rounding of 0 (its f32
+/* |A| + |B| where a slope is the sum A + B of two terms of opposite sign that cancel at a root
+ * in the tested range: gelu's Φ(x) + x·φ(x) and gelu_tanh's σ(2u) + 2x·σ(2u)(1 − σ(2u))·u′ (both
+ * cross 0 at x ≈ −0.752, the terms ≈ 0.226 each), silu's σ(x) + x·σ(x)(1 − σ(x)) (x ≈ −1.278).
+ * 0 for the others: relu's kink is calm_kink's; sigmoid's σ(1 − σ) and tanh's sech² are
+ * products, positive everywhere. */
+static long double ref_slope_terms(int act, long double x) {
+    const long double c = sqrtl(2.0L / acosl(-1.0L));
+    switch (act) {
+    case FG_ACT_GELU: return fabsl(0.5L * erfcl(-x / sqrtl(2.0L))) + fabsl(x * expl(-0.5L * x * x) / sqrtl(2.0L * acosl(-1.0L)));
+    case FG_ACT_GELU_TANH: {
+        if (fabsl(x) > 10) return 0;
+        long double u = c * (x + 0.044715L * x * x * x);
+        long double s = 1.0L / (1.0L + expl(-2 * u)), sc = 1.0L / (1.0L + expl(2 * u));
+        return s + fabsl(2 * x * s * sc * c * (1 + 3 * 0.044715L * x * x));
+    }
+    case FG_ACT_SILU: {
+        long double s = 1.0L / (1.0L + expl(-x)), sc = 1.0L / (1.0L + expl(x));
+        return s + fabsl(x * s * sc);
+    }
+    default: return 0;
+    }
+}
+
+/* Where the op's own rounding decides the slope, dy is set to 0, so the gradients do not depend
+ * on it and every check keeps its tolerance; returns, per element, how far the op's slope may be
+ * from the reference's there (0 elsewhere; NULL for the activations without a kink or a root;
+ * the caller frees).
+ *
+ * relu's kink: where the f64 pre-activation is within the op's own rounding of 0 (its f32
  * sums; cuBLASLt's bf16 bias epilogue rounds x·wᵀ before it adds b: up to 2^-9 of each), the
- * mask of the pre the op recomputes may go either way. dy is set to 0 there, so the gradient
- * does not depend on it and the reference stays the test's own f64 pre. The bound, the dtype's
- * tolerance of Σ|x·w| + |b|, is above that rounding for every dtype (f32: K·2^-24 ≤ 1e-5 for
- * K ≤ 128) and zeroes about 1% of the elements at bf16. Returns which elements are so near
- * (NULL for the other activations; the caller frees). */
-static unsigned char *calm_kink(fg_dtype dt, int act, const double *x, const double *w, const double *b, double *dy,
-                                int64_t N, int64_t K, int64_t M) {
-    if (act != FG_ACT_RELU) return NULL;
-    unsigned char *near = calloc((size_t)(N * M + 1), 1);
-    const double tol = th_tol(dt, false);
+ * mask of the pre the op recomputes may go either way. The bound, the dtype's tolerance of
+ * Σ|x·w| + |b|, is above that rounding for every dtype (f32: K·2^-24 ≤ 1e-5 for K ≤ 128) and
+ * zeroes about 1% of the elements at bf16. The slope may be 0 or 1 there (slope_either).
+ *
+ * A root of a smooth slope (ref_slope_terms): there the slope is the small difference of terms
+ * of ≈ 0.23, so an op that evaluates them in its compute precision (unit roundoff u: 2^-24 for
+ * f32 / f16 / bf16 data, whose math is f32, 2^-53 for f64) is off by a few u of their size,
+ * however right it is, and one element's relative error there exceeds the tolerance (a 1 × 1 × 1
+ * layer's check is that one element). The slope of the op's pre p̂ against the reference's at the
+ * test's p is off by at most
+ *     e = 8u·(|A| + |B|) + |act″(p)|·δp,    δp = u·(Σ|x·w| + |b|) + 2u·|p|:
+ * each term reaches the slope through at most about 16 roundings of ≤ u/2 (gelu_tanh's f32 form:
+ * five in its argument u, whose conditioning in σ is |u|(1 − σ) < 1 there; exp or erfc within 2u;
+ * the 1 + e, quotient and products), measured at most 4.6u·(|A| + |B|) over every f32 pre in
+ * [−0.8, −0.7] and [−1.35, −1.2]; δp is the op's own rounding of a recomputed pre, one u of each
+ * product and of the sum (two roundings at K = 1, where it is a bound; a longer sum's errors of
+ * random sign are of that size, and feed outputs of many elements whose norm a lone element near
+ * a root does not decide), plus an f32 / f64 rounding of p̂ on the other side of the test's (f16 /
+ * bf16 round the op's f32 sum to the test's value but where p is within u·Σ|x·w| of a tie). Where
+ * e > tol·|act′(p)| / 2 (the other half of the tolerance for the products with dy, w and x), dy is
+ * zeroed: |act′| below about 0.05 at f32 (5% of these three's elements at K = 1, 10% at K = 128,
+ * whose Σ|x·w| is larger), 1e-3 at f64, 6e-5 at f16 / bf16. There the op's slope may be
+ * anything within 2e of the reference's (e plus the dtype's rounding of the slope, below
+ * tol·|act′| < e). */
+static double *calm_kink(fg_dtype dt, int act, const double *x, const double *w, const double *b, double *dy,
+                         int64_t N, int64_t K, int64_t M) {
+    const bool kink = act == FG_ACT_RELU, root = act == FG_ACT_GELU || act == FG_ACT_GELU_TANH || act == FG_ACT_SILU;
+    if (!kink && !root) return NULL;
+    double *near = calloc((size_t)(N * M + 1), sizeof(double));
+    const double tol = th_tol(dt, false), u = dt == FG_F64 ? 0x1p-53 : 0x1p-24;
     for (int64_t n = 0; n < N; n++)
         for (int64_t m = 0; m < M; m++) {
-            double p = b ? b[m] : 0, scale = b ? fabs(b[m]) : 0;
-            for (int64_t k = 0; k < K; k++) p += x[n * K + k] * w[m * K + k], scale += fabs(x[n * K + k] * w[m * K + k]);
-            if (fabs(p) <= tol * scale) dy[n * M + m] = 0, near[n * M + m] = 1;
+            long double p = b ? b[m] : 0, scale = b ? fabs(b[m]) : 0;
+            for (int64_t k = 0; k < K; k++)
+                p += (long double)x[n * K + k] * w[m * K + k], scale += fabsl((long double)x[n * K + k] * w[m * K + k]);
+            if (kink) {
+                if (fabsl(p) <= tol * scale) dy[n * M + m] = 0, near[n * M + m] = 1;
+                continue;
+            }
+            double q = (double)p; /* the test's pre, as reference() rounds it */
+            th_round(dt, &q, 1);
+            const long double h = 0x1p-20L, s = ref_slope(act, q);
+            const long double curve = fabsl(ref_slope(act, q + h) - ref_slope(act, q - h)) / (2 * h);
+            const long double dp = u * scale + 2 * u * fabsl(p);
+            const long double e = 8 * u * ref_slope_terms(act, q) + curve * dp;
+            if (e > tol * fabsl(s) / 2) dy[n * M + m] = 0, near[n * M + m] = (double)(2 * e);
         }
     return near;
 }
 
-/* relu's slope where the pre is that near its kink: either mask value is the op's correct
- * answer for the pre it computed; there the reference takes the value the op wrote when it is
- * 0 or 1 (anything else still fails). */
-static void kink_either(const unsigned char *near, const th_operand *out, double *ref) {
+/* The slope the op wrote where the pre is that near a kink or root: either of relu's mask values
+ * (0 or 1), or a smooth slope within its allowance of the reference's, is the op's correct answer
+ * for the pre it computed; there the reference takes the value the op wrote (anything else still
+ * fails). */
+static void slope_either(int act, const double *near, const th_operand *out, double *ref) {
     if (!near) return;
     double *got = malloc(sizeof(double) * (size_t)(out->n + 1));
     th_get(&out->buf, &out->t, got);
-    for (int64_t i = 0; i < out->n; i++)
-        if (near[i] && (got[i] == 0 || got[i] == 1)) ref[i] = got[i];
+    for (int64_t i = 0; i < out->n; i++) {
+        if (!(near[i] > 0)) continue;
+        const bool ok = act == FG_ACT_RELU ? got[i] == 0 || got[i] == 1 : fabs(got[i] - ref[i]) <= near[i];
+        if (ok) ref[i] = got[i];
+    }
     free(got);
 }
 
@@ -232,7 +295,7 @@ static void run_case(fg_context *ctx, fg_backend be, fg_dtype dt, int act, const
     th_operand y = th_make(be, dt, sc->rank, ys, sc->layout), pre = th_make(be, dt, sc->rank, ys, sc->layout);
     th_operand dy = th_make(be, dt, sc->rank, ys, sc->layout);
     th_randomize(&dy);
-    unsigned char *near = calm_kink(dt, act, x.v, w.v, sc->bias ? b.v : NULL, dy.v, N, sc->K, sc->M);
+    double *near = calm_kink(dt, act, x.v, w.v, sc->bias ? b.v : NULL, dy.v, N, sc->K, sc->M);
     th_put(&dy.buf, &dy.t, dy.v);
     const double tol = th_tol(dt, false);
     char lab[200];
@@ -329,7 +392,7 @@ static void run_case(fg_context *ctx, fg_backend be, fg_dtype dt, int act, const
         double *rs = malloc(sizeof(double) * (size_t)(s.n + 1));
         for (int64_t i = 0; i < s.n; i++) rs[i] = (double)ref_slope(act, own[i]);
         th_round(dt, rs, s.n);
-        kink_either(near, &s, rs);
+        slope_either(act, near, &s, rs);
         th_verify("slope", &s, rs, tol, l2);
         for (int64_t i = 0; i < s.n; i++) rs[i] = (double)ref_slope(act, own[i]);
         th_round(dt, rs, s.n);

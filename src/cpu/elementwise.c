@@ -392,8 +392,7 @@ FG_Z_INLINE void z_unary_vec(int kind, bool fwd, fg_dtype t, bool acc, const voi
         }
         break;
     default: { /* softcap */
-        const __m512 u = _mm512_mul_ps(x, _mm512_set1_ps(p.inv_c));
-        v = fwd ? _mm512_mul_ps(s0, fg_z_tanh(u)) : fg_z_tanh_slope(u);
+        v = fwd ? fg_z_softcap(x, p.s0, p.inv_c) : fg_z_softcap_slope(x, p.inv_c);
         break;
     }
     }

@@ -364,38 +364,38 @@ FG_Z_INLINE __m512 fg_z_rcp(__m512 d) {
     return _mm512_fmadd_ps(r, _mm512_fnmadd_ps(d, r, _mm512_set1_ps(1.0f)), r);
 }
 
-/* tanh(t): for |t| < 9.01 the rational minimax form t·P(t²)/Q(t²) of degree 13/6 that Eigen and
-   XLA use (t clamped to ±7.99881172 inside it, where it reaches its top), past 9.01 ±1 as tanh
-   rounds to in f32; below 0.0004 t itself. Within a few ulp of tanh; NaN stays NaN. */
-FG_Z_INLINE __m512 fg_z_tanh(__m512 t) {
-    const __m512 a = _mm512_abs_ps(t);
-    const __m512 x = _mm512_min_ps(_mm512_set1_ps(7.99881172180175781f),
-                                   _mm512_max_ps(_mm512_set1_ps(-7.99881172180175781f), t)); /* NaN stays */
-    const __m512 x2 = _mm512_mul_ps(x, x);
+/* c·tanh(x/c) (inv_c = 1/c rounded): for |x/c| < 9.0125 the rational minimax form of tanh of
+   degree 13/6 that Eigen and XLA use, t·P(t²)/Q(t²), its argument clamped to ±7.99881172 (where
+   it reaches its top) and c·t taken as x itself; past 9.0125 ±c, as tanh rounds to ±1 in f32
+   there. Within about 5 ulp of c·tanh(x/c) (2 ulp at x → 0); NaN stays NaN. */
+FG_Z_INLINE __m512 fg_z_softcap(__m512 x, float c, float inv_c) {
+    const float lim = 7.99881172180175781f;
+    const __m512 xc = _mm512_min_ps(_mm512_set1_ps(lim * c), _mm512_max_ps(_mm512_set1_ps(-lim * c), x)); /* NaN stays */
+    const __m512 t = _mm512_mul_ps(xc, _mm512_set1_ps(inv_c));
+    const __m512 t2 = _mm512_mul_ps(t, t);
     __m512 p = _mm512_set1_ps(-2.76076847742355e-16f);
-    p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(2.00018790482477e-13f));
-    p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(-8.60467152213735e-11f));
-    p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(5.12229709037114e-08f));
-    p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(1.48572235717979e-05f));
-    p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(6.37261928875436e-04f));
-    p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(4.89352455891786e-03f));
+    p = _mm512_fmadd_ps(p, t2, _mm512_set1_ps(2.00018790482477e-13f));
+    p = _mm512_fmadd_ps(p, t2, _mm512_set1_ps(-8.60467152213735e-11f));
+    p = _mm512_fmadd_ps(p, t2, _mm512_set1_ps(5.12229709037114e-08f));
+    p = _mm512_fmadd_ps(p, t2, _mm512_set1_ps(1.48572235717979e-05f));
+    p = _mm512_fmadd_ps(p, t2, _mm512_set1_ps(6.37261928875436e-04f));
+    p = _mm512_fmadd_ps(p, t2, _mm512_set1_ps(4.89352455891786e-03f));
     __m512 q = _mm512_set1_ps(1.19825839466702e-06f);
-    q = _mm512_fmadd_ps(q, x2, _mm512_set1_ps(1.18534705686654e-04f));
-    q = _mm512_fmadd_ps(q, x2, _mm512_set1_ps(2.26843463243900e-03f));
-    q = _mm512_fmadd_ps(q, x2, _mm512_set1_ps(4.89352518554385e-03f));
-    __m512 y = _mm512_mul_ps(_mm512_mul_ps(x, p), fg_z_rcp(q));
-    y = _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(a, _mm512_set1_ps(0.0004f), _CMP_LT_OQ), t);
-    const __m512 one = _mm512_castsi512_ps(_mm512_ternarylogic_epi32(
-        _mm512_castps_si512(t), _mm512_set1_epi32(0x80000000), _mm512_set1_epi32(0x3f800000), 0xea)); /* ±1 */
-    return _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(a, _mm512_set1_ps(9.0125f), _CMP_GE_OQ), one);
+    q = _mm512_fmadd_ps(q, t2, _mm512_set1_ps(1.18534705686654e-04f));
+    q = _mm512_fmadd_ps(q, t2, _mm512_set1_ps(2.26843463243900e-03f));
+    q = _mm512_fmadd_ps(q, t2, _mm512_set1_ps(4.89352518554385e-03f));
+    const __m512 y = _mm512_mul_ps(xc, _mm512_mul_ps(p, fg_z_rcp(q))); /* P/Q ≈ 1 first: no underflow at subnormal x */
+    const __m512 cs = _mm512_castsi512_ps(_mm512_ternarylogic_epi32(
+        _mm512_castps_si512(x), _mm512_set1_epi32(0x80000000), _mm512_castps_si512(_mm512_set1_ps(c)), 0xea)); /* ±c */
+    return _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(_mm512_abs_ps(x), _mm512_set1_ps(9.0125f * c), _CMP_GE_OQ), cs);
 }
 
-/* 1 − tanh²(t) = 4e/(1 + e)², e = e^(−2|t|): no cancellation where tanh → ±1; 0 far out,
-   NaN for NaN */
-FG_Z_INLINE __m512 fg_z_tanh_slope(__m512 t) {
-    const __m512 e = fg_z_exp_neg(_mm512_mul_ps(_mm512_abs_ps(t), _mm512_set1_ps(-2.0f)));
-    const __m512 inv = fg_z_rcp(_mm512_add_ps(e, _mm512_set1_ps(1.0f)));
-    return _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(e, _mm512_set1_ps(4.0f)), inv), inv);
+/* d/dx c·tanh(x/c) = 1 − tanh²(x/c) = e/((1 + e)/2)², e = e^(−2|x/c|): no cancellation where
+   tanh → ±1; 0 far out, NaN for NaN */
+FG_Z_INLINE __m512 fg_z_softcap_slope(__m512 x, float inv_c) {
+    const __m512 e = fg_z_exp_neg(_mm512_mul_ps(_mm512_abs_ps(x), _mm512_set1_ps(-2.0f * inv_c)));
+    const __m512 inv = fg_z_rcp(_mm512_fmadd_ps(e, _mm512_set1_ps(0.5f), _mm512_set1_ps(0.5f)));
+    return _mm512_mul_ps(_mm512_mul_ps(e, inv), inv);
 }
 #endif /* FG_Z */
 

@@ -106,6 +106,7 @@ typedef struct ew_par {
     float lo, hi;         /* clamp: the values it returns */
     float lo_in, hi_in;   /* clamp: x ≥ lo_in ⟺ x ≥ s[0] and x ≤ hi_in ⟺ x ≤ s[1] for every f32 x */
     float inv_c;          /* softcap: 1/c */
+    bool stream;          /* AVX-512 rows: store the outputs past the caches (z_split) */
 } ew_par;
 
 /* The smallest f32 ≥ v, and the largest ≤ v. */
@@ -342,9 +343,37 @@ static void row_unit(const fg_ew *e, const ew_par *p, const ew_row *r, int64_t n
    above. */
 
 /* y (or y + the stored value) at lanes k of element i */
-FG_Z_INLINE void z_out(void *y, fg_dtype t, int64_t i, __mmask16 k, __m512 v, bool acc) {
+FG_Z_INLINE void z_out(void *y, fg_dtype t, int64_t i, __mmask16 k, __m512 v, bool acc, bool nt) {
+    if (nt) { /* a whole aligned vector, acc false (z_split) */
+        fg_z_stream(y, t, i, v);
+        return;
+    }
     if (acc) v = _mm512_add_ps(fg_z_ld(y, t, i, k), v);
     fg_z_st(y, t, i, k, v);
+}
+
+/* A row's parts: [0, h) and [b, n) stored as usual, [h, b) in whole vectors streamed past the
+   caches. Streaming is asked for (ew_par.stream) when a call touches at least FG_Z_STREAM_BYTES:
+   its outputs will not stay in cache anyway, and an ordinary store first reads the line it
+   writes (a third more traffic for lerp, two thirds more for lerp's backward). It needs every
+   output at the same offset within a 64-byte line; h is where they reach a line's start. */
+#define FG_Z_STREAM_BYTES ((int64_t)64 << 20)
+
+typedef struct z_split {
+    int64_t h, b;
+} z_split;
+
+FG_Z_INLINE z_split z_split_of(bool stream, fg_dtype t, void *o0, void *o1, void *o2, int64_t n) {
+    z_split s = {0, 0};
+    const size_t es = t == FG_BF16 ? 2 : 4;
+    if (!stream || !o0) return s;
+    const uintptr_t a = (uintptr_t)o0 & 63;
+    if (a % es || (o1 && ((uintptr_t)o1 & 63) != a) || (o2 && ((uintptr_t)o2 & 63) != a)) return s;
+    const int64_t h = (int64_t)(((64 - a) & 63) / es);
+    if (h >= n) return s;
+    s.h = h;
+    s.b = h + (n - h) / 16 * 16;
+    return s;
 }
 
 /* lerp(a, b, w) from the nearer end, w per lane */
@@ -361,11 +390,11 @@ FG_Z_INLINE __m512 z_lerp(__m512 a, __m512 b, __m512 w) {
    case, whole vectors then the tail. */
 
 /* y = f(x) (fwd) or dx = dy·f′(x), f a unary kind */
-FG_Z_INLINE void z_unary_vec(int kind, bool fwd, fg_dtype t, bool acc, const void *xp, const void *dyp, void *yp,
-                             const ew_par p, int64_t i, __mmask16 k) {
+FG_Z_INLINE void z_unary_vec(int kind, bool fwd, fg_dtype t, bool acc, bool nt, const void *xp, const void *dyp,
+                             void *yp, const ew_par p, int64_t i, __mmask16 k) {
     const __m512 s0 = _mm512_set1_ps(p.s0);
     if (!fwd && kind == FG_UNARY_SCALE) { /* dx = dy·s, x not read */
-        z_out(yp, t, i, k, _mm512_mul_ps(fg_z_ld(dyp, t, i, k), s0), acc);
+        z_out(yp, t, i, k, _mm512_mul_ps(fg_z_ld(dyp, t, i, k), s0), acc, nt);
         return;
     }
     const __m512 x = fg_z_ld(xp, t, i, k);
@@ -397,26 +426,31 @@ FG_Z_INLINE void z_unary_vec(int kind, bool fwd, fg_dtype t, bool acc, const voi
     }
     }
     if (!fwd) v = _mm512_mul_ps(fg_z_ld(dyp, t, i, k), v);
-    z_out(yp, t, i, k, v, acc);
+    z_out(yp, t, i, k, v, acc, nt);
 }
 
 FG_Z_INLINE void z_unary_row(int kind, bool fwd, fg_dtype t, bool acc, const ew_row *r, const ew_par *p, int64_t n) {
     const void *x = r->ptr[fwd ? UF_X : UB_X], *dy = r->ptr[UB_DY];
     void *y = r->ptr[fwd ? UF_Y : UB_DX];
     const ew_par q = *p;
+    const z_split s = z_split_of(q.stream && !acc, t, y, NULL, NULL, n);
     int64_t i = 0;
-    for (; i + 16 <= n; i += 16) z_unary_vec(kind, fwd, t, acc, x, dy, y, q, i, (__mmask16)0xffff);
-    if (i < n) z_unary_vec(kind, fwd, t, acc, x, dy, y, q, i, fg_z_lanes(n - i));
+    for (; i < s.h; i += 16) z_unary_vec(kind, fwd, t, acc, false, x, dy, y, q, i, fg_z_lanes(s.h - i));
+    i = s.h;
+    for (; i < s.b; i += 16) z_unary_vec(kind, fwd, t, false, true, x, dy, y, q, i, (__mmask16)0xffff);
+    if (s.b > s.h) _mm_sfence();
+    for (; i + 16 <= n; i += 16) z_unary_vec(kind, fwd, t, acc, false, x, dy, y, q, i, (__mmask16)0xffff);
+    if (i < n) z_unary_vec(kind, fwd, t, acc, false, x, dy, y, q, i, fg_z_lanes(n - i));
 }
 
 /* y = α·a + β·b (axpby), or lerp(a, b, w) with w the tensor wp or, when wp is NULL, s0 */
-FG_Z_INLINE void z_binary_fwd_vec(int kind, bool tw, fg_dtype t, bool acc, const void *ap, const void *bp,
+FG_Z_INLINE void z_binary_fwd_vec(int kind, bool tw, fg_dtype t, bool acc, bool nt, const void *ap, const void *bp,
                                   const void *wp, void *yp, float s0, float s1, int64_t i, __mmask16 k) {
     const __m512 a = fg_z_ld(ap, t, i, k), b = fg_z_ld(bp, t, i, k);
     __m512 v;
     if (kind == FG_BINARY_AXPBY) v = _mm512_fmadd_ps(_mm512_set1_ps(s1), b, _mm512_mul_ps(_mm512_set1_ps(s0), a));
     else v = z_lerp(a, b, tw ? fg_z_ld(wp, t, i, k) : _mm512_set1_ps(s0));
-    z_out(yp, t, i, k, v, acc);
+    z_out(yp, t, i, k, v, acc, nt);
 }
 
 FG_Z_INLINE void z_binary_fwd_row(int kind, bool tw, fg_dtype t, bool acc, const ew_row *r, const ew_par *p,
@@ -424,15 +458,20 @@ FG_Z_INLINE void z_binary_fwd_row(int kind, bool tw, fg_dtype t, bool acc, const
     const void *a = r->ptr[BF_A], *b = r->ptr[BF_B], *w = r->ptr[BF_W];
     void *y = r->ptr[BF_Y];
     const float s0 = p->s0, s1 = p->s1;
+    const z_split s = z_split_of(p->stream && !acc, t, y, NULL, NULL, n);
     int64_t i = 0;
-    for (; i + 16 <= n; i += 16) z_binary_fwd_vec(kind, tw, t, acc, a, b, w, y, s0, s1, i, (__mmask16)0xffff);
-    if (i < n) z_binary_fwd_vec(kind, tw, t, acc, a, b, w, y, s0, s1, i, fg_z_lanes(n - i));
+    for (; i < s.h; i += 16) z_binary_fwd_vec(kind, tw, t, acc, false, a, b, w, y, s0, s1, i, fg_z_lanes(s.h - i));
+    i = s.h;
+    for (; i < s.b; i += 16) z_binary_fwd_vec(kind, tw, t, false, true, a, b, w, y, s0, s1, i, (__mmask16)0xffff);
+    if (s.b > s.h) _mm_sfence();
+    for (; i + 16 <= n; i += 16) z_binary_fwd_vec(kind, tw, t, acc, false, a, b, w, y, s0, s1, i, (__mmask16)0xffff);
+    if (i < n) z_binary_fwd_vec(kind, tw, t, acc, false, a, b, w, y, s0, s1, i, fg_z_lanes(n - i));
 }
 
 /* whichever of da, db, dw are direct outputs here (the others NULL): da = ca·dy, db = cb·dy
    with (ca, cb) = (α, β) for axpby, (1 − w, w) for lerp (w the tensor wp when tw), and
    dw = (b − a)·dy */
-FG_Z_INLINE void z_binary_bwd_vec(bool tw, fg_dtype t, bool acc, const void *dyp, const void *ap, const void *bp,
+FG_Z_INLINE void z_binary_bwd_vec(bool tw, fg_dtype t, bool acc, bool nt, const void *dyp, const void *ap, const void *bp,
                                   const void *wp, void *da, void *db, void *dw, float ca, float cb, int64_t i,
                                   __mmask16 k) {
     const __m512 dy = fg_z_ld(dyp, t, i, k);
@@ -441,9 +480,9 @@ FG_Z_INLINE void z_binary_bwd_vec(bool tw, fg_dtype t, bool acc, const void *dyp
         vb = fg_z_ld(wp, t, i, k);
         va = _mm512_sub_ps(_mm512_set1_ps(1.0f), vb);
     }
-    if (da) z_out(da, t, i, k, _mm512_mul_ps(va, dy), acc);
-    if (db) z_out(db, t, i, k, _mm512_mul_ps(vb, dy), acc);
-    if (dw) z_out(dw, t, i, k, _mm512_mul_ps(_mm512_sub_ps(fg_z_ld(bp, t, i, k), fg_z_ld(ap, t, i, k)), dy), acc);
+    if (da) z_out(da, t, i, k, _mm512_mul_ps(va, dy), acc, nt);
+    if (db) z_out(db, t, i, k, _mm512_mul_ps(vb, dy), acc, nt);
+    if (dw) z_out(dw, t, i, k, _mm512_mul_ps(_mm512_sub_ps(fg_z_ld(bp, t, i, k), fg_z_ld(ap, t, i, k)), dy), acc, nt);
 }
 
 FG_Z_INLINE void z_binary_bwd_row(bool tw, fg_dtype t, bool acc, const fg_ew *e, const ew_row *r, const ew_par *p,
@@ -452,9 +491,15 @@ FG_Z_INLINE void z_binary_bwd_row(bool tw, fg_dtype t, bool acc, const fg_ew *e,
     void *da = r->ptr[BB_DA], *db = r->ptr[BB_DB], *dw = r->ptr[BB_DW];
     float ca = p->s0, cb = p->s1;
     if (e->kind != FG_BINARY_AXPBY) ca = 1.0f - p->s0, cb = p->s0;
+    void *o0 = da ? da : db ? db : dw;
+    const z_split s = z_split_of(p->stream && !acc, t, o0, db, dw, n);
     int64_t i = 0;
-    for (; i + 16 <= n; i += 16) z_binary_bwd_vec(tw, t, acc, dy, a, b, w, da, db, dw, ca, cb, i, (__mmask16)0xffff);
-    if (i < n) z_binary_bwd_vec(tw, t, acc, dy, a, b, w, da, db, dw, ca, cb, i, fg_z_lanes(n - i));
+    for (; i < s.h; i += 16) z_binary_bwd_vec(tw, t, acc, false, dy, a, b, w, da, db, dw, ca, cb, i, fg_z_lanes(s.h - i));
+    i = s.h;
+    for (; i < s.b; i += 16) z_binary_bwd_vec(tw, t, false, true, dy, a, b, w, da, db, dw, ca, cb, i, (__mmask16)0xffff);
+    if (s.b > s.h) _mm_sfence();
+    for (; i + 16 <= n; i += 16) z_binary_bwd_vec(tw, t, acc, false, dy, a, b, w, da, db, dw, ca, cb, i, (__mmask16)0xffff);
+    if (i < n) z_binary_bwd_vec(tw, t, acc, false, dy, a, b, w, da, db, dw, ca, cb, i, fg_z_lanes(n - i));
 }
 
 FG_Z_INLINE void z_unary_kind(bool fwd, fg_dtype t, bool acc, const fg_ew *e, const ew_row *r, const ew_par *p,
@@ -583,9 +628,12 @@ fg_status fg_cpu_elementwise(fg_context *ctx, const fg_ew *e, fg_kernel_info *in
         fg_ew d = *e;
         for (int i = 0; i < e->n_operands; i++)
             if ((e->outputs >> i & 1u) && !(direct >> i & 1u)) d.present &= ~(1u << i);
-        const ew_par p = params_of(&d);
+        ew_par p = params_of(&d);
 #ifdef FG_Z
         const bool z = z_takes(&d);
+        int used = 0;
+        for (int i = 0; i < d.n_operands; i++) used += (((d.present & ~d.outputs) | direct) >> i) & 1u;
+        p.stream = z && !d.accumulate && e->numel * (int64_t)fg_dtype_size(e->dtype) * used >= FG_Z_STREAM_BYTES;
 #else
         const bool z = false;
 #endif

@@ -338,6 +338,13 @@ FG_Z_INLINE void fg_z_st(void *p, fg_dtype t, int64_t i, __mmask16 k, __m512 v) 
     else _mm512_mask_storeu_ps((float *)p + i, k, v);
 }
 
+/* 16 elements stored from element i (a 64-byte aligned f32 address, a 32-byte aligned bf16 one)
+   past the caches (non-temporal: no read of the line before it is written) */
+FG_Z_INLINE void fg_z_stream(void *p, fg_dtype t, int64_t i, __m512 v) {
+    if (t == FG_BF16) _mm256_stream_si256((__m256i *)((uint16_t *)p + i), fg_z_bf16(v));
+    else _mm512_stream_ps((float *)p + i, v);
+}
+
 /* e^x for x ≤ 0 or NaN: fg_v_exp's reduction and polynomial, 2^n by scalef (subnormal
    results as expf's, 0 below −104) */
 FG_Z_INLINE __m512 fg_z_exp_neg(__m512 x) {

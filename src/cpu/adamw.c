@@ -7,7 +7,9 @@
  * stored rounded, as torch's fused AdamW does for bf16 parameters) and it vectorizes (FG_CPU_CLONES: AVX-512, AVX2, baseline).
  * The square root is vec.h's fg_v_sqrt: the bits of sqrtf in a form the compiler
  * vectorizes (libm's errno branch keeps it from vectorizing sqrtf). The step's bits do not
- * depend on the thread count.
+ * depend on the thread count. On a CPU with AVX-512 (and its bf16 conversions), f32 / bf16
+ * steps run a 16-lane loop instead, with √v and the division from refined estimates (see
+ * z_step_vec): the exact square root and divisions cost several times the rest of the step.
  */
 #include "cpu.h"
 #include "vec.h"

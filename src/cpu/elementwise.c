@@ -9,7 +9,10 @@
  * the loop and it vectorizes; FG_CPU_CLONES compiles it for AVX-512 and AVX2 as well).
  * The math is f32 for f32 / f16 / bf16 data (a few ulp of f32, far inside those dtypes'
  * tolerances; clamp's bounds are compared exactly as the f64 ones would be) and f64 for
- * f64 data.
+ * f64 data. On a CPU with AVX-512 (and its bf16 conversions) the unit rows of f32 and bf16
+ * data run hand-written 16-lane loops instead (the "AVX-512 rows" below: the same math, softcap
+ * by a rational tanh, outputs of calls past 64 MiB stored past the caches); the loops above stay
+ * the path of every other CPU and case.
  *
  * Each output whose input was broadcast is a sum over the broadcast dims, in f64, taken
  * per output element in a fixed order (deterministic whatever the thread count; OpenMP

@@ -7,7 +7,8 @@
  * free for the same reason (exp within 2 ulp; tanh without the cancellation of
  * (1 − e)/(1 + e) near 0); the activations and their slopes on them (fg_v_act); and FG_CPU_CLONES, which compiles a hot function once per x86
  * level (AVX-512, AVX2 + FMA, baseline) and picks one at load time, since the library
- * itself is built for the baseline.
+ * itself is built for the baseline; and FG_Z, the AVX-512 helpers (loads and stores of f32 /
+ * bf16 vectors, softcap, exp, refined estimates) of the stream loops chosen at run time.
  *
  * Everything here is static inline: the loops are specialized by the compiler for the
  * dtype they are called with (a constant), so one loop body serves every storage type.

@@ -29,6 +29,31 @@ def act_ref(act, p):
     }[act]
 
 
+def slope_terms(act, p):
+    """The magnitude of the two terms whose sum is the slope (gelu, gelu_tanh, silu: it crosses zero
+    where they cancel, near p = -0.75 and -1.28), else the slope's own magnitude."""
+    sig = 1 / (1 + np.exp(-p))
+    t = np.tanh(C * (p + 0.044715 * p ** 3))
+    if act == "gelu":
+        return 0.5 * (1 + ERF(p / math.sqrt(2))) + np.abs(p) * np.exp(-0.5 * p * p) / math.sqrt(2 * math.pi)
+    if act == "gelu_tanh":
+        return 0.5 * (1 + t) + 0.5 * np.abs(p) * (1 - t * t) * C * (1 + 3 * 0.044715 * p * p)
+    if act == "silu":
+        return sig * (1 + np.abs(p) * (1 - sig))
+    return np.abs(act_ref(act, p)[1])
+
+
+def calm_roots(act, p, dy):
+    """Where a slope cancels to within its own f64 rounding of the 1e-12 bound (64 ulp of its terms
+    against 1e-12 of itself: |slope| below ~0.7% of the terms), dy is zeroed, as the C test does:
+    there the slope's value is its rounding, and a pre the op recomputes an ulp away moves it by
+    act'' times that ulp. Returns dy and the allowance for the slope form's values there."""
+    terms = slope_terms(act, p)
+    rs = act_ref(act, p)[1]
+    near = 64 * np.finfo(np.float64).eps * terms > 1e-12 * np.abs(rs)
+    return np.where(near, 0.0, dy), np.where(near, 64 * np.finfo(np.float64).eps * terms, 0.0)
+
+
 @pytest.mark.parametrize("act", ["none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh"])
 @pytest.mark.parametrize("lead,k,m,bias", [((1,), 1, 1, True), ((3, 4), 17, 9, True), ((33,), 8, 40, False)])
 def test_linear_act(rng, act, lead, k, m, bias):
@@ -41,7 +66,7 @@ def test_linear_act(rng, act, lead, k, m, bias):
     assert relerr(pre, p) < 1e-12 and relerr(y, ry) < 1e-12
     y2, none = fg.linear_act_forward(x, w, b, act, keep_pre=False)
     assert none is None and relerr(y2, ry) < 1e-12
-    dy = rng.normal(size=y.shape)
+    dy, allow = calm_roots(act, p, rng.normal(size=y.shape))
     g = dy * rs
     # kept, recomputed, consumed (a copy: g may be formed in its memory), and relu from y
     for kept, consume in [(pre, False), (None, False), (pre.copy(), True)] + ([(y, False)] if act == "relu" else []):
@@ -52,7 +77,9 @@ def test_linear_act(rng, act, lead, k, m, bias):
             assert relerr(db, g.reshape(-1, m).sum(0)) < 1e-12
     # the slope form: act′(pre) saved instead of pre, g = dy ⊙ it
     y3, s = fg.linear_act_forward(x, w, b, act, slope=True)
-    assert relerr(y3, ry) < 1e-12 and relerr(s, rs) < 1e-12
+    assert relerr(y3, ry) < 1e-12
+    settled = allow == 0  # the slope near a root: within its terms' rounding; elsewhere 1e-12 of itself
+    assert relerr(s[settled], rs[settled]) < 1e-12 and np.all(np.abs(s - rs)[~settled] <= 2 * allow[~settled])
     dx, dw, db = fg.linear_act_backward(dy, x, w, b, s, act, slope=True)
     assert relerr(dx, g @ w) < 1e-12
     assert relerr(dw, g.reshape(-1, m).T @ x.reshape(-1, k)) < 1e-12

@@ -436,7 +436,11 @@ FG_Z_INLINE void z_unary_row(int kind, bool fwd, fg_dtype t, bool acc, const ew_
     const void *x = r->ptr[fwd ? UF_X : UB_X], *dy = r->ptr[UB_DY];
     void *y = r->ptr[fwd ? UF_Y : UB_DX];
     const ew_par q = *p;
-    const z_split s = z_split_of(q.stream && !acc, t, y, NULL, NULL, n);
+    /* (bf16 softcap stores normally: a 16-lane bf16 vector is half a line, and between the two
+       halves' non-temporal stores the tanh takes long enough for the write-combining buffer to
+       flush a partial line — measured 37 → 21 ms at 2^26) */
+    const bool stream = q.stream && !acc && !(t == FG_BF16 && kind == FG_UNARY_SOFTCAP);
+    const z_split s = z_split_of(stream, t, y, NULL, NULL, n);
     int64_t i = 0;
     for (; i < s.h; i += 16) z_unary_vec(kind, fwd, t, acc, false, x, dy, y, q, i, fg_z_lanes(s.h - i));
     i = s.h;

@@ -333,6 +333,14 @@ void th_prepare_out(th_operand *o, double *ref, int accumulate) {
     for (int64_t i = 0; i < o->n; i++) ref[i] += o->v[i];
 }
 
+double th_unit(fg_dtype dt, double v) {
+    const int bits = dt == FG_BF16 ? 8 : dt == FG_F16 ? 11 : 0, emin = dt == FG_BF16 ? -125 : -13;
+    if (!bits) return 0;
+    int e = 0;
+    frexp(v, &e);
+    return ldexp(1.0, (v != 0 && e > emin ? e : emin) - bits);
+}
+
 void th_verify(const char *what, th_operand *o, const double *ref, double tol, const char *label) {
     th_verify_slack(what, o, ref, NULL, tol, label);
 }

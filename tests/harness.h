@@ -117,6 +117,10 @@ void th_drop(th_operand *o);
 void th_prepare_out(th_operand *o, double *ref, int accumulate);
 /* Reads o back and checks relerr against ref. */
 void th_verify(const char *what, th_operand *o, const double *ref, double tol, const char *label);
+/* dt's spacing at v for f16 / bf16 (the smallest subnormal's below the normals), 0 for f32 / f64:
+ * how far a value rounded to dt moves when it lands on the other side of a tie. */
+double th_unit(fg_dtype dt, double v);
+
 /* th_verify with a per-element allowance added to the f16 / bf16 element bound: what a documented
  * rounding of an intermediate can move each element by when two correct implementations round
  * it on either side of a tie (e.g. one ulp of each rounded term of a sum). */

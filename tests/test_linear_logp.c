@@ -30,15 +30,6 @@ typedef struct reference {
     double *dh_slack, *dw_slack, *db_slack; /* per element: compute_ref's rounding allowance */
 } reference;
 
-/* dt's spacing at v for f16 / bf16 (the smallest subnormal's below the normals), 0 for f32 /
-   f64: how far a value rounded to dt moves when it lands on the other side of a tie. */
-static double unit(fg_dtype dt, double v) {
-    const int bits = dt == FG_BF16 ? 8 : dt == FG_F16 ? 11 : 0, emin = dt == FG_BF16 ? -125 : -13;
-    if (!bits) return 0;
-    int e = 0;
-    frexp(v, &e);
-    return ldexp(1.0, (v != 0 && e > emin ? e : emin) - bits);
-}
 
 static double cap_logit(const fg_logp_options *o, double z, double *slope) {
     double T = o->temperature > 0 ? o->temperature : 1.0;
@@ -111,7 +102,7 @@ static reference compute_ref(const problem *p, fg_dtype dt, const double *h, con
     for (int64_t n = 0; n < N; n++) {
         if (dw_rows > 0 && n > 0 && n % dw_rows == 0) {
             th_round(dt, r.dw, V * D);
-            for (int64_t i = 0; i < V * D; i++) r.dw_slack[i] += unit(dt, r.dw[i]);
+            for (int64_t i = 0; i < V * D; i++) r.dw_slack[i] += th_unit(dt, r.dw[i]);
         }
         if (ignored(p, t[n])) continue;
         double m = -INFINITY;
@@ -120,7 +111,7 @@ static reference compute_ref(const problem *p, fg_dtype dt, const double *h, con
             for (int64_t k = 0; k < D; k++) z += h[n * D + k] * w[j * D + k];
             th_round(dt, &z, 1);
             L[j] = cap_logit(&p->opt, z, &S[j]);
-            U[j] = unit(dt, z);
+            U[j] = th_unit(dt, z);
             dS[j] = cap > 0 ? 2 * fabs(tanh(z / cap)) * S[j] / cap : 0;
             if (L[j] > m) m = L[j];
         }
@@ -161,7 +152,7 @@ static reference compute_ref(const problem *p, fg_dtype dt, const double *h, con
             r.db_slack[j] += zflip[j];
             double zr = dz[j];
             th_round(dt, &zr, 1);
-            const double move = zflip[j] + unit(dt, zr);
+            const double move = zflip[j] + th_unit(dt, zr);
             for (int64_t k = 0; k < D; k++) {
                 r.dh[n * D + k] += zr * w[j * D + k];
                 r.dw[j * D + k] += zr * h[n * D + k];

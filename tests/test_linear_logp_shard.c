@@ -67,7 +67,6 @@ static reference compute_ref(const problem *p, fg_dtype dt, const double *h, con
                              const int64_t *t, const double *dlogp, const double *dent, const double *dlse) {
     const int64_t N = p->N, D = p->D, V = p->V;
     const double T = p->opt.temperature > 0 ? p->opt.temperature : 1.0, cap = p->opt.softcap;
-    const int bits = dt == FG_BF16 ? 8 : dt == FG_F16 ? 11 : 0; /* dt's significand bits */
     reference r;
     r.logp = calloc((size_t)N + 1, sizeof(double));
     r.lse = calloc((size_t)N + 1, sizeof(double));
@@ -86,9 +85,7 @@ static reference compute_ref(const problem *p, fg_dtype dt, const double *h, con
             double z = b ? b[j] : 0;
             for (int64_t k = 0; k < D; k++) z += h[n * D + k] * w[j * D + k];
             th_round(dt, &z, 1);
-            int ez = 0;
-            frexp(z, &ez);
-            U[j] = bits && z != 0 ? ldexp(1.0, ez - bits) : 0;
+            U[j] = th_unit(dt, z);
             if (cap > 0) {
                 const double th = tanh(z / cap);
                 L[j] = cap * th / T, S[j] = (1 - th * th) / T;
@@ -106,9 +103,7 @@ static reference compute_ref(const problem *p, fg_dtype dt, const double *h, con
             double dz = g * S[j];
             r.db[j] += dz;
             th_round(dt, &dz, 1);
-            int e = 0;
-            frexp(dz, &e);
-            const double ulp = bits && dz != 0 ? ldexp(1.0, e - bits) : 0; /* dt's spacing at dz */
+            const double ulp = th_unit(dt, dz); /* dt's spacing at dz */
             const double dg = pj * (fabs(dlogp[n]) + fabs(dlse[n]) + fabs(dent[n]) * (1 + fabs(L[j] - lse + H)));
             const double zflip = 2 * dg * S[j] * S[j] * U[j];
             r.db_slack[j] += zflip;

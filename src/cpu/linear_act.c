@@ -9,6 +9,8 @@
  * too: g = dy ⊙ act′(pre) and db's column sums together; with db the threads split the
  * columns (each walks every row, in order, so each column's sum has one fixed order
  * whatever the thread count), without it they split the rows. Sums are f64 per column.
+ * gelu_tanh on f32 / bf16 data runs both passes on AVX-512 where the CPU has it (vec.h's exp
+ * and reciprocal estimates: the cloned loops' exp and division cost most of the pass).
  */
 #include "cpu.h"
 #include "vec.h"
@@ -122,6 +124,85 @@ FG_INLINE void grad_typed(const fg_act_call *c, fg_dtype t, int act, int64_t r0,
     }
 }
 
+#ifdef FG_Z
+/* gelu_tanh on 16 lanes where the CPU has AVX-512 (vec.h's FG_Z): fg_v_act's form — x·σ(2u)
+   from one exp, its slope σ(2u) + x·σ′(2u)·2u′ and the limits past |x| > 10 — with the exp by
+   fg_z_exp_neg and the reciprocal by fg_z_rcp instead of the cloned loops' exp and division
+   (a few ulp of f32; NaN stays NaN). */
+FG_Z_INLINE __m512 z_gelu_tanh(__m512 x, __m512 *slope) {
+    const __m512 k = _mm512_set1_ps(1.5957691216057308f), x2 = _mm512_mul_ps(x, x);
+    const __m512 u2 = _mm512_mul_ps(k, _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(0.044715f), x2), x, x));
+    const __m512 e = fg_z_exp_neg(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(u2))); /* e^(−|2u|) */
+    const __m512 inv = fg_z_rcp(_mm512_add_ps(_mm512_set1_ps(1.0f), e));
+    const __m512 ei = _mm512_mul_ps(e, inv);
+    const __m512 sg = _mm512_mask_mov_ps(ei, _mm512_cmp_ps_mask(u2, _mm512_setzero_ps(), _CMP_GE_OQ), inv);
+    if (slope) {
+        const __m512 sd = _mm512_mul_ps(ei, inv);
+        const __m512 full = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_mul_ps(x, sd), k),
+                                            _mm512_fmadd_ps(_mm512_set1_ps(0.134145f), x2, _mm512_set1_ps(1.0f)), sg);
+        const __mmask16 far = _mm512_cmp_ps_mask(_mm512_abs_ps(x), _mm512_set1_ps(10.0f), _CMP_GT_OQ);
+        const __m512 lim = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_GT_OQ), _mm512_set1_ps(1.0f));
+        *slope = _mm512_mask_mov_ps(full, far, lim);
+    }
+    return _mm512_mul_ps(x, sg);
+}
+
+/* FORWARD of gelu_tanh over rows [r0, r1), f32 or bf16 data (t a constant at the call) */
+FG_Z_INLINE void z_forward_typed(const fg_act_call *c, fg_dtype t, int64_t r0, int64_t r1) {
+    void *pre = (void *)c->pre, *y = c->y;
+    for (int64_t i = r0; i < r1; i++) {
+        const int64_t pi = i * c->ld_pre, yi = i * c->ld_y;
+        for (int64_t j = 0; j < c->cols; j += 16) {
+            const __mmask16 k = fg_z_lanes(c->cols - j);
+            __m512 s;
+            const __m512 v = z_gelu_tanh(fg_z_ld(pre, t, pi + j, k), c->slope_out ? &s : NULL);
+            fg_z_st(y, t, yi + j, k, v);
+            if (c->slope_out) fg_z_st(pre, t, pi + j, k, s);
+        }
+    }
+}
+
+/* GRAD of gelu_tanh over rows [r0, r1) and columns [c0, c1), grad_typed's sums: g = dy·act′(pre)
+   and, with db, acc[j − c0] += g row by row in f64 (the same order and bits as its loop for the
+   same g) */
+FG_Z_INLINE void z_grad_typed(const fg_act_call *c, fg_dtype t, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
+                              double *acc) {
+    for (int64_t i = r0; i < r1; i++) {
+        const int64_t di = i * c->ld_dy + c0, pi = i * c->ld_pre + c0, gi = i * c->ld_g + c0;
+        for (int64_t j = 0; j < c1 - c0; j += 16) {
+            const __mmask16 k = fg_z_lanes(c1 - c0 - j);
+            __m512 s;
+            z_gelu_tanh(fg_z_ld(c->pre, t, pi + j, k), &s);
+            const __m512 g = _mm512_mul_ps(fg_z_ld(c->dy, t, di + j, k), s);
+            if (acc) {
+                const __mmask8 lo = (__mmask8)(k & 0xff), hi = (__mmask8)(k >> 8);
+                const __m512d glo = _mm512_cvtps_pd(_mm512_castps512_ps256(g));
+                const __m512d ghi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(g), 1)));
+                _mm512_mask_storeu_pd(acc + j, lo, _mm512_add_pd(_mm512_maskz_loadu_pd(lo, acc + j), glo));
+                _mm512_mask_storeu_pd(acc + j + 8, hi, _mm512_add_pd(_mm512_maskz_loadu_pd(hi, acc + j + 8), ghi));
+            }
+            if (c->g) fg_z_st(c->g, t, gi + j, k, g);
+        }
+    }
+}
+
+FG_Z_KERNEL static void z_forward_rows(const fg_act_call *c, int64_t r0, int64_t r1) {
+    if (c->dtype == FG_BF16) z_forward_typed(c, FG_BF16, r0, r1);
+    else z_forward_typed(c, FG_F32, r0, r1);
+}
+
+FG_Z_KERNEL static void z_grad_block(const fg_act_call *c, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
+                                     double *acc) {
+    if (c->dtype == FG_BF16) z_grad_typed(c, FG_BF16, r0, r1, c0, c1, acc);
+    else z_grad_typed(c, FG_F32, r0, r1, c0, c1, acc);
+}
+
+/* Whether the AVX-512 passes take the call: gelu_tanh on f32 / bf16 data */
+static bool z_takes(const fg_act_call *c) {
+    return c->act == FG_ACT_GELU_TANH && (c->dtype == FG_F32 || c->dtype == FG_BF16) && fg_z_usable();
+}
+#endif
+
 /* The act × dtype dispatch of the two passes (one function per pass, cloned per x86 level). */
 FG_INLINE void forward_act(const fg_act_call *c, fg_dtype t, int64_t r0, int64_t r1) {
     switch (c->act) {
@@ -137,6 +218,12 @@ FG_INLINE void forward_act(const fg_act_call *c, fg_dtype t, int64_t r0, int64_t
 
 FG_CPU_CLONES
 static void forward_rows(const fg_act_call *c, int64_t r0, int64_t r1) {
+#ifdef FG_Z
+    if (z_takes(c)) {
+        z_forward_rows(c, r0, r1);
+        return;
+    }
+#endif
     if (c->dtype == FG_BF16) forward_act(c, FG_BF16, r0, r1);
     else if (c->dtype == FG_F16) forward_act(c, FG_F16, r0, r1);
     else forward_act(c, FG_F32, r0, r1);
@@ -158,6 +245,12 @@ FG_INLINE void grad_act(const fg_act_call *c, fg_dtype t, int64_t r0, int64_t r1
 
 FG_CPU_CLONES
 static void grad_block(const fg_act_call *c, int64_t r0, int64_t r1, int64_t c0, int64_t c1, double *acc) {
+#ifdef FG_Z
+    if (z_takes(c)) {
+        z_grad_block(c, r0, r1, c0, c1, acc);
+        return;
+    }
+#endif
     if (c->dtype == FG_BF16) grad_act(c, FG_BF16, r0, r1, c0, c1, acc);
     else if (c->dtype == FG_F16) grad_act(c, FG_F16, r0, r1, c0, c1, acc);
     else grad_act(c, FG_F32, r0, r1, c0, c1, acc);

@@ -193,27 +193,8 @@ FG_INLINE void st_row_f64(void *dst, fg_dtype t, int64_t off, int64_t st, const 
 #if defined(__GNUC__) && defined(__x86_64__) && !defined(FG_CPU_NO_CLONES)
 #include <immintrin.h>
 #define FG_ATTN_FAST 1
-#define AVX512_FN static inline __attribute__((always_inline, target("avx512f,avx512dq,avx512vl,avx512bw,fma")))
-#define AVX512_KERNEL __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,fma")))
-
-/* e^x for x <= 0 or NaN (fg_v_exp's polynomial; 2^n by scalef, which makes the subnormals). */
-AVX512_FN __m512 exp_neg16(__m512 x) {
-    const __m512 xc = _mm512_max_ps(_mm512_set1_ps(-104.0f), x); /* NaN stays (second operand) */
-    const __m512 magic = _mm512_set1_ps(12582912.0f);
-    const __m512 t = _mm512_fmadd_ps(xc, _mm512_set1_ps(1.44269504088896341f), magic);
-    const __m512 n = _mm512_sub_ps(t, magic);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    const __m512 z = _mm512_mul_ps(r, r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, z, r), _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(y, n);
-}
+#define AVX512_FN FG_Z_MATH_INLINE
+#define AVX512_KERNEL __attribute__((target(FG_Z_MATH_ISA)))
 
 /* The four sums of a0 … a3's lanes, in lanes 0 … 3 (a fixed tree). */
 AVX512_FN __m128 sum4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
@@ -289,7 +270,7 @@ AVX512_FN void fwd_head4(const fg_attn_call *c, int64_t b, int64_t h, int64_t le
         const __m512 mv = _mm512_set1_ps(m);
         __m512 sum = _mm512_setzero_ps(), a0 = sum, a1 = sum, a2 = sum, a3 = sum;
         for (int v = 0; v < NV; v++) {
-            const __m512 e = _mm512_maskz_mov_ps(km[v], exp_neg16(_mm512_sub_ps(s[v], mv)));
+            const __m512 e = _mm512_maskz_mov_ps(km[v], fg_z_exp_neg(_mm512_sub_ps(s[v], mv)));
             sum = _mm512_add_ps(sum, e);
             a0 = _mm512_fmadd_ps(e, _mm512_loadu_ps(vt + 16 * v), a0);
             a1 = _mm512_fmadd_ps(e, _mm512_loadu_ps(vt + Lp + 16 * v), a1);
@@ -349,7 +330,7 @@ AVX512_FN void bwd_head4(const fg_attn_call *c, int64_t b, int64_t h, int64_t le
                 e = _mm512_fmadd_ps(d3, _mm512_loadu_ps(v0 + 3 * Lp), e);
                 a = si ? _mm512_fmadd_ps(a, scale, _mm512_maskz_loadu_ps(km[v], si + i * c->scores_in.sl + 16 * v))
                        : _mm512_mul_ps(a, scale);
-                const __m512 pr = _mm512_maskz_mov_ps(km[v], exp_neg16(_mm512_sub_ps(a, lv)));
+                const __m512 pr = _mm512_maskz_mov_ps(km[v], fg_z_exp_neg(_mm512_sub_ps(a, lv)));
                 __m512 d = _mm512_maskz_mul_ps(km[v], pr, _mm512_sub_ps(e, Dv));
                 if (g) d = _mm512_add_ps(d, _mm512_maskz_loadu_ps(km[v], g + i * c->dscores.sl + 16 * v));
                 ds[v] = d;

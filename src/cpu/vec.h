@@ -290,6 +290,10 @@ FG_INLINE float fg_v_act(int act, float x, float *slope) {
 #define FG_Z_ISA "avx512f,avx512dq,avx512vl,avx512bw,avx512bf16,fma"
 #define FG_Z_INLINE static inline __attribute__((always_inline, target(FG_Z_ISA)))
 #define FG_Z_KERNEL __attribute__((target(FG_Z_ISA)))
+/* the math helpers need no bf16 instruction: on the plain AVX-512 set they inline into FG_Z code
+   and into code built for that set alone (src/cpu/attention.c's rows) */
+#define FG_Z_MATH_ISA "avx512f,avx512dq,avx512vl,avx512bw,fma"
+#define FG_Z_MATH_INLINE static inline __attribute__((always_inline, target(FG_Z_MATH_ISA)))
 
 /* Whether this CPU runs the FG_Z_ISA code (asked once). */
 static inline bool fg_z_usable(void) {
@@ -348,7 +352,7 @@ FG_Z_INLINE void fg_z_stream(void *p, fg_dtype t, int64_t i, __m512 v) {
 
 /* e^x for x ≤ 0 or NaN: fg_v_exp's reduction and polynomial, 2^n by scalef (subnormal
    results as expf's, 0 below −104) */
-FG_Z_INLINE __m512 fg_z_exp_neg(__m512 x) {
+FG_Z_MATH_INLINE __m512 fg_z_exp_neg(__m512 x) {
     const __m512 xc = _mm512_max_ps(_mm512_set1_ps(-104.0f), x); /* NaN stays (the second operand) */
     const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -367,7 +371,7 @@ FG_Z_INLINE __m512 fg_z_exp_neg(__m512 x) {
 
 /* 1/d for d finite, normal and nonzero: the 14-bit estimate and one Newton step (within about
    an ulp) */
-FG_Z_INLINE __m512 fg_z_rcp(__m512 d) {
+FG_Z_MATH_INLINE __m512 fg_z_rcp(__m512 d) {
     const __m512 r = _mm512_rcp14_ps(d);
     return _mm512_fmadd_ps(r, _mm512_fnmadd_ps(d, r, _mm512_set1_ps(1.0f)), r);
 }

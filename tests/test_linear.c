@@ -36,6 +36,8 @@ static const lcase cases[] = {
     {1, {4103}, 128, 16, 0}, {2, {3, 2731}, 67, 13, 2}, {1, {4103}, 16, 128, 1},
     /* CUDA's skinny weight gradient (m, n <= 128, k >= 4096) misaligned, odd sizes */
     {1, {5001}, 33, 21, 3}, {1, {4500}, 128, 128, 0},
+    /* ... at few outputs (16 × 16 misaligned; 20 × 12 over 40000 rows: edge tiles, many slabs) */
+    {1, {5001}, 16, 16, 3}, {1, {40000}, 20, 12, 0},
 };
 
 /* w [m, k]; layout 2 stores it column-major (as [k, m]). */

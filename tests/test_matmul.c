@@ -24,6 +24,8 @@ static const mcase cases[] = {
     /* a 2-D a against a batch: backward_input sums the batch into da, many rows of <= 16 (the CPU's
        narrow product over the batches' k) */
     {3, 0, 1, 4103, 16, 16, 0}, {2, 0, 1, 5101, 13, 20, 1},
+    /* batched, few outputs over a long reduction: CUDA's skinny product per batch (misaligned) */
+    {2, 1, 1, 4500, 12, 20, 3},
 };
 
 static void shape3(int is3, int64_t batch, int64_t r, int64_t c, int64_t *s, int *rank) {

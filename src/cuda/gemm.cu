@@ -376,7 +376,8 @@ template <typename T> struct vector_product {
 /* ------------------------------------------------------------------ skinny products */
 
 /* c [m, n] = alpha·Σ_p a(:, p) ⊗ b(p, :) + beta·c for few outputs (m, n ≤ 128) and a long
- * reduction (k ≥ 4096): weight gradients dyᵀ·x of narrow layers over many tokens, where cuBLASLt
+ * reduction (k ≥ 4096), for each batch (own outputs: c.bs ≠ 0; the batch is the grid's z):
+ * weight gradients dyᵀ·x of narrow layers over many tokens, where cuBLASLt
  * runs a few tiles for the whole of k, or a split-K with a reduction kernel costing as much as
  * the product. Here a column of a (a.rs == 1) and a row of b (b.cs == 1) are contiguous: each
  * thread keeps a 4 × 4 tile of c in registers; the block's threads cover the outputs and, when
@@ -403,7 +404,7 @@ static skinny_geom skinny_geometry(const fg_gemm *g) {
     /* 32 rows a lane (four rounds of eight loads in flight: the product is latency-bound, not
        bandwidth- or FMA-bound, at these sizes), the partials at most 8 MB */
     int64_t slices = cdiv(g->k, (int64_t)s.klanes * 32);
-    const int64_t most = ((int64_t)1 << 21) / (g->m * g->n);
+    const int64_t most = ((int64_t)1 << 21) / (g->m * g->n * g->batch);
     if (slices > most) slices = most;
     if (slices > 65535) slices = 65535;
     if (slices < 1) slices = 1;
@@ -415,7 +416,8 @@ static skinny_geom skinny_geometry(const fg_gemm *g) {
 /* Whether the skinny kernel takes the product (the same answer planning and running). */
 static bool skinny_takes(const fg_gemm *g) {
     if (g->dtype != FG_F32 && g->dtype != FG_F16 && g->dtype != FG_BF16) return false;
-    if (g->batch != 1 || g->c_f32 || g->act || g->bias || g->bias_operand >= 0) return false;
+    if ((g->batch != 1 && g->c.bs == 0) || g->batch > 65535) return false; /* (a batch sum: cuBLASLt) */
+    if (g->c_f32 || g->act || g->bias || g->bias_operand >= 0) return false;
     if (g->epi.has_aux || g->epi.form || g->epi.col_sums) return false;
     if (g->k < 4096 || g->m < 2 || g->n < 2 || g->m > 128 || g->n > 128) return false;
     if (g->a.operand == FG_OPERAND_ONES || g->b.operand == FG_OPERAND_ONES) return false;
@@ -424,6 +426,7 @@ static bool skinny_takes(const fg_gemm *g) {
 
 struct skinny_args {
     int64_t m, n, k, lda, ldb, c_rs, c_cs, rows_per, tiles_n, outs;
+    int64_t a_bs, b_bs, c_bs; /* batch strides (the batch: blockIdx.z, the finish's blockIdx.y) */
     int ot, klanes, slices;
     bool vec;
     float alpha, beta;
@@ -444,6 +447,8 @@ __device__ __forceinline__ void skinny_load4(const T *p, int64_t left, bool vec,
 template <typename T>
 __global__ void __launch_bounds__(SK_THREADS) skinny_kernel(const T *a, const T *b, T *c, float *part, skinny_args s) {
     __shared__ float red[SK_THREADS * SK_T * SK_T];
+    a += blockIdx.z * s.a_bs, b += blockIdx.z * s.b_bs, c += blockIdx.z * s.c_bs;
+    part += (int64_t)blockIdx.z * s.slices * s.m * s.n;
     const int t = threadIdx.x % s.ot, lane = threadIdx.x / s.ot;
     const int64_t o = (int64_t)blockIdx.x * s.ot + t;
     const int64_t i0 = o / s.tiles_n * SK_T, j0 = o % s.tiles_n * SK_T;
@@ -513,6 +518,7 @@ constexpr int SK_FIN_LANES = 32;
 template <typename T>
 __global__ void __launch_bounds__(32 * SK_FIN_LANES) skinny_finish(const float *part, T *c, skinny_args s) {
     __shared__ float red[32 * SK_FIN_LANES];
+    part += (int64_t)blockIdx.y * s.slices * s.m * s.n, c += blockIdx.y * s.c_bs;
     const int t = threadIdx.x & 31, lane = threadIdx.x >> 5;
     const int64_t mn = s.m * s.n, o = (int64_t)blockIdx.x * 32 + t;
     float acc0 = 0.f, acc1 = 0.f;
@@ -540,27 +546,29 @@ template <typename T> struct skinny_product {
         const skinny_geom q = skinny_geometry(g);
         skinny_args s;
         s.m = g->m, s.n = g->n, s.k = g->k, s.lda = g->a.cs, s.ldb = g->b.rs, s.c_rs = g->c.rs, s.c_cs = g->c.cs;
+        s.a_bs = g->a.bs, s.b_bs = g->b.bs, s.c_bs = g->c.bs;
         s.rows_per = q.rows_per, s.tiles_n = q.tiles_n, s.outs = q.outs;
         s.ot = q.ot, s.klanes = q.klanes, s.slices = (int)q.slices;
         s.alpha = (float)g->alpha, s.beta = (float)g->beta;
         /* vector loads of four elements: the rows' starts and strides aligned to them */
         const size_t v = SK_T * sizeof(T);
-        const bool strides = (s.lda * (int64_t)sizeof(T)) % (int64_t)v == 0 && (s.ldb * (int64_t)sizeof(T)) % (int64_t)v == 0;
+        const bool strides = (s.lda * (int64_t)sizeof(T)) % (int64_t)v == 0 && (s.ldb * (int64_t)sizeof(T)) % (int64_t)v == 0 &&
+                             (s.a_bs * (int64_t)sizeof(T)) % (int64_t)v == 0 && (s.b_bs * (int64_t)sizeof(T)) % (int64_t)v == 0;
         s.vec = strides && (do_run ? (uintptr_t)g->a.data % v == 0 && (uintptr_t)g->b.data % v == 0
                                    : (g->align == 0 || g->align >= v));
-        info->workspace_bytes = q.slices > 1 ? (size_t)(q.slices * g->m * g->n) * sizeof(float) : 0;
-        snprintf(info->name, sizeof info->name, "skinny<%s,v%d>x%lld", fg_dtype_name(g->dtype), s.vec ? SK_T : 1,
-                 (long long)q.slices);
+        info->workspace_bytes = q.slices > 1 ? (size_t)(q.slices * g->m * g->n * g->batch) * sizeof(float) : 0;
+        snprintf(info->name, sizeof info->name, "skinny<%s,v%d>x%lld%s", fg_dtype_name(g->dtype), s.vec ? SK_T : 1,
+                 (long long)q.slices, g->batch > 1 ? " batched" : "");
         if (!do_run) return FG_OK;
         if (ws_bytes < info->workspace_bytes) return fg_fail(FG_ERR_INTERNAL, "skinny: workspace too small");
         cudaStream_t st = ctx->cuda->stream;
-        dim3 grid((unsigned)q.out_blocks, (unsigned)q.slices);
+        dim3 grid((unsigned)q.out_blocks, (unsigned)q.slices, (unsigned)g->batch);
         skinny_kernel<T><<<grid, SK_THREADS, 0, st>>>((const T *)g->a.data, (const T *)g->b.data, (T *)g->c.data,
                                                       (float *)ws, s);
         cudaError_t e = cudaGetLastError();
         if (e == cudaSuccess && q.slices > 1)
-            skinny_finish<T><<<(unsigned)cdiv(g->m * g->n, 32), 32 * SK_FIN_LANES, 0, st>>>((const float *)ws,
-                                                                                           (T *)g->c.data, s);
+            skinny_finish<T><<<dim3((unsigned)cdiv(g->m * g->n, 32), (unsigned)g->batch), 32 * SK_FIN_LANES, 0, st>>>(
+                (const float *)ws, (T *)g->c.data, s);
         if (e == cudaSuccess) e = cudaGetLastError();
         return e == cudaSuccess ? FG_OK : fg_cuda_fail(e, "skinny");
     }

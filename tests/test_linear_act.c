@@ -268,6 +268,9 @@ static const shape_case shapes[] = {
     {1, {0}, 1, 1, true},          {2, {3}, 17, 5, true},      {3, {2, 9}, 127, 33, false},
     {4, {4, 1, 5}, 64, 48, true},  {2, {257}, 33, 130, true},
     {2, {20000}, 8, 16, true}, /* long and narrow: CUDA splits dw's rows into batched parts */
+    /* the CPU's short-k product with the activation in its store (k <= 32, m·n >= 2^16): two
+       64-column blocks and a masked tail of 7 */
+    {2, {520}, 20, 135, true},
     /* CUDA's tile path (K ≤ 128, f16/bf16): the largest K with a row-tile tail and a column
        tile of 8; K padded to 16 with three column tiles */
     {2, {300}, 128, 136, true},    {3, {3, 43}, 120, 264, false},

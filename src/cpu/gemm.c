@@ -9,10 +9,13 @@
  * GEMVs are loops with f64 accumulation in a fixed order (eight interleaved partial sums
  * where a dot product runs along contiguous memory): results are deterministic whatever
  * the thread count. Short (k <= 32) and narrow (n <= 16) f32 products of many rows, and long
- * (k >= 4096) products of few outputs, run own kernels instead (smallk, narrow, longk below). Threads follow src/cpu/cpu.h: OpenBLAS's for the products (the
+ * (k >= 4096) products of few outputs, run own kernels instead (smallk, narrow, longk below); the short
+ * product applies linear + activation's gelu / gelu_tanh in its store on AVX-512 where the CPU has it
+ * (act_z.h). Threads follow src/cpu/cpu.h: OpenBLAS's for the products (the
  * context's count when it sets one), OpenMP teams for the loops, never both at once.
  */
 #include "cpu.h"
+#include "act_z.h"
 #include "vec.h"
 
 #include <sched.h>
@@ -414,9 +417,73 @@ FG_INLINE void smallk_rows_t(const fg_gemm *g, const float *a, const float *bp, 
     }
 }
 
+#ifdef FG_Z
+/* smallk_rows_t with gelu or gelu_tanh fused, on AVX-512 where the CPU has it (act_z.h: the cloned
+   store's exp and division cost more than the product), for the common Linear: alpha 1, beta 0,
+   the bias a row vector (or none). pre = acc + bias as smallk_store makes it (the same sums, in
+   the same order); the last n mod 16 columns by lane masks. */
+static bool z_smallk_takes(const fg_gemm *g) {
+    return fg_cpu_smallk_fuses(g) && fg_z_has_act(g->act) && g->alpha == 1.0 && g->beta == 0.0 &&
+           (!g->bias || g->bias_cs == 1) && fg_z_usable();
+}
+
+/* c's row ci (and aux row xi) at columns [j, j + 16) masked by km, from the row's sums acc */
+FG_Z_INLINE void z_smallk_store(float *ci, float *xi, const float *br, int act, bool slope, int64_t j, __mmask16 km,
+                                __m512 acc) {
+    const __m512 pre = _mm512_add_ps(acc, br ? _mm512_maskz_loadu_ps(km, br + j) : _mm512_setzero_ps()); /* (−0 + 0 = 0) */
+    __m512 s;
+    _mm512_mask_storeu_ps(ci + j, km, fg_z_act(act, pre, xi && slope ? &s : NULL));
+    if (xi) _mm512_mask_storeu_ps(xi + j, km, slope ? s : pre);
+}
+
+FG_Z_INLINE void z_smallk_rows_t(const fg_gemm *g, const float *a, const float *bp, float *c, int64_t r0, int64_t r1,
+                                 int act) {
+    const int64_t n = g->n, k = g->k, full = n / SMALLK_J * SMALLK_J;
+    float *aux = g->epi.has_aux ? g->epi.aux : NULL;
+    const bool slope = g->epi.slope;
+    for (int64_t i = r0; i < r1; i++) {
+        float ai[SMALLK_K];
+        for (int64_t p = 0; p < k; p++) ai[p] = a[i * g->a.rs + p * g->a.cs];
+        float *ci = c + i * g->c.rs, *xi = aux ? aux + i * g->c.rs : NULL;
+        const float *br = g->bias ? (const float *)g->bias + i * g->bias_rs : NULL;
+        for (int64_t j0 = 0; j0 < full; j0 += SMALLK_J) { /* 64 columns in four registers */
+            __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+            for (int64_t p = 0; p < k; p++) {
+                const float *row = bp + p * n + j0;
+                const __m512 x = _mm512_set1_ps(ai[p]);
+                s0 = _mm512_fmadd_ps(x, _mm512_loadu_ps(row), s0), s1 = _mm512_fmadd_ps(x, _mm512_loadu_ps(row + 16), s1);
+                s2 = _mm512_fmadd_ps(x, _mm512_loadu_ps(row + 32), s2), s3 = _mm512_fmadd_ps(x, _mm512_loadu_ps(row + 48), s3);
+            }
+            z_smallk_store(ci, xi, br, act, slope, j0, 0xffff, s0);
+            z_smallk_store(ci, xi, br, act, slope, j0 + 16, 0xffff, s1);
+            z_smallk_store(ci, xi, br, act, slope, j0 + 32, 0xffff, s2);
+            z_smallk_store(ci, xi, br, act, slope, j0 + 48, 0xffff, s3);
+        }
+        for (int64_t j0 = full; j0 < n; j0 += 16) { /* then 16 columns a register, the last masked */
+            const __mmask16 km = fg_z_lanes(n - j0);
+            __m512 s0 = _mm512_setzero_ps();
+            for (int64_t p = 0; p < k; p++) s0 = _mm512_fmadd_ps(_mm512_set1_ps(ai[p]), _mm512_maskz_loadu_ps(km, bp + p * n + j0), s0);
+            z_smallk_store(ci, xi, br, act, slope, j0, km, s0);
+        }
+    }
+}
+
+FG_Z_KERNEL static void z_smallk_rows(const fg_gemm *g, const float *a, const float *bp, float *c, int64_t r0,
+                                      int64_t r1) {
+    if (g->act == FG_ACT_GELU) z_smallk_rows_t(g, a, bp, c, r0, r1, FG_ACT_GELU);
+    else z_smallk_rows_t(g, a, bp, c, r0, r1, FG_ACT_GELU_TANH);
+}
+#endif
+
 /* The epilogue's activation as a constant of each instantiation (−1: none fused). */
 FG_CPU_CLONES
 static void smallk_rows(const fg_gemm *g, const float *a, const float *bp, float *c, int64_t r0, int64_t r1) {
+#ifdef FG_Z
+    if (z_smallk_takes(g)) {
+        z_smallk_rows(g, a, bp, c, r0, r1);
+        return;
+    }
+#endif
     if (!fg_cpu_smallk_fuses(g)) {
         smallk_rows_t(g, a, bp, c, r0, r1, -1);
         return;

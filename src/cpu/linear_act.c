@@ -9,10 +9,12 @@
  * too: g = dy ⊙ act′(pre) and db's column sums together; with db the threads split the
  * columns (each walks every row, in order, so each column's sum has one fixed order
  * whatever the thread count), without it they split the rows. Sums are f64 per column.
- * gelu_tanh on f32 / bf16 data runs both passes on AVX-512 where the CPU has it (vec.h's exp
- * and reciprocal estimates: the cloned loops' exp and division cost most of the pass).
+ * gelu and gelu_tanh on f32 / bf16 data run both passes on AVX-512 where the CPU has it (act_z.h:
+ * vec.h's exp and reciprocal estimates, gelu's erf from its slope's exp; the cloned loops' exp and
+ * division cost most of the pass), and so does the slope form's g = dy ⊙ s.
  */
 #include "cpu.h"
+#include "act_z.h"
 #include "vec.h"
 
 #include <math.h>
@@ -125,54 +127,33 @@ FG_INLINE void grad_typed(const fg_act_call *c, fg_dtype t, int act, int64_t r0,
 }
 
 #ifdef FG_Z
-/* gelu_tanh on 16 lanes where the CPU has AVX-512 (vec.h's FG_Z): fg_v_act's form — x·σ(2u)
-   from one exp, its slope σ(2u) + x·σ′(2u)·2u′ and the limits past |x| > 10 — with the exp by
-   fg_z_exp_neg and the reciprocal by fg_z_rcp instead of the cloned loops' exp and division
-   (a few ulp of f32; NaN stays NaN). */
-FG_Z_INLINE __m512 z_gelu_tanh(__m512 x, __m512 *slope) {
-    const __m512 k = _mm512_set1_ps(1.5957691216057308f), x2 = _mm512_mul_ps(x, x);
-    const __m512 u2 = _mm512_mul_ps(k, _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(0.044715f), x2), x, x));
-    const __m512 e = fg_z_exp_neg(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(u2))); /* e^(−|2u|) */
-    const __m512 inv = fg_z_rcp(_mm512_add_ps(_mm512_set1_ps(1.0f), e));
-    const __m512 ei = _mm512_mul_ps(e, inv);
-    const __m512 sg = _mm512_mask_mov_ps(ei, _mm512_cmp_ps_mask(u2, _mm512_setzero_ps(), _CMP_GE_OQ), inv);
-    if (slope) {
-        const __m512 sd = _mm512_mul_ps(ei, inv);
-        const __m512 full = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_mul_ps(x, sd), k),
-                                            _mm512_fmadd_ps(_mm512_set1_ps(0.134145f), x2, _mm512_set1_ps(1.0f)), sg);
-        const __mmask16 far = _mm512_cmp_ps_mask(_mm512_abs_ps(x), _mm512_set1_ps(10.0f), _CMP_GT_OQ);
-        const __m512 lim = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_GT_OQ), _mm512_set1_ps(1.0f));
-        *slope = _mm512_mask_mov_ps(full, far, lim);
-    }
-    return _mm512_mul_ps(x, sg);
-}
-
-/* FORWARD of gelu_tanh over rows [r0, r1), f32 or bf16 data (t a constant at the call) */
-FG_Z_INLINE void z_forward_typed(const fg_act_call *c, fg_dtype t, int64_t r0, int64_t r1) {
+/* FORWARD of gelu or gelu_tanh (act) over rows [r0, r1), f32 or bf16 data (t, act constants at the
+   call) */
+FG_Z_INLINE void z_forward_typed(const fg_act_call *c, fg_dtype t, int act, int64_t r0, int64_t r1) {
     void *pre = (void *)c->pre, *y = c->y;
     for (int64_t i = r0; i < r1; i++) {
         const int64_t pi = i * c->ld_pre, yi = i * c->ld_y;
         for (int64_t j = 0; j < c->cols; j += 16) {
             const __mmask16 k = fg_z_lanes(c->cols - j);
             __m512 s;
-            const __m512 v = z_gelu_tanh(fg_z_ld(pre, t, pi + j, k), c->slope_out ? &s : NULL);
+            const __m512 v = fg_z_act(act, fg_z_ld(pre, t, pi + j, k), c->slope_out ? &s : NULL);
             fg_z_st(y, t, yi + j, k, v);
             if (c->slope_out) fg_z_st(pre, t, pi + j, k, s);
         }
     }
 }
 
-/* GRAD of gelu_tanh over rows [r0, r1) and columns [c0, c1), grad_typed's sums: g = dy·act′(pre)
-   and, with db, acc[j − c0] += g row by row in f64 (the same order and bits as its loop for the
-   same g) */
-FG_Z_INLINE void z_grad_typed(const fg_act_call *c, fg_dtype t, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
-                              double *acc) {
+/* GRAD of gelu, gelu_tanh or a given slope (act) over rows [r0, r1) and columns [c0, c1),
+   grad_typed's sums: g = dy·act′(pre) and, with db, acc[j − c0] += g row by row in f64 (the same
+   order and bits as its loop for the same g) */
+FG_Z_INLINE void z_grad_typed(const fg_act_call *c, fg_dtype t, int act, int64_t r0, int64_t r1, int64_t c0,
+                              int64_t c1, double *acc) {
     for (int64_t i = r0; i < r1; i++) {
         const int64_t di = i * c->ld_dy + c0, pi = i * c->ld_pre + c0, gi = i * c->ld_g + c0;
         for (int64_t j = 0; j < c1 - c0; j += 16) {
             const __mmask16 k = fg_z_lanes(c1 - c0 - j);
-            __m512 s;
-            z_gelu_tanh(fg_z_ld(c->pre, t, pi + j, k), &s);
+            __m512 s = fg_z_ld(c->pre, t, pi + j, k);
+            if (act != FG_ACT_GIVEN_SLOPE) fg_z_act(act, s, &s);
             const __m512 g = _mm512_mul_ps(fg_z_ld(c->dy, t, di + j, k), s);
             if (acc) {
                 const __mmask8 lo = (__mmask8)(k & 0xff), hi = (__mmask8)(k >> 8);
@@ -187,19 +168,40 @@ FG_Z_INLINE void z_grad_typed(const fg_act_call *c, fg_dtype t, int64_t r0, int6
 }
 
 FG_Z_KERNEL static void z_forward_rows(const fg_act_call *c, int64_t r0, int64_t r1) {
-    if (c->dtype == FG_BF16) z_forward_typed(c, FG_BF16, r0, r1);
-    else z_forward_typed(c, FG_F32, r0, r1);
+    const bool bf = c->dtype == FG_BF16;
+    if (c->act == FG_ACT_GELU) {
+        if (bf) z_forward_typed(c, FG_BF16, FG_ACT_GELU, r0, r1);
+        else z_forward_typed(c, FG_F32, FG_ACT_GELU, r0, r1);
+    } else {
+        if (bf) z_forward_typed(c, FG_BF16, FG_ACT_GELU_TANH, r0, r1);
+        else z_forward_typed(c, FG_F32, FG_ACT_GELU_TANH, r0, r1);
+    }
 }
 
 FG_Z_KERNEL static void z_grad_block(const fg_act_call *c, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
                                      double *acc) {
-    if (c->dtype == FG_BF16) z_grad_typed(c, FG_BF16, r0, r1, c0, c1, acc);
-    else z_grad_typed(c, FG_F32, r0, r1, c0, c1, acc);
+    const bool bf = c->dtype == FG_BF16;
+    switch (c->act) {
+    case FG_ACT_GELU:
+        if (bf) z_grad_typed(c, FG_BF16, FG_ACT_GELU, r0, r1, c0, c1, acc);
+        else z_grad_typed(c, FG_F32, FG_ACT_GELU, r0, r1, c0, c1, acc);
+        break;
+    case FG_ACT_GELU_TANH:
+        if (bf) z_grad_typed(c, FG_BF16, FG_ACT_GELU_TANH, r0, r1, c0, c1, acc);
+        else z_grad_typed(c, FG_F32, FG_ACT_GELU_TANH, r0, r1, c0, c1, acc);
+        break;
+    default:
+        if (bf) z_grad_typed(c, FG_BF16, FG_ACT_GIVEN_SLOPE, r0, r1, c0, c1, acc);
+        else z_grad_typed(c, FG_F32, FG_ACT_GIVEN_SLOPE, r0, r1, c0, c1, acc);
+        break;
+    }
 }
 
-/* Whether the AVX-512 passes take the call: gelu_tanh on f32 / bf16 data */
-static bool z_takes(const fg_act_call *c) {
-    return c->act == FG_ACT_GELU_TANH && (c->dtype == FG_F32 || c->dtype == FG_BF16) && fg_z_usable();
+/* Whether the AVX-512 passes take the call: gelu or gelu_tanh on f32 / bf16 data, and GRAD's
+   given slope (g = dy·s: the cloned loop's f64 sums cost more than the multiply) */
+static bool z_takes(const fg_act_call *c, bool grad) {
+    return (fg_z_has_act(c->act) || (grad && c->act == FG_ACT_GIVEN_SLOPE)) &&
+           (c->dtype == FG_F32 || c->dtype == FG_BF16) && fg_z_usable();
 }
 #endif
 
@@ -219,7 +221,7 @@ FG_INLINE void forward_act(const fg_act_call *c, fg_dtype t, int64_t r0, int64_t
 FG_CPU_CLONES
 static void forward_rows(const fg_act_call *c, int64_t r0, int64_t r1) {
 #ifdef FG_Z
-    if (z_takes(c)) {
+    if (z_takes(c, false)) {
         z_forward_rows(c, r0, r1);
         return;
     }
@@ -246,7 +248,7 @@ FG_INLINE void grad_act(const fg_act_call *c, fg_dtype t, int64_t r0, int64_t r1
 FG_CPU_CLONES
 static void grad_block(const fg_act_call *c, int64_t r0, int64_t r1, int64_t c0, int64_t c1, double *acc) {
 #ifdef FG_Z
-    if (z_takes(c)) {
+    if (z_takes(c, true)) {
         z_grad_block(c, r0, r1, c0, c1, acc);
         return;
     }

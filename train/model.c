@@ -679,17 +679,16 @@ static int backward_patchtst(model *m, int64_t B, int64_t step) {
         ds_next = ds_here;
         /* qkv_j = h·W_jᵀ + b_j (j = q, k, v; W_j rows j·d.. of W_qkv) as a batched product over j:
            c[j] = h·b[j] with b[j] = W_jᵀ, read in place. dh = Σ_j dqkv_j·W_j (added into gx);
-           per j, dW_j = dqkv_jᵀ·h and db_j = Σ dqkv_j over the tokens (a linear's weight and bias
-           gradients: a [d, d] block from T tokens is a long reduction the weight gradient's path
-           is chosen for, where the batched matmul_backward_other was not) */
+           dW_jᵀ = hᵀ·dqkv_j in one batched product (three [d, d] blocks, each a long reduction over
+           the T tokens); db_j = Σ dqkv_j over the tokens */
         const int64_t wt_shape[3] = {3, d, d}, wt_stride[3] = {d * d, 1, d};
         const fg_tensor dqkv = t3(m->dt, m->dqkv, 3, T, d), hx = t2(m->dt, hin, T, d);
         const fg_tensor wt = tv(m->dt, P_(m, y->wqkv), 3, wt_shape, wt_stride);
+        const fg_tensor dwt = tv(m->dt, G_(m, y->wqkv), 3, wt_shape, wt_stride);
         CK(fg_matmul_backward_input(ctx, &dqkv, &wt, &gx, 1));
+        CK(fg_matmul_backward_other(ctx, &hx, &dqkv, &dwt, 1));
         for (int j = 0; j < 3; j++) {
             const fg_tensor dj = t2(m->dt, at(m, m->dqkv, j * T * d), T, d), dbj = t1(m->dt, at(m, G_(m, y->bqkv), j * d), d);
-            const fg_tensor dwj = t2(m->dt, at(m, G_(m, y->wqkv), j * d * d), d, d);
-            CK(fg_linear_backward_weight(ctx, &dj, &hx, &dwj, 1));
             CK(fg_linear_backward_bias(ctx, &dj, &dbj, 1));
         }
     }

@@ -679,7 +679,8 @@ static fg_status narrow(const fg_context *ctx, const fg_gemm *g, void *ws, size_
 enum { LONGK_MIN = 4096, LONGK_CHUNK = 512, LONGK_MAX = 256 };
 
 static bool longk_takes(const fg_gemm *g) {
-    return g->dtype == FG_F32 && !g->c_f32 && g->batch == 1 && g->k >= LONGK_MIN && g->bias_operand < 0 &&
+    return g->dtype == FG_F32 && !g->c_f32 && (g->batch == 1 || g->c.bs != 0) && g->k >= LONGK_MIN &&
+           g->bias_operand < 0 &&
            !g->bias && g->a.rs == 1 && g->b.cs == 1 && g->m <= LONGK_MAX && g->n <= LONGK_MAX &&
            (g->m % 16 == 0 || g->n % 16 == 0) && !g->epi.form && !g->epi.has_aux && !g->epi.col_sums;
 }
@@ -725,11 +726,9 @@ static void longk_chunk(const float *x, int64_t ldx, const float *y, int64_t ldy
     else longk_chunk_t(x, ldx, y, ldy, t0, t1, V, S, out, 1, 16);
 }
 
-static fg_status longk(const fg_context *ctx, const fg_gemm *g, void *ws, size_t ws_bytes) {
-    if (ws_bytes < longk_bytes(g)) return fg_fail(FG_ERR_INTERNAL, "cpu gemm: workspace too small");
+/* One product of the batch (a, b, c its operands' data), the workspace reused by each. */
+static void longk_one(const fg_context *ctx, const fg_gemm *g, const float *a, const float *b, float *c, float *part) {
     const int64_t m = g->m, n = g->n, k = g->k, mn = m * n, chunks = (k + LONGK_CHUNK - 1) / LONGK_CHUNK;
-    const float *a = g->a.data, *b = g->b.data;
-    float *part = ws, *c = g->c.data;
     /* vectors along n (b's rows) where n is a multiple of 16 and not the shorter, else along m */
     const bool along_n = n % 16 == 0 && (n >= m || m % 16 != 0);
     const float *x = along_n ? b : a, *y = along_n ? a : b;
@@ -752,6 +751,14 @@ static fg_status longk(const fg_context *ctx, const fg_gemm *g, void *ws, size_t
             float *ci = c + (along_n ? s * g->c.rs + v * g->c.cs : v * g->c.rs + s * g->c.cs);
             *ci = beta != 0.0f ? alpha * sum + beta * *ci : alpha * sum;
         }
+}
+
+/* each batch its own output (c.bs != 0), one after another */
+static fg_status longk(const fg_context *ctx, const fg_gemm *g, void *ws, size_t ws_bytes) {
+    if (ws_bytes < longk_bytes(g)) return fg_fail(FG_ERR_INTERNAL, "cpu gemm: workspace too small");
+    for (int64_t q = 0; q < g->batch; q++)
+        longk_one(ctx, g, (const float *)g->a.data + q * g->a.bs, (const float *)g->b.data + q * g->b.bs,
+                  (float *)g->c.data + q * g->c.bs, ws);
     return FG_OK;
 }
 

@@ -12,7 +12,10 @@
  *    block's first row K (no cancellation for data far from zero), finished in block order into
  *    the f64 sums {Σ s, Σ s², N} that the split form hands the caller.
  *  - Dropout masks come from src/core/rng.h in chunks of 4 (one Philox call each), sixteen
- *    calls side by side where the CPU has AVX-512 (the same bits).
+ *    calls side by side where the CPU has AVX-512 (the same bits, each counter word in a 64-bit
+ *    lane); there the dropout op over a contiguous f32 / bf16 tensor applies each 64 elements'
+ *    keep bits in registers, with no multipliers buffer, and BatchNorm's rows of C <= 64
+ *    channels run as 16-lane vectors (same bits as the cloned loops).
  * f32 / f16 / bf16 math is f32, vectorizable (FG_CPU_CLONES); f64 problems run the same
  * formulas in f64. No multiply-add is contracted into an FMA (fp-contract off): s = x + m·r is
  * a multiply then an add, as the CUDA backend forms it, on every x86 level the clones pick.
@@ -52,20 +55,70 @@ FG_INLINE void quad_mults(const fg_dropout_gen *g, uint64_t q0, int64_t nq, floa
 }
 
 #ifdef FG_HAVE_PHILOX_X16
-/* quad_mults on AVX-512: sixteen quads a step (fg_philox4x32_10_x16), the four words' keep masks
-   interleaved into element order by bit deposits; the last nq mod 16 quads by quad_mults. */
-__attribute__((target("avx512f,bmi2"))) static void quad_mults_x16(const fg_dropout_gen *g, uint64_t q0, int64_t nq,
-                                                                   float *restrict out) {
-    const __m512i thr = _mm512_set1_epi32((int)g->threshold);
-    const __m512 scale = _mm512_set1_ps(g->scale);
+/* Sixteen Philox4x32-10 calls side by side on AVX-512, each counter word in a 64-bit lane (eight
+   calls a register, two registers): vpmuludq multiplies the lanes' low words into whole 64-bit
+   products, so a round is four multiplies, four shifts and four three-way XORs and needs no
+   blends (rng.h's x16 form, 32-bit lanes, spends a third more on splitting even and odd lanes);
+   the high halves carry bits no low word ever reads. The round keys come made once (z_keys). The
+   result is the keep bits of elements 4·q0 … 4·q0 + 63 — bit 4k + w for word w of call k, kept
+   when its r >> 8 >= threshold, compared as r >= threshold·2^8 (threshold < 2^24) — the bits of
+   fg_philox4x32_10 and quad_mults. */
+typedef struct z_keys {
+    uint64_t k0[10], k1[10];
+} z_keys;
+
+static z_keys z_keys_make(uint64_t seed) {
+    z_keys k;
+    uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
+    for (int r = 0; r < 10; r++) {
+        if (r) k0 += 0x9E3779B9u, k1 += 0xBB67AE85u;
+        k.k0[r] = k0, k.k1[r] = k1;
+    }
+    return k;
+}
+
+#define Z_DROP_ISA "avx512f,bmi2"
+static inline __attribute__((always_inline, target(Z_DROP_ISA))) uint64_t z_keep_bits(uint64_t q0, uint64_t offset,
+                                                                                     const z_keys *keys, __m512i thr8) {
+    const __m512i qa = _mm512_add_epi64(_mm512_set1_epi64((long long)q0), _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0));
+    const __m512i qb = _mm512_add_epi64(qa, _mm512_set1_epi64(8));
+    __m512i a0 = qa, a1 = _mm512_srli_epi64(qa, 32), b0 = qb, b1 = _mm512_srli_epi64(qb, 32);
+    __m512i a2 = _mm512_set1_epi64((long long)(uint32_t)offset), a3 = _mm512_set1_epi64((long long)(offset >> 32));
+    __m512i b2 = a2, b3 = a3;
+    const __m512i m0 = _mm512_set1_epi64(0xD2511F53u), m1 = _mm512_set1_epi64(0xCD9E8D57u);
+    for (int r = 0; r < 10; r++) {
+        const __m512i k0 = _mm512_set1_epi64((long long)keys->k0[r]), k1 = _mm512_set1_epi64((long long)keys->k1[r]);
+        const __m512i pa0 = _mm512_mul_epu32(a0, m0), pa1 = _mm512_mul_epu32(a2, m1);
+        const __m512i pb0 = _mm512_mul_epu32(b0, m0), pb1 = _mm512_mul_epu32(b2, m1);
+        a0 = _mm512_ternarylogic_epi64(_mm512_srli_epi64(pa1, 32), a1, k0, 0x96);
+        a2 = _mm512_ternarylogic_epi64(_mm512_srli_epi64(pa0, 32), a3, k1, 0x96);
+        b0 = _mm512_ternarylogic_epi64(_mm512_srli_epi64(pb1, 32), b1, k0, 0x96);
+        b2 = _mm512_ternarylogic_epi64(_mm512_srli_epi64(pb0, 32), b3, k1, 0x96);
+        a1 = pa1, a3 = pa0, b1 = pb1, b3 = pb0;
+    }
+    /* word w's keep bits of calls l = 0 … 15 at bits 2l (the low halves' compares) */
+    const uint64_t w0 = _mm512_mask_cmpge_epu32_mask(0x5555, a0, thr8) | (uint64_t)_mm512_mask_cmpge_epu32_mask(0x5555, b0, thr8) << 16;
+    const uint64_t w1 = _mm512_mask_cmpge_epu32_mask(0x5555, a1, thr8) | (uint64_t)_mm512_mask_cmpge_epu32_mask(0x5555, b1, thr8) << 16;
+    const uint64_t w2 = _mm512_mask_cmpge_epu32_mask(0x5555, a2, thr8) | (uint64_t)_mm512_mask_cmpge_epu32_mask(0x5555, b2, thr8) << 16;
+    const uint64_t w3 = _mm512_mask_cmpge_epu32_mask(0x5555, a3, thr8) | (uint64_t)_mm512_mask_cmpge_epu32_mask(0x5555, b3, thr8) << 16;
+    /* bit 2l → 4l + w: words 0 and 2 into the even bits, 1 and 3 into the odd ones */
+    return _pdep_u64(w0 | w2 << 1, 0x5555555555555555ull) | _pdep_u64(w1 | w3 << 1, 0xAAAAAAAAAAAAAAAAull);
+}
+
+/* quad_mults on AVX-512: sixteen quads a step (z_keep_bits); the last nq mod 16 quads, and p = 1
+   (threshold 2^24), by quad_mults. */
+__attribute__((target(Z_DROP_ISA))) static void quad_mults_x16(const fg_dropout_gen *g, uint64_t q0, int64_t nq,
+                                                              float *restrict out) {
     int64_t k = 0;
-    for (; k + 16 <= nq; k += 16) {
-        __m512i r[4];
-        fg_philox4x32_10_x16(q0 + (uint64_t)k, g->offset, g->seed, r);
-        uint64_t keep = 0;
-        for (int w = 0; w < 4; w++)
-            keep |= _pdep_u64(_mm512_cmpge_epu32_mask(_mm512_srli_epi32(r[w], 8), thr), 0x1111111111111111ull << w);
-        for (int b = 0; b < 4; b++) _mm512_storeu_ps(out + 4 * k + 16 * b, _mm512_maskz_mov_ps((__mmask16)(keep >> 16 * b), scale));
+    if (g->threshold < (1u << 24)) {
+        const z_keys keys = z_keys_make(g->seed);
+        const __m512i thr8 = _mm512_set1_epi32((int)(g->threshold << 8));
+        const __m512 scale = _mm512_set1_ps(g->scale);
+        for (; k + 16 <= nq; k += 16) {
+            const uint64_t keep = z_keep_bits(q0 + (uint64_t)k, g->offset, &keys, thr8);
+            for (int b = 0; b < 4; b++)
+                _mm512_storeu_ps(out + 4 * k + 16 * b, _mm512_maskz_mov_ps((__mmask16)(keep >> 16 * b), scale));
+        }
     }
     if (k < nq) quad_mults(g, q0 + (uint64_t)k, nq - k, out + 4 * k);
 }
@@ -529,6 +582,206 @@ static fg_status rows_backward(fg_context *ctx, fg_norm_call *c, bool run) {
     return FG_OK;
 }
 
+#ifdef FG_Z
+/* BatchNorm's f32 / bf16 row loops on AVX-512 where the CPU has it, for C <= 64 channels (a row
+   in at most four 16-lane vectors, the last by lane masks; nv, t constants at the call): the
+   cloned loops above run element by element on rows this short (their branches stay inside the
+   loop). The same operations in the same order as those loops — s = x + m·r rounded to t, the
+   f64 sums per channel in row order, the multiplies and adds unfused (fp-contract off) — so the
+   same bits. */
+static bool z_bn_takes(const fg_norm_call *c) {
+    return (c->dtype == FG_F32 || c->dtype == FG_BF16) && c->cols > 0 && c->cols <= 64 && fg_z_usable();
+}
+
+/* v rounded to t and widened back (bf16: fg_v_f32_to_bf16's bits) */
+FG_Z_INLINE __m512 z_round(fg_dtype t, __m512 v) {
+    if (t != FG_BF16) return v;
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(fg_z_bf16(v)), 16));
+}
+
+/* s of row i at channels [j, j + 16) (lanes k): bn_row_t's x + m·r rounded to t (m the row's
+   multipliers, NULL: 1), or x without r; stored to c->s when asked and r is given */
+FG_Z_INLINE __m512 z_bn_s(const fg_norm_call *c, fg_dtype t, int64_t i, int64_t j, __mmask16 k, const float *m) {
+    const __m512 x = fg_z_ld(c->x, t, i * c->ld_x + j, k);
+    if (!c->r) return x;
+    __m512 r = fg_z_ld(c->r, t, i * c->ld_r + j, k);
+    if (m) r = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, m + j), r);
+    const __m512 s = z_round(t, _mm512_add_ps(x, r));
+    if (c->s) fg_z_st(c->s, t, i * c->ld_s + j, k, s);
+    return s;
+}
+
+FG_Z_INLINE __m512d z_lo(__m512 v) { return _mm512_cvtps_pd(_mm512_castps512_ps256(v)); }
+FG_Z_INLINE __m512d z_hi(__m512 v) { return _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))); }
+
+/* the 16 f64 lanes (lo, hi) stored to p[j …] for lanes k */
+FG_Z_INLINE void z_st_pd(double *p, int64_t j, __mmask16 k, __m512d lo, __m512d hi) {
+    _mm512_mask_storeu_pd(p + j, (__mmask8)k, lo);
+    _mm512_mask_storeu_pd(p + j + 8, (__mmask8)(k >> 8), hi);
+}
+
+/* bn_stats_t: blocks [b0, b1) of rb rows, K the block's first row, Σ (s − K), Σ (s − K)² */
+FG_Z_INLINE void z_bn_stats_t(const fg_norm_call *c, fg_dtype t, const int nv, int64_t b0, int64_t b1, int64_t rb,
+                              double *part, float *mults) {
+    const int64_t C = c->cols;
+    const bool grouped = c->r && short_rows(c);
+    for (int64_t b = b0; b < b1; b++) {
+        double *K = part + b * 3 * C, *A = K + C, *B = A + C;
+        const int64_t r0 = b * rb, r1 = r0 + rb < c->rows ? r0 + rb : c->rows;
+        row_mults rm = {0, 0};
+        __m512d k[4][2], a[4][2], q[4][2];
+        const float *m = grouped ? mults_of_row(c, r0, r1, mults, &rm) : NULL;
+        for (int v = 0; v < nv; v++) {
+            const __m512 s = z_bn_s(c, t, r0, 16 * v, fg_z_lanes(C - 16 * v), m);
+            k[v][0] = z_lo(s), k[v][1] = z_hi(s);
+            a[v][0] = a[v][1] = q[v][0] = q[v][1] = _mm512_setzero_pd();
+        }
+        for (int64_t i = r0 + 1; i < r1; i++) {
+            m = grouped ? mults_of_row(c, i, r1, mults, &rm) : NULL;
+            for (int v = 0; v < nv; v++) {
+                const __m512 s = z_bn_s(c, t, i, 16 * v, fg_z_lanes(C - 16 * v), m);
+                const __m512d d0 = _mm512_sub_pd(z_lo(s), k[v][0]), d1 = _mm512_sub_pd(z_hi(s), k[v][1]);
+                a[v][0] = _mm512_add_pd(a[v][0], d0), a[v][1] = _mm512_add_pd(a[v][1], d1);
+                q[v][0] = _mm512_add_pd(q[v][0], _mm512_mul_pd(d0, d0)), q[v][1] = _mm512_add_pd(q[v][1], _mm512_mul_pd(d1, d1));
+            }
+        }
+        for (int v = 0; v < nv; v++) {
+            const __mmask16 kl = fg_z_lanes(C - 16 * v);
+            z_st_pd(K, 16 * v, kl, k[v][0], k[v][1]);
+            z_st_pd(A, 16 * v, kl, a[v][0], a[v][1]);
+            z_st_pd(B, 16 * v, kl, q[v][0], q[v][1]);
+        }
+    }
+}
+
+/* bn_apply_t: y = (s − mean)·scale + shift over rows [lo, hi) */
+FG_Z_INLINE void z_bn_apply_t(const fg_norm_call *c, fg_dtype t, const int nv, int64_t lo, int64_t hi,
+                              const float *mean, const float *scale, const float *shift, float *mults) {
+    const int64_t C = c->cols;
+    const bool grouped = c->r && short_rows(c);
+    row_mults rm = {0, 0};
+    __m512 mv[4], sv[4], hv[4];
+    for (int v = 0; v < nv; v++) {
+        const __mmask16 k = fg_z_lanes(C - 16 * v);
+        mv[v] = _mm512_maskz_loadu_ps(k, mean + 16 * v), sv[v] = _mm512_maskz_loadu_ps(k, scale + 16 * v);
+        hv[v] = _mm512_maskz_loadu_ps(k, shift + 16 * v);
+    }
+    for (int64_t i = lo; i < hi; i++) {
+        const float *m = grouped ? mults_of_row(c, i, hi, mults, &rm) : NULL;
+        for (int v = 0; v < nv; v++) {
+            const __mmask16 k = fg_z_lanes(C - 16 * v);
+            const __m512 s = z_bn_s(c, t, i, 16 * v, k, m);
+            fg_z_st(c->y, t, i * c->ld_y + 16 * v, k, _mm512_add_ps(_mm512_mul_ps(_mm512_sub_ps(s, mv[v]), sv[v]), hv[v]));
+        }
+    }
+}
+
+/* bn_bstats_t: blocks [b0, b1), per channel Σ dy and Σ dy·(x − mean) */
+FG_Z_INLINE void z_bn_bstats_t(const fg_norm_call *c, fg_dtype t, const int nv, int64_t b0, int64_t b1, int64_t rb,
+                               double *part, const float *mean) {
+    const int64_t C = c->cols;
+    __m512 mv[4];
+    for (int v = 0; v < nv; v++) mv[v] = _mm512_maskz_loadu_ps(fg_z_lanes(C - 16 * v), mean + 16 * v);
+    for (int64_t b = b0; b < b1; b++) {
+        double *A = part + b * 2 * C, *B = A + C;
+        const int64_t r0 = b * rb, r1 = r0 + rb < c->rows ? r0 + rb : c->rows;
+        __m512d a[4][2], q[4][2];
+        for (int v = 0; v < nv; v++) a[v][0] = a[v][1] = q[v][0] = q[v][1] = _mm512_setzero_pd();
+        for (int64_t i = r0; i < r1; i++)
+            for (int v = 0; v < nv; v++) {
+                const __mmask16 k = fg_z_lanes(C - 16 * v);
+                const __m512 dy = fg_z_ld(c->dy, t, i * c->ld_dy + 16 * v, k);
+                const __m512 p = _mm512_mul_ps(dy, _mm512_sub_ps(fg_z_ld(c->x, t, i * c->ld_x + 16 * v, k), mv[v]));
+                a[v][0] = _mm512_add_pd(a[v][0], z_lo(dy)), a[v][1] = _mm512_add_pd(a[v][1], z_hi(dy));
+                q[v][0] = _mm512_add_pd(q[v][0], z_lo(p)), q[v][1] = _mm512_add_pd(q[v][1], z_hi(p));
+            }
+        for (int v = 0; v < nv; v++) {
+            const __mmask16 kl = fg_z_lanes(C - 16 * v);
+            z_st_pd(A, 16 * v, kl, a[v][0], a[v][1]);
+            z_st_pd(B, 16 * v, kl, q[v][0], q[v][1]);
+        }
+    }
+}
+
+/* bn_bapply_t: dx = a·dy + k·(x − mean) + e, dr = dx·m, rows [lo, hi) */
+FG_Z_INLINE void z_bn_bapply_t(const fg_norm_call *c, fg_dtype t, const int nv, int64_t lo, int64_t hi,
+                               const float *mean, const float *a, const float *kk, const float *e, float *mults) {
+    const int64_t C = c->cols;
+    const bool grouped = c->dr && short_rows(c), drop = c->dr && c->drop.on;
+    row_mults rm = {0, 0};
+    __m512 mv[4], av[4], kv[4], ev[4];
+    for (int v = 0; v < nv; v++) {
+        const __mmask16 k = fg_z_lanes(C - 16 * v);
+        mv[v] = _mm512_maskz_loadu_ps(k, mean + 16 * v), av[v] = _mm512_maskz_loadu_ps(k, a + 16 * v);
+        kv[v] = _mm512_maskz_loadu_ps(k, kk + 16 * v), ev[v] = _mm512_maskz_loadu_ps(k, e + 16 * v);
+    }
+    for (int64_t i = lo; i < hi; i++) {
+        const float *m = NULL;
+        if (grouped) m = mults_of_row(c, i, hi, mults, &rm);
+        else if (drop) drop_mults(&c->drop, (uint64_t)(i * C), C, mults), m = mults;
+        for (int v = 0; v < nv; v++) {
+            const __mmask16 k = fg_z_lanes(C - 16 * v);
+            const int64_t j = 16 * v;
+            const __m512 x = fg_z_ld(c->x, t, i * c->ld_x + j, k), dy = fg_z_ld(c->dy, t, i * c->ld_dy + j, k);
+            const __m512 val = _mm512_add_ps(
+                _mm512_add_ps(_mm512_mul_ps(av[v], dy), _mm512_mul_ps(kv[v], _mm512_sub_ps(x, mv[v]))), ev[v]);
+            if (c->dx) {
+                const int64_t o = i * c->ld_dx + j;
+                fg_z_st(c->dx, t, o, k, c->accumulate ? _mm512_add_ps(val, fg_z_ld(c->dx, t, o, k)) : val);
+            }
+            if (c->dr) {
+                const int64_t o = i * c->ld_dr + j;
+                const __m512 w = m ? _mm512_mul_ps(_mm512_maskz_loadu_ps(k, m + j), val) : val;
+                fg_z_st(c->dr, t, o, k, c->accumulate ? _mm512_add_ps(w, fg_z_ld(c->dr, t, o, k)) : w);
+            }
+        }
+    }
+}
+
+/* The four at their dtype and vector count (C <= 64: z_bn_takes) */
+#define Z_BN_DISPATCH(call_t)                                                                                         \
+    do {                                                                                                              \
+        const int nv_ = (int)((c->cols + 15) / 16);                                                                   \
+        const fg_dtype t_ = c->dtype == FG_BF16 ? FG_BF16 : FG_F32;                                                   \
+        if (t_ == FG_BF16) {                                                                                          \
+            if (nv_ == 1) call_t(FG_BF16, 1); else if (nv_ == 2) call_t(FG_BF16, 2);                                 \
+            else if (nv_ == 3) call_t(FG_BF16, 3); else call_t(FG_BF16, 4);                                           \
+        } else {                                                                                                      \
+            if (nv_ == 1) call_t(FG_F32, 1); else if (nv_ == 2) call_t(FG_F32, 2);                                   \
+            else if (nv_ == 3) call_t(FG_F32, 3); else call_t(FG_F32, 4);                                             \
+        }                                                                                                             \
+    } while (0)
+
+FG_Z_KERNEL static void z_bn_stats(const fg_norm_call *c, int64_t b0, int64_t b1, int64_t rb, double *part,
+                                   float *mults) {
+#define CALL(t, nv) z_bn_stats_t(c, t, nv, b0, b1, rb, part, mults)
+    Z_BN_DISPATCH(CALL);
+#undef CALL
+}
+
+FG_Z_KERNEL static void z_bn_apply(const fg_norm_call *c, int64_t lo, int64_t hi, const float *mean, const float *scale,
+                                   const float *shift, float *mults) {
+#define CALL(t, nv) z_bn_apply_t(c, t, nv, lo, hi, mean, scale, shift, mults)
+    Z_BN_DISPATCH(CALL);
+#undef CALL
+}
+
+FG_Z_KERNEL static void z_bn_bstats(const fg_norm_call *c, int64_t b0, int64_t b1, int64_t rb, double *part,
+                                    const float *mean) {
+#define CALL(t, nv) z_bn_bstats_t(c, t, nv, b0, b1, rb, part, mean)
+    Z_BN_DISPATCH(CALL);
+#undef CALL
+}
+
+FG_Z_KERNEL static void z_bn_bapply(const fg_norm_call *c, int64_t lo, int64_t hi, const float *mean, const float *a,
+                                    const float *kk, const float *e, float *mults) {
+#define CALL(t, nv) z_bn_bapply_t(c, t, nv, lo, hi, mean, a, kk, e, mults)
+    Z_BN_DISPATCH(CALL);
+#undef CALL
+}
+#undef Z_BN_DISPATCH
+#endif
+
 /* ------------------------------------------------------------------ BatchNorm */
 
 /* Per-thread buffers of the BatchNorm steps: one row (f64, or f32 for the f32 family) and CHUNK
@@ -654,6 +907,9 @@ static fg_status bn_stats(fg_context *ctx, fg_norm_call *c, bool run) {
         double *row = (double *)thread_buf(c, part_bytes, per, id);
         float *mults = (float *)(row + C);
         if (c->dtype == FG_F64) bn_stats_64(c, lo, hi, rb, part, row, mults);
+#ifdef FG_Z
+        else if (z_bn_takes(c)) z_bn_stats(c, lo, hi, rb, part, mults);
+#endif
         else bn_stats_f(c, lo, hi, rb, part, (float *)row, mults);
     }
     double *sums = c->sums;
@@ -768,6 +1024,9 @@ static fg_status bn_apply(fg_context *ctx, fg_norm_call *c, bool run) {
         double *row = (double *)thread_buf(c, chan_bytes, per, id);
         float *mults = (float *)(row + C);
         if (f64) bn_apply_64(c, lo, hi, md, sd, hd, row, mults);
+#ifdef FG_Z
+        else if (z_bn_takes(c)) z_bn_apply(c, lo, hi, mf, sf, hf, mults);
+#endif
         else bn_apply_f(c, lo, hi, mf, sf, hf, (float *)row, mults);
     }
     fg_record_kernel(ctx, c->name);
@@ -840,6 +1099,9 @@ static fg_status bn_backward_stats(fg_context *ctx, fg_norm_call *c, bool run) {
         int64_t lo, hi;
         fg_cpu_share(nb, omp_get_num_threads(), omp_get_thread_num(), 1, &lo, &hi);
         if (f64) bn_bstats_64(c, lo, hi, rb, part, md);
+#ifdef FG_Z
+        else if (z_bn_takes(c)) z_bn_bstats(c, lo, hi, rb, part, mf);
+#endif
         else bn_bstats_f(c, lo, hi, rb, part, mf);
     }
     double *sums = c->sums;
@@ -962,6 +1224,9 @@ static fg_status bn_backward_apply(fg_context *ctx, fg_norm_call *c, bool run) {
         fg_cpu_share(c->rows, omp_get_num_threads(), id, 1, &lo, &hi);
         float *mults = (float *)thread_buf(c, chan_bytes, per, id);
         if (f64) bn_bapply_64(c, lo, hi, md, ad, kd, ed, mults);
+#ifdef FG_Z
+        else if (z_bn_takes(c)) z_bn_bapply(c, lo, hi, mf, af, kf, ef, mults);
+#endif
         else bn_bapply_f(c, lo, hi, mf, af, kf, ef, mults);
     }
     fg_record_kernel(ctx, c->name);
@@ -1002,6 +1267,40 @@ static void dropout_chunk64(const fg_norm_call *c, int64_t i, int64_t j0, int64_
     }
 }
 
+#if defined(FG_Z) && defined(FG_HAVE_PHILOX_X16)
+/* Elements [e0, e1) of a dropout over one contiguous run (f32 or bf16, t a constant at the call;
+   e0 a multiple of 64) on AVX-512: each 64 elements' keep bits straight from z_keep_bits, applied
+   to x in registers — y = x·m (+ y), m = keep ? scale : 0, as dropout_t forms it, without the
+   multipliers' buffer; the last partial vector by lane masks. */
+static inline __attribute__((always_inline, target(FG_Z_ISA ",bmi2"))) void
+z_dropout_run_t(const fg_norm_call *c, fg_dtype t, int64_t e0, int64_t e1) {
+    const z_keys keys = z_keys_make(c->drop.seed);
+    const __m512i thr8 = _mm512_set1_epi32((int)(c->drop.threshold << 8));
+    const __m512 scale = _mm512_set1_ps(c->drop.scale);
+    for (int64_t e = e0; e < e1; e += 64) {
+        const uint64_t keep = z_keep_bits((uint64_t)e >> 2, c->drop.offset, &keys, thr8);
+        for (int b = 0; b < 4 && e + 16 * b < e1; b++) {
+            const int64_t i = e + 16 * b;
+            const __mmask16 k = fg_z_lanes(e1 - i);
+            __m512 v = _mm512_mul_ps(fg_z_ld(c->x, t, i, k), _mm512_maskz_mov_ps((__mmask16)(keep >> 16 * b), scale));
+            if (c->accumulate) v = _mm512_add_ps(fg_z_ld(c->y, t, i, k), v);
+            fg_z_st(c->y, t, i, k, v);
+        }
+    }
+}
+
+__attribute__((target(FG_Z_ISA ",bmi2"))) static void z_dropout_run(const fg_norm_call *c, int64_t e0, int64_t e1) {
+    if (c->dtype == FG_BF16) z_dropout_run_t(c, FG_BF16, e0, e1);
+    else z_dropout_run_t(c, FG_F32, e0, e1);
+}
+
+/* Whether z_dropout_run takes the call: a dropout (0 < p < 1) over one contiguous run of f32 / bf16 */
+static bool z_dropout_takes(const fg_norm_call *c) {
+    return c->drop.on && c->drop.threshold < (1u << 24) && c->rows == 1 && (c->dtype == FG_F32 || c->dtype == FG_BF16) &&
+           fg_z_usable() && have_x16();
+}
+#endif
+
 /* Units of one row's CHUNK elements, split among the threads. */
 static fg_status dropout(fg_context *ctx, fg_norm_call *c, bool run) {
     const int nt = threads_for(ctx);
@@ -1017,9 +1316,21 @@ static fg_status dropout(fg_context *ctx, fg_norm_call *c, bool run) {
         flat.cols = c->rows * c->cols, flat.rows = 1, flat.ld_x = flat.ld_y = flat.cols;
         c = &flat;
     }
-    const int64_t chunks = (c->cols + CHUNK - 1) / CHUNK, units = c->rows * chunks;
     int team = fg_cpu_team(ctx, c->rows * c->cols, 1 << 15);
     if (team > nt) team = nt;
+#if defined(FG_Z) && defined(FG_HAVE_PHILOX_X16)
+    if (z_dropout_takes(c)) { /* the run split at multiples of 64 elements */
+#pragma omp parallel num_threads(team) if (team > 1)
+        {
+            int64_t lo, hi;
+            fg_cpu_share(c->cols, omp_get_num_threads(), omp_get_thread_num(), 64, &lo, &hi);
+            z_dropout_run(c, lo, hi);
+        }
+        fg_record_kernel(ctx, c->name);
+        return FG_OK;
+    }
+#endif
+    const int64_t chunks = (c->cols + CHUNK - 1) / CHUNK, units = c->rows * chunks;
 #pragma omp parallel num_threads(team) if (team > 1)
     {
         const int id = omp_get_thread_num();

@@ -90,6 +90,14 @@ static void gemm_kernels(void) {
         written("linear_backward_weight skinny", &DW);
         th_drop(&DY), th_drop(&X), th_drop(&DW);
     }
+    {   /* ... batched, each batch its own output (matmul_backward_other of a 2-D a against a batch) */
+        int64_t a[2] = {5000, 16}, dc[3] = {3, 5000, 16}, db[3] = {3, 16, 16};
+        th_operand A = make(dt, 2, a, 0), DC = make(dt, 3, dc, 0), DB = out(dt, 3, db, 0);
+        launched("matmul_backward_other batched skinny", fg_matmul_backward_other(ctx, &A.t, &DC.t, &DB.t, 0),
+                 " batched");
+        written("matmul_backward_other batched skinny", &DB);
+        th_drop(&A), th_drop(&DC), th_drop(&DB);
+    }
     {   /* K = 0: y = b, written by axpby_2d */
         int64_t x[2] = {37, 0}, w[2] = {40, 0}, b[1] = {40}, y[2] = {37, 40};
         th_operand X = make(dt, 2, x, 0), W = make(dt, 2, w, 0), B = make(dt, 1, b, 0), Y = out(dt, 2, y, 0);

@@ -3,8 +3,9 @@
  * and every dtype: each unary op (scale, pow, leaky_relu, elu, clamp, softcap) and
  * binary op (lerp with scalar and tensor weight, axpby), forward and backward, with and
  * without accumulate, contiguous / misaligned / strided / broadcast layouts (broadcast
- * gradients summed), in place, special values (0, NaN, huge |x|), finite differences in
- * f64, determinism of the sums, the plan's precision report, and bad input.
+ * gradients summed), in place, special values (0, NaN, huge |x|), softcap over every bf16
+ * value on the CPU, finite differences in f64, determinism of the sums, the plan's precision
+ * report, and bad input.
  */
 #include "harness.h"
 
@@ -157,6 +158,108 @@ static void unary_special(fg_context *ctx, fg_backend be) {
         }
         th_drop(&x); th_drop(&dy); th_drop(&dx);
     }
+}
+
+/* softcap's bf16 outputs at one bf16 value x, against f64: NaN for NaN, ±c (rounded to bf16) and
+   slope 0 for ±inf, and otherwise within half a bf16 unit (the rounding) plus 2^-12 of the
+   exact value relative (the bound vec.h's bf16 forms are fitted to; the f32 forms are closer).
+   Returns whether they pass. */
+static bool softcap_bf16_ok(double c, double x, double dy, uint16_t yb, uint16_t dxb) {
+    const double y = fg_bf16_to_f32(yb), dx = fg_bf16_to_f32(dxb);
+    if (isnan(x)) return isnan(y) && isnan(dx);
+    if (isinf(x)) return y == copysign(fg_bf16_to_f32(fg_f32_to_bf16((float)c)), x) && dx == 0;
+    const double t = tanh(x / c), e = exp(-2 * fabs(x / c));
+    const double ry = c * t, rdx = dy * 4 * e / ((1 + e) * (1 + e)); /* 1 − tanh², no cancellation */
+    return fabs(y - ry) <= 0.5 * th_unit(FG_BF16, ry) + 0x1p-12 * fabs(ry) &&
+           fabs(dx - rdx) <= 0.5 * th_unit(FG_BF16, rdx) + 0x1p-12 * fabs(rdx);
+}
+
+/* softcap over every bf16 value, on the CPU (whose AVX-512 bf16 rows run vec.h's bf16 forms, 32
+   elements at a time, where the CPU has them): contiguous and one element off a line, forward and
+   backward (dy random), each element checked by softcap_bf16_ok as well as by th_verify's bounds;
+   c = 2^-30 below the bf16 forms' range (the f32 forms on the same rows). Then the same values
+   repeated over 2^24 + 45 elements, which touch more than 64 MiB (the backward's rows store past
+   the caches there), must give the small call's bits. */
+static void softcap_bf16_sweep(fg_context *ctx, fg_backend be) {
+    if (be != FG_BACKEND_CPU) return;
+    const int64_t n = 65536, big = ((int64_t)1 << 24) + 45;
+    const double cs[3] = {0.7, 3.0, 0x1p-30};
+    uint16_t *xs = malloc(n * 2), *dys = malloc(n * 2), *ys = malloc((n + 1) * 2), *dxs = malloc((n + 1) * 2);
+    double *dyv = malloc(n * sizeof(double)), *ref = malloc(n * sizeof(double)), *got = malloc(n * sizeof(double));
+    th_fill(dyv, n);
+    for (int64_t i = 0; i < n; i++) {
+        xs[i] = (uint16_t)i;
+        dys[i] = fg_f32_to_bf16((float)dyv[i]);
+        dyv[i] = fg_bf16_to_f32(dys[i]);
+    }
+    for (int ci = 0; ci < 3; ci++) {
+        const double c = cs[ci], s[2] = {c, 0};
+        for (int off = 0; off < 2; off++) {
+            th_buf bx = th_alloc(be, FG_BF16, n + 1), bdy = th_alloc(be, FG_BF16, n + 1);
+            th_buf by = th_alloc(be, FG_BF16, n + 1), bdx = th_alloc(be, FG_BF16, n + 1);
+            fg_tensor tx = th_tensor(&bx, off, 1, &n, NULL), tdy = th_tensor(&bdy, off, 1, &n, NULL);
+            fg_tensor ty = th_tensor(&by, off, 1, &n, NULL), tdx = th_tensor(&bdx, off, 1, &n, NULL);
+            memcpy((uint16_t *)bx.ptr + off, xs, n * 2);
+            memcpy((uint16_t *)bdy.ptr + off, dys, n * 2);
+            th_poison(&by);
+            th_poison(&bdx);
+            TH_OK(fg_unary_forward(ctx, FG_UNARY_SOFTCAP, s, &tx, &ty));
+            TH_OK(fg_unary_backward(ctx, FG_UNARY_SOFTCAP, s, &tdy, &tx, &tdx, 0));
+            memcpy(ys, (uint16_t *)by.ptr + off, n * 2);
+            memcpy(dxs, (uint16_t *)bdx.ptr + off, n * 2);
+            int64_t bad = -1, count = 0;
+            for (int64_t i = 0; i < n; i++)
+                if (!softcap_bf16_ok(c, fg_bf16_to_f32(xs[i]), dyv[i], ys[i], dxs[i])) {
+                    if (bad < 0) bad = i;
+                    count++;
+                }
+            TH_CHECK(bad < 0, "[cpu bf16 softcap c=%g offset %d] %lld of the bf16 values off, first x=%g: y %.6g dx %.6g (dy %g)",
+                     c, off, (long long)count, bad < 0 ? 0.0 : fg_bf16_to_f32(xs[bad]), bad < 0 ? 0.0 : fg_bf16_to_f32(ys[bad]),
+                     bad < 0 ? 0.0 : fg_bf16_to_f32(dxs[bad]), bad < 0 ? 0.0 : dyv[bad]);
+            /* th_verify's norm and element bounds over the finite values */
+            th_operand fy = th_make(be, FG_BF16, 1, &n, 0);
+            int64_t m = 0;
+            for (int64_t i = 0; i < n; i++) {
+                const double x = fg_bf16_to_f32(xs[i]);
+                if (!isfinite(x)) continue;
+                fy.v[m] = fg_bf16_to_f32(ys[i]);
+                ref[m] = c * tanh(x / c);
+                got[m++] = fg_bf16_to_f32(dxs[i]);
+            }
+            fy.n = fy.t.shape[0] = m;
+            th_put(&fy.buf, &fy.t, fy.v);
+            char label[96];
+            snprintf(label, sizeof label, "[cpu bf16 softcap sweep c=%g offset %d]", c, off);
+            th_verify("unary_forward", &fy, ref, th_tol(FG_BF16, false), label);
+            m = 0;
+            for (int64_t i = 0; i < n; i++) {
+                const double x = fg_bf16_to_f32(xs[i]);
+                if (isfinite(x)) ref[m++] = dyv[i] * (1 - tanh(x / c) * tanh(x / c));
+            }
+            th_put(&fy.buf, &fy.t, got);
+            th_verify("unary_backward", &fy, ref, th_tol(FG_BF16, false), label);
+            th_drop(&fy);
+            th_free(&bx); th_free(&bdy); th_free(&by); th_free(&bdx);
+        }
+        /* past 64 MiB, one element off a line: the small call's bits (ys, dxs hold offset 1's) */
+        th_buf bx = th_alloc(be, FG_BF16, big + 1), bdy = th_alloc(be, FG_BF16, big + 1), bo = th_alloc(be, FG_BF16, big + 1);
+        uint16_t *px = (uint16_t *)bx.ptr + 1, *pdy = (uint16_t *)bdy.ptr + 1, *po = (uint16_t *)bo.ptr + 1;
+        for (int64_t i = 0; i < big; i++) px[i] = xs[i % n], pdy[i] = dys[i % n];
+        fg_tensor tx = th_tensor(&bx, 1, 1, &big, NULL), tdy = th_tensor(&bdy, 1, 1, &big, NULL), to = th_tensor(&bo, 1, 1, &big, NULL);
+        for (int bwd = 0; bwd < 2; bwd++) {
+            th_poison(&bo);
+            if (bwd) TH_OK(fg_unary_backward(ctx, FG_UNARY_SOFTCAP, s, &tdy, &tx, &to, 0));
+            else TH_OK(fg_unary_forward(ctx, FG_UNARY_SOFTCAP, s, &tx, &to));
+            const uint16_t *want = bwd ? dxs : ys;
+            int64_t bad = -1;
+            for (int64_t i = 0; i < big && bad < 0; i++)
+                if (po[i] != want[i % n]) bad = i;
+            TH_CHECK(bad < 0, "[cpu bf16 softcap c=%g, %lld elements] %s element %lld: %#x, the small call gave %#x", c,
+                     (long long)big, bwd ? "dx" : "y", (long long)bad, bad < 0 ? 0 : po[bad], bad < 0 ? 0 : want[bad % n]);
+        }
+        th_free(&bx); th_free(&bdy); th_free(&bo);
+    }
+    free(xs); free(dys); free(ys); free(dxs); free(dyv); free(ref); free(got);
 }
 
 /* ------------------------------------------------------------------ binary */
@@ -452,6 +555,7 @@ int main(void) {
                     binary_case(ctx, bes[bi], th_dtypes[di], &binops[o], &binary_shapes[c]);
         }
         unary_special(ctx, bes[bi]);
+        softcap_bf16_sweep(ctx, bes[bi]);
         finite_differences(ctx, bes[bi]);
         determinism(ctx, bes[bi]);
         bad_input(ctx, bes[bi]);

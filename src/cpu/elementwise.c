@@ -11,7 +11,8 @@
  * tolerances; clamp's bounds are compared exactly as the f64 ones would be) and f64 for
  * f64 data. On a CPU with AVX-512 (and its bf16 conversions) the unit rows of f32 and bf16
  * data run hand-written 16-lane loops instead (the "AVX-512 rows" below: the same math, softcap
- * by a rational tanh, outputs of calls past 64 MiB stored past the caches); the loops above stay
+ * by a rational tanh — for bf16 data cheaper forms within 2^-12 relative, still far inside
+ * bf16's 8 bits — outputs of calls past 64 MiB stored past the caches); the loops above stay
  * the path of every other CPU and case.
  *
  * Each output whose input was broadcast is a sum over the broadcast dims, in f64, taken
@@ -109,6 +110,8 @@ typedef struct ew_par {
     float lo, hi;         /* clamp: the values it returns */
     float lo_in, hi_in;   /* clamp: x ≥ lo_in ⟺ x ≥ s[0] and x ≤ hi_in ⟺ x ≤ s[1] for every f32 x */
     float inv_c;          /* softcap: 1/c */
+    bool bf16_math;       /* softcap of bf16 data on the AVX-512 rows: vec.h's bf16 forms, with sk */
+    fg_softcap_bf16_k sk;
     bool stream;          /* AVX-512 rows: store the outputs past the caches (z_split) */
 } ew_par;
 
@@ -134,7 +137,10 @@ static ew_par params_of(const fg_ew *e) {
         p.lo_in = f32_at_least(e->s[0]);
         p.hi_in = f32_at_most(e->s[1]);
     }
-    if (e->kind == FG_UNARY_SOFTCAP) p.inv_c = (float)(1.0 / e->s[0]);
+    if (e->kind == FG_UNARY_SOFTCAP) {
+        p.inv_c = (float)(1.0 / e->s[0]);
+        p.bf16_math = e->dtype == FG_BF16 && fg_softcap_bf16_consts(e->s[0], &p.sk);
+    }
     return p;
 }
 
@@ -342,8 +348,8 @@ static void row_unit(const fg_ew *e, const ew_par *p, const ew_row *r, int64_t n
 
 /* The unit rows of f32 / bf16 data on AVX-512 (vec.h's FG_Z helpers): the math of the rows
    above, 16 lanes at a time, the tail by lane masks; softcap by the rational tanh and the
-   exp form of its slope (a few ulp of f32, as the loops above). pow and elu keep the loops
-   above. */
+   exp form of its slope (a few ulp of f32, as the loops above; bf16 data by vec.h's bf16 forms,
+   32 elements at a time, z_softcap_bf16_row). pow and elu keep the loops above. */
 
 /* y (or y + the stored value) at lanes k of element i */
 FG_Z_INLINE void z_out(void *y, fg_dtype t, int64_t i, __mmask16 k, __m512 v, bool acc, bool nt) {
@@ -356,7 +362,8 @@ FG_Z_INLINE void z_out(void *y, fg_dtype t, int64_t i, __mmask16 k, __m512 v, bo
 }
 
 /* A row's parts: [0, h) and [b, n) stored as usual, [h, b) in whole vectors streamed past the
-   caches. Streaming is asked for (ew_par.stream) when a call touches at least FG_Z_STREAM_BYTES:
+   caches, whole vectors of w elements. Streaming is asked for (ew_par.stream) when a call touches
+   at least FG_Z_STREAM_BYTES:
    its outputs will not stay in cache anyway, and an ordinary store first reads the line it
    writes (a third more traffic for lerp, two thirds more for lerp's backward). It needs every
    output at the same offset within a 64-byte line; h is where they reach a line's start. */
@@ -366,7 +373,7 @@ typedef struct z_split {
     int64_t h, b;
 } z_split;
 
-FG_Z_INLINE z_split z_split_of(bool stream, fg_dtype t, void *o0, void *o1, void *o2, int64_t n) {
+FG_Z_INLINE z_split z_split_of(bool stream, fg_dtype t, void *o0, void *o1, void *o2, int64_t n, int64_t w) {
     z_split s = {0, 0};
     const size_t es = t == FG_BF16 ? 2 : 4;
     if (!stream || !o0) return s;
@@ -375,7 +382,7 @@ FG_Z_INLINE z_split z_split_of(bool stream, fg_dtype t, void *o0, void *o1, void
     const int64_t h = (int64_t)(((64 - a) & 63) / es);
     if (h >= n) return s;
     s.h = h;
-    s.b = h + (n - h) / 16 * 16;
+    s.b = h + (n - h) / w * w;
     return s;
 }
 
@@ -432,15 +439,69 @@ FG_Z_INLINE void z_unary_vec(int kind, bool fwd, fg_dtype t, bool acc, bool nt, 
     z_out(yp, t, i, k, v, acc, nt);
 }
 
+/* bf16 softcap with vec.h's bf16 forms: 32 elements an iteration in one load of each operand (the
+   even- and odd-numbered elements in two f32 vectors) and one 64-byte store, the tail by lane
+   masks */
+FG_Z_INLINE void z_softcap_bf16_vec2(bool fwd, bool acc, bool nt, const void *xp, const void *dyp, void *yp,
+                                     const fg_softcap_bf16_k *sk, float inv_c, int64_t i, __mmask32 k) {
+    __m512 x0, x1, v0, v1;
+    const __m512i w = fg_z_ld_bf16_eo(xp, i, k, &x0, &x1);
+    if (fwd) {
+        v0 = fg_z_softcap_bf16(x0, sk);
+        v1 = fg_z_softcap_bf16(x1, sk);
+    } else {
+        __m512 d0, d1;
+        fg_z_ld_bf16_eo(dyp, i, k, &d0, &d1);
+        v0 = _mm512_mul_ps(d0, fg_z_softcap_slope_bf16(x0, inv_c));
+        v1 = _mm512_mul_ps(d1, fg_z_softcap_slope_bf16(x1, inv_c));
+    }
+    __m512i h;
+    if (acc) {
+        __m512 y0, y1;
+        fg_z_ld_bf16_eo(yp, i, k, &y0, &y1);
+        h = fg_z_bf16_eo(_mm512_add_ps(y0, v0), _mm512_add_ps(y1, v1));
+    } else if (fwd) { /* y = x where x is ±0 or subnormal (exponent bits 0), the only lanes whose y is
+                         subnormal (c ≥ 2^-28: fg_softcap_bf16_consts) */
+        h = _mm512_mask_mov_epi16(fg_z_bf16_eo_ftz(v0, v1), _mm512_testn_epi16_mask(w, _mm512_set1_epi16(0x7f80)), w);
+    } else {
+        h = fg_z_bf16_eo(v0, v1);
+    }
+    if (nt) _mm512_stream_si512((__m512i *)((uint16_t *)yp + i), h); /* a whole aligned line, acc false */
+    else _mm512_mask_storeu_epi16((uint16_t *)yp + i, k, h);
+}
+
+FG_Z_INLINE void z_softcap_bf16_row(bool fwd, bool acc, const ew_row *r, const ew_par *p, int64_t n) {
+    const void *x = r->ptr[fwd ? UF_X : UB_X], *dy = r->ptr[UB_DY];
+    void *y = r->ptr[fwd ? UF_Y : UB_DX];
+    const fg_softcap_bf16_k sk = p->sk;
+    const float inv_c = p->inv_c;
+    /* the forward stores normally even past FG_Z_STREAM_BYTES: there non-temporal stores, even of
+       whole lines, measured slower than ordinary ones once the math sits between them (the
+       backward's, a third of its traffic, still gain) */
+    const z_split s = z_split_of(p->stream && !acc && !fwd, FG_BF16, y, NULL, NULL, n, 32);
+    const __mmask32 all = 0xffffffffu;
+    int64_t i = 0;
+    for (; i < s.h; i += 32)
+        z_softcap_bf16_vec2(fwd, acc, false, x, dy, y, &sk, inv_c, i, s.h - i >= 32 ? all : (__mmask32)((1u << (s.h - i)) - 1u));
+    i = s.h;
+    for (; i < s.b; i += 32) z_softcap_bf16_vec2(fwd, false, true, x, dy, y, &sk, inv_c, i, all);
+    if (s.b > s.h) _mm_sfence();
+    for (; i + 32 <= n; i += 32) z_softcap_bf16_vec2(fwd, acc, false, x, dy, y, &sk, inv_c, i, all);
+    if (i < n) z_softcap_bf16_vec2(fwd, acc, false, x, dy, y, &sk, inv_c, i, (__mmask32)((1u << (n - i)) - 1u));
+}
+
 FG_Z_INLINE void z_unary_row(int kind, bool fwd, fg_dtype t, bool acc, const ew_row *r, const ew_par *p, int64_t n) {
+    if (kind == FG_UNARY_SOFTCAP && t == FG_BF16 && p->bf16_math) {
+        z_softcap_bf16_row(fwd, acc, r, p, n);
+        return;
+    }
     const void *x = r->ptr[fwd ? UF_X : UB_X], *dy = r->ptr[UB_DY];
     void *y = r->ptr[fwd ? UF_Y : UB_DX];
     const ew_par q = *p;
-    /* (bf16 softcap stores normally: a 16-lane bf16 vector is half a line, and between the two
-       halves' non-temporal stores the tanh takes long enough for the write-combining buffer to
-       flush a partial line — measured 37 → 21 ms at 2^26) */
+    /* (bf16 softcap here — the f32 forms, for a c outside the bf16 forms' range — stores
+       normally: streamed, its stores measured slower) */
     const bool stream = q.stream && !acc && !(t == FG_BF16 && kind == FG_UNARY_SOFTCAP);
-    const z_split s = z_split_of(stream, t, y, NULL, NULL, n);
+    const z_split s = z_split_of(stream, t, y, NULL, NULL, n, 16);
     int64_t i = 0;
     for (; i < s.h; i += 16) z_unary_vec(kind, fwd, t, acc, false, x, dy, y, q, i, fg_z_lanes(s.h - i));
     i = s.h;
@@ -465,7 +526,7 @@ FG_Z_INLINE void z_binary_fwd_row(int kind, bool tw, fg_dtype t, bool acc, const
     const void *a = r->ptr[BF_A], *b = r->ptr[BF_B], *w = r->ptr[BF_W];
     void *y = r->ptr[BF_Y];
     const float s0 = p->s0, s1 = p->s1;
-    const z_split s = z_split_of(p->stream && !acc, t, y, NULL, NULL, n);
+    const z_split s = z_split_of(p->stream && !acc, t, y, NULL, NULL, n, 16);
     int64_t i = 0;
     for (; i < s.h; i += 16) z_binary_fwd_vec(kind, tw, t, acc, false, a, b, w, y, s0, s1, i, fg_z_lanes(s.h - i));
     i = s.h;
@@ -499,7 +560,7 @@ FG_Z_INLINE void z_binary_bwd_row(bool tw, fg_dtype t, bool acc, const fg_ew *e,
     float ca = p->s0, cb = p->s1;
     if (e->kind != FG_BINARY_AXPBY) ca = 1.0f - p->s0, cb = p->s0;
     void *o0 = da ? da : db ? db : dw;
-    const z_split s = z_split_of(p->stream && !acc, t, o0, db, dw, n);
+    const z_split s = z_split_of(p->stream && !acc, t, o0, db, dw, n, 16);
     int64_t i = 0;
     for (; i < s.h; i += 16) z_binary_bwd_vec(tw, t, acc, false, dy, a, b, w, da, db, dw, ca, cb, i, fg_z_lanes(s.h - i));
     i = s.h;

@@ -8,7 +8,8 @@
  * (1 − e)/(1 + e) near 0); the activations and their slopes on them (fg_v_act); and FG_CPU_CLONES, which compiles a hot function once per x86
  * level (AVX-512, AVX2 + FMA, baseline) and picks one at load time, since the library
  * itself is built for the baseline; and FG_Z, the AVX-512 helpers (loads and stores of f32 /
- * bf16 vectors, softcap, exp, refined estimates) of the stream loops chosen at run time.
+ * bf16 vectors, softcap — f32-accurate, and cheaper forms for bf16 data — exp, refined
+ * estimates) of the stream loops chosen at run time.
  *
  * Everything here is static inline: the loops are specialized by the compiler for the
  * dtype they are called with (a constant), so one loop body serves every storage type.
@@ -273,6 +274,32 @@ FG_INLINE float fg_v_act(int act, float x, float *slope) {
     return v;
 }
 
+/* ------------------------------------------------------------------ softcap's bf16 constants */
+
+/* The constants of softcap's bf16 form (fg_z_softcap_bf16 below) for one c, with 1/c folded in:
+   false when c is outside [2^-28, 2^28], where they would leave f32's normal range (the rows
+   then keep the f32 forms). c a double as the op's scalar; the clamp is its f32 rounding. */
+typedef struct fg_softcap_bf16_k {
+    float x_max;      /* 5.2743·c: |x| clamped here */
+    float q1, q2;     /* Q = 1 + q1·x² + q2·x⁴ */
+    float a, b, k;    /* R = k + (b + a·x²)/Q */
+    float c;
+} fg_softcap_bf16_k;
+
+static inline bool fg_softcap_bf16_consts(double c, fg_softcap_bf16_k *k) {
+    if (!(c >= 0x1p-28 && c <= 0x1p28)) return false;
+    const double p1 = 1.021432876586914e-1, p2 = 6.591936107724905e-4, q1 = 4.3521007895469666e-1,
+                 q2 = 1.2719698250293732e-2, kk = p2 / q2, c2 = c * c;
+    k->x_max = (float)(5.27427387 * c);
+    k->q1 = (float)(q1 / c2);
+    k->q2 = (float)(q2 / (c2 * c2));
+    k->a = (float)((p1 - kk * q1) / c2);
+    k->b = (float)(1.0 - kk);
+    k->k = (float)kk;
+    k->c = (float)c;
+    return true;
+}
+
 /* ------------------------------------------------------------------ AVX-512 streams */
 
 /* The unit-stride f32 / bf16 streams of the elementwise family and AdamW, written for
@@ -283,7 +310,8 @@ FG_INLINE float fg_v_act(int act, float x, float *slope) {
    flush f32 subnormals to zero, so a vector holding one takes fg_v_f32_to_bf16's integer
    rounding instead (the same bits in every case). The math helpers here are accurate to a few
    ulp of f32, cheaper than their exact forms above: the rational tanh, exp with a scalef, and
-   reciprocal / square-root estimates refined by one Newton step. */
+   reciprocal / square-root estimates refined by one Newton step — except softcap's bf16 forms,
+   accurate to about 2^-13 (what bf16 data can show). */
 #if defined(__GNUC__) && defined(__x86_64__) && !defined(FG_CPU_NO_CLONES)
 #include <immintrin.h>
 #define FG_Z 1
@@ -408,6 +436,74 @@ FG_Z_INLINE __m512 fg_z_softcap_slope(__m512 x, float inv_c) {
     const __m512 e = fg_z_exp_neg(_mm512_mul_ps(_mm512_abs_ps(x), _mm512_set1_ps(-2.0f * inv_c)));
     const __m512 inv = fg_z_rcp(_mm512_fmadd_ps(e, _mm512_set1_ps(0.5f), _mm512_set1_ps(0.5f)));
     return _mm512_mul_ps(_mm512_mul_ps(e, inv), inv);
+}
+
+/* The same two for bf16 data, whose 8 significant bits leave room for cheaper math: relative
+   errors near 2^-13 instead of a few f32 ulp (the result is then rounded to bf16, whose relative
+   half-ulp is at least 2^-9); c within fg_softcap_bf16_consts's range. */
+
+/* c·tanh(x/c) = x·R(t²), t = x/c, with R(s) = (1 + p1·s + p2·s²) / (1 + q1·s + q2·s²) ≈ tanh(t)/t a
+   minimax fit of relative error 2^-13.8 over |t| ≤ 5.2743, evaluated as K + (b + a·s)/Q(s)
+   (K = p2/q2: one multiply fewer) with 1/c folded into the coefficients (s in units of x²) and
+   1/Q by rcp14 alone (2^-14.2); x is clamped to ±5.2743·c, where t·R(t²) has risen to
+   1 + 6.5e-5 (past the rcp14 error), and the result to ±c, so that |x/c| ≥ 5.2743 (and ±inf)
+   give exactly ±c; below that bound the clamp to c takes over where x·R passes c (1 − tanh there
+   is below 2^-14). At small x (zero, subnormal) R is exactly 1: y = x. NaN stays NaN. Relative
+   error of the f32 result ≤ 1.2e-4 (2^-13.0) over every bf16 x for c = 0.7, 1, 3, 30, 1e-3, 1e4
+   (tools/softcap_bf16_probe.c); rounded to bf16, within 0.53 bf16 ulp. */
+FG_Z_MATH_INLINE __m512 fg_z_softcap_bf16(__m512 x, const fg_softcap_bf16_k *k) {
+    const __m512 xc = _mm512_range_ps(x, _mm512_set1_ps(k->x_max), 0x02); /* |x| ≤ x_max, x's sign (NaN: a number) */
+    const __m512 s = _mm512_mul_ps(xc, xc);
+    const __m512 q = _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_set1_ps(k->q2), s, _mm512_set1_ps(k->q1)), s, _mm512_set1_ps(1.0f));
+    const __m512 num = _mm512_fmadd_ps(_mm512_set1_ps(k->a), s, _mm512_set1_ps(k->b));
+    const __m512 y = _mm512_mul_ps(x, _mm512_fmadd_ps(num, _mm512_rcp14_ps(q), _mm512_set1_ps(k->k))); /* x: NaN stays */
+    return _mm512_max_ps(_mm512_set1_ps(-k->c), _mm512_min_ps(_mm512_set1_ps(k->c), y)); /* NaN stays (the second operand) */
+}
+
+/* 1 − tanh²(x/c) = e/((1 + e)/2)², e = e^(−2|x/c|) = 2^u: 2^frac(u) by a degree-3 polynomial
+   (minimax with p(0) = 1, relative error 2^-13.5), 2^floor(u) by scalef, the reciprocal by rcp14
+   alone. Exactly 1 at x = 0, 0 for ±inf (and far out), NaN for NaN. Relative error ≤ 1.6e-4
+   (2^-12.6) over every bf16 x whose slope is at least 2^-126, for the c above; rounded to bf16,
+   within 0.53 bf16 ulp. */
+FG_Z_MATH_INLINE __m512 fg_z_softcap_slope_bf16(__m512 x, float inv_c) {
+    const __m512 u = _mm512_mul_ps(_mm512_abs_ps(x), _mm512_set1_ps(-2.88539008f * inv_c)); /* −2|x/c|·log2 e */
+    const __m512 f = _mm512_reduce_ps(u, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); /* u − floor(u): 0 for ±inf */
+    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(7.70665109e-2f), f, _mm512_set1_ps(2.27645576e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.95116639e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    const __m512 e = _mm512_scalef_ps(p, u); /* p·2^floor(u) */
+    const __m512 inv = _mm512_rcp14_ps(_mm512_fmadd_ps(e, _mm512_set1_ps(0.5f), _mm512_set1_ps(0.5f)));
+    return _mm512_mul_ps(_mm512_mul_ps(e, inv), inv);
+}
+
+/* 32 bf16 elements of p from element i (lanes k, the others 0) in one load: the raw words, and as
+   f32 the even-numbered elements in *ev and the odd-numbered in *od (a shift and a mask) */
+FG_Z_INLINE __m512i fg_z_ld_bf16_eo(const void *p, int64_t i, __mmask32 k, __m512 *ev, __m512 *od) {
+    const __m512i w = _mm512_maskz_loadu_epi16(k, (const uint16_t *)p + i);
+    *ev = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+    *od = _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32((int)0xffff0000u)));
+    return w;
+}
+
+/* the inverse: 32 bf16 in memory order from the even and odd elements' f32 lanes, by one
+   vcvtne2ps2bf16 and a word permutation; fg_v_f32_to_bf16's bits except that subnormal lanes
+   come out ±0 (fg_z_bf16_eo puts them right; a caller that knows them can put them back) */
+FG_Z_INLINE __m512i fg_z_bf16_eo_ftz(__m512 ev, __m512 od) {
+    const __m512bh h = _mm512_cvtne2ps_pbh(od, ev); /* the even elements in the low half */
+    __m512i r;
+    memcpy(&r, &h, sizeof r);
+    const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5,
+                                         20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    return _mm512_permutexvar_epi16(idx, r);
+}
+
+/* the same with fg_v_f32_to_bf16's bits in every case (fg_z_bf16's integer rounding where a lane
+   is subnormal) */
+FG_Z_INLINE __m512i fg_z_bf16_eo(__m512 ev, __m512 od) {
+    if (__builtin_expect((_mm512_fpclass_ps_mask(ev, 0x20) | _mm512_fpclass_ps_mask(od, 0x20)) == 0, 1))
+        return fg_z_bf16_eo_ftz(ev, od);
+    const __m512i e = _mm512_cvtepu16_epi32(fg_z_bf16(ev)), o = _mm512_cvtepu16_epi32(fg_z_bf16(od));
+    return _mm512_or_si512(e, _mm512_slli_epi32(o, 16));
 }
 #endif /* FG_Z */
 

@@ -271,6 +271,9 @@ static const shape_case shapes[] = {
     /* the CPU's short-k product with the activation in its store (k <= 32, m·n >= 2^16): two
        64-column blocks and a masked tail of 7 */
     {2, {520}, 20, 135, true},
+    /* and its narrow product forming g for dx (n = K <= 16, k = M >= 64, m·n >= 2^16): 8 blocks
+       of 512 rows for db's sums and a short ninth */
+    {2, {4100}, 16, 64, true},
     /* CUDA's tile path (K ≤ 128, f16/bf16): the largest K with a row-tile tail and a column
        tile of 8; K padded to 16 with three column tiles */
     {2, {300}, 128, 136, true},    {3, {3, 43}, 120, 264, false},
@@ -417,6 +420,27 @@ static void run_case(fg_context *ctx, fg_backend be, fg_dtype dt, int act, const
                 th_verify("db alone", &db, r.db, tol, l2);
             }
             th_drop(&dx), th_drop(&dw), th_drop(&db);
+        }
+        /* and consuming s (g formed in its memory), accumulate 0 / 1: fastgrad-train's FFN call */
+        for (int acc = 0; acc < 2; acc++) {
+            th_operand dx = th_make(be, dt, sc->rank, xshape, sc->layout), dw = th_make(be, dt, 2, wsh, sc->layout);
+            th_operand db = th_make(be, dt, 1, bsh, sc->layout), sc2 = th_make(be, dt, sc->rank, ys, sc->layout);
+            th_put(&sc2.buf, &sc2.t, rs);
+            double *rdx = malloc(sizeof(double) * (size_t)(dx.n + 1)), *rdw = malloc(sizeof(double) * (size_t)(dw.n + 1));
+            double *rdb = malloc(sizeof(double) * (size_t)(db.n + 1));
+            memcpy(rdx, r.dx, sizeof(double) * (size_t)dx.n);
+            memcpy(rdw, r.dw, sizeof(double) * (size_t)dw.n);
+            memcpy(rdb, r.db, sizeof(double) * (size_t)db.n);
+            th_prepare_out(&dx, rdx, acc), th_prepare_out(&dw, rdw, acc), th_prepare_out(&db, rdb, acc);
+            const fg_linear_act_options o = {(fg_activation)act, FG_ACT_SAVED_SLOPE, 1};
+            TH_OK(fg_linear_act_backward_ex(ctx, &o, &dy.t, &sc2.t, &x.t, &w.t, bt, &dx.t, &dw.t, &db.t, acc));
+            char l3[300];
+            snprintf(l3, sizeof l3, "%s consume acc=%d", l2, acc);
+            th_verify("dx", &dx, rdx, tol, l3);
+            th_verify("dw", &dw, rdw, tol, l3);
+            th_verify("db", &db, rdb, tol, l3);
+            free(rdx), free(rdw), free(rdb);
+            th_drop(&dx), th_drop(&dw), th_drop(&db), th_drop(&sc2);
         }
         free(rs);
         th_drop(&y3), th_drop(&s);

@@ -3,7 +3,8 @@
  * mechanism reach the CPU kernels through (src/core/internal.h, fg_backend_ops). The CPU
  * backend has one path per step (OpenBLAS or its own kernels for products, OpenMP loops for
  * the rest); its plan hook for linear + activation puts the forward's activation in the short-k
- * product's store where that product runs, else GEMM, then the activation pass.
+ * product's store where that product runs, else GEMM, then the activation pass; and the backward's
+ * g in dx's product where the GEMM forms it (gemm.c's narrow product), else the gradient pass.
  * Each entry records what it launched for fg_context_last_kernels.
  */
 #include "cpu.h"
@@ -36,13 +37,26 @@ static size_t cpu_logp_scratch(int64_t rows, int64_t cols) {
 static fg_status cpu_logp(fg_context *ctx, const fg_logp_call *c) { return fg_cpu_logp(ctx, c); }
 
 static fg_status cpu_act_plan(fg_context *ctx, const fg_act_problem *p, fg_act_path *path) {
-    (void)ctx;
     memset(path, 0, sizeof *path);
     /* the forward as one short-k product with the activation (and pre or its slope) in its
        store, where that kernel takes the product: no pre written and read again */
     path->epilogue = p->forward && fg_cpu_smallk_fits(p->dtype, p->N, p->M, p->K);
     path->fwd = FG_ACT_STEP_FORWARD;
     path->fused = FG_ACT_STEP_FORWARD; /* none */
+    /* the backward's g = dy ⊙ act′(pre) (and db's sums) made by dx's product where the GEMM
+       primitive can (the narrow product on AVX-512): no pass writing g for that product to read
+       again. Asked with dx's product as the driver runs it (planning: no pointers) — with beta 0,
+       which is why not when accumulating (src/ops/linear_act.c runs the forming product with
+       beta 0, as the CUDA GEMM, the other that forms, takes it only then). */
+    if (!p->forward && p->want_dx && p->act != FG_ACT_NONE && p->keep && p->B == 1 && !p->accumulate) {
+        fg_gemm g = fg_gemm_plain(p->dtype, 1, p->N, p->K, p->M, fg_mat_at(NULL, p->M, 1), fg_mat_at(NULL, p->K, 1),
+                                  fg_mat_at(NULL, p->K, 1), 0.0, false, NULL, p->tf32, false, p->align);
+        g.epi.form = p->act;
+        g.epi.col_sums = p->want_db;
+        fg_kernel_info info;
+        FG_TRY(fg_gemm_execute(ctx, &g, &info, NULL, 0, false));
+        path->form = info.formed;
+    }
     return FG_OK;
 }
 

@@ -642,9 +642,86 @@ static void dot_rows(const fg_gemm *g, const float *a, const float *bt, float *c
     }
 }
 
+#ifdef FG_Z
+/* The dot form with its a operand formed (linear + activation's backward: dx = g·w with
+   g = dy ⊙ act′(pre), act′ the given slope or gelu's / gelu_tanh's, fg_gemm_epilogue.form) on
+   AVX-512: each row's g made from dy and pre in 16-lane steps, written to a's memory (for the weight
+   gradient, which reads it next) and multiplied in the same step, instead of a pass writing g and
+   this product reading it again. The product is dot_rows' (the same sums, fold and store: the same
+   bits). g's column sums (db) per fixed block of FORM_ROWS rows in f64, row by row, into part
+   ([blocks][k]); the blocks are added in order afterwards, so the sums do not depend on the thread
+   count (the threads take whole blocks). dy and pre are [m, k] row-major. */
+enum { FORM_ROWS = 512 };
+
+static bool narrow_forms(const fg_gemm *g) {
+    return g->epi.form && (g->epi.form == FG_ACT_GIVEN_SLOPE || fg_z_has_act(g->epi.form)) && g->batch == 1 &&
+           narrow_dot(g) && fg_z_usable();
+}
+
+static size_t form_part_bytes(const fg_gemm *g) {
+    return g->epi.col_sums ? (size_t)((g->m + FORM_ROWS - 1) / FORM_ROWS * g->k) * sizeof(double) : 0;
+}
+
+FG_Z_INLINE void z_form_rows_t(const fg_gemm *g, const float *bt, float *c, int64_t r0, int64_t r1, double *part,
+                               int act) {
+    const int64_t n = g->n, k = g->k;
+    const float *dy = g->epi.dy, *pre = g->epi.pre;
+    float *a = g->a.data;
+    for (int64_t i = r0; i < r1; i++) {
+        double *ps = part ? part + i / FORM_ROWS * k : NULL;
+        if (ps && i % FORM_ROWS == 0)
+            for (int64_t p = 0; p < k; p++) ps[p] = 0.0;
+        smallk_v sv[16];
+        for (int j = 0; j < 16; j++) sv[j] = (smallk_v){0};
+        for (int64_t p = 0; p < k; p += 16) {
+            __m512 sl = _mm512_loadu_ps(pre + i * k + p);
+            if (act != FG_ACT_GIVEN_SLOPE) fg_z_act(act, sl, &sl);
+            const __m512 gv = _mm512_mul_ps(_mm512_loadu_ps(dy + i * k + p), sl);
+            _mm512_storeu_ps(a + i * g->a.rs + p, gv);
+            if (ps) {
+                _mm512_storeu_pd(ps + p, _mm512_add_pd(_mm512_loadu_pd(ps + p), _mm512_cvtps_pd(_mm512_castps512_ps256(gv))));
+                _mm512_storeu_pd(ps + p + 8, _mm512_add_pd(_mm512_loadu_pd(ps + p + 8),
+                                                           _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(gv), 1)))));
+            }
+            smallk_v x;
+            memcpy(&x, &gv, 64);
+            for (int j = 0; j < 16; j++) {
+                smallk_v w;
+                memcpy(&w, bt + j * k + p, 64);
+                sv[j] += x * w;
+            }
+        }
+        for (int j = 0; j < 8; j++) fold_pair(&sv[j], &sv[2 * j], &sv[2 * j + 1], 0);
+        for (int j = 0; j < 4; j++) fold_pair(&sv[j], &sv[2 * j], &sv[2 * j + 1], 1);
+        for (int j = 0; j < 2; j++) fold_pair(&sv[j], &sv[2 * j], &sv[2 * j + 1], 2);
+        fold_pair(&sv[0], &sv[0], &sv[1], 3);
+        float acc[16];
+        memcpy(acc, &sv[0], 64);
+        smallk_store(g, c + i * g->c.rs, NULL, -1, false, i, 0, n, acc);
+    }
+}
+
+FG_Z_KERNEL static void z_form_rows(const fg_gemm *g, const float *bt, float *c, int64_t r0, int64_t r1, double *part) {
+    switch (g->epi.form) {
+    case FG_ACT_GELU: z_form_rows_t(g, bt, c, r0, r1, part, FG_ACT_GELU); break;
+    case FG_ACT_GELU_TANH: z_form_rows_t(g, bt, c, r0, r1, part, FG_ACT_GELU_TANH); break;
+    default: z_form_rows_t(g, bt, c, r0, r1, part, FG_ACT_GIVEN_SLOPE); break;
+    }
+}
+#endif
+
+/* b packed (kk rows of 16), and the formed operand's block sums */
+static size_t narrow_bytes(const fg_gemm *g) {
+    size_t bytes = (size_t)(narrow_depth(g) * 16) * sizeof(float);
+#ifdef FG_Z
+    if (narrow_forms(g)) bytes += form_part_bytes(g);
+#endif
+    return bytes;
+}
+
 static fg_status narrow(const fg_context *ctx, const fg_gemm *g, void *ws, size_t ws_bytes) {
     const int64_t n = g->n, k = g->k, kk = narrow_depth(g), nb = kk / k;
-    if (ws_bytes < (size_t)(kk * 16) * sizeof(float)) return fg_fail(FG_ERR_INTERNAL, "cpu gemm: workspace too small");
+    if (ws_bytes < narrow_bytes(g)) return fg_fail(FG_ERR_INTERNAL, "cpu gemm: workspace too small");
     float *bp = ws;
     for (int64_t b = 0; b < g->batch; b += nb) {
         const float *a = (const float *)g->a.data + b * g->a.bs;
@@ -657,6 +734,24 @@ static fg_status narrow(const fg_context *ctx, const fg_gemm *g, void *ws, size_
                     bp[dot ? j * kk + q * k + p : (q * k + p) * 16 + j] = j < n ? bb[p * g->b.rs + j * g->b.cs] : 0.0f;
         }
         const int team = fg_cpu_team(ctx, g->m * n * kk, 1 << 18);
+#ifdef FG_Z
+        if (narrow_forms(g)) {
+            double *part = g->epi.col_sums ? (double *)(bp + kk * 16) : NULL;
+#pragma omp parallel num_threads(team) if (team > 1)
+            {
+                int64_t lo, hi;
+                fg_cpu_share(g->m, omp_get_num_threads(), omp_get_thread_num(), FORM_ROWS, &lo, &hi);
+                z_form_rows(g, bp, c, lo, hi, part);
+            }
+            if (part) /* the blocks' sums in order */
+                for (int64_t p = 0; p < k; p++) {
+                    double sum = 0.0;
+                    for (int64_t q = 0; q < (g->m + FORM_ROWS - 1) / FORM_ROWS; q++) sum += part[q * k + p];
+                    g->epi.sums[p] = (float)(g->epi.sums_first ? sum : (double)g->epi.sums[p] + sum);
+                }
+            continue;
+        }
+#endif
 #pragma omp parallel num_threads(team) if (team > 1)
         {
             int64_t lo, hi;
@@ -856,8 +951,11 @@ fg_status fg_cpu_gemm(fg_context *ctx, const fg_gemm *g, fg_kernel_info *info, v
         return longk(ctx, g, ws, ws_bytes);
     }
     if (narrow_takes(g)) {
-        snprintf(info->name, sizeof info->name, "cpu:f32_narrow");
-        info->workspace_bytes = (size_t)(narrow_depth(g) * 16) * sizeof(float);
+#ifdef FG_Z
+        info->formed = narrow_forms(g);
+#endif
+        snprintf(info->name, sizeof info->name, info->formed ? "cpu:f32_narrow_formed_g" : "cpu:f32_narrow");
+        info->workspace_bytes = narrow_bytes(g);
         if (!run) return FG_OK;
         return narrow(ctx, g, ws, ws_bytes);
     }

@@ -178,8 +178,8 @@ static bool softcap_bf16_ok(double c, double x, double dy, uint16_t yb, uint16_t
    elements at a time, where the CPU has them): contiguous and one element off a line, forward and
    backward (dy random), each element checked by softcap_bf16_ok as well as by th_verify's bounds;
    c = 2^-30 below the bf16 forms' range (the f32 forms on the same rows). Then the same values
-   repeated over 2^24 + 45 elements, which touch more than 64 MiB (the backward's rows store past
-   the caches there), must give the small call's bits. */
+   repeated over 2^24 + 45 elements, which touch more than 64 MiB (the rows store past the caches
+   there), must give the small call's bits. */
 static void softcap_bf16_sweep(fg_context *ctx, fg_backend be) {
     if (be != FG_BACKEND_CPU) return;
     const int64_t n = 65536, big = ((int64_t)1 << 24) + 45;

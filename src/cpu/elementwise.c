@@ -441,9 +441,21 @@ FG_Z_INLINE void z_unary_vec(int kind, bool fwd, fg_dtype t, bool acc, bool nt, 
 
 /* bf16 softcap with vec.h's bf16 forms: 32 elements an iteration in one load of each operand (the
    even- and odd-numbered elements in two f32 vectors) and one 64-byte store, the tail by lane
-   masks */
-FG_Z_INLINE void z_softcap_bf16_vec2(bool fwd, bool acc, bool nt, const void *xp, const void *dyp, void *yp,
+   masks. The whole-vector loops prefetch their operands' lines (the output's too when it is
+   stored normally: the line is then owned before the store reaches it) Z_SOFTCAP_PF elements
+   ahead: with the math between the loads, the hardware's prefetch alone left the loop waiting
+   on memory from 2^20 elements up, and past FG_Z_STREAM_BYTES more so with non-temporal stores
+   (which made streaming look slower than ordinary stores here). */
+#define Z_SOFTCAP_PF 1024
+
+FG_Z_INLINE void z_softcap_bf16_vec2(bool fwd, bool acc, bool nt, bool pf, const void *xp, const void *dyp, void *yp,
                                      const fg_softcap_bf16_k *sk, float inv_c, int64_t i, __mmask32 k) {
+    if (pf) { /* the lines Z_SOFTCAP_PF elements on (a prefetch past the end is dropped) */
+        const uintptr_t ahead = (uintptr_t)(i + Z_SOFTCAP_PF) * 2;
+        _mm_prefetch((const char *)((uintptr_t)xp + ahead), _MM_HINT_T0);
+        if (!fwd) _mm_prefetch((const char *)((uintptr_t)dyp + ahead), _MM_HINT_T0);
+        if (!nt) _mm_prefetch((const char *)((uintptr_t)yp + ahead), _MM_HINT_T0);
+    }
     __m512 x0, x1, v0, v1;
     const __m512i w = fg_z_ld_bf16_eo(xp, i, k, &x0, &x1);
     if (fwd) {
@@ -475,19 +487,17 @@ FG_Z_INLINE void z_softcap_bf16_row(bool fwd, bool acc, const ew_row *r, const e
     void *y = r->ptr[fwd ? UF_Y : UB_DX];
     const fg_softcap_bf16_k sk = p->sk;
     const float inv_c = p->inv_c;
-    /* the forward stores normally even past FG_Z_STREAM_BYTES: there non-temporal stores, even of
-       whole lines, measured slower than ordinary ones once the math sits between them (the
-       backward's, a third of its traffic, still gain) */
-    const z_split s = z_split_of(p->stream && !acc && !fwd, FG_BF16, y, NULL, NULL, n, 32);
+    const z_split s = z_split_of(p->stream && !acc, FG_BF16, y, NULL, NULL, n, 32);
     const __mmask32 all = 0xffffffffu;
     int64_t i = 0;
     for (; i < s.h; i += 32)
-        z_softcap_bf16_vec2(fwd, acc, false, x, dy, y, &sk, inv_c, i, s.h - i >= 32 ? all : (__mmask32)((1u << (s.h - i)) - 1u));
+        z_softcap_bf16_vec2(fwd, acc, false, false, x, dy, y, &sk, inv_c, i,
+                            s.h - i >= 32 ? all : (__mmask32)((1u << (s.h - i)) - 1u));
     i = s.h;
-    for (; i < s.b; i += 32) z_softcap_bf16_vec2(fwd, false, true, x, dy, y, &sk, inv_c, i, all);
+    for (; i < s.b; i += 32) z_softcap_bf16_vec2(fwd, false, true, true, x, dy, y, &sk, inv_c, i, all);
     if (s.b > s.h) _mm_sfence();
-    for (; i + 32 <= n; i += 32) z_softcap_bf16_vec2(fwd, acc, false, x, dy, y, &sk, inv_c, i, all);
-    if (i < n) z_softcap_bf16_vec2(fwd, acc, false, x, dy, y, &sk, inv_c, i, (__mmask32)((1u << (n - i)) - 1u));
+    for (; i + 32 <= n; i += 32) z_softcap_bf16_vec2(fwd, acc, false, true, x, dy, y, &sk, inv_c, i, all);
+    if (i < n) z_softcap_bf16_vec2(fwd, acc, false, false, x, dy, y, &sk, inv_c, i, (__mmask32)((1u << (n - i)) - 1u));
 }
 
 FG_Z_INLINE void z_unary_row(int kind, bool fwd, fg_dtype t, bool acc, const ew_row *r, const ew_par *p, int64_t n) {
@@ -499,7 +509,7 @@ FG_Z_INLINE void z_unary_row(int kind, bool fwd, fg_dtype t, bool acc, const ew_
     void *y = r->ptr[fwd ? UF_Y : UB_DX];
     const ew_par q = *p;
     /* (bf16 softcap here — the f32 forms, for a c outside the bf16 forms' range — stores
-       normally: streamed, its stores measured slower) */
+       normally: streamed it measured slower, its loads starving without a prefetch) */
     const bool stream = q.stream && !acc && !(t == FG_BF16 && kind == FG_UNARY_SOFTCAP);
     const z_split s = z_split_of(stream, t, y, NULL, NULL, n, 16);
     int64_t i = 0;

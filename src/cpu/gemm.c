@@ -128,6 +128,47 @@ static double vp_dot(const vecprod *p, fg_dtype t, int64_t j) {
     }
 }
 
+#ifdef FG_Z
+/* Column sums of a narrow M (v ones, len <= 64 contiguous outputs: the bias gradients of narrow
+   layers, Σ over many rows of dy) on AVX-512: vp_rows' sums — f64, row by row in order, each the
+   same add — with the len sums in registers instead of an array the loop stores and reloads every
+   row, on the calling thread (vp_rows gave one block of outputs to one thread anyway). f32 / bf16. */
+static bool z_colsum_takes(const fg_gemm *g, const vecprod *p) {
+    return !p->v && p->mj == 1 && p->mp != 1 && p->len <= 64 && (g->dtype == FG_F32 || g->dtype == FG_BF16) &&
+           fg_z_usable();
+}
+
+FG_Z_INLINE void z_colsum_t(const vecprod *p, fg_dtype t, const int nv, double *acc) {
+    __m512d lo[4], hi[4];
+    for (int v = 0; v < nv; v++) lo[v] = hi[v] = _mm512_setzero_pd();
+    for (int64_t q = 0; q < p->depth; q++)
+        for (int v = 0; v < nv; v++) {
+            const __m512 x = fg_z_ld(p->m, t, q * p->mp + 16 * v, fg_z_lanes(p->len - 16 * v));
+            lo[v] = _mm512_add_pd(lo[v], _mm512_cvtps_pd(_mm512_castps512_ps256(x)));
+            hi[v] = _mm512_add_pd(hi[v], _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1))));
+        }
+    for (int v = 0; v < nv; v++) {
+        const __mmask16 k = fg_z_lanes(p->len - 16 * v);
+        _mm512_mask_storeu_pd(acc + 16 * v, (__mmask8)k, lo[v]);
+        _mm512_mask_storeu_pd(acc + 16 * v + 8, (__mmask8)(k >> 8), hi[v]);
+    }
+}
+
+FG_Z_KERNEL static void z_colsum(const vecprod *p, fg_dtype t, double *acc) {
+    const int nv = (int)((p->len + 15) / 16);
+#define CALL(tt)                                                                                                      \
+    do {                                                                                                              \
+        if (nv == 1) z_colsum_t(p, tt, 1, acc);                                                                        \
+        else if (nv == 2) z_colsum_t(p, tt, 2, acc);                                                                   \
+        else if (nv == 3) z_colsum_t(p, tt, 3, acc);                                                                   \
+        else z_colsum_t(p, tt, 4, acc);                                                                                \
+    } while (0)
+    if (t == FG_BF16) CALL(FG_BF16);
+    else CALL(FG_F32);
+#undef CALL
+}
+#endif
+
 static void vec_product(const fg_context *ctx, const fg_gemm *g, const vecprod *p) {
     const fg_dtype t = g->dtype, ct = g->c_f32 ? FG_F32 : t;
     if (p->mp == 1 || p->len == 1) {
@@ -138,6 +179,15 @@ static void vec_product(const fg_context *ctx, const fg_gemm *g, const vecprod *
             fg_store_f64(p->out, ct, j * p->os, epilogue(g, vp_dot(p, t, j), p->out, j * p->os, j, p->bias_inc));
         return;
     }
+#ifdef FG_Z
+    if (z_colsum_takes(g, p)) {
+        double acc[64];
+        z_colsum(p, t, acc);
+        for (int64_t j = 0; j < p->len; j++)
+            fg_store_f64(p->out, ct, j * p->os, epilogue(g, acc[j], p->out, j * p->os, j, p->bias_inc));
+        return;
+    }
+#endif
     /* rows of M are contiguous: walk them in order, a block of outputs per thread */
     const int64_t nblocks = (p->len + VP_BLOCK - 1) / VP_BLOCK;
     const int team = fg_cpu_team(ctx, p->len * p->depth, 1 << 16);

@@ -212,17 +212,35 @@ AVX512_FN __mmask16 keys_below(int v, int64_t n) {
     return k <= 0 ? 0 : k >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << k) - 1);
 }
 
+/* Keys [j0, j0 + 16) of one head's K (or V), rows of 4 at src + j·sl, transposed into dst[x·Lp + j]
+   (zero from len on): lane group l of vector r holds key j0 + 4l + r, so one 4 × 4 transpose inside
+   each 128-bit lane (two rounds of unpacks) leaves component x of the 16 keys in key order. */
+AVX512_FN void load_t16(const float *src, int64_t sl, int64_t j0, int64_t len, float *dst, int64_t Lp) {
+    __m512 a[4];
+    for (int r = 0; r < 4; r++) {
+        __m128 row[4];
+        for (int l = 0; l < 4; l++) {
+            const int64_t j = j0 + 4 * l + r;
+            row[l] = j < len ? _mm_loadu_ps(src + j * sl) : _mm_setzero_ps();
+        }
+        a[r] = _mm512_insertf32x4(_mm512_insertf32x4(_mm512_insertf32x4(_mm512_castps128_ps512(row[0]), row[1], 1), row[2], 2),
+                                  row[3], 3);
+    }
+    const __m512 t0 = _mm512_unpacklo_ps(a[0], a[1]), t1 = _mm512_unpackhi_ps(a[0], a[1]);
+    const __m512 t2 = _mm512_unpacklo_ps(a[2], a[3]), t3 = _mm512_unpackhi_ps(a[2], a[3]);
+    _mm512_storeu_ps(dst + j0, _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t0), _mm512_castps_pd(t2))));
+    _mm512_storeu_ps(dst + Lp + j0, _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t0), _mm512_castps_pd(t2))));
+    _mm512_storeu_ps(dst + 2 * Lp + j0, _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t1), _mm512_castps_pd(t3))));
+    _mm512_storeu_ps(dst + 3 * Lp + j0, _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t1), _mm512_castps_pd(t3))));
+}
+
 /* Kᵀ and Vᵀ of head (b, h) into kt, vt ([4][Lp]): keys [0, len), zero past them. */
 AVX512_FN void load_kv4(const fg_attn_call *c, int64_t b, int64_t h, int64_t len, int64_t Lp, float *kt, float *vt) {
     const float *k = (const float *)c->k.data + b * c->k.sb + h * c->k.sh;
     const float *v = (const float *)c->v.data + b * c->v.sb + h * c->v.sh;
-    for (int64_t e = 0; e < 4 * Lp; e += 16) {
-        _mm512_storeu_ps(kt + e, _mm512_setzero_ps());
-        _mm512_storeu_ps(vt + e, _mm512_setzero_ps());
-    }
-    for (int64_t j = 0; j < len; j++) {
-        const float *kj = k + j * c->k.sl, *vj = v + j * c->v.sl;
-        for (int x = 0; x < 4; x++) kt[x * Lp + j] = kj[x], vt[x * Lp + j] = vj[x];
+    for (int64_t j0 = 0; j0 < Lp; j0 += 16) {
+        load_t16(k, c->k.sl, j0, len, kt, Lp);
+        load_t16(v, c->v.sl, j0, len, vt, Lp);
     }
 }
 

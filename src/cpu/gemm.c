@@ -698,10 +698,17 @@ static void dot_rows(const fg_gemm *g, const float *a, const float *bt, float *c
    AVX-512: each row's g made from dy and pre in 16-lane steps, written to a's memory (for the weight
    gradient, which reads it next) and multiplied in the same step, instead of a pass writing g and
    this product reading it again. The product is dot_rows' (the same sums, fold and store: the same
-   bits). g's column sums (db) per fixed block of FORM_ROWS rows in f64, row by row, into part
+   bits). g's column sums (db) per fixed block of rows (form_rows: 512, more past 256 blocks) in f64,
+   row by row, into part
    ([blocks][k]); the blocks are added in order afterwards, so the sums do not depend on the thread
    count (the threads take whole blocks). dy and pre are [m, k] row-major. */
-enum { FORM_ROWS = 512 };
+enum { FORM_ROWS = 512, FORM_BLOCKS = 256 };
+
+/* the rows of one block of column sums: a function of m alone */
+static int64_t form_rows(const fg_gemm *g) {
+    const int64_t r = (g->m + FORM_BLOCKS - 1) / FORM_BLOCKS;
+    return r > FORM_ROWS ? r : FORM_ROWS;
+}
 
 static bool narrow_forms(const fg_gemm *g) {
     return g->epi.form && (g->epi.form == FG_ACT_GIVEN_SLOPE || fg_z_has_act(g->epi.form)) && g->batch == 1 &&
@@ -709,17 +716,18 @@ static bool narrow_forms(const fg_gemm *g) {
 }
 
 static size_t form_part_bytes(const fg_gemm *g) {
-    return g->epi.col_sums ? (size_t)((g->m + FORM_ROWS - 1) / FORM_ROWS * g->k) * sizeof(double) : 0;
+    const int64_t rb = form_rows(g);
+    return g->epi.col_sums ? (size_t)((g->m + rb - 1) / rb * g->k) * sizeof(double) : 0;
 }
 
 FG_Z_INLINE void z_form_rows_t(const fg_gemm *g, const float *bt, float *c, int64_t r0, int64_t r1, double *part,
                                int act) {
-    const int64_t n = g->n, k = g->k;
+    const int64_t n = g->n, k = g->k, rb = form_rows(g);
     const float *dy = g->epi.dy, *pre = g->epi.pre;
     float *a = g->a.data;
     for (int64_t i = r0; i < r1; i++) {
-        double *ps = part ? part + i / FORM_ROWS * k : NULL;
-        if (ps && i % FORM_ROWS == 0)
+        double *ps = part ? part + i / rb * k : NULL;
+        if (ps && i % rb == 0)
             for (int64_t p = 0; p < k; p++) ps[p] = 0.0;
         smallk_v sv[16];
         for (int j = 0; j < 16; j++) sv[j] = (smallk_v){0};
@@ -790,13 +798,13 @@ static fg_status narrow(const fg_context *ctx, const fg_gemm *g, void *ws, size_
 #pragma omp parallel num_threads(team) if (team > 1)
             {
                 int64_t lo, hi;
-                fg_cpu_share(g->m, omp_get_num_threads(), omp_get_thread_num(), FORM_ROWS, &lo, &hi);
+                fg_cpu_share(g->m, omp_get_num_threads(), omp_get_thread_num(), form_rows(g), &lo, &hi);
                 z_form_rows(g, bp, c, lo, hi, part);
             }
             if (part) /* the blocks' sums in order */
                 for (int64_t p = 0; p < k; p++) {
                     double sum = 0.0;
-                    for (int64_t q = 0; q < (g->m + FORM_ROWS - 1) / FORM_ROWS; q++) sum += part[q * k + p];
+                    for (int64_t q = 0; q < (g->m + form_rows(g) - 1) / form_rows(g); q++) sum += part[q * k + p];
                     g->epi.sums[p] = (float)(g->epi.sums_first ? sum : (double)g->epi.sums[p] + sum);
                 }
             continue;

@@ -45,12 +45,11 @@ static fg_status cpu_act_plan(fg_context *ctx, const fg_act_problem *p, fg_act_p
     path->fused = FG_ACT_STEP_FORWARD; /* none */
     /* the backward's g = dy ⊙ act′(pre) (and db's sums) made by dx's product where the GEMM
        primitive can (the narrow product on AVX-512): no pass writing g for that product to read
-       again. Asked with dx's product as the driver runs it (planning: no pointers) — with beta 0,
-       which is why not when accumulating (src/ops/linear_act.c runs the forming product with
-       beta 0, as the CUDA GEMM, the other that forms, takes it only then). */
-    if (!p->forward && p->want_dx && p->act != FG_ACT_NONE && p->keep && p->B == 1 && !p->accumulate) {
+       again. Asked with dx's product as the driver runs it (planning: no pointers; beta 1 when
+       accumulating, as src/ops/linear_act.c then runs it). */
+    if (!p->forward && p->want_dx && p->act != FG_ACT_NONE && p->keep && p->B == 1) {
         fg_gemm g = fg_gemm_plain(p->dtype, 1, p->N, p->K, p->M, fg_mat_at(NULL, p->M, 1), fg_mat_at(NULL, p->K, 1),
-                                  fg_mat_at(NULL, p->K, 1), 0.0, false, NULL, p->tf32, false, p->align);
+                                  fg_mat_at(NULL, p->K, 1), p->accumulate ? 1.0 : 0.0, false, NULL, p->tf32, false, p->align);
         g.epi.form = p->act;
         g.epi.col_sums = p->want_db;
         fg_kernel_info info;

@@ -307,7 +307,7 @@ static fg_status backward(act_run *r) {
         epi.dy = data_of(r, AB_DY), epi.pre = pre;
         epi.col_sums = want_db, epi.sums = db_acc, epi.sums_first = !db_over_batches || r->bi == 0;
         FG_TRY(gemm_epi(r, 1, r->N, r->K, r->M, fg_mat_at(g, r->M, 1), fg_mat_at(data_of(r, AB_W), r->K, 1),
-                        fg_mat_at(data_of(r, AB_DX), r->K, 1), 0.0, false, NULL, false, &epi));
+                        fg_mat_at(data_of(r, AB_DX), r->K, 1), d->accumulate ? 1.0 : 0.0, false, NULL, false, &epi));
     } else if (!none || want_db) {
         fg_act_call c;
         memset(&c, 0, sizeof c);

@@ -664,9 +664,21 @@ FG_INLINE void fold_pair(smallk_v *out, const smallk_v *px, const smallk_v *py, 
 }
 #undef SHUF
 
+/* The 16 lanes' sums of s[0..15] folded into one vector (lane j: the sum of s[j]) and stored as
+   c's row i: dot_rows' ending, shared by the formed product so both give the same bits */
+FG_INLINE void fold16_store(const fg_gemm *g, smallk_v *s, float *ci, int64_t i) {
+    for (int j = 0; j < 8; j++) fold_pair(&s[j], &s[2 * j], &s[2 * j + 1], 0);
+    for (int j = 0; j < 4; j++) fold_pair(&s[j], &s[2 * j], &s[2 * j + 1], 1);
+    for (int j = 0; j < 2; j++) fold_pair(&s[j], &s[2 * j], &s[2 * j + 1], 2);
+    fold_pair(&s[0], &s[0], &s[1], 3);
+    float acc[16];
+    memcpy(acc, &s[0], 64);
+    smallk_store(g, ci, NULL, -1, false, i, 0, g->n, acc);
+}
+
 FG_CPU_CLONES
 static void dot_rows(const fg_gemm *g, const float *a, const float *bt, float *c, int64_t r0, int64_t r1, int64_t nb) {
-    const int64_t n = g->n, k = g->k, kk = nb * k, rs = g->a.rs, bs = g->a.bs;
+    const int64_t k = g->k, kk = nb * k, rs = g->a.rs, bs = g->a.bs;
     for (int64_t i = r0; i < r1; i++) {
         smallk_v s[16];
         for (int j = 0; j < 16; j++) s[j] = (smallk_v){0};
@@ -682,13 +694,7 @@ static void dot_rows(const fg_gemm *g, const float *a, const float *bt, float *c
                 }
             }
         }
-        for (int j = 0; j < 8; j++) fold_pair(&s[j], &s[2 * j], &s[2 * j + 1], 0);
-        for (int j = 0; j < 4; j++) fold_pair(&s[j], &s[2 * j], &s[2 * j + 1], 1);
-        for (int j = 0; j < 2; j++) fold_pair(&s[j], &s[2 * j], &s[2 * j + 1], 2);
-        fold_pair(&s[0], &s[0], &s[1], 3);
-        float acc[16];
-        memcpy(acc, &s[0], 64);
-        smallk_store(g, c + i * g->c.rs, NULL, -1, false, i, 0, n, acc);
+        fold16_store(g, s, c + i * g->c.rs, i);
     }
 }
 
@@ -722,7 +728,7 @@ static size_t form_part_bytes(const fg_gemm *g) {
 
 FG_Z_INLINE void z_form_rows_t(const fg_gemm *g, const float *bt, float *c, int64_t r0, int64_t r1, double *part,
                                int act) {
-    const int64_t n = g->n, k = g->k, rb = form_rows(g);
+    const int64_t k = g->k, rb = form_rows(g);
     const float *dy = g->epi.dy, *pre = g->epi.pre;
     float *a = g->a.data;
     for (int64_t i = r0; i < r1; i++) {
@@ -749,13 +755,7 @@ FG_Z_INLINE void z_form_rows_t(const fg_gemm *g, const float *bt, float *c, int6
                 sv[j] += x * w;
             }
         }
-        for (int j = 0; j < 8; j++) fold_pair(&sv[j], &sv[2 * j], &sv[2 * j + 1], 0);
-        for (int j = 0; j < 4; j++) fold_pair(&sv[j], &sv[2 * j], &sv[2 * j + 1], 1);
-        for (int j = 0; j < 2; j++) fold_pair(&sv[j], &sv[2 * j], &sv[2 * j + 1], 2);
-        fold_pair(&sv[0], &sv[0], &sv[1], 3);
-        float acc[16];
-        memcpy(acc, &sv[0], 64);
-        smallk_store(g, c + i * g->c.rs, NULL, -1, false, i, 0, n, acc);
+        fold16_store(g, sv, c + i * g->c.rs, i);
     }
 }
 

@@ -244,6 +244,32 @@ AVX512_FN void load_kv4(const fg_attn_call *c, int64_t b, int64_t h, int64_t len
     }
 }
 
+/* The maxima of a0 … a3's lanes, in lanes 0 … 3 (max is exact: any tree gives the same). */
+AVX512_FN __m128 max4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+    const __m512 b0 = _mm512_max_ps(_mm512_shuffle_f32x4(a0, a1, 0x44), _mm512_shuffle_f32x4(a0, a1, 0xEE));
+    const __m512 b1 = _mm512_max_ps(_mm512_shuffle_f32x4(a2, a3, 0x44), _mm512_shuffle_f32x4(a2, a3, 0xEE));
+    __m512 c = _mm512_max_ps(_mm512_shuffle_f32x4(b0, b1, 0x88), _mm512_shuffle_f32x4(b0, b1, 0xDD));
+    c = _mm512_max_ps(c, _mm512_permute_ps(c, 0xB1));
+    c = _mm512_max_ps(c, _mm512_permute_ps(c, 0x4E));
+    return _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0), c));
+}
+
+/* The sums of a0 … a3's lanes, in lanes 0 … 3, each in _mm512_reduce_add_ps's tree (halves, then
+   quarters, then lanes 0 + 2 and 1 + 3, then those two): sum4's first three rounds, its last two
+   swapped. */
+AVX512_FN __m128 total4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+    const __m512 b0 = _mm512_add_ps(_mm512_shuffle_f32x4(a0, a1, 0x44), _mm512_shuffle_f32x4(a0, a1, 0xEE));
+    const __m512 b1 = _mm512_add_ps(_mm512_shuffle_f32x4(a2, a3, 0x44), _mm512_shuffle_f32x4(a2, a3, 0xEE));
+    __m512 c = _mm512_add_ps(_mm512_shuffle_f32x4(b0, b1, 0x88), _mm512_shuffle_f32x4(b0, b1, 0xDD));
+    c = _mm512_add_ps(c, _mm512_permute_ps(c, 0x4E));
+    c = _mm512_add_ps(c, _mm512_permute_ps(c, 0xB1));
+    return _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0), c));
+}
+
+/* Rows in groups of four: each row's sums are the one-row algorithm's, in its order, but the four
+   rows' scores stay in registers together and their maxima and softmax sums are reduced by one
+   transposing tree each, so the horizontal steps cost a quarter and the rows' chains overlap. A
+   group past L repeats row L − 1 and stores nothing for it. */
 AVX512_FN void fwd_head4(const fg_attn_call *c, int64_t b, int64_t h, int64_t len, float *buf, const int NV) {
     const fg_attn_problem *p = &c->p;
     const int64_t L = p->L, Lp = 16 * NV;
@@ -255,50 +281,81 @@ AVX512_FN void fwd_head4(const fg_attn_call *c, int64_t b, int64_t h, int64_t le
     const float *si = c->scores_in.data ? (const float *)c->scores_in.data + b * c->scores_in.sb + h * c->scores_in.sh : NULL;
     float *so = c->scores_out.data ? (float *)c->scores_out.data + b * c->scores_out.sb + h * c->scores_out.sh : NULL;
     float *lse = (float *)c->lse + (b * p->H + h) * L;
-    for (int64_t i = 0; i < L; i++) {
-        const int64_t jend = p->causal ? (i + 1 < len ? i + 1 : len) : len;
-        const float *qi = q + i * c->q.sl;
-        const __m512 q0 = _mm512_set1_ps(qi[0]), q1 = _mm512_set1_ps(qi[1]), q2 = _mm512_set1_ps(qi[2]), q3 = _mm512_set1_ps(qi[3]);
-        __m512 s[4], mx = ninf;
-        __mmask16 km[4];
-        for (int v = 0; v < NV; v++) {
-            km[v] = keys_below(v, jend);
-            __m512 a = _mm512_mul_ps(q0, _mm512_loadu_ps(kt + 16 * v));
-            a = _mm512_fmadd_ps(q1, _mm512_loadu_ps(kt + Lp + 16 * v), a);
-            a = _mm512_fmadd_ps(q2, _mm512_loadu_ps(kt + 2 * Lp + 16 * v), a);
-            a = _mm512_fmadd_ps(q3, _mm512_loadu_ps(kt + 3 * Lp + 16 * v), a);
-            a = si ? _mm512_fmadd_ps(a, scale, _mm512_maskz_loadu_ps(km[v], si + i * c->scores_in.sl + 16 * v))
-                   : _mm512_mul_ps(a, scale);
-            s[v] = _mm512_mask_mov_ps(ninf, km[v], a);
-            if (so) _mm512_mask_storeu_ps(so + i * c->scores_out.sl + 16 * v, keys_below(v, L), s[v]);
-            mx = _mm512_max_ps(s[v], mx); /* a NaN score is passed over (the second operand) */
-        }
-        float m = _mm512_reduce_max_ps(mx);
-        float *oi = o + i * c->o.sl;
-        if (m == -INFINITY) { /* every score −∞ or NaN: NaN makes the row NaN; else no key, o = 0 */
-            __mmask16 nan = 0;
-            for (int v = 0; v < NV; v++) nan |= _mm512_cmp_ps_mask(s[v], s[v], _CMP_UNORD_Q);
-            if (!nan) {
-                _mm_storeu_ps(oi, _mm_setzero_ps());
-                lse[i] = -INFINITY;
-                continue;
+    for (int64_t i0 = 0; i0 < L; i0 += 4) {
+        __m512 s[4][4], mx[4];
+        __mmask16 km[4][4];
+        for (int r = 0; r < 4; r++) {
+            const int64_t i = i0 + r < L ? i0 + r : L - 1;
+            const int64_t jend = p->causal ? (i + 1 < len ? i + 1 : len) : len;
+            const float *qi = q + i * c->q.sl;
+            const __m512 q0 = _mm512_set1_ps(qi[0]), q1 = _mm512_set1_ps(qi[1]), q2 = _mm512_set1_ps(qi[2]),
+                         q3 = _mm512_set1_ps(qi[3]);
+            mx[r] = ninf;
+            for (int v = 0; v < NV; v++) {
+                km[r][v] = keys_below(v, jend);
+                __m512 a = _mm512_mul_ps(q0, _mm512_loadu_ps(kt + 16 * v));
+                a = _mm512_fmadd_ps(q1, _mm512_loadu_ps(kt + Lp + 16 * v), a);
+                a = _mm512_fmadd_ps(q2, _mm512_loadu_ps(kt + 2 * Lp + 16 * v), a);
+                a = _mm512_fmadd_ps(q3, _mm512_loadu_ps(kt + 3 * Lp + 16 * v), a);
+                a = si ? _mm512_fmadd_ps(a, scale, _mm512_maskz_loadu_ps(km[r][v], si + i * c->scores_in.sl + 16 * v))
+                       : _mm512_mul_ps(a, scale);
+                s[r][v] = _mm512_mask_mov_ps(ninf, km[r][v], a);
+                if (so && i0 + r < L) _mm512_mask_storeu_ps(so + i * c->scores_out.sl + 16 * v, keys_below(v, L), s[r][v]);
+                mx[r] = _mm512_max_ps(s[r][v], mx[r]); /* a NaN score is passed over (the second operand) */
             }
-            m = NAN;
         }
-        const __m512 mv = _mm512_set1_ps(m);
-        __m512 sum = _mm512_setzero_ps(), a0 = sum, a1 = sum, a2 = sum, a3 = sum;
-        for (int v = 0; v < NV; v++) {
-            const __m512 e = _mm512_maskz_mov_ps(km[v], fg_z_exp_neg(_mm512_sub_ps(s[v], mv)));
-            sum = _mm512_add_ps(sum, e);
-            a0 = _mm512_fmadd_ps(e, _mm512_loadu_ps(vt + 16 * v), a0);
-            a1 = _mm512_fmadd_ps(e, _mm512_loadu_ps(vt + Lp + 16 * v), a1);
-            a2 = _mm512_fmadd_ps(e, _mm512_loadu_ps(vt + 2 * Lp + 16 * v), a2);
-            a3 = _mm512_fmadd_ps(e, _mm512_loadu_ps(vt + 3 * Lp + 16 * v), a3);
+        float m[4];
+        _mm_storeu_ps(m, max4(mx[0], mx[1], mx[2], mx[3]));
+        __m512 sum[4];
+        __m128 acc[4];
+        bool none[4];
+        for (int r = 0; r < 4; r++) {
+            sum[r] = _mm512_setzero_ps(), acc[r] = _mm_setzero_ps(), none[r] = false;
+            if (m[r] == -INFINITY) { /* every score −∞ or NaN: NaN makes the row NaN; else no key, o = 0 */
+                __mmask16 nan = 0;
+                for (int v = 0; v < NV; v++) nan |= _mm512_cmp_ps_mask(s[r][v], s[r][v], _CMP_UNORD_Q);
+                if (!nan) {
+                    none[r] = true;
+                    continue;
+                }
+                m[r] = NAN;
+            }
+            const __m512 mv = _mm512_set1_ps(m[r]);
+            __m512 a0 = sum[r], a1 = sum[r], a2 = sum[r], a3 = sum[r];
+            for (int v = 0; v < NV; v++) {
+                const __m512 e = _mm512_maskz_mov_ps(km[r][v], fg_z_exp_neg(_mm512_sub_ps(s[r][v], mv)));
+                sum[r] = _mm512_add_ps(sum[r], e);
+                a0 = _mm512_fmadd_ps(e, _mm512_loadu_ps(vt + 16 * v), a0);
+                a1 = _mm512_fmadd_ps(e, _mm512_loadu_ps(vt + Lp + 16 * v), a1);
+                a2 = _mm512_fmadd_ps(e, _mm512_loadu_ps(vt + 2 * Lp + 16 * v), a2);
+                a3 = _mm512_fmadd_ps(e, _mm512_loadu_ps(vt + 3 * Lp + 16 * v), a3);
+            }
+            acc[r] = sum4(a0, a1, a2, a3);
         }
-        const float total = _mm512_reduce_add_ps(sum);
-        _mm_storeu_ps(oi, _mm_mul_ps(sum4(a0, a1, a2, a3), _mm_set1_ps(1 / total)));
-        lse[i] = m + logf(total);
+        const __m128 tot4 = total4(sum[0], sum[1], sum[2], sum[3]);
+        float tot[4], inv[4];
+        _mm_storeu_ps(tot, tot4);
+        _mm_storeu_ps(inv, _mm_div_ps(_mm_set1_ps(1.0f), tot4));
+        for (int r = 0; r < 4 && i0 + r < L; r++) {
+            float *oi = o + (i0 + r) * c->o.sl;
+            if (none[r]) {
+                _mm_storeu_ps(oi, _mm_setzero_ps());
+                lse[i0 + r] = -INFINITY;
+            } else {
+                _mm_storeu_ps(oi, _mm_mul_ps(acc[r], _mm_set1_ps(inv[r])));
+                lse[i0 + r] = m[r] + logf(tot[r]);
+            }
+        }
     }
+}
+
+/* p[0, 16) += a·b on the lanes of m, stored whole. The compiler would store only those lanes (a
+   masked store), and a masked store is not forwarded to a later load of the vector (the next row's
+   update of the same keys), which would then wait for it to reach the cache. */
+AVX512_FN void acc_fma(float *p, __m512 a, __m512 b, __mmask16 m) {
+    __m512 r = _mm512_mask3_fmadd_ps(a, b, _mm512_loadu_ps(p), m);
+    __asm__("" : "+v"(r));
+    _mm512_storeu_ps(p, r);
 }
 
 AVX512_FN void bwd_head4(const fg_attn_call *c, int64_t b, int64_t h, int64_t len, float *buf, const int NV) {
@@ -354,14 +411,14 @@ AVX512_FN void bwd_head4(const fg_attn_call *c, int64_t b, int64_t h, int64_t le
                 ds[v] = d;
                 /* dKᵀ, dVᵀ += this row's terms (keys past jend get nothing, not 0·q); dq's lanes */
                 float *dk0 = dkt + 16 * v, *dv0 = dvt + 16 * v;
-                _mm512_storeu_ps(dk0, _mm512_mask3_fmadd_ps(d, q0, _mm512_loadu_ps(dk0), km[v]));
-                _mm512_storeu_ps(dk0 + Lp, _mm512_mask3_fmadd_ps(d, q1, _mm512_loadu_ps(dk0 + Lp), km[v]));
-                _mm512_storeu_ps(dk0 + 2 * Lp, _mm512_mask3_fmadd_ps(d, q2, _mm512_loadu_ps(dk0 + 2 * Lp), km[v]));
-                _mm512_storeu_ps(dk0 + 3 * Lp, _mm512_mask3_fmadd_ps(d, q3, _mm512_loadu_ps(dk0 + 3 * Lp), km[v]));
-                _mm512_storeu_ps(dv0, _mm512_mask3_fmadd_ps(pr, d0, _mm512_loadu_ps(dv0), km[v]));
-                _mm512_storeu_ps(dv0 + Lp, _mm512_mask3_fmadd_ps(pr, d1, _mm512_loadu_ps(dv0 + Lp), km[v]));
-                _mm512_storeu_ps(dv0 + 2 * Lp, _mm512_mask3_fmadd_ps(pr, d2, _mm512_loadu_ps(dv0 + 2 * Lp), km[v]));
-                _mm512_storeu_ps(dv0 + 3 * Lp, _mm512_mask3_fmadd_ps(pr, d3, _mm512_loadu_ps(dv0 + 3 * Lp), km[v]));
+                acc_fma(dk0, d, q0, km[v]);
+                acc_fma(dk0 + Lp, d, q1, km[v]);
+                acc_fma(dk0 + 2 * Lp, d, q2, km[v]);
+                acc_fma(dk0 + 3 * Lp, d, q3, km[v]);
+                acc_fma(dv0, pr, d0, km[v]);
+                acc_fma(dv0 + Lp, pr, d1, km[v]);
+                acc_fma(dv0 + 2 * Lp, pr, d2, km[v]);
+                acc_fma(dv0 + 3 * Lp, pr, d3, km[v]);
                 g0 = _mm512_mask3_fmadd_ps(d, _mm512_loadu_ps(k0), g0, km[v]);
                 g1 = _mm512_mask3_fmadd_ps(d, _mm512_loadu_ps(k0 + Lp), g1, km[v]);
                 g2 = _mm512_mask3_fmadd_ps(d, _mm512_loadu_ps(k0 + 2 * Lp), g2, km[v]);
@@ -441,7 +498,7 @@ static size_t slice_bytes(const fg_attn_problem *p) {
 fg_status fg_cpu_attn_plan(fg_context *ctx, const fg_attn_problem *p, fg_attn_path *path) {
     memset(path, 0, sizeof *path);
     path->kernel = FG_ATTN_CPU;
-    path->workspace = slice_bytes(p) * (size_t)fg_cpu_threads(ctx);
+    path->workspace = slice_bytes(p) * (size_t)fg_cpu_threads(ctx) + 64; /* + the slices' alignment */
     snprintf(path->name, sizeof path->name, "attn_rows_%s<%s>", p->forward ? "fwd" : "bwd", fg_dtype_name(p->dtype));
     return FG_OK;
 }
@@ -463,8 +520,13 @@ fg_status fg_cpu_attn(fg_context *ctx, const fg_attn_call *c) {
     const fg_attn_problem *p = &c->p;
     const int64_t B = p->B, H = p->H, L = p->L, hd = p->hd;
     const size_t slice = slice_bytes(p);
-    if (slice > c->ws_bytes)
-        return fg_fail(FG_ERR_WORKSPACE, "attention: workspace of %zu bytes given, %zu needed", c->ws_bytes, slice);
+    /* the slices start on 64-byte lines: a vector of the rows' buffers split across two lines is
+       two accesses, and a store split so is not forwarded to the next row's load of it */
+    const size_t skip = (size_t)(-(uintptr_t)c->ws & 63);
+    char *const ws = (char *)c->ws + skip;
+    const size_t ws_bytes = c->ws_bytes > skip ? c->ws_bytes - skip : 0;
+    if (slice > ws_bytes)
+        return fg_fail(FG_ERR_WORKSPACE, "attention: workspace of %zu bytes given, %zu needed", c->ws_bytes, slice + skip);
     int64_t bad = -1;
     for (int64_t b = 0; b < B && c->lengths; b++) {
         const int64_t len = length_of(c, b);
@@ -484,7 +546,7 @@ fg_status fg_cpu_attn(fg_context *ctx, const fg_attn_call *c) {
     if (bad >= 0) fg_host_flag_raise(ctx, FG_FLAG_BAD_LENGTH, bad);
     const int64_t units = B * H;
     int team = fg_cpu_team(ctx, units * L * (L + 1) * (hd + 1), 1 << 16);
-    if (slice && (size_t)team > c->ws_bytes / slice) team = (int)(c->ws_bytes / slice);
+    if (slice && (size_t)team > ws_bytes / slice) team = (int)(ws_bytes / slice);
     if (team < 1) team = 1;
     const bool f64 = p->dtype == FG_F64;
 #ifdef FG_ATTN_FAST
@@ -495,7 +557,7 @@ fg_status fg_cpu_attn(fg_context *ctx, const fg_attn_call *c) {
 #pragma omp parallel num_threads(team) if (team > 1)
     {
         const int tid = team > 1 ? omp_get_thread_num() : 0;
-        void *buf = (char *)c->ws + (size_t)tid * slice;
+        void *buf = ws + (size_t)tid * slice;
 #pragma omp for schedule(static)
         for (int64_t u = 0; u < units; u++) {
             const int64_t b = u / H, h = u % H;

@@ -244,6 +244,15 @@ AVX512_FN void load_kv4(const fg_attn_call *c, int64_t b, int64_t h, int64_t len
     }
 }
 
+/* The score rows a group will read PF_ROWS rows on, asked for now: rows [i, i + 4) of length L at
+   stride sl (past the head's last row, the next head's, which the thread takes next when the
+   heads' rows are contiguous; a prefetch past the array does not fault). */
+#define PF_ROWS 8
+AVX512_FN void prefetch_rows(const float *base, int64_t sl, int64_t i, int64_t L) {
+    const char *a = (const char *)(base + i * sl), *e = (const char *)(base + (i + 3) * sl + L);
+    for (; a < e; a += 64) _mm_prefetch(a, _MM_HINT_T0);
+}
+
 /* The maxima of a0 … a3's lanes, in lanes 0 … 3 (max is exact: any tree gives the same). */
 AVX512_FN __m128 max4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
     const __m512 b0 = _mm512_max_ps(_mm512_shuffle_f32x4(a0, a1, 0x44), _mm512_shuffle_f32x4(a0, a1, 0xEE));
@@ -282,8 +291,11 @@ AVX512_FN void fwd_head4(const fg_attn_call *c, int64_t b, int64_t h, int64_t le
     float *so = c->scores_out.data ? (float *)c->scores_out.data + b * c->scores_out.sb + h * c->scores_out.sh : NULL;
     float *lse = (float *)c->lse + (b * p->H + h) * L;
     for (int64_t i0 = 0; i0 < L; i0 += 4) {
+        if (si) prefetch_rows(si, c->scores_in.sl, i0 + PF_ROWS, L);
+        if (so) prefetch_rows(so, c->scores_out.sl, i0 + PF_ROWS, L);
         __m512 s[4][4], mx[4];
         __mmask16 km[4][4];
+        #pragma GCC unroll 4
         for (int r = 0; r < 4; r++) {
             const int64_t i = i0 + r < L ? i0 + r : L - 1;
             const int64_t jend = p->causal ? (i + 1 < len ? i + 1 : len) : len;
@@ -291,6 +303,7 @@ AVX512_FN void fwd_head4(const fg_attn_call *c, int64_t b, int64_t h, int64_t le
             const __m512 q0 = _mm512_set1_ps(qi[0]), q1 = _mm512_set1_ps(qi[1]), q2 = _mm512_set1_ps(qi[2]),
                          q3 = _mm512_set1_ps(qi[3]);
             mx[r] = ninf;
+            #pragma GCC unroll 4
             for (int v = 0; v < NV; v++) {
                 km[r][v] = keys_below(v, jend);
                 __m512 a = _mm512_mul_ps(q0, _mm512_loadu_ps(kt + 16 * v));
@@ -309,10 +322,12 @@ AVX512_FN void fwd_head4(const fg_attn_call *c, int64_t b, int64_t h, int64_t le
         __m512 sum[4];
         __m128 acc[4];
         bool none[4];
+        #pragma GCC unroll 4
         for (int r = 0; r < 4; r++) {
             sum[r] = _mm512_setzero_ps(), acc[r] = _mm_setzero_ps(), none[r] = false;
             if (m[r] == -INFINITY) { /* every score −∞ or NaN: NaN makes the row NaN; else no key, o = 0 */
                 __mmask16 nan = 0;
+                #pragma GCC unroll 4
                 for (int v = 0; v < NV; v++) nan |= _mm512_cmp_ps_mask(s[r][v], s[r][v], _CMP_UNORD_Q);
                 if (!nan) {
                     none[r] = true;
@@ -322,6 +337,7 @@ AVX512_FN void fwd_head4(const fg_attn_call *c, int64_t b, int64_t h, int64_t le
             }
             const __m512 mv = _mm512_set1_ps(m[r]);
             __m512 a0 = sum[r], a1 = sum[r], a2 = sum[r], a3 = sum[r];
+            #pragma GCC unroll 4
             for (int v = 0; v < NV; v++) {
                 const __m512 e = _mm512_maskz_mov_ps(km[r][v], fg_z_exp_neg(_mm512_sub_ps(s[r][v], mv)));
                 sum[r] = _mm512_add_ps(sum[r], e);
@@ -336,7 +352,9 @@ AVX512_FN void fwd_head4(const fg_attn_call *c, int64_t b, int64_t h, int64_t le
         float tot[4], inv[4];
         _mm_storeu_ps(tot, tot4);
         _mm_storeu_ps(inv, _mm_div_ps(_mm_set1_ps(1.0f), tot4));
-        for (int r = 0; r < 4 && i0 + r < L; r++) {
+        #pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            if (i0 + r == L) break;
             float *oi = o + (i0 + r) * c->o.sl;
             if (none[r]) {
                 _mm_storeu_ps(oi, _mm_setzero_ps());
@@ -347,15 +365,6 @@ AVX512_FN void fwd_head4(const fg_attn_call *c, int64_t b, int64_t h, int64_t le
             }
         }
     }
-}
-
-/* p[0, 16) += a·b on the lanes of m, stored whole. The compiler would store only those lanes (a
-   masked store), and a masked store is not forwarded to a later load of the vector (the next row's
-   update of the same keys), which would then wait for it to reach the cache. */
-AVX512_FN void acc_fma(float *p, __m512 a, __m512 b, __mmask16 m) {
-    __m512 r = _mm512_mask3_fmadd_ps(a, b, _mm512_loadu_ps(p), m);
-    __asm__("" : "+v"(r));
-    _mm512_storeu_ps(p, r);
 }
 
 AVX512_FN void bwd_head4(const fg_attn_call *c, int64_t b, int64_t h, int64_t len, float *buf, const int NV) {
@@ -377,24 +386,45 @@ AVX512_FN void bwd_head4(const fg_attn_call *c, int64_t b, int64_t h, int64_t le
     float *dsi = c->dscores_in.data ? (float *)c->dscores_in.data + b * c->dscores_in.sb + h * c->dscores_in.sh : NULL;
     float *dq = c->dq.data ? (float *)c->dq.data + b * c->dq.sb + h * c->dq.sh : NULL;
     const float *lse = (const float *)c->lse + (b * p->H + h) * L;
-    for (int64_t i = 0; i < L; i++) {
-        const int64_t jend = p->causal ? (i + 1 < len ? i + 1 : len) : len;
-        const float l = lse[i];
-        __m512 ds[4];
-        __m128 dq4 = _mm_setzero_ps();
-        __mmask16 km[4];
-        const bool empty = l == -INFINITY;
-        for (int v = 0; v < NV; v++) km[v] = empty ? 0 : keys_below(v, jend), ds[v] = _mm512_setzero_ps();
-        if (!empty) {
-            const float *qi = q + i * c->q.sl, *oi = o + i * c->o.sl, *di = dO + i * c->d_o.sl;
+    for (int64_t i0 = 0; i0 < L; i0 += 4) { /* rows in fours (fwd_head4's groups) */
+        if (si) prefetch_rows(si, c->scores_in.sl, i0 + PF_ROWS, L);
+        if (g) prefetch_rows(g, c->dscores.sl, i0 + PF_ROWS, L);
+        if (dsi) prefetch_rows(dsi, c->dscores_in.sl, i0 + PF_ROWS, L);
+        const float *qi[4], *di[4];
+        __m512 lv[4], Dv[4], g4[4][4];
+        __mmask16 km[4][4];
+        int64_t ir[4];
+        #pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            const int64_t i = i0 + r < L ? i0 + r : L - 1;
+            const int64_t jend = p->causal ? (i + 1 < len ? i + 1 : len) : len;
+            const float l = lse[i];
+            const bool live = i0 + r < L && l != -INFINITY; /* an empty row, or one past L: no terms */
+            #pragma GCC unroll 4
+            for (int v = 0; v < NV; v++) km[r][v] = live ? keys_below(v, jend) : 0;
+            ir[r] = i, qi[r] = q + i * c->q.sl, di[r] = dO + i * c->d_o.sl;
+            const float *oi = o + i * c->o.sl;
             float D = 0;
-            for (int x = 0; x < 4; x++) D += di[x] * oi[x];
-            const __m512 q0 = _mm512_set1_ps(qi[0]), q1 = _mm512_set1_ps(qi[1]), q2 = _mm512_set1_ps(qi[2]), q3 = _mm512_set1_ps(qi[3]);
-            const __m512 d0 = _mm512_set1_ps(di[0]), d1 = _mm512_set1_ps(di[1]), d2 = _mm512_set1_ps(di[2]), d3 = _mm512_set1_ps(di[3]);
-            const __m512 lv = _mm512_set1_ps(l), Dv = _mm512_set1_ps(D);
-            __m512 g0 = _mm512_setzero_ps(), g1 = g0, g2 = g0, g3 = g0;
-            for (int v = 0; v < NV; v++) {
-                const float *k0 = kt + 16 * v, *v0 = vt + 16 * v;
+            #pragma GCC unroll 4
+            for (int x = 0; x < 4; x++) D += di[r][x] * oi[x];
+            lv[r] = _mm512_set1_ps(l), Dv[r] = _mm512_set1_ps(D);
+            #pragma GCC unroll 4
+            for (int x = 0; x < 4; x++) g4[r][x] = _mm512_setzero_ps();
+        }
+        #pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) {
+            const float *k0 = kt + 16 * v, *v0 = vt + 16 * v;
+            float *dk0 = dkt + 16 * v, *dv0 = dvt + 16 * v;
+            __m512 dk[4], dv[4];
+            #pragma GCC unroll 4
+            for (int x = 0; x < 4; x++) dk[x] = _mm512_loadu_ps(dk0 + x * Lp), dv[x] = _mm512_loadu_ps(dv0 + x * Lp);
+            #pragma GCC unroll 4
+            for (int r = 0; r < 4; r++) {
+                const __mmask16 m = km[r][v];
+                const __m512 q0 = _mm512_set1_ps(qi[r][0]), q1 = _mm512_set1_ps(qi[r][1]), q2 = _mm512_set1_ps(qi[r][2]),
+                             q3 = _mm512_set1_ps(qi[r][3]);
+                const __m512 d0 = _mm512_set1_ps(di[r][0]), d1 = _mm512_set1_ps(di[r][1]), d2 = _mm512_set1_ps(di[r][2]),
+                             d3 = _mm512_set1_ps(di[r][3]);
                 __m512 a = _mm512_mul_ps(q0, _mm512_loadu_ps(k0));
                 a = _mm512_fmadd_ps(q1, _mm512_loadu_ps(k0 + Lp), a);
                 a = _mm512_fmadd_ps(q2, _mm512_loadu_ps(k0 + 2 * Lp), a);
@@ -403,40 +433,40 @@ AVX512_FN void bwd_head4(const fg_attn_call *c, int64_t b, int64_t h, int64_t le
                 e = _mm512_fmadd_ps(d1, _mm512_loadu_ps(v0 + Lp), e);
                 e = _mm512_fmadd_ps(d2, _mm512_loadu_ps(v0 + 2 * Lp), e);
                 e = _mm512_fmadd_ps(d3, _mm512_loadu_ps(v0 + 3 * Lp), e);
-                a = si ? _mm512_fmadd_ps(a, scale, _mm512_maskz_loadu_ps(km[v], si + i * c->scores_in.sl + 16 * v))
+                a = si ? _mm512_fmadd_ps(a, scale, _mm512_maskz_loadu_ps(m, si + ir[r] * c->scores_in.sl + 16 * v))
                        : _mm512_mul_ps(a, scale);
-                const __m512 pr = _mm512_maskz_mov_ps(km[v], fg_z_exp_neg(_mm512_sub_ps(a, lv)));
-                __m512 d = _mm512_maskz_mul_ps(km[v], pr, _mm512_sub_ps(e, Dv));
-                if (g) d = _mm512_add_ps(d, _mm512_maskz_loadu_ps(km[v], g + i * c->dscores.sl + 16 * v));
-                ds[v] = d;
-                /* dKᵀ, dVᵀ += this row's terms (keys past jend get nothing, not 0·q); dq's lanes */
-                float *dk0 = dkt + 16 * v, *dv0 = dvt + 16 * v;
-                acc_fma(dk0, d, q0, km[v]);
-                acc_fma(dk0 + Lp, d, q1, km[v]);
-                acc_fma(dk0 + 2 * Lp, d, q2, km[v]);
-                acc_fma(dk0 + 3 * Lp, d, q3, km[v]);
-                acc_fma(dv0, pr, d0, km[v]);
-                acc_fma(dv0 + Lp, pr, d1, km[v]);
-                acc_fma(dv0 + 2 * Lp, pr, d2, km[v]);
-                acc_fma(dv0 + 3 * Lp, pr, d3, km[v]);
-                g0 = _mm512_mask3_fmadd_ps(d, _mm512_loadu_ps(k0), g0, km[v]);
-                g1 = _mm512_mask3_fmadd_ps(d, _mm512_loadu_ps(k0 + Lp), g1, km[v]);
-                g2 = _mm512_mask3_fmadd_ps(d, _mm512_loadu_ps(k0 + 2 * Lp), g2, km[v]);
-                g3 = _mm512_mask3_fmadd_ps(d, _mm512_loadu_ps(k0 + 3 * Lp), g3, km[v]);
+                const __m512 pr = _mm512_maskz_mov_ps(m, fg_z_exp_neg(_mm512_sub_ps(a, lv[r])));
+                __m512 d = _mm512_maskz_mul_ps(m, pr, _mm512_sub_ps(e, Dv[r]));
+                if (g) d = _mm512_add_ps(d, _mm512_maskz_loadu_ps(m, g + ir[r] * c->dscores.sl + 16 * v));
+                if (dsi && i0 + r < L) { /* ds, and 0 at the masked positions (nothing to add with accumulate) */
+                    float *w = dsi + ir[r] * c->dscores_in.sl + 16 * v;
+                    if (acc) _mm512_mask_storeu_ps(w, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, w), d));
+                    else _mm512_mask_storeu_ps(w, keys_below(v, L), d);
+                }
+                /* dKᵀ, dVᵀ += this row's terms, the rows in order (keys past jend get nothing, not
+                   0·q); dq's lanes */
+                dk[0] = _mm512_mask3_fmadd_ps(d, q0, dk[0], m);
+                dk[1] = _mm512_mask3_fmadd_ps(d, q1, dk[1], m);
+                dk[2] = _mm512_mask3_fmadd_ps(d, q2, dk[2], m);
+                dk[3] = _mm512_mask3_fmadd_ps(d, q3, dk[3], m);
+                dv[0] = _mm512_mask3_fmadd_ps(pr, d0, dv[0], m);
+                dv[1] = _mm512_mask3_fmadd_ps(pr, d1, dv[1], m);
+                dv[2] = _mm512_mask3_fmadd_ps(pr, d2, dv[2], m);
+                dv[3] = _mm512_mask3_fmadd_ps(pr, d3, dv[3], m);
+                g4[r][0] = _mm512_mask3_fmadd_ps(d, _mm512_loadu_ps(k0), g4[r][0], m);
+                g4[r][1] = _mm512_mask3_fmadd_ps(d, _mm512_loadu_ps(k0 + Lp), g4[r][1], m);
+                g4[r][2] = _mm512_mask3_fmadd_ps(d, _mm512_loadu_ps(k0 + 2 * Lp), g4[r][2], m);
+                g4[r][3] = _mm512_mask3_fmadd_ps(d, _mm512_loadu_ps(k0 + 3 * Lp), g4[r][3], m);
             }
-            dq4 = sum4(g0, g1, g2, g3);
+            #pragma GCC unroll 4
+            for (int x = 0; x < 4; x++) _mm512_storeu_ps(dk0 + x * Lp, dk[x]), _mm512_storeu_ps(dv0 + x * Lp, dv[x]);
         }
-        if (dsi) { /* ds, and 0 at the masked positions (nothing to add with accumulate) */
-            float *r = dsi + i * c->dscores_in.sl;
-            for (int v = 0; v < NV; v++) {
-                if (acc) _mm512_mask_storeu_ps(r + 16 * v, km[v], _mm512_add_ps(_mm512_maskz_loadu_ps(km[v], r + 16 * v), ds[v]));
-                else _mm512_mask_storeu_ps(r + 16 * v, keys_below(v, L), ds[v]);
-            }
-        }
-        if (dq) {
-            float *r = dq + i * c->dq.sl;
-            dq4 = _mm_mul_ps(dq4, _mm512_castps512_ps128(scale));
-            _mm_storeu_ps(r, acc ? _mm_add_ps(_mm_loadu_ps(r), dq4) : dq4);
+        #pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            if (!dq || i0 + r == L) break;
+            float *w = dq + ir[r] * c->dq.sl;
+            const __m128 dq4 = _mm_mul_ps(sum4(g4[r][0], g4[r][1], g4[r][2], g4[r][3]), _mm512_castps512_ps128(scale));
+            _mm_storeu_ps(w, acc ? _mm_add_ps(_mm_loadu_ps(w), dq4) : dq4);
         }
     }
     float *dk = c->dk.data ? (float *)c->dk.data + b * c->dk.sb + h * c->dk.sh : NULL;
@@ -445,10 +475,12 @@ AVX512_FN void bwd_head4(const fg_attn_call *c, int64_t b, int64_t h, int64_t le
     for (int64_t j = 0; j < L; j++) {
         if (dk) {
             float *r = dk + j * c->dk.sl;
+            #pragma GCC unroll 4
             for (int x = 0; x < 4; x++) r[x] = acc ? r[x] + dkt[x * Lp + j] * sc : dkt[x * Lp + j] * sc;
         }
         if (dv) {
             float *r = dv + j * c->dv.sl;
+            #pragma GCC unroll 4
             for (int x = 0; x < 4; x++) r[x] = acc ? r[x] + dvt[x * Lp + j] : dvt[x * Lp + j];
         }
     }

@@ -505,13 +505,38 @@ typedef enum fg_act_saved {
                                g = dy ⊙ s is one multiply, no activation math */
 } fg_act_saved;
 
-/* Options of the linear + activation family (fg_plan_desc.options of FG_OP_LINEAR_ACT_*). */
+/* A dropout: drop probability p in [0, 1] (0: none), and the generator's (seed, offset); the
+ * mask is the normalization family's (see "Normalization and dropout" below). */
+typedef struct fg_dropout_options {
+    double p;
+    uint64_t seed, offset;
+} fg_dropout_options;
+
+/* Options of the linear + activation family (fg_plan_desc.options of FG_OP_LINEAR_ACT_*).
+ * Members only grow at the end, and a shorter, older struct passed with its own options_size
+ * reads as if its tail were zero (dropout p = 0: none), so code built against an earlier
+ * header keeps its meaning. */
 typedef struct fg_linear_act_options {
     fg_activation act;
     fg_act_saved saved;
     int32_t consume;        /* backward: the saved operand may be overwritten (it holds
                                g = dy ⊙ act′(pre) afterwards), which saves the N·M buffer g
                                would take — for a saved operand kept only for this backward */
+    fg_dropout_options dropout; /* forward: y = dropout(act(pre)), the mask fg_dropout_forward
+                               applies to y (element i of y: flat row-major index i, the same
+                               (seed, offset)), y's bits those of the forward without it followed
+                               by fg_dropout_forward on y (f16 / bf16: act(pre) rounded to the
+                               dtype, then the multiply). The slope form saves the masked slope
+                               m ⊙ act′(pre) (the dtype's rounding of the product of the
+                               rounded slope and m), so its backward takes p = 0 (p > 0 there
+                               is refused: the mask is in the slope already; so is act none with
+                               the slope saved, whose backward never reads it); g = dy ⊙ (m ⊙ s)
+                               differs from the unfused (dy ⊙ m) ⊙ s by one rounding where
+                               1/(1 − p) is not a power of two. Keeping pre (or none), the
+                               backward takes the forward's dropout and regenerates the mask:
+                               g = (dy ⊙ m) ⊙ act′(pre), the bits of fg_dropout_backward on dy
+                               followed by the backward without it. p outside [0, 1] or NaN:
+                               FG_ERR_INVALID_VALUE. */
 } fg_linear_act_options;
 
 /* The forward: y = act(x·wᵀ + b). x [..., K] (any leading dims), w [M, K], b [M] or NULL,
@@ -711,11 +736,7 @@ FG_NODISCARD FG_API fg_status fg_linear_logp_shard_combine(fg_context *ctx, cons
  *  - Zero-initialized options are the defaults; eps < 0, non-finite eps, p outside [0, 1] and
  *    momentum outside [0, 1] are refused (FG_ERR_INVALID_VALUE). */
 
-/* A dropout: drop probability p in [0, 1] (0: none), and the generator's (seed, offset). */
-typedef struct fg_dropout_options {
-    double p;
-    uint64_t seed, offset;
-} fg_dropout_options;
+/* (fg_dropout_options, a dropout's p, seed and offset, is declared above fg_linear_act_options.) */
 
 typedef enum fg_norm_kind {
     FG_NORM_LAYER = 0,  /* y = (s − mean)·rstd·w + b,  rstd = 1/√(var + eps), var biased  */

@@ -4,12 +4,15 @@
  * combined backward with the pre-activation kept or recomputed, the consuming backward,
  * relu's backward from y, the three split backward functions, batched weights, accumulate, 1-D to 4-D inputs and awkward sizes; finite
  * differences of the f64 CPU path; special values (0, large |x|, NaN) through both
- * directions; bit-identical reruns; bad input. The reference is long double, written
+ * directions; bit-identical reruns; the dropout option (fused forward, both saved forms'
+ * backward, its edges and refusals); bad input. The reference is long double, written
  * here independently of the library's math: every gradient is the one of the pre-activation
  * the test computes itself (rounded to the dtype, as the op stores it), and a backward that
  * takes a saved pre or slope is given the test's own values, never the op's outputs.
  */
 #include "harness.h"
+
+#include "../src/core/rng.h" /* fg_dropout_uniform: the dropout mask's definition */
 
 #include <math.h>
 
@@ -909,6 +912,186 @@ static void determinism(fg_context *ctx, fg_backend be, fg_dtype dt) {
     th_drop(&x), th_drop(&w), th_drop(&dy), th_drop(&dw), th_drop(&db), th_drop(&dx);
 }
 
+/* ------------------------------------------------------------------ dropout */
+
+/* The multiplier of y's element i under the dropout (p, seed, offset), from rng.h's definition:
+ * kept when u(seed, offset, i) >= p, then 1/(1 − p) (in f32 for f32 / f16 / bf16 data, as the
+ * dropout op multiplies; f64 for f64), 0 when dropped or p = 1; 1 when p = 0. */
+static double drop_mult(fg_dtype dt, double p, uint64_t seed, uint64_t offset, int64_t i) {
+    if (p <= 0) return 1.0;
+    if ((double)fg_dropout_uniform(seed, offset, (uint64_t)i) < p || p >= 1) return 0.0;
+    return dt == FG_F64 ? 1.0 / (1.0 - p) : (double)(float)(1.0 / (1.0 - p));
+}
+
+/* Whether this CPU runs the short-k product's fused dropout (AVX-512 with bf16, and BMI2). */
+static bool cpu_fuses_dropout(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("bmi2");
+}
+
+static bool same_bits(const th_operand *a, const th_operand *b) {
+    const size_t bytes = (size_t)a->buf.n * fg_dtype_size(a->buf.dtype);
+    char *ha = malloc(bytes + 1), *hb = malloc(bytes + 1);
+    th_get_raw(&a->buf, ha, bytes), th_get_raw(&b->buf, hb, bytes);
+    const bool same = memcmp(ha, hb, bytes) == 0;
+    free(ha), free(hb);
+    return same;
+}
+
+/* y = dropout(act(x·wᵀ + b)) through the dropout option, for saved none / pre / slope:
+ *  - y and the saved operand against the reference: the test's pre (long double sums rounded to
+ *    the dtype), act and act′ of it (the slope rounded to the dtype), times the multiplier of
+ *    drop_mult (f16 / bf16: act rounded to the dtype first); pre kept unmasked;
+ *  - their bits against the op without the option followed by fg_dropout_forward on y (and on
+ *    the slope): the same for every dtype;
+ *  - the kernels that ran: the short-k product's fused dropout where `fused` (CPU f32 gelu on an
+ *    AVX-512 machine), the dropout step after the product elsewhere, none at p = 0;
+ *  - the backward with pre kept (the test's pre) and recomputed, the option given: against
+ *    g = dy·m·act′(pre), and bit for bit against fg_dropout_backward on dy followed by the
+ *    backward without it; the slope form's backward from the test's masked slope (p = 0) against
+ *    g = dy·(m·s), and refused with p > 0. */
+static void dropout_case(fg_context *ctx, fg_backend be, fg_dtype dt, int act, int64_t N, int64_t K, int64_t M,
+                         double p, bool fused) {
+    const uint64_t seed = 0x5EED0000CAFEull + (uint64_t)N, offset = 0x300000005ull + (uint64_t)M; /* high words set */
+    int64_t xs[2] = {N, K}, ws[2] = {M, K}, bs[1] = {M}, ys[2] = {N, M};
+    th_operand x = th_make(be, dt, 2, xs, 0), w = th_make(be, dt, 2, ws, 0), b = th_make(be, dt, 1, bs, 0);
+    th_operand y = th_make(be, dt, 2, ys, 0), y2 = th_make(be, dt, 2, ys, 0), s = th_make(be, dt, 2, ys, 0);
+    th_operand s2 = th_make(be, dt, 2, ys, 0), pv = th_make(be, dt, 2, ys, 0), sv = th_make(be, dt, 2, ys, 0);
+    th_operand dy = th_make(be, dt, 2, ys, 0), dyd = th_make(be, dt, 2, ys, 0);
+    th_operand dx = th_make(be, dt, 2, xs, 0), dw = th_make(be, dt, 2, ws, 0), db = th_make(be, dt, 1, bs, 0);
+    th_operand dx2 = th_make(be, dt, 2, xs, 0), dw2 = th_make(be, dt, 2, ws, 0), db2 = th_make(be, dt, 1, bs, 0);
+    th_randomize(&x), th_randomize(&w), th_randomize(&b), th_randomize(&dy);
+    for (int64_t i = 0; i < x.n; i++) x.v[i] = (x.v[i] - 0.25) * 6.0 / sqrt((double)K); /* pre across the curve */
+    th_round(dt, x.v, x.n);
+    th_put(&x.buf, &x.t, x.v);
+    const int64_t nm = N * M;
+    double *pre = malloc(sizeof(double) * (size_t)nm), *ry = malloc(sizeof(double) * (size_t)nm);
+    double *rs = malloc(sizeof(double) * (size_t)nm), *mult = malloc(sizeof(double) * (size_t)nm);
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t m = 0; m < M; m++) {
+            long double q = b.v[m];
+            for (int64_t k = 0; k < K; k++) q += (long double)x.v[n * K + k] * w.v[m * K + k];
+            pre[n * M + m] = (double)q;
+        }
+    th_round(dt, pre, nm);
+    int kept = 0;
+    for (int64_t i = 0; i < nm; i++) {
+        mult[i] = drop_mult(dt, p, seed, offset, i);
+        kept += mult[i] != 0;
+        double a = (double)ref_act(act, pre[i]), sl = (double)ref_slope(act, pre[i]);
+        if (dt == FG_F16 || dt == FG_BF16) th_round(dt, &a, 1);
+        th_round(dt, &sl, 1);
+        ry[i] = a * mult[i], rs[i] = sl * mult[i];
+    }
+    th_round(dt, rs, nm); /* the masked slope as the op stores it */
+    char lab[200];
+    snprintf(lab, sizeof lab, "dropout p=%g %s %s %s N=%lld K=%lld M=%lld%s", p, act_names[act], th_backend_name(be),
+             fg_dtype_name(dt), (long long)N, (long long)K, (long long)M, fused ? " (fused)" : "");
+    if (p > 0 && p < 1) TH_CHECK(kept > nm / 4 && kept < nm, "%s: %d of %lld kept", lab, kept, (long long)nm);
+    const fg_dropout_options dop = {p, seed, offset};
+    for (int saved = 0; saved < 3; saved++) { /* none, pre, slope */
+        fg_linear_act_options o = {(fg_activation)act, saved == 2 ? FG_ACT_SAVED_SLOPE : FG_ACT_SAVED_PRE, 0, dop};
+        if (act == FG_ACT_NONE && saved == 2 && p > 0) { /* its backward never reads the slope: refused */
+            TH_EXPECT_BAD(FG_ERR_INVALID_VALUE, "dropout.p", &y, fg_linear_act_forward_ex(ctx, &o, &x.t, &w.t, &b.t, &y.t, &s.t));
+            continue;
+        }
+        th_poison(&y.buf), th_poison(&s.buf);
+        TH_OK(fg_linear_act_forward_ex(ctx, &o, &x.t, &w.t, &b.t, &y.t, saved ? &s.t : NULL));
+        const char *ran = fg_context_last_kernels(ctx);
+        const bool any = strstr(ran, "dropout") != NULL, in_product = strstr(ran, "+dropout") != NULL;
+        TH_CHECK(p > 0 ? any && in_product == fused : !any, "%s saved=%d: ran %s", lab, saved, ran);
+        char l2[260];
+        snprintf(l2, sizeof l2, "%s saved=%d", lab, saved);
+        th_verify("y", &y, ry, th_tol(dt, false), l2);
+        if (saved) th_verify(saved == 2 ? "masked slope" : "pre", &s, saved == 2 ? rs : pre, th_tol(dt, false), l2);
+        /* the unfused pair */
+        fg_linear_act_options o0 = o;
+        o0.dropout.p = 0;
+        th_poison(&y2.buf), th_poison(&s2.buf);
+        TH_OK(fg_linear_act_forward_ex(ctx, &o0, &x.t, &w.t, &b.t, &y2.t, saved ? &s2.t : NULL));
+        if (p > 0) TH_OK(fg_dropout_forward(ctx, &dop, &y2.t, &y2.t));
+        if (p > 0 && saved == 2) TH_OK(fg_dropout_forward(ctx, &dop, &s2.t, &s2.t));
+        TH_CHECK(same_bits(&y, &y2), "%s: y's bits differ from linear_act then dropout_forward", l2);
+        if (saved) TH_CHECK(same_bits(&s, &s2), "%s: the saved operand's bits differ from the unfused pair's", l2);
+    }
+    /* backward, pre kept (the test's) and recomputed, with the option */
+    th_put(&pv.buf, &pv.t, pre);
+    double *rdx = calloc((size_t)(N * K), sizeof(double)), *rdw = calloc((size_t)(M * K), sizeof(double));
+    double *rdb = calloc((size_t)M, sizeof(double));
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t m = 0; m < M; m++) {
+            const long double g = (long double)dy.v[n * M + m] * mult[n * M + m] * ref_slope(act, pre[n * M + m]);
+            rdb[m] += (double)g;
+            for (int64_t k = 0; k < K; k++)
+                rdx[n * K + k] += (double)(g * w.v[m * K + k]), rdw[m * K + k] += (double)(g * x.v[n * K + k]);
+        }
+    for (int keep = 1; keep >= 0; keep--) {
+        fg_linear_act_options o = {(fg_activation)act, FG_ACT_SAVED_PRE, 0, dop};
+        char l2[260];
+        snprintf(l2, sizeof l2, "%s backward keep=%d", lab, keep);
+        th_poison(&dx.buf), th_poison(&dw.buf), th_poison(&db.buf);
+        TH_OK(fg_linear_act_backward_ex(ctx, &o, &dy.t, keep ? &pv.t : NULL, &x.t, &w.t, &b.t, &dx.t, &dw.t, &db.t, 0));
+        th_verify("dx", &dx, rdx, th_tol(dt, false), l2);
+        th_verify("dw", &dw, rdw, th_tol(dt, false), l2);
+        th_verify("db", &db, rdb, th_tol(dt, false), l2);
+        o.dropout.p = 0;
+        TH_OK(fg_dropout_backward(ctx, &dop, &dy.t, &dyd.t, 0));
+        th_poison(&dx2.buf), th_poison(&dw2.buf), th_poison(&db2.buf);
+        TH_OK(fg_linear_act_backward_ex(ctx, &o, &dyd.t, keep ? &pv.t : NULL, &x.t, &w.t, &b.t, &dx2.t, &dw2.t, &db2.t, 0));
+        TH_CHECK(same_bits(&dx, &dx2) && same_bits(&dw, &dw2) && same_bits(&db, &db2),
+                 "%s: the gradients' bits differ from dropout_backward then the backward", l2);
+    }
+    /* the slope form's backward: the masked slope carries the mask, p = 0 */
+    th_put(&sv.buf, &sv.t, rs);
+    memset(rdx, 0, sizeof(double) * (size_t)(N * K)), memset(rdw, 0, sizeof(double) * (size_t)(M * K));
+    memset(rdb, 0, sizeof(double) * (size_t)M);
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t m = 0; m < M; m++) {
+            const long double g = (long double)dy.v[n * M + m] * rs[n * M + m];
+            rdb[m] += (double)g;
+            for (int64_t k = 0; k < K; k++)
+                rdx[n * K + k] += (double)(g * w.v[m * K + k]), rdw[m * K + k] += (double)(g * x.v[n * K + k]);
+        }
+    if (act != FG_ACT_NONE) {
+        fg_linear_act_options o = {(fg_activation)act, FG_ACT_SAVED_SLOPE, 0, {0.0, seed, offset}};
+        char l2[260];
+        snprintf(l2, sizeof l2, "%s backward slope form", lab);
+        th_poison(&dx.buf), th_poison(&dw.buf), th_poison(&db.buf);
+        TH_OK(fg_linear_act_backward_ex(ctx, &o, &dy.t, &sv.t, &x.t, &w.t, &b.t, &dx.t, &dw.t, &db.t, 0));
+        th_verify("dx", &dx, rdx, th_tol(dt, false), l2);
+        th_verify("dw", &dw, rdw, th_tol(dt, false), l2);
+        th_verify("db", &db, rdb, th_tol(dt, false), l2);
+        if (p > 0) { /* the mask would be applied twice: refused, nothing written */
+            o.dropout.p = p;
+            TH_EXPECT_BAD(FG_ERR_INVALID_VALUE, "dropout.p", &dx,
+                          fg_linear_act_backward_ex(ctx, &o, &dy.t, &sv.t, &x.t, &w.t, &b.t, &dx.t, &dw.t, &db.t, 0));
+            TH_EXPECT_BAD(FG_ERR_INVALID_VALUE, "dropout.p", &dw,
+                          fg_linear_act_backward_ex(ctx, &o, &dy.t, &sv.t, &x.t, &w.t, &b.t, &dx.t, &dw.t, &db.t, 0));
+        }
+    }
+    free(rdx), free(rdw), free(rdb), free(pre), free(ry), free(rs), free(mult);
+    th_drop(&x), th_drop(&w), th_drop(&b), th_drop(&y), th_drop(&y2), th_drop(&s), th_drop(&s2), th_drop(&pv);
+    th_drop(&sv), th_drop(&dy), th_drop(&dyd), th_drop(&dx), th_drop(&dw), th_drop(&db), th_drop(&dx2);
+    th_drop(&dw2), th_drop(&db2);
+}
+
+/* The shapes: 330 × 16 → 202 is the CPU's short-k product (rows starting at flat indices that
+ * are not multiples of 4 or 64, a masked last vector), 7 × 5 → 13 is not; gelu is fused there
+ * on the CPU in f32, silu is not (the activation pass and the dropout step after it); p = 1 and
+ * p = 0 are edges (p = 1: every element dropped, by the dropout step). */
+static void dropout(fg_context *ctx, fg_backend be, fg_dtype dt) {
+    const bool z = be == FG_BACKEND_CPU && dt == FG_F32 && cpu_fuses_dropout();
+    dropout_case(ctx, be, dt, FG_ACT_GELU, 330, 16, 202, 0.3, z);
+    dropout_case(ctx, be, dt, FG_ACT_GELU_TANH, 300, 32, 256, 0.5, z);
+    dropout_case(ctx, be, dt, FG_ACT_SILU, 330, 16, 202, 0.3, false);
+    dropout_case(ctx, be, dt, FG_ACT_GELU, 330, 16, 202, 1.0, false);
+    dropout_case(ctx, be, dt, FG_ACT_GELU, 330, 16, 202, 0.0, false);
+    dropout_case(ctx, be, dt, FG_ACT_GELU_TANH, 7, 5, 13, 0.4, false);
+    dropout_case(ctx, be, dt, FG_ACT_NONE, 7, 5, 13, 0.4, false);
+}
+
 static void bad_input(fg_context *ctx, fg_backend be) {
     int64_t xs[2] = {6, 4}, ws[2] = {5, 4}, ys[2] = {6, 5}, y3[2] = {6, 3}, bs[1] = {5};
     th_operand x = th_make(be, FG_F32, 2, xs, 0), w = th_make(be, FG_F32, 2, ws, 0), y = th_make(be, FG_F32, 2, ys, 0);
@@ -917,6 +1100,19 @@ static void bad_input(fg_context *ctx, fg_backend be) {
     th_operand dxw = th_make(be, FG_F32, 2, ys, 0), b4 = th_make(be, FG_F32, 1, (int64_t[]){4}, 0);
     xi.t.dtype = FG_I32;
     TH_EXPECT_BAD(FG_ERR_INVALID_VALUE, "act=9", &y, fg_linear_act_forward(ctx, (fg_activation)9, &x.t, &w.t, NULL, &y.t, NULL));
+    { /* dropout.p outside [0, 1] or NaN: refused, nothing written (y, the saved operand, the gradients) */
+        const double bad[3] = {-0.25, 1.5, NAN};
+        th_operand sp = th_make(be, FG_F32, 2, ys, 0);
+        for (int i = 0; i < 3; i++)
+            for (int saved = 0; saved < 2; saved++) {
+                fg_linear_act_options o = {FG_ACT_GELU, saved ? FG_ACT_SAVED_SLOPE : FG_ACT_SAVED_PRE, 0, {bad[i], 1, 2}};
+                TH_EXPECT_BAD(FG_ERR_INVALID_VALUE, "dropout.p", &y, fg_linear_act_forward_ex(ctx, &o, &x.t, &w.t, &b.t, &y.t, &sp.t));
+                TH_EXPECT_BAD(FG_ERR_INVALID_VALUE, "dropout.p", &sp, fg_linear_act_forward_ex(ctx, &o, &x.t, &w.t, &b.t, &y.t, &sp.t));
+                TH_EXPECT_BAD(FG_ERR_INVALID_VALUE, "dropout.p", &dx,
+                              fg_linear_act_backward_ex(ctx, &o, &y.t, &sp.t, &x.t, &w.t, &b.t, &dx.t, NULL, NULL, 0));
+            }
+        th_drop(&sp);
+    }
     TH_EXPECT_BAD(FG_ERR_SHAPE, "y.shape[1]=3", &yb, fg_linear_act_forward(ctx, FG_ACT_RELU, &x.t, &w.t, NULL, &yb.t, NULL));
     TH_EXPECT_BAD(FG_ERR_DTYPE, "w is f16", &y, fg_linear_act_forward(ctx, FG_ACT_RELU, &x.t, &wh.t, NULL, &y.t, NULL));
     TH_EXPECT_BAD(FG_ERR_DTYPE, "x.dtype is i32", &y, fg_linear_act_forward(ctx, FG_ACT_RELU, &xi.t, &w.t, NULL, &y.t, NULL));
@@ -989,6 +1185,7 @@ int main(void) {
                 for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) run_case(ctx, be, dt, act, &shapes[s]);
             special_values(ctx, be, dt);
             determinism(ctx, be, dt);
+            dropout(ctx, be, dt);
             if (be == FG_BACKEND_CUDA && (dt == FG_F16 || dt == FG_BF16))
                 wide_forward(ctx, be, dt), wide_backward(ctx, be, dt), short_backward(ctx, be, dt);
             for (int act = 0; act <= FG_ACT_TANH; act += 3) /* relu, gelu_tanh, tanh */

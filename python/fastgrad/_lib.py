@@ -269,11 +269,20 @@ class ElementwiseOptions(_Options):
     ]
 
 
+class DropoutOptions(_Options):
+    _fields_ = [
+        ("p", ctypes.c_double),
+        ("seed", ctypes.c_uint64),
+        ("offset", ctypes.c_uint64),
+    ]
+
+
 class LinearActOptions(_Options):
     _fields_ = [
         ("act", _enum_t),
         ("saved", _enum_t),
         ("consume", ctypes.c_int32),
+        ("dropout", DropoutOptions),  # y = dropout(act(pre)); zero: none
     ]
 
 
@@ -319,14 +328,6 @@ class RegressionLossOptions(_Options):
         ("reduction", _enum_t),
         ("delta", ctypes.c_double),
         ("grad_scale", ctypes.c_double),
-    ]
-
-
-class DropoutOptions(_Options):
-    _fields_ = [
-        ("p", ctypes.c_double),
-        ("seed", ctypes.c_uint64),
-        ("offset", ctypes.c_uint64),
     ]
 
 

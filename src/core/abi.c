@@ -59,7 +59,7 @@ static const struct {
     F(fg_op_info, operands), F(fg_op_info, flags), F(fg_op_info, options_type), F(fg_op_info, options_size),
     S(fg_elementwise_options), F(fg_elementwise_options, kind), F(fg_elementwise_options, scalars),
     S(fg_linear_act_options), F(fg_linear_act_options, act), F(fg_linear_act_options, saved),
-    F(fg_linear_act_options, consume),
+    F(fg_linear_act_options, consume), F(fg_linear_act_options, dropout),
     S(fg_logp_options), F(fg_logp_options, temperature), F(fg_logp_options, softcap),
     F(fg_logp_options, use_ignore_index), F(fg_logp_options, ignore_index), F(fg_logp_options, reduction),
     F(fg_logp_options, label_smoothing), F(fg_logp_options, z_loss), F(fg_logp_options, grad_scale),

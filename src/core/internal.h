@@ -131,6 +131,13 @@ typedef struct fg_gemm_epilogue {
     bool col_sums;       /* the formed a's column sums (f32, [k]) into sums: written (first) or added */
     bool sums_first;
     float *sums;
+    /* A dropout after the activation (NULL: none; only with act or aux): c's element at
+       address e, and aux's at the same place of aux (c's layout), is multiplied by the mask of
+       flat index (e − drop_origin) / element size, c row-major and contiguous from drop_origin
+       (linear + activation's y). A backend that applies it says so (fg_kernel_info.drop_fused);
+       one that does not leaves it to the caller, who then applies it to c and aux itself. */
+    const struct fg_dropout_gen *drop;
+    const void *drop_origin;
 } fg_gemm_epilogue;
 
 /* c = alpha · a·b + beta · c (+ bias[i·bias_rs + j·bias_cs] on element (i, j)), for each batch.
@@ -162,6 +169,7 @@ typedef struct fg_kernel_info {
     fg_dtype accumulator; /* type the sums are carried in */
     bool act_fused;       /* fg_gemm.act (and epi.aux) was applied in the epilogue */
     bool formed;          /* epi.form was done in the operand load */
+    bool drop_fused;      /* epi.drop was applied too (with act_fused) */
 } fg_kernel_info;
 
 /* A GEMM descriptor of resolved matrices: alpha 1, a bias along the columns when has_bias

@@ -11,11 +11,13 @@
  * the thread count. Short (k <= 32) and narrow (n <= 16) f32 products of many rows, and long
  * (k >= 4096) products of few outputs, run own kernels instead (smallk, narrow, longk below); the short
  * product applies linear + activation's gelu / gelu_tanh in its store on AVX-512 where the CPU has it
- * (act_z.h). Threads follow src/cpu/cpu.h: OpenBLAS's for the products (the
+ * (act_z.h), and then the epilogue's dropout (the keep bits of philox_z.h: fg_dropout_forward's mask
+ * and multiply, so y has the bits of the product followed by the dropout op). Threads follow src/cpu/cpu.h: OpenBLAS's for the products (the
  * context's count when it sets one), OpenMP teams for the loops, never both at once.
  */
 #include "cpu.h"
 #include "act_z.h"
+#include "philox_z.h"
 #include "vec.h"
 
 #include <sched.h>
@@ -523,11 +525,111 @@ FG_Z_KERNEL static void z_smallk_rows(const fg_gemm *g, const float *a, const fl
     if (g->act == FG_ACT_GELU) z_smallk_rows_t(g, a, bp, c, r0, r1, FG_ACT_GELU);
     else z_smallk_rows_t(g, a, bp, c, r0, r1, FG_ACT_GELU_TANH);
 }
+
+#ifdef FG_HAVE_PHILOX_X16
+/* The epilogue's dropout fused as well (0 < p < 1; p = 1 is left to the caller's dropout step):
+   each row's keep bits made first (z_keep_bits over the row's flat indices, from the quad of its
+   first element), then y = act(pre)·m and a kept slope s·m, m = keep ? scale : 0 — the dropout
+   op's multiply (y·m in f32), so y and the slope have the bits of the unfused pair. */
+#define Z_SMALLK_DROP_ISA FG_Z_ISA ",bmi2"
+enum { SMALLK_KEEP_WORDS = 16384 / 64 + 2 }; /* a row's keep bits (n <= 16384) */
+
+static bool z_smallk_drops(const fg_gemm *g) {
+    const fg_dropout_gen *d = g->epi.drop;
+    return d && d->on && d->threshold < (1u << 24) && g->n <= 16384 && z_smallk_takes(g) &&
+           fg_philox_z_usable();
+}
+
+/* 16 keep bits from bit b of the row's words */
+static inline __mmask16 keep16(const uint64_t *w, int64_t b) {
+    const int64_t q = b >> 6, r = b & 63;
+    uint64_t v = w[q] >> r;
+    if (r > 48) v |= w[q + 1] << (64 - r);
+    return (__mmask16)v;
+}
+
+static inline __attribute__((always_inline, target(Z_SMALLK_DROP_ISA))) void
+z_smallk_drop_store(float *ci, float *xi, const float *br, int act, bool slope, int64_t j, __mmask16 km, __m512 acc,
+                    __m512 m) {
+    const __m512 pre = _mm512_add_ps(acc, br ? _mm512_maskz_loadu_ps(km, br + j) : _mm512_setzero_ps());
+    __m512 s;
+    _mm512_mask_storeu_ps(ci + j, km, _mm512_mul_ps(fg_z_act(act, pre, xi && slope ? &s : NULL), m));
+    if (xi) _mm512_mask_storeu_ps(xi + j, km, slope ? _mm512_mul_ps(s, m) : pre);
+}
+
+static inline __attribute__((always_inline, target(Z_SMALLK_DROP_ISA))) void
+z_smallk_drop_rows_t(const fg_gemm *g, const float *a, const float *bp, float *c, int64_t r0, int64_t r1, int act) {
+    const int64_t n = g->n, k = g->k, full = n / SMALLK_J * SMALLK_J;
+    float *aux = g->epi.has_aux ? g->epi.aux : NULL;
+    const bool slope = g->epi.slope;
+    const fg_dropout_gen *d = g->epi.drop;
+    const z_keys keys = z_keys_make(d->seed);
+    const __m512i thr8 = _mm512_set1_epi32((int)(d->threshold << 8));
+    const __m512 scale = _mm512_set1_ps(d->scale);
+    const float *origin = g->epi.drop_origin;
+    uint64_t words[SMALLK_KEEP_WORDS];
+    for (int64_t i = r0; i < r1; i++) {
+        float ai[SMALLK_K];
+        for (int64_t p = 0; p < k; p++) ai[p] = a[i * g->a.rs + p * g->a.cs];
+        float *ci = c + i * g->c.rs, *xi = aux ? aux + i * g->c.rs : NULL;
+        const float *br = g->bias ? (const float *)g->bias + i * g->bias_rs : NULL;
+        const uint64_t e0 = (uint64_t)(ci - origin), q0 = e0 >> 2; /* the row's first flat index, its quad */
+        const int64_t b0 = (int64_t)(e0 & 3), nw = (b0 + n + 63) / 64;
+        for (int64_t w = 0; w < nw; w++) words[w] = z_keep_bits(q0 + 16 * (uint64_t)w, d->offset, &keys, thr8);
+        words[nw] = 0;
+        for (int64_t j0 = 0; j0 < full; j0 += SMALLK_J) { /* 64 columns in four registers */
+            __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+            for (int64_t p = 0; p < k; p++) {
+                const float *row = bp + p * n + j0;
+                const __m512 x = _mm512_set1_ps(ai[p]);
+                s0 = _mm512_fmadd_ps(x, _mm512_loadu_ps(row), s0), s1 = _mm512_fmadd_ps(x, _mm512_loadu_ps(row + 16), s1);
+                s2 = _mm512_fmadd_ps(x, _mm512_loadu_ps(row + 32), s2), s3 = _mm512_fmadd_ps(x, _mm512_loadu_ps(row + 48), s3);
+            }
+            z_smallk_drop_store(ci, xi, br, act, slope, j0, 0xffff, s0, _mm512_maskz_mov_ps(keep16(words, b0 + j0), scale));
+            z_smallk_drop_store(ci, xi, br, act, slope, j0 + 16, 0xffff, s1,
+                                _mm512_maskz_mov_ps(keep16(words, b0 + j0 + 16), scale));
+            z_smallk_drop_store(ci, xi, br, act, slope, j0 + 32, 0xffff, s2,
+                                _mm512_maskz_mov_ps(keep16(words, b0 + j0 + 32), scale));
+            z_smallk_drop_store(ci, xi, br, act, slope, j0 + 48, 0xffff, s3,
+                                _mm512_maskz_mov_ps(keep16(words, b0 + j0 + 48), scale));
+        }
+        for (int64_t j0 = full; j0 < n; j0 += 16) { /* then 16 columns a register, the last masked */
+            const __mmask16 km = fg_z_lanes(n - j0);
+            __m512 s0 = _mm512_setzero_ps();
+            for (int64_t p = 0; p < k; p++) s0 = _mm512_fmadd_ps(_mm512_set1_ps(ai[p]), _mm512_maskz_loadu_ps(km, bp + p * n + j0), s0);
+            z_smallk_drop_store(ci, xi, br, act, slope, j0, km, s0, _mm512_maskz_mov_ps(keep16(words, b0 + j0), scale));
+        }
+    }
+}
+
+__attribute__((target(Z_SMALLK_DROP_ISA))) static void z_smallk_drop_rows(const fg_gemm *g, const float *a,
+                                                                          const float *bp, float *c, int64_t r0,
+                                                                          int64_t r1) {
+    if (g->act == FG_ACT_GELU) z_smallk_drop_rows_t(g, a, bp, c, r0, r1, FG_ACT_GELU);
+    else z_smallk_drop_rows_t(g, a, bp, c, r0, r1, FG_ACT_GELU_TANH);
+}
 #endif
+#endif
+
+/* Whether smallk applies the epilogue's dropout (with its activation). */
+static bool smallk_drops(const fg_gemm *g) {
+#if defined(FG_Z) && defined(FG_HAVE_PHILOX_X16)
+    return z_smallk_drops(g);
+#else
+    (void)g;
+    return false;
+#endif
+}
 
 /* The epilogue's activation as a constant of each instantiation (−1: none fused). */
 FG_CPU_CLONES
 static void smallk_rows(const fg_gemm *g, const float *a, const float *bp, float *c, int64_t r0, int64_t r1) {
+#if defined(FG_Z) && defined(FG_HAVE_PHILOX_X16)
+    if (z_smallk_drops(g)) {
+        z_smallk_drop_rows(g, a, bp, c, r0, r1);
+        return;
+    }
+#endif
 #ifdef FG_Z
     if (z_smallk_takes(g)) {
         z_smallk_rows(g, a, bp, c, r0, r1);
@@ -997,7 +1099,9 @@ fg_status fg_cpu_gemm(fg_context *ctx, const fg_gemm *g, fg_kernel_info *info, v
     }
     if (smallk_takes(g)) {
         info->act_fused = fg_cpu_smallk_fuses(g);
-        snprintf(info->name, sizeof info->name, info->act_fused ? "cpu:f32_smallk+act" : "cpu:f32_smallk");
+        info->drop_fused = info->act_fused && smallk_drops(g);
+        snprintf(info->name, sizeof info->name, "%s",
+                 info->drop_fused ? "cpu:f32_smallk+act+dropout" : info->act_fused ? "cpu:f32_smallk+act" : "cpu:f32_smallk");
         info->workspace_bytes = (size_t)(g->k * g->n) * sizeof(float);
         if (!run) return FG_OK;
         return smallk(ctx, g, ws, ws_bytes);

@@ -22,6 +22,15 @@
  *            their products write only afterwards.
  *  slope form: the forward's steps also write s = act′(pre) where pre would go; the
  *            backward's steps run with act GIVEN_SLOPE (s is its own slope).
+ *  dropout   (options.dropout, p > 0) y = dropout(act(pre)) with fg_dropout_forward's mask on
+ *            y's flat index: in the product's epilogue where the backend applies it there
+ *            (fg_kernel_info.drop_fused), else the normalization family's dropout step on y
+ *            (and on the saved slope, which then carries the mask) after the forward's last
+ *            step, over the whole tensor (batched weights: after the last batch). The backward
+ *            with pre kept (or recomputed) runs the dropout step on dy into the workspace first
+ *            (g = (dy ⊙ m) ⊙ act′(pre), the unfused pair's bits) and then the walk above on it;
+ *            the slope form's backward needs no mask (p > 0 there is refused, and so is the slope
+ *            form with act none, whose backward never reads the slope).
  * Sums are f32 (f64 for f64) in a fixed order: the same bits on every run.
  */
 #include "../core/internal.h"
@@ -114,6 +123,8 @@ typedef struct act_run {
     bool slope;            /* the saved operand is act′(pre) */
     int act;               /* the steps' act: the backward of the slope form runs GIVEN_SLOPE */
     uint32_t path_align;   /* the operands' declared alignment, lowered by the batch strides */
+    fg_dropout_gen drop;   /* options.dropout (on: p > 0) */
+    void *dy_drop;         /* backward with dropout: dy ⊙ m, which the walk reads as dy */
 } act_run;
 
 static size_t place(act_run *r, size_t bytes) {
@@ -127,6 +138,8 @@ static void *at(const act_run *r, size_t off) { return r->ws ? (char *)r->ws + o
 /* operand i's data for the running batch */
 static void *data_of(const act_run *r, int i) {
     if (!r->ops || r->d->operands[i].rank == 0 || !r->ops[i].data) return NULL;
+    if (i == AB_DY && r->dy_drop && r->d->op == FG_OP_LINEAR_ACT_BACKWARD)
+        return (char *)r->dy_drop + r->bi * r->bstride[i] * (int64_t)r->es;
     return (char *)r->ops[i].data + r->bi * r->bstride[i] * (int64_t)r->es;
 }
 
@@ -170,9 +183,11 @@ static fg_status pre_gemm(act_run *r, int xi, int wi, int bi, void *dst) {
 
 /* y = act(x·wᵀ + b) with the activation (and pre or its slope, when kept) in the GEMM's epilogue
  * (the path says the backend has one for this act, dtype and layout); *fused says whether it ran
- * that way: should the backend decline at run time, the product is in y and the pass follows. */
-static fg_status act_gemm(act_run *r, void *y, void *pre, bool *fused) {
-    *fused = false;
+ * that way: should the backend decline at run time, the product is in y and the pass follows.
+ * The dropout is offered to the epilogue too (one batch only: its flat index is y's); *dropped
+ * says whether the backend applied it (planning: whether it will). */
+static fg_status act_gemm(act_run *r, void *y, void *pre, bool *fused, bool *dropped) {
+    *fused = *dropped = false;
     if (!r->run && r->size_only) return FG_OK;
     fg_gemm g = fg_gemm_plain(r->dtype, 1, r->N, r->M, r->K, fg_mat_at(data_of(r, AF_X), r->K, 1),
                               fg_mat_at(data_of(r, AF_W), 1, r->K), fg_mat_at(y, r->M, 1), 0.0,
@@ -182,23 +197,97 @@ static fg_status act_gemm(act_run *r, void *y, void *pre, bool *fused) {
     g.epi.has_aux = has(&r->d->operands[AF_PRE]);
     g.epi.aux = pre;
     g.epi.slope = r->slope;
+    if (r->drop.on && r->B == 1) g.epi.drop = &r->drop, g.epi.drop_origin = y;
     fg_kernel_info info;
-    if (!r->run) { /* planning: this GEMM is the whole forward */
+    if (!r->run) { /* planning: this GEMM is the whole forward (with the dropout when it says so) */
         FG_TRY(fg_gemm_walk(r->ctx, &g, false, NULL, 0, &r->gemm_bytes, r->info->name, sizeof r->info->name));
+        FG_TRY(fg_gemm_execute(r->ctx, &g, &info, NULL, 0, false));
         *fused = true;
+        *dropped = info.act_fused && info.drop_fused;
         return FG_OK;
     }
     FG_TRY(fg_gemm_execute(r->ctx, &g, &info, r->ws ? (char *)r->ws + r->gemm_at : NULL, r->gemm_bytes, true));
     *fused = info.act_fused; /* (not: the product + pass below write y and pre again) */
+    *dropped = info.act_fused && info.drop_fused;
     return FG_OK;
 }
+
+/* While planning, the dropout step's operands point at a placeholder it never reads. */
+static _Alignas(256) char placeholder[256];
+
+/* The normalization family's dropout step over rows × M elements, x → y (in place when the
+   same; flat index i·M + j), planned (its scratch need into c->need, its name into c->name). */
+static fg_status drop_plan(act_run *r, const void *x, void *y, int64_t rows, fg_norm_call *c) {
+    memset(c, 0, sizeof *c);
+    c->step = FG_NORM_STEP_DROPOUT;
+    c->dtype = c->w_dtype = c->stat_dtype = c->dw_dtype = c->db_dtype = r->dtype;
+    c->acc = r->acc;
+    c->rows = rows, c->cols = r->M;
+    c->ld_x = c->ld_y = r->M;
+    c->drop = r->drop;
+    c->align = r->d->alignment;
+    c->x = x ? x : placeholder;
+    c->y = y ? y : (void *)placeholder;
+    return r->ctx->be->norm(r->ctx, c, false);
+}
+
+/* That step as the walk meets it: planning, its kernels named (each once, in order); running
+   (go), run with its scratch at `off` of the workspace. */
+static fg_status drop_step(act_run *r, const void *x, void *y, int64_t rows, size_t off, bool go) {
+    fg_norm_call c;
+    FG_TRY(drop_plan(r, x, y, rows, &c));
+    if (!r->run) {
+        if (!r->size_only)
+            for (char *p = c.name; p && *p;) {
+                char *end = strstr(p, " ; ");
+                if (end) *end = 0;
+                fg_name_append(r->info->name, sizeof r->info->name, p);
+                p = end ? end + 3 : NULL;
+            }
+        return FG_OK;
+    }
+    if (!go) return FG_OK;
+    c.scratch = c.need ? at(r, off) : NULL;
+    c.scratch_bytes = c.need;
+    return r->ctx->be->norm(r->ctx, &c, true);
+}
+
+/* The dropout step's scratch bytes (0 without a dropout), the same in every walk. */
+static size_t drop_need(act_run *r) {
+    fg_norm_call c;
+    if (!r->drop.on || drop_plan(r, NULL, NULL, r->B * r->N, &c) != FG_OK) return 0;
+    return c.need;
+}
+
+/* The forward's dropout where the epilogue did not apply it: on all of y (and of the saved
+   slope), after the last batch, its scratch at `off`. */
+static fg_status forward_drop(act_run *r, bool dropped, size_t off) {
+    if (dropped) return FG_OK;
+    const int64_t rows = r->B * r->N;
+    const bool go = r->bi == r->B - 1;
+    void *y = r->ops ? r->ops[AF_Y].data : NULL;
+    FG_TRY(drop_step(r, y, y, rows, off, go));
+    if (r->slope) {
+        void *s = r->ops ? r->ops[AF_PRE].data : NULL;
+        FG_TRY(drop_step(r, s, s, rows, off, go));
+    }
+    return FG_OK;
+}
+
+static fg_status forward_steps(act_run *r, bool keep, void *y, void *pre);
 
 static fg_status forward(act_run *r) {
     const bool keep = r->d->operands[AF_PRE].rank != 0;
     void *y = data_of(r, AF_Y), *pre = keep ? data_of(r, AF_PRE) : y;
-    bool fused = false;
-    if (r->path->epilogue) FG_TRY(act_gemm(r, y, keep ? pre : NULL, &fused));
-    if (fused) return FG_OK;
+    const size_t drop_off = place(r, drop_need(r));
+    bool fused = false, dropped = false;
+    if (r->path->epilogue) FG_TRY(act_gemm(r, y, keep ? pre : NULL, &fused, &dropped));
+    if (!fused) FG_TRY(forward_steps(r, keep, y, pre));
+    return r->drop.on ? forward_drop(r, dropped, drop_off) : FG_OK;
+}
+
+/* The forward without the epilogue: one tile kernel, or the product and the activation pass. */
+static fg_status forward_steps(act_run *r, bool keep, void *y, void *pre) {
     if (r->path->fwd != FG_ACT_STEP_FORWARD) { /* product and activation in one kernel */
         fg_act_call c;
         memset(&c, 0, sizeof c);
@@ -264,6 +353,18 @@ static fg_status backward_fused(act_run *r, bool keep, bool want_db, bool db_ove
     return want_db ? db_cast(r, c.db_acc, db_over_batches) : FG_OK;
 }
 
+/* dy ⊙ m (fg_dropout_backward's) into the workspace for the whole tensor, made before the first
+   batch; the walk then reads it as dy (data_of). */
+static fg_status backward_drop(act_run *r) {
+    const int64_t rows = r->B * r->N;
+    const size_t dy_off = place(r, (size_t)(rows * r->M) * r->es), step_off = place(r, drop_need(r));
+    r->dy_drop = NULL; /* (data_of: dy itself while the step reads it) */
+    void *dst = r->run ? at(r, dy_off) : NULL;
+    FG_TRY(drop_step(r, r->ops ? r->ops[AB_DY].data : NULL, dst, rows, step_off, r->bi == 0));
+    r->dy_drop = dst;
+    return FG_OK;
+}
+
 static fg_status backward(act_run *r) {
     const fg_plan_desc *d = r->d;
     const fg_act_path *path = r->path;
@@ -272,6 +373,7 @@ static fg_status backward(act_run *r) {
     const bool consume = consume_form(d);
     /* batched weights with db [M]: db sums over the batches, one f32 sum rounded at the end */
     const bool db_over_batches = want_db && r->B > 1 && d->operands[AB_DB].rank == 1;
+    if (r->drop.on && (want_dx || want_dw || want_db)) FG_TRY(backward_drop(r));
     if (path->fused != FG_ACT_STEP_FORWARD) return backward_fused(r, keep, want_db, db_over_batches);
     const size_t nm = (size_t)(r->N * r->M);
     const size_t pre_off = place(r, keep || none ? 0 : nm * r->es);
@@ -389,6 +491,7 @@ static fg_status driver(fg_context *ctx, const fg_plan_desc *d, const fg_tensor 
     r.info = info;
     r.kind = act_opts(d)->act;
     r.slope = slope_form(d);
+    r.drop = fg_dropout_make(act_opts(d)->dropout.p, act_opts(d)->dropout.seed, act_opts(d)->dropout.offset);
     r.act = r.slope && !fwd && r.kind != FG_ACT_NONE ? FG_ACT_GIVEN_SLOPE : r.kind; /* (none: g = dy, s = 1) */
     if (!run) {
         if (r.dtype == FG_F64 && !ctx->be->f64_kernels)
@@ -439,10 +542,27 @@ static fg_status driver(fg_context *ctx, const fg_plan_desc *d, const fg_tensor 
 
 /* ------------------------------------------------------------------ lowering (validation) */
 
+/* dropout.p in [0, 1]; the slope form's backward takes none (the saved slope carries the mask). */
+static fg_status check_dropout(const char *op, const fg_plan_desc *d, bool fwd) {
+    const double p = act_opts(d)->dropout.p;
+    if (!(p >= 0.0 && p <= 1.0))
+        return fg_fail(FG_ERR_INVALID_VALUE, "%s: dropout.p=%g must be in [0, 1]", op, p);
+    if (!fwd && p > 0.0 && slope_form(d))
+        return fg_fail(FG_ERR_INVALID_VALUE,
+                       "%s: dropout.p=%g with the slope saved: the forward's saved slope carries the mask already "
+                       "(the slope form's backward takes dropout.p = 0)", op, p);
+    if (fwd && p > 0.0 && slope_form(d) && act_opts(d)->act == FG_ACT_NONE)
+        return fg_fail(FG_ERR_INVALID_VALUE,
+                       "%s: dropout.p=%g with act none and the slope saved: that backward takes g = dy and never "
+                       "reads the slope, so the mask would be lost (keep pre, or save nothing)", op, p);
+    return FG_OK;
+}
+
 static fg_status lower_forward(const fg_plan_desc *d, fg_lowered *out) {
     const char *op = "linear_act_forward";
     const fg_tensor *o = d->operands;
     int64_t B = 1, N = 0, K = 0, M = 0;
+    FG_TRY(check_dropout(op, d, true));
     FG_TRY(check_xwb(op, act_opts(d)->act, &o[AF_X], &o[AF_W], &o[AF_B], &B, &N, &K, &M));
     FG_TRY(check_like(op, "y", &o[AF_Y], &o[AF_X], M, o[AF_X].dtype));
     if (has(&o[AF_PRE])) FG_TRY(check_like(op, "pre", &o[AF_PRE], &o[AF_X], M, o[AF_X].dtype));
@@ -456,6 +576,7 @@ static fg_status lower_backward(const fg_plan_desc *d, fg_lowered *out) {
     const char *op = "linear_act_backward";
     const fg_tensor *o = d->operands;
     int64_t B = 1, N = 0, K = 0, M = 0;
+    FG_TRY(check_dropout(op, d, false));
     FG_TRY(check_xwb(op, act_opts(d)->act, &o[AB_X], &o[AB_W], &o[AB_B], &B, &N, &K, &M));
     const fg_dtype t = o[AB_X].dtype;
     FG_TRY(check_like(op, "dy", &o[AB_DY], &o[AB_X], M, t));
@@ -494,7 +615,7 @@ const fg_family fg_family_linear_act = {"linear_act", sizeof ops / sizeof ops[0]
 
 /* ------------------------------------------------------------------ one-call functions */
 
-static const fg_linear_act_options none_opts = {FG_ACT_NONE, FG_ACT_SAVED_PRE, 0};
+static const fg_linear_act_options none_opts = {FG_ACT_NONE, FG_ACT_SAVED_PRE, 0, {0.0, 0, 0}};
 
 fg_status fg_linear_act_forward_ex(fg_context *ctx, const fg_linear_act_options *opt, const fg_tensor *x,
                                    const fg_tensor *w, const fg_tensor *b, const fg_tensor *y, const fg_tensor *saved) {
@@ -516,7 +637,7 @@ fg_status fg_linear_act_backward_ex(fg_context *ctx, const fg_linear_act_options
 }
 
 static fg_linear_act_options options(fg_activation act, fg_act_saved saved, int consume) {
-    fg_linear_act_options o = {act, saved, consume};
+    fg_linear_act_options o = {act, saved, consume, {0.0, 0, 0}};
     return o;
 }
 

@@ -6,10 +6,13 @@
  *  ROWS_FORWARD / ROWS_BACKWARD  a group of G threads per row (G a power of two: a few lanes of
  *      a warp for short rows, up to a block for long ones), the row held in registers as 16-byte
  *      vectors (NV per thread): x (and r) read once, s and y written once. Sums are f32 trees
- *      over the group (shuffles, then the group's warps in order in shared memory). The backward
- *      runs a persistent grid whose threads keep their columns' dw / db in registers over the
- *      rows they take; a block adds its groups in order and writes one partial row, and a
- *      finish kernel adds the blocks' partials in block order. Rows that do not fit (D > 16384,
+ *      over the group (shuffles, then the group's warps in order in shared memory). Both
+ *      directions run persistent grids sized by the occupancy the kernel gets, each thread
+ *      streaming its vectors of the rows ahead into a ring in shared memory (cp.async) so that
+ *      loads stay in flight while a row's sums go round. The backward's groups keep their
+ *      columns' dw / db over the rows they take in shared memory; a block adds its groups in
+ *      order and writes one partial row, and a finish kernel adds the blocks' partials in
+ *      block order. Rows that do not fit (D > 16384,
  *      or D not a multiple of the vector, or pointers / row strides not 16-byte aligned) take
  *      the loop kernels: a block a row, the statistics in one pass around the row's first
  *      element (a shift that keeps E[d²] − E[d]² from cancelling), a second pass that writes;
@@ -31,6 +34,7 @@
 
 #include "../core/rng.h"
 
+
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -45,6 +49,16 @@ static int pow2_at_least(int64_t n) {
 }
 
 /* ------------------------------------------------------------------ device helpers */
+
+/* The row kernels' rings: 16 bytes global → shared bypassing L1 (cp.async.cg), a group's end,
+ * and the wait for all but the N newest groups. The clobbers keep the compiler from moving
+ * shared-memory reads across them. */
+__device__ __forceinline__ void ring_copy16(void *dst, const void *src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src)
+                 : "memory");
+}
+__device__ __forceinline__ void ring_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void ring_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
 /* A dropout as the kernels apply it: keep when u >= thr (thr = threshold·2^-24, exact in f32). */
 struct drop_t {
@@ -142,16 +156,75 @@ struct rows_args {
     int G;                      /* threads per row */
 };
 
-/* The forward, a row per group of G threads (at most 512), NV vectors of VEC elements per thread. */
-template <typename T, int VEC, int NV>
+/* The forward, a row per group of G threads (at most 512), NV vectors of VEC elements per thread.
+ * The grid is persistent. With STAGES > 0 each thread streams its own vectors of the rows ahead
+ * into a ring of STAGES slots in shared memory (16-byte cp.async): while a row's sums go round
+ * the group, the loads of the group's next rows are in flight, and holding them costs shared
+ * memory, not registers (registers bound how many blocks an SM keeps). A thread reads back only
+ * what it copied itself, so the ring needs no barrier. STAGES = 0 (rows whose ring would not
+ * fit): plain loads. */
+template <typename T, int VEC, int NV, bool RES, int STAGES>
 __global__ void __launch_bounds__(512) rows_fwd_reg(const rows_args a) {
     __shared__ float red[512 / 32 * 2];
+    extern __shared__ uint4 ring[]; /* [STAGES][RES ? 2 : 1][NV][blockDim.x], then w and b */
+    static_assert(sizeof(vec_t<T, VEC>) == 16, "the ring holds 16-byte vectors");
     const int G = a.G, R = blockDim.x / G, grp = threadIdx.x / G, t = threadIdx.x % G;
-    const int64_t nvec = a.cols / VEC;
+    const int64_t nvec = a.cols / VEC, step = (int64_t)gridDim.x * R;
     const float inv_d = 1.f / (float)a.cols;
-    for (int64_t base = (int64_t)blockIdx.x * R; base < a.rows; base += (int64_t)gridDim.x * R) {
+    const int slot = (RES ? 2 : 1) * NV * blockDim.x; /* uint4s a stage */
+    auto fetch = [&](int64_t row, int stage) { /* row's vectors of this thread into the stage; one group */
+        if (STAGES == 0) return;
+        uint4 *st = ring + stage * slot + threadIdx.x;
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            const int64_t vi = (int64_t)k * G + t;
+            if (row < a.rows && vi < nvec) {
+                ring_copy16(st + k * blockDim.x, (const T *)a.x + row * a.ld_x + vi * VEC);
+                if (RES)
+                    ring_copy16(st + (NV + k) * blockDim.x, (const T *)a.r + row * a.ld_r + vi * VEC);
+            }
+        }
+        ring_commit();
+    };
+    const int64_t first = (int64_t)blockIdx.x * R + grp;
+#pragma unroll
+    for (int q = 0; q + 1 < STAGES; q++) fetch(first + q * step, q);
+    /* with the ring, this thread's columns of w and b wait in shared memory past it ([2][NV][blockDim.x]):
+       read once, not again for every row through L1 beside the streams */
+    uint4 *wb = ring + STAGES * slot + threadIdx.x;
+    if (STAGES > 0)
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            const int64_t vi = (int64_t)k * G + t;
+            if (vi >= nvec) continue;
+            if (a.w) wb[k * blockDim.x] = *reinterpret_cast<const uint4 *>((const T *)a.w + vi * VEC);
+            if (a.b) wb[(NV + k) * blockDim.x] = *reinterpret_cast<const uint4 *>((const T *)a.b + vi * VEC);
+        }
+    int stage = 0;
+    for (int64_t base = (int64_t)blockIdx.x * R; base < a.rows; base += step) {
         const int64_t row = base + grp;
         const bool active = row < a.rows;
+        vec_t<T, VEC> cx[NV], cr[NV];
+        if constexpr (STAGES > 0) {
+            /* the slot the previous row used is free (this thread read it): the row STAGES − 1 ahead */
+            fetch(row + (STAGES - 1) * step, (stage + STAGES - 1) % STAGES);
+            ring_wait<STAGES - 1>(); /* this row's group is in */
+            const uint4 *st = ring + stage * slot + threadIdx.x;
+            stage = (stage + 1) % STAGES;
+#pragma unroll
+            for (int k = 0; k < NV; k++) {
+                *reinterpret_cast<uint4 *>(&cx[k]) = st[k * blockDim.x];
+                if (RES) *reinterpret_cast<uint4 *>(&cr[k]) = st[(NV + k) * blockDim.x];
+            }
+        } else {
+#pragma unroll
+            for (int k = 0; k < NV; k++) {
+                const int64_t vi = (int64_t)k * G + t;
+                if (!active || vi >= nvec) continue;
+                cx[k] = load_vec<T, VEC>((const T *)a.x + row * a.ld_x + vi * VEC);
+                if (RES) cr[k] = load_vec<T, VEC>((const T *)a.r + row * a.ld_r + vi * VEC);
+            }
+        }
         float v[NV][VEC];
         float sum[1] = {0.f};
 #pragma unroll
@@ -161,22 +234,20 @@ __global__ void __launch_bounds__(512) rows_fwd_reg(const rows_args a) {
 #pragma unroll
             for (int e = 0; e < VEC; e++) v[k][e] = 0.f;
             if (!ok) continue;
-            const vec_t<T, VEC> xv = load_vec<T, VEC>((const T *)a.x + row * a.ld_x + vi * VEC);
-            if (a.r) {
-                const vec_t<T, VEC> rv = load_vec<T, VEC>((const T *)a.r + row * a.ld_r + vi * VEC);
+            if (RES) {
                 float m[VEC];
                 drop_mask<VEC>(a.drop, row * a.cols + vi * VEC, m);
                 vec_t<T, VEC> sv;
 #pragma unroll
                 for (int e = 0; e < VEC; e++) {
-                    v[k][e] = residual<T>(to_acc(xv.v[e]), to_acc(rv.v[e]), m[e]);
+                    v[k][e] = residual<T>(to_acc(cx[k].v[e]), to_acc(cr[k].v[e]), m[e]);
                     sv.v[e] = from_acc<T>(v[k][e]);
                 }
                 if (a.s) store_vec<T, VEC>((T *)a.s + row * a.ld_s + vi * VEC, sv);
             } else {
 #pragma unroll
-                for (int e = 0; e < VEC; e++) v[k][e] = to_acc(xv.v[e]);
-                if (a.s) store_vec<T, VEC>((T *)a.s + row * a.ld_s + vi * VEC, xv);
+                for (int e = 0; e < VEC; e++) v[k][e] = to_acc(cx[k].v[e]);
+                if (a.s) store_vec<T, VEC>((T *)a.s + row * a.ld_s + vi * VEC, cx[k]);
             }
 #pragma unroll
             for (int e = 0; e < VEC; e++) sum[0] += a.rms ? v[k][e] * v[k][e] : v[k][e];
@@ -207,8 +278,13 @@ __global__ void __launch_bounds__(512) rows_fwd_reg(const rows_args a) {
             const int64_t vi = (int64_t)k * G + t;
             if (vi >= nvec) continue;
             vec_t<T, VEC> wv, bv, yv;
-            if (a.w) wv = load_vec<T, VEC>((const T *)a.w + vi * VEC);
-            if (a.b) bv = load_vec<T, VEC>((const T *)a.b + vi * VEC);
+            if (STAGES > 0) {
+                if (a.w) *reinterpret_cast<uint4 *>(&wv) = wb[k * blockDim.x];
+                if (a.b) *reinterpret_cast<uint4 *>(&bv) = wb[(NV + k) * blockDim.x];
+            } else {
+                if (a.w) wv = load_vec<T, VEC>((const T *)a.w + vi * VEC);
+                if (a.b) bv = load_vec<T, VEC>((const T *)a.b + vi * VEC);
+            }
 #pragma unroll
             for (int e = 0; e < VEC; e++) {
                 float o = (v[k][e] - mean) * rstd;
@@ -227,46 +303,103 @@ __global__ void __launch_bounds__(512) rows_fwd_reg(const rows_args a) {
 
 /* The backward, as the forward's geometry. dw / db: each group's running sums over its rows in
  * shared memory ([R][2][cols], column j of vector vi at e·nvec + vi, so a warp's updates fall in
- * distinct banks), the groups added in order at the end: one partial row per block. */
-template <typename T, int VEC, int NV>
+ * distinct banks), the groups added in order at the end: one partial row per block. With
+ * STAGES > 0, x and dy of the rows ahead stream into a ring after those sums, as in the forward,
+ * w waits past it, and a row's values are read from the ring at each use instead of held in
+ * registers. DR = false: instances for calls without the residual's gradient dr. */
+template <typename T, int VEC, int NV, int STAGES, bool DR>
 __global__ void __launch_bounds__(512) rows_bwd_reg(const rows_args a) {
     __shared__ float red[512 / 32 * 2];
-    extern __shared__ float pacc[];
+    extern __shared__ __align__(16) float pacc[];
     const int G = a.G, R = blockDim.x / G, grp = threadIdx.x / G, t = threadIdx.x % G;
-    const int64_t nvec = a.cols / VEC;
+    const int64_t nvec = a.cols / VEC, step = (int64_t)gridDim.x * R;
     const float inv_d = 1.f / (float)a.cols;
     float *mine = a.part ? pacc + (int64_t)grp * 2 * a.cols : NULL;
+    /* the ring: [STAGES][2][NV][blockDim.x] 16-byte vectors past the sums (cols is a multiple of VEC), then w */
+    uint4 *ring = reinterpret_cast<uint4 *>(pacc + (a.part ? (int64_t)R * 2 * a.cols : 0));
+    const int slot = 2 * NV * blockDim.x;
+    auto fetch = [&](int64_t row, int stage) {
+        if (STAGES == 0) return;
+        uint4 *st = ring + stage * slot + threadIdx.x;
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            const int64_t vi = (int64_t)k * G + t;
+            if (row < a.rows && vi < nvec) {
+                ring_copy16(st + k * blockDim.x, (const T *)a.x + row * a.ld_x + vi * VEC);
+                ring_copy16(st + (NV + k) * blockDim.x, (const T *)a.dy + row * a.ld_dy + vi * VEC);
+            }
+        }
+        ring_commit();
+    };
+#pragma unroll
+    for (int q = 0; q + 1 < STAGES; q++) fetch((int64_t)blockIdx.x * R + grp + q * step, q);
+    uint4 *wcols = ring + STAGES * slot + threadIdx.x; /* with the ring: this thread's columns of w ([NV][blockDim.x]) */
+    if (STAGES > 0 && a.w)
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            const int64_t vi = (int64_t)k * G + t;
+            if (vi < nvec) wcols[k * blockDim.x] = *reinterpret_cast<const uint4 *>((const T *)a.w + vi * VEC);
+        }
+    int stage = 0;
     if (mine) {
         for (int64_t i = t; i < 2 * a.cols; i += G) mine[i] = 0.f;
         __syncthreads(); /* (zeroed by other threads of the group than the ones that add into them) */
     }
-    for (int64_t base = (int64_t)blockIdx.x * R; base < a.rows; base += (int64_t)gridDim.x * R) {
+    for (int64_t base = (int64_t)blockIdx.x * R; base < a.rows; base += step) {
         const int64_t row = base + grp;
         const bool active = row < a.rows;
-        float xv[NV][VEC], g[NV][VEC];
+        /* the row's x and dy as f32: held in registers over the row without the ring; with it
+           read again from shared memory at each use, so registers hold only the sums */
+        constexpr int HOLD = STAGES > 0 ? 1 : NV;
+        float xv[HOLD][VEC], g[HOLD][VEC];
+        const uint4 *st = NULL;
+        if constexpr (STAGES > 0) {
+            fetch(row + (STAGES - 1) * step, (stage + STAGES - 1) % STAGES);
+            ring_wait<STAGES - 1>();
+            st = ring + stage * slot + threadIdx.x;
+            stage = (stage + 1) % STAGES;
+        } else {
 #pragma unroll
-        for (int k = 0; k < NV; k++) {
-            const int64_t vi = (int64_t)k * G + t;
+            for (int k = 0; k < NV; k++) {
+                const int64_t vi = (int64_t)k * G + t;
 #pragma unroll
-            for (int e = 0; e < VEC; e++) xv[k][e] = g[k][e] = 0.f;
-            if (!active || vi >= nvec) continue;
-            const vec_t<T, VEC> x = load_vec<T, VEC>((const T *)a.x + row * a.ld_x + vi * VEC);
-            const vec_t<T, VEC> dy = load_vec<T, VEC>((const T *)a.dy + row * a.ld_dy + vi * VEC);
+                for (int e = 0; e < VEC; e++) xv[k][e] = g[k][e] = 0.f;
+                if (!active || vi >= nvec) continue;
+                const vec_t<T, VEC> x = load_vec<T, VEC>((const T *)a.x + row * a.ld_x + vi * VEC);
+                const vec_t<T, VEC> dy = load_vec<T, VEC>((const T *)a.dy + row * a.ld_dy + vi * VEC);
 #pragma unroll
-            for (int e = 0; e < VEC; e++) xv[k][e] = to_acc(x.v[e]), g[k][e] = to_acc(dy.v[e]);
+                for (int e = 0; e < VEC; e++) xv[k][e] = to_acc(x.v[e]), g[k][e] = to_acc(dy.v[e]);
+            }
         }
+        auto row_vec = [&](int k, float (&xx)[VEC], float (&gg)[VEC]) { /* vector k of x and dy (a live one) */
+            if constexpr (STAGES > 0) {
+                vec_t<T, VEC> x, dy;
+                *reinterpret_cast<uint4 *>(&x) = st[k * blockDim.x];
+                *reinterpret_cast<uint4 *>(&dy) = st[(NV + k) * blockDim.x];
+#pragma unroll
+                for (int e = 0; e < VEC; e++) xx[e] = to_acc(x.v[e]), gg[e] = to_acc(dy.v[e]);
+            } else {
+#pragma unroll
+                for (int e = 0; e < VEC; e++) xx[e] = xv[k][e], gg[e] = g[k][e];
+            }
+        };
         float mean = 0.f, rstd = 0.f;
         if (a.rstd) {
             if (active) {
                 rstd = a.rstd[row];
                 if (!a.rms) mean = a.mean[row];
             }
-        } else { /* recomputed as the forward computes them */
+        } else { /* recomputed as the forward computes them (a vector past the row adds nothing) */
             float sum[1] = {0.f};
 #pragma unroll
-            for (int k = 0; k < NV; k++)
+            for (int k = 0; k < NV; k++) {
+                const int64_t vi = (int64_t)k * G + t;
+                if (!active || vi >= nvec) continue;
+                float xx[VEC], gg[VEC];
+                row_vec(k, xx, gg);
 #pragma unroll
-                for (int e = 0; e < VEC; e++) sum[0] += a.rms ? xv[k][e] * xv[k][e] : xv[k][e];
+                for (int e = 0; e < VEC; e++) sum[0] += a.rms ? xx[e] * xx[e] : xx[e];
+            }
             group_sum<1>(sum, G, red);
             if (a.rms) {
                 rstd = 1.f / sqrtf(sum[0] * inv_d + a.eps);
@@ -277,9 +410,11 @@ __global__ void __launch_bounds__(512) rows_bwd_reg(const rows_args a) {
                 for (int k = 0; k < NV; k++) {
                     const int64_t vi = (int64_t)k * G + t;
                     if (!active || vi >= nvec) continue;
+                    float xx[VEC], gg[VEC];
+                    row_vec(k, xx, gg);
 #pragma unroll
                     for (int e = 0; e < VEC; e++) {
-                        const float d = xv[k][e] - mean;
+                        const float d = xx[e] - mean;
                         sq[0] += d * d;
                     }
                 }
@@ -287,27 +422,36 @@ __global__ void __launch_bounds__(512) rows_bwd_reg(const rows_args a) {
                 rstd = 1.f / sqrtf(sq[0] * inv_d + a.eps);
             }
         }
-        /* xv becomes x̂, g becomes dy·w; dy·x̂ and dy go to the group's dw / db */
+        /* x̂ and g = dy·w of vector k (the same operations wherever they are made: the same bits) */
+        auto xhat_g = [&](int k, int64_t vi, float (&xh)[VEC], float (&gw)[VEC], float (&dyv)[VEC]) {
+            float xx[VEC];
+            row_vec(k, xx, dyv);
+            vec_t<T, VEC> wv;
+            if (a.w && STAGES > 0) *reinterpret_cast<uint4 *>(&wv) = wcols[k * blockDim.x];
+            else if (a.w) wv = load_vec<T, VEC>((const T *)a.w + vi * VEC);
+#pragma unroll
+            for (int e = 0; e < VEC; e++) {
+                xh[e] = (xx[e] - mean) * rstd;
+                gw[e] = a.w ? dyv[e] * to_acc(wv.v[e]) : dyv[e];
+            }
+        };
+        /* dy·x̂ and dy go to the group's dw / db */
         float sums[2] = {0.f, 0.f}; /* Σ g·x̂, Σ g */
 #pragma unroll
         for (int k = 0; k < NV; k++) {
             const int64_t vi = (int64_t)k * G + t;
             if (!active || vi >= nvec) continue;
-            vec_t<T, VEC> wv;
-            if (a.w) wv = load_vec<T, VEC>((const T *)a.w + vi * VEC);
+            float xh[VEC], gw[VEC], dyv[VEC];
+            xhat_g(k, vi, xh, gw, dyv);
 #pragma unroll
             for (int e = 0; e < VEC; e++) {
-                const float xh = (xv[k][e] - mean) * rstd, dy = g[k][e];
                 if (mine) {
                     float *pw = mine + e * nvec + vi, *pb = pw + a.cols;
-                    *pw += dy * xh;
-                    *pb += dy;
+                    *pw += dyv[e] * xh[e];
+                    *pb += dyv[e];
                 }
-                const float gw = a.w ? dy * to_acc(wv.v[e]) : dy;
-                xv[k][e] = xh;
-                g[k][e] = gw;
-                sums[0] += gw * xh;
-                sums[1] += gw;
+                sums[0] += gw[e] * xh[e];
+                sums[1] += gw[e];
             }
         }
         group_sum<2>(sums, G, red);
@@ -317,9 +461,10 @@ __global__ void __launch_bounds__(512) rows_bwd_reg(const rows_args a) {
         for (int k = 0; k < NV; k++) {
             const int64_t vi = (int64_t)k * G + t;
             if (vi >= nvec) continue;
-            float d[VEC];
+            float xh[VEC], gw[VEC], dyv[VEC], d[VEC];
+            xhat_g(k, vi, xh, gw, dyv);
 #pragma unroll
-            for (int e = 0; e < VEC; e++) d[e] = rstd * (g[k][e] - cb - xv[k][e] * ca);
+            for (int e = 0; e < VEC; e++) d[e] = rstd * (gw[e] - cb - xh[e] * ca);
             if (a.ds) {
                 const vec_t<T, VEC> dsv = load_vec<T, VEC>((const T *)a.ds + row * a.ld_ds + vi * VEC);
 #pragma unroll
@@ -333,7 +478,7 @@ __global__ void __launch_bounds__(512) rows_bwd_reg(const rows_args a) {
                 for (int e = 0; e < VEC; e++) o.v[e] = from_acc<T>(a.accumulate ? to_acc(o.v[e]) + d[e] : d[e]);
                 store_vec<T, VEC>(p, o);
             }
-            if (a.dr) {
+            if (DR && a.dr) {
                 float m[VEC];
                 drop_mask<VEC>(a.drop, row * a.cols + vi * VEC, m);
                 T *p = (T *)a.dr + row * a.ld_dr + vi * VEC;
@@ -1026,7 +1171,8 @@ struct rows_path {
     bool reg, vec;    /* registers (else the loop kernels); 16-byte vectors */
     bool params;      /* dw or db wanted */
     int nv;           /* register path: vectors a thread */
-    size_t smem;      /* the register backward's dw / db sums, [R][2][cols] floats */
+    size_t smem;      /* the register backward's dw / db sums, [R][2][cols] floats; the forward's ring */
+    bool ring;        /* register forward: rows streamed ahead through shared memory */
     int G, block, R;  /* threads a row, a block; rows a block */
     int64_t grid;
     size_t stat_off;  /* loop backward: the recomputed statistics in scratch */
@@ -1067,6 +1213,78 @@ static size_t up256(size_t b) { return (b + 255) & ~(size_t)255; }
  * the same way, so a backward that recomputes mean / rstd gets the forward's bits. */
 constexpr int ROW_ELEMS = 32, ROW_ELEMS_SHORT = 16, ROW_MAXG = 512;
 
+/* The rings: STAGES slots of a thread's 16-byte vectors (the forward's x, and r with a residual;
+ * the backward's x and dy), where they fit (the forward's ring in FWD_RING_MAX bytes a block:
+ * rows of the short split up to 8192 bf16 / 4096 f32 elements, with the residual half that; the
+ * backward's with its dw / db sums in BWD_SMEM_MAX); longer rows load plainly. The forward's
+ * residual instances are apart: its dropout's generator would raise the plain norm's registers. */
+constexpr int FWD_STAGES = 4, BWD_STAGES = 4;
+constexpr size_t FWD_RING_MAX = 96 * 1024, BWD_SMEM_MAX = 112 * 1024;
+
+/* (with the slots of w and b) */
+static size_t fwd_ring_bytes(int nv, bool res, int block) { return (size_t)(FWD_STAGES * (res ? 2 : 1) + 2) * nv * block * 16; }
+static size_t bwd_ring_bytes(int nv, int block) { return (size_t)(BWD_STAGES * 2 + 1) * nv * block * 16; }
+
+template <typename T> static void (*fwd_reg_kernel(int nv, bool res, bool ring))(rows_args) {
+    constexpr int V = 16 / sizeof(T), S = ROW_ELEMS_SHORT / V, L = ROW_ELEMS / V;
+    if (nv == S) {
+        if (ring) return res ? rows_fwd_reg<T, V, S, true, FWD_STAGES> : rows_fwd_reg<T, V, S, false, FWD_STAGES>;
+        return res ? rows_fwd_reg<T, V, S, true, 0> : rows_fwd_reg<T, V, S, false, 0>;
+    }
+    return res ? rows_fwd_reg<T, V, L, true, 0> : rows_fwd_reg<T, V, L, false, 0>;
+}
+
+static void (*fwd_reg_any(fg_dtype dt, int nv, bool res, bool ring))(rows_args) {
+    return dt == FG_F32 ? fwd_reg_kernel<float>(nv, res, ring)
+           : dt == FG_F16 ? fwd_reg_kernel<__half>(nv, res, ring)
+                          : fwd_reg_kernel<__nv_bfloat16>(nv, res, ring);
+}
+
+/* Blocks of a kernel resident on one SM at a block size and dynamic shared memory (registers
+ * and shared memory decide, not only the thread count), with the kernel's shared-memory limit
+ * raised to what it asks. The answers are the architecture's: kept in a small table (a benign
+ * race: every writer of an entry stores the same answer; a full table just asks again). */
+static int occupancy(const void *kernel, int block, size_t smem) {
+    struct entry {
+        const void *k;
+        int block, n;
+        size_t smem;
+    };
+    static entry table[32];
+    for (const entry &e : table)
+        if (e.k == kernel && e.block == block && e.smem == smem && e.n > 0) return e.n;
+    int n = 0;
+    cudaError_t e = cudaSuccess;
+    if (smem > 46 * 1024) e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, block, smem);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 2048 / block;
+    }
+    if (n < 1) n = 1;
+    for (entry &t : table)
+        if (!t.k) {
+            t.smem = smem, t.block = block, t.n = n, t.k = kernel;
+            break;
+        }
+    return n;
+}
+
+/* (the ring's instances without the residual's gradient dr apart: its dropout's generator would
+   raise their registers) */
+template <typename T> static const void *bwd_reg_kernel(int nv, bool ring, bool dr) {
+    constexpr int V = 16 / sizeof(T), S = ROW_ELEMS_SHORT / V, L = ROW_ELEMS / V;
+    if (nv != S) return (const void *)rows_bwd_reg<T, V, L, 0, true>;
+    if (!ring) return (const void *)rows_bwd_reg<T, V, S, 0, true>;
+    return dr ? (const void *)rows_bwd_reg<T, V, S, BWD_STAGES, true> : (const void *)rows_bwd_reg<T, V, S, BWD_STAGES, false>;
+}
+
+static const void *bwd_reg_any(fg_dtype dt, int nv, bool ring, bool dr) {
+    return dt == FG_F32 ? bwd_reg_kernel<float>(nv, ring, dr)
+           : dt == FG_F16 ? bwd_reg_kernel<__half>(nv, ring, dr)
+                          : bwd_reg_kernel<__nv_bfloat16>(nv, ring, dr);
+}
+
 static rows_path plan_rows(const fg_context *ctx, const fg_norm_call *c, bool backward) {
     rows_path p;
     memset(&p, 0, sizeof p);
@@ -1089,12 +1307,21 @@ static rows_path plan_rows(const fg_context *ctx, const fg_norm_call *c, bool ba
         p.R = p.block / p.G;
         const int64_t blocks = cdiv(c->rows, p.R);
         /* (the backward: 128-thread blocks of short rows keep their groups' dw / db in up to 32 KB) */
-        const int64_t resident = sms * (2048 / p.block) / (backward && p.params && p.block == 128 ? 2 : 1);
-        p.grid = backward ? (blocks < resident ? blocks : resident) : (blocks < resident * 8 ? blocks : resident * 8);
-        if (p.params) {
-            p.smem = (size_t)p.R * 2 * (size_t)c->cols * sizeof(float);
-            p.need = up256((size_t)p.grid * 2 * (size_t)c->cols * sizeof(float));
+        /* persistent grids, as many blocks as fit (each streams its rows ahead where its ring fits) */
+        const bool shortsplit = p.nv == ROW_ELEMS_SHORT / V;
+        int64_t resident;
+        if (!backward) {
+            p.ring = shortsplit && fwd_ring_bytes(p.nv, c->r != NULL, p.block) <= FWD_RING_MAX;
+            p.smem = p.ring ? fwd_ring_bytes(p.nv, c->r != NULL, p.block) : 0;
+            resident = sms * occupancy((const void *)fwd_reg_any(c->dtype, p.nv, c->r != NULL, p.ring), p.block, p.smem);
+        } else {
+            const size_t sums = p.params ? (size_t)p.R * 2 * (size_t)c->cols * sizeof(float) : 0;
+            p.ring = shortsplit && sums + bwd_ring_bytes(p.nv, p.block) <= BWD_SMEM_MAX;
+            p.smem = sums + (p.ring ? bwd_ring_bytes(p.nv, p.block) : 0);
+            resident = sms * occupancy(bwd_reg_any(c->dtype, p.nv, p.ring, c->dr != NULL), p.block, p.smem);
         }
+        p.grid = blocks < resident ? blocks : resident;
+        if (p.params) p.need = up256((size_t)p.grid * 2 * (size_t)c->cols * sizeof(float));
     } else {
         p.G = p.block = (int)(nvec >= 2048 ? 512 : nvec >= 256 ? 256 : 128);
         p.R = 1;
@@ -1131,23 +1358,32 @@ static fg_status done(fg_context *ctx, const char *label, bool run) {
     return FG_OK;
 }
 
-template <typename T> static void launch_rows_fwd(const rows_path &p, const rows_args &a, cudaStream_t s) {
+template <typename T> static cudaError_t launch_rows_fwd(const rows_path &p, const rows_args &a, cudaStream_t s) {
     constexpr int V = 16 / sizeof(T);
-    if (p.reg) rows_fwd_reg<T, V, ROW_ELEMS / V><<<(unsigned)p.grid, p.block, 0, s>>>(a);
-    else if (p.vec) rows_fwd_loop<T, V><<<(unsigned)p.grid, p.block, 0, s>>>(a);
-    else rows_fwd_loop<T, 1><<<(unsigned)p.grid, p.block, 0, s>>>(a);
+    if (p.reg) {
+        auto kernel = fwd_reg_kernel<T>(p.nv, a.r != NULL, p.ring);
+        if (p.smem > 46 * 1024) { /* (48 KB less the static; the plan raised the limit: again, for a plan made on another device) */
+            cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)p.smem);
+            if (e != cudaSuccess) return e;
+        }
+        kernel<<<(unsigned)p.grid, p.block, p.smem, s>>>(a);
+    } else if (p.vec) {
+        rows_fwd_loop<T, V><<<(unsigned)p.grid, p.block, 0, s>>>(a);
+    } else {
+        rows_fwd_loop<T, 1><<<(unsigned)p.grid, p.block, 0, s>>>(a);
+    }
+    return cudaSuccess;
 }
 
 template <typename T> static cudaError_t launch_rows_bwd(const rows_path &p, const rows_args &a, cudaStream_t s) {
     constexpr int V = 16 / sizeof(T);
     if (p.reg) {
-        const size_t smem = a.part ? p.smem : 0;
-        auto kernel = p.nv == ROW_ELEMS_SHORT / V ? rows_bwd_reg<T, V, ROW_ELEMS_SHORT / V> : rows_bwd_reg<T, V, ROW_ELEMS / V>;
-        if (smem > 48 * 1024) { /* rows past 6144 f32 elements: shared memory above the default limit */
-            cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        auto kernel = (void (*)(rows_args))bwd_reg_kernel<T>(p.nv, p.ring, a.dr != NULL);
+        if (p.smem > 46 * 1024) { /* (48 KB less the static; the plan raised the limit: again, for a plan made on another device) */
+            cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)p.smem);
             if (e != cudaSuccess) return e;
         }
-        kernel<<<(unsigned)p.grid, p.block, smem, s>>>(a);
+        kernel<<<(unsigned)p.grid, p.block, p.smem, s>>>(a);
     } else if (p.vec) {
         rows_bwd_loop<T, V><<<(unsigned)p.grid, p.block, 0, s>>>(a);
     } else {
@@ -1251,7 +1487,11 @@ static fg_status rows_step(fg_context *ctx, fg_norm_call *c, bool run, bool back
             default: e = launch_rows_bwd<__nv_bfloat16>(p, a, s); break;
             }
         } else {
-            BY_DTYPE(c->dtype, launch_rows_fwd, p, a, s);
+            switch (c->dtype) {
+            case FG_F32: e = launch_rows_fwd<float>(p, a, s); break;
+            case FG_F16: e = launch_rows_fwd<__half>(p, a, s); break;
+            default: e = launch_rows_fwd<__nv_bfloat16>(p, a, s); break;
+            }
         }
         if (e != cudaSuccess) return fg_cuda_fail(e, label);
         FG_TRY(done(ctx, label, true));

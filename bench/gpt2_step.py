@@ -29,7 +29,8 @@ What one run measures (--device cuda: bf16, CUDA events, warm-up then the median
      it after) and the losses of its first steps (same init, same batches) side by side;
   2. host cost per call: N calls of forward + backward through autograd of a Linear 64->64 on
      x [8, 64] (nn.Linear vs fg.Linear), time.perf_counter around the loop with a synchronize
-     at the end; on the device's tensors and on CPU tensors;
+     at the end; on the device's tensors and on CPU tensors; fg.Linear through the torch C++
+     extension when it is built, and also through its Python autograd.Function (same run);
   3. fg.AdamW(moment_dtype="param") vs torch.optim.AdamW(fused=True) on the model's parameter
      set (bf16 on CUDA: both keep bf16 moments);
   4. torch._dynamo.explain(fastgrad model)(inputs): graphs and graph breaks;
@@ -384,12 +385,17 @@ def host_cost_us(lin, x, gy, calls, sync):
 
 
 def section_host(args, device, out):
+    from fastgrad import _torchext, autograd as fg_autograd
     devices = [device] if device.type == "cpu" else [device, torch.device("cpu")]
     res = {}
+    ext = fg_autograd._ext_linear is not None
     out.append(f"\n### Host cost per call (Linear 64->64 on x [8, 64] f32, forward + backward through autograd, "
                f"{args.calls} calls, perf_counter around the loop, synchronize at the end)\n")
-    out.append("| tensors | nn.Linear us/call | fg.Linear us/call | fg / nn |")
-    out.append("|---|---:|---:|---:|")
+    out.append("fg.Linear: " + ("through the torch C++ extension (_torchext_ops); the last column runs its Python "
+                                "autograd.Function instead (fg.autograd.use_torchext(False)), in the same rounds.\n"
+                                if ext else f"its Python autograd.Function (the C++ extension: {_torchext.WHY_NOT}).\n"))
+    out.append("| tensors | nn.Linear us/call | fg.Linear us/call | fg / nn | Python Function us/call | its / nn |")
+    out.append("|---|---:|---:|---:|---:|---:|")
     for dev in devices:
         sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
         threads = torch.get_num_threads()
@@ -402,16 +408,23 @@ def section_host(args, device, out):
             b.load_state_dict(a.state_dict())
             x = torch.randn(8, 64, device=dev, requires_grad=True)
             gy = torch.randn(8, 64, device=dev)
-            t_nn, t_fg = [], []
+            t_nn, t_fg, t_py = [], [], []
             for _ in range(3):  # interleaved rounds, the median of each
                 t_nn.append(host_cost_us(a, x, gy, args.calls, sync))
                 t_fg.append(host_cost_us(b, x, gy, args.calls, sync))
+                if ext:
+                    fg_autograd.use_torchext(False)
+                    try:
+                        t_py.append(host_cost_us(b, x, gy, args.calls, sync))
+                    finally:
+                        fg_autograd.use_torchext(True)
             t_nn, t_fg = statistics.median(t_nn), statistics.median(t_fg)
             res[dev.type] = (t_nn, t_fg)
-            out.append(f"| {dev.type} | {t_nn:.1f} | {t_fg:.1f} | {t_fg / t_nn:.2f}x |")
+            py = (f"{statistics.median(t_py):.1f} | {statistics.median(t_py) / t_nn:.2f}x" if t_py else "| ")
+            out.append(f"| {dev.type} | {t_nn:.1f} | {t_fg:.1f} | {t_fg / t_nn:.2f}x | {py} |")
         except Exception as e:  # noqa: BLE001
             res[dev.type] = None
-            out.append(f"| {dev.type} | failed | | {short_error(e)} |")
+            out.append(f"| {dev.type} | failed | | {short_error(e)} | | |")
         finally:
             torch.set_num_threads(threads)
     out.append("\nCPU tensors with one intra-op thread (torch.set_num_threads(1)): on a busy host, waking torch's "

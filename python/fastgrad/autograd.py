@@ -8,13 +8,14 @@ contiguous first), and inside DistributedDataParallel.
 The public functions run these autograd.Functions in eager mode and the custom ops of
 torch_ops.py (the same kernels, registered with torch.library) while torch.compile traces,
 so compiled models have no graph breaks at fastgrad calls (docs/decisions.md: why eager
-stays direct).
+stays direct). Eager fg.linear / fg.Linear run through the torch C++ extension when it is built
+(_torchext.cpp: the same kernels and plans, its autograd in C++) and LinearFunction otherwise.
 """
 import math
 
 import torch
 
-from . import ops
+from . import _lib, _torchext, ops
 from .torch_ops import _call, _dense, _fresh, draw_seed, dtype_name, routed  # noqa: F401 - _dense, _fresh for norm / encoder
 
 
@@ -76,10 +77,25 @@ class OuterFunction(torch.autograd.Function):
         return dx, dy
 
 
+# the C++ extension's linear (its autograd in C++, _torchext.cpp), or None when it is not built
+_ext_linear = _torchext.MODULE.linear if _torchext.MODULE is not None else None
+
+
+def use_torchext(on=True):
+    """Whether eager fg.linear / fg.Linear run through the C++ extension when it is built (the
+    default); off, they run LinearFunction (the same kernels, the same results)."""
+    global _ext_linear
+    _ext_linear = _torchext.MODULE.linear if on and _torchext.MODULE is not None else None
+
+
 def linear(x, weight, bias=None):
     """torch.nn.functional.linear on fastgrad kernels."""
     if routed():
         return FG.linear(x, weight, bias)
+    if _ext_linear is not None:  # None back: operands it does not take; Python runs the call
+        y = _ext_linear(x, weight, bias, _lib.PLAN_ALLOW_TF32 if ops._allow_tf32 else 0)
+        if y is not None:
+            return y
     return LinearFunction.apply(x, weight, bias)
 
 

@@ -187,9 +187,11 @@ FG_INLINE void st_row_f64(void *dst, fg_dtype t, int64_t off, int64_t st, const 
 /* PatchTST's heads (f32, hd = 4, L <= 64, no dropout, unit rows): the same per-row algorithm as
  * attention_rows.h, written for AVX-512 with a row's ≤ 4 key vectors held in registers from the
  * scores to P·V (one pass instead of a loop each), and the four hd sums of P·V, dq reduced
- * together (one transposing tree instead of four). Kᵀ and Vᵀ (dKᵀ, dVᵀ) sit in the thread's slice
- * with Lp = NV·16 keys a row. Chosen at run time where the CPU has AVX-512 and the views have unit
- * rows; the sums' order is fixed, so the result does not depend on the thread count either. */
+ * together (one transposing tree instead of four). The rows go in small groups, so that their
+ * chains overlap and the horizontal steps and the dKᵀ/dVᵀ updates are shared, each row's sums kept
+ * in its own order. Kᵀ and Vᵀ (dKᵀ, dVᵀ) sit in the thread's slice with Lp = NV·16 keys a row.
+ * Chosen at run time where the CPU has AVX-512 and the views have unit rows; the sums' order is
+ * fixed, so the result does not depend on the thread count either. */
 #if defined(__GNUC__) && defined(__x86_64__) && !defined(FG_CPU_NO_CLONES)
 #include <immintrin.h>
 #define FG_ATTN_FAST 1
@@ -244,12 +246,12 @@ AVX512_FN void load_kv4(const fg_attn_call *c, int64_t b, int64_t h, int64_t len
     }
 }
 
-/* The score rows a group will read PF_ROWS rows on, asked for now: rows [i, i + 4) of length L at
-   stride sl (past the head's last row, the next head's, which the thread takes next when the
-   heads' rows are contiguous; a prefetch past the array does not fault). */
+/* Rows [i, i + n) of a head's scores (L each, stride sl), asked for PF_ROWS rows before the group
+   that reads or writes them (past the head's last row come the next head's, which the thread takes
+   next where the heads' rows are contiguous; a prefetch past the array does not fault). */
 #define PF_ROWS 8
-AVX512_FN void prefetch_rows(const float *base, int64_t sl, int64_t i, int64_t L) {
-    const char *a = (const char *)(base + i * sl), *e = (const char *)(base + (i + 3) * sl + L);
+AVX512_FN void prefetch_rows(const float *base, int64_t sl, int64_t i, int n, int64_t L) {
+    const char *a = (const char *)(base + i * sl), *e = (const char *)(base + (i + n - 1) * sl + L);
     for (; a < e; a += 64) _mm_prefetch(a, _MM_HINT_T0);
 }
 
@@ -291,8 +293,8 @@ AVX512_FN void fwd_head4(const fg_attn_call *c, int64_t b, int64_t h, int64_t le
     float *so = c->scores_out.data ? (float *)c->scores_out.data + b * c->scores_out.sb + h * c->scores_out.sh : NULL;
     float *lse = (float *)c->lse + (b * p->H + h) * L;
     for (int64_t i0 = 0; i0 < L; i0 += 4) {
-        if (si) prefetch_rows(si, c->scores_in.sl, i0 + PF_ROWS, L);
-        if (so) prefetch_rows(so, c->scores_out.sl, i0 + PF_ROWS, L);
+        if (si) prefetch_rows(si, c->scores_in.sl, i0 + PF_ROWS, 4, L);
+        if (so) prefetch_rows(so, c->scores_out.sl, i0 + PF_ROWS, 4, L);
         __m512 s[4][4], mx[4];
         __mmask16 km[4][4];
         #pragma GCC unroll 4
@@ -367,6 +369,12 @@ AVX512_FN void fwd_head4(const fg_attn_call *c, int64_t b, int64_t h, int64_t le
     }
 }
 
+/* Rows in groups of BWD_ROWS, the key vectors outside: a key vector's dKᵀ and dVᵀ are loaded once a
+   group, take the group's terms in row order in registers and are stored once; each row's four dq
+   lane sums stay in registers across the key vectors. Three rows' sums, the eight dK/dV vectors and
+   the temporaries fit the 32 registers (four rows spill); the sums' order is the row-by-row one. A
+   group past L repeats row L − 1 with no keys. */
+#define BWD_ROWS 3
 AVX512_FN void bwd_head4(const fg_attn_call *c, int64_t b, int64_t h, int64_t len, float *buf, const int NV) {
     const fg_attn_problem *p = &c->p;
     const int64_t L = p->L, Lp = 16 * NV;
@@ -386,16 +394,16 @@ AVX512_FN void bwd_head4(const fg_attn_call *c, int64_t b, int64_t h, int64_t le
     float *dsi = c->dscores_in.data ? (float *)c->dscores_in.data + b * c->dscores_in.sb + h * c->dscores_in.sh : NULL;
     float *dq = c->dq.data ? (float *)c->dq.data + b * c->dq.sb + h * c->dq.sh : NULL;
     const float *lse = (const float *)c->lse + (b * p->H + h) * L;
-    for (int64_t i0 = 0; i0 < L; i0 += 4) { /* rows in fours (fwd_head4's groups) */
-        if (si) prefetch_rows(si, c->scores_in.sl, i0 + PF_ROWS, L);
-        if (g) prefetch_rows(g, c->dscores.sl, i0 + PF_ROWS, L);
-        if (dsi) prefetch_rows(dsi, c->dscores_in.sl, i0 + PF_ROWS, L);
-        const float *qi[4], *di[4];
-        __m512 lv[4], Dv[4], g4[4][4];
-        __mmask16 km[4][4];
-        int64_t ir[4];
+    for (int64_t i0 = 0; i0 < L; i0 += BWD_ROWS) {
+        if (si) prefetch_rows(si, c->scores_in.sl, i0 + PF_ROWS, BWD_ROWS, L);
+        if (g) prefetch_rows(g, c->dscores.sl, i0 + PF_ROWS, BWD_ROWS, L);
+        if (dsi) prefetch_rows(dsi, c->dscores_in.sl, i0 + PF_ROWS, BWD_ROWS, L);
+        const float *qi[BWD_ROWS], *di[BWD_ROWS];
+        __m512 lv[BWD_ROWS], Dv[BWD_ROWS], g4[BWD_ROWS][4];
+        __mmask16 km[BWD_ROWS][4];
+        int64_t ir[BWD_ROWS];
         #pragma GCC unroll 4
-        for (int r = 0; r < 4; r++) {
+        for (int r = 0; r < BWD_ROWS; r++) {
             const int64_t i = i0 + r < L ? i0 + r : L - 1;
             const int64_t jend = p->causal ? (i + 1 < len ? i + 1 : len) : len;
             const float l = lse[i];
@@ -419,7 +427,7 @@ AVX512_FN void bwd_head4(const fg_attn_call *c, int64_t b, int64_t h, int64_t le
             #pragma GCC unroll 4
             for (int x = 0; x < 4; x++) dk[x] = _mm512_loadu_ps(dk0 + x * Lp), dv[x] = _mm512_loadu_ps(dv0 + x * Lp);
             #pragma GCC unroll 4
-            for (int r = 0; r < 4; r++) {
+            for (int r = 0; r < BWD_ROWS; r++) {
                 const __mmask16 m = km[r][v];
                 const __m512 q0 = _mm512_set1_ps(qi[r][0]), q1 = _mm512_set1_ps(qi[r][1]), q2 = _mm512_set1_ps(qi[r][2]),
                              q3 = _mm512_set1_ps(qi[r][3]);
@@ -462,7 +470,7 @@ AVX512_FN void bwd_head4(const fg_attn_call *c, int64_t b, int64_t h, int64_t le
             for (int x = 0; x < 4; x++) _mm512_storeu_ps(dk0 + x * Lp, dk[x]), _mm512_storeu_ps(dv0 + x * Lp, dv[x]);
         }
         #pragma GCC unroll 4
-        for (int r = 0; r < 4; r++) {
+        for (int r = 0; r < BWD_ROWS; r++) {
             if (!dq || i0 + r == L) break;
             float *w = dq + ir[r] * c->dq.sl;
             const __m128 dq4 = _mm_mul_ps(sum4(g4[r][0], g4[r][1], g4[r][2], g4[r][3]), _mm512_castps512_ps128(scale));

@@ -520,6 +520,11 @@ static fg_act_saved ffn_saved(const model *m) {
     return m->dv->backend == FG_BACKEND_CUDA ? FG_ACT_SAVED_PRE : FG_ACT_SAVED_SLOPE;
 }
 
+/* With the slope saved the FFN's dropout runs inside linear + activation (its option): y and the
+ * saved slope come masked, and the backward reads the masked slope, so neither direction runs
+ * a dropout pass of its own; with pre saved (CUDA) the dropout stays its own op both ways. */
+static bool ffn_drop_fused(const model *m) { return ffn_saved(m) == FG_ACT_SAVED_SLOPE; }
+
 static int forward_patchtst(model *m, int64_t B, int64_t step, bool train) {
     const config *c = &m->cfg;
     const int64_t N = B * m->C, P = m->P, d = m->d, S = c->patch_len, Hh = c->heads, hd = m->hd, T = N * P;
@@ -569,10 +574,12 @@ static int forward_patchtst(model *m, int64_t B, int64_t step, bool train) {
         /* the FFN: GELU (erf) with pre or its slope kept, dropout, the second Linear */
         const fg_tensor w1 = t2(m->dt, P_(m, y->w1), dff, d), b1 = t1(m->dt, P_(m, y->b1), dff), pre = t2(m->dt, y->pre, T, dff);
         const fg_tensor f = t2(m->dt, y->f, T, dff);
-        const fg_linear_act_options lo = {FG_ACT_GELU, train ? ffn_saved(m) : FG_ACT_SAVED_PRE, 0};
-        CK(fg_linear_act_forward_ex(ctx, &lo, &h1, &w1, &b1, &f, train ? &pre : NULL));
         dop = drop(m, site(l, SITE_FFN), step, train);
-        if (dop.p > 0) CK(fg_dropout_forward(ctx, &dop, &f, &f));
+        const bool fuse = train && ffn_drop_fused(m);
+        const fg_linear_act_options lo = {FG_ACT_GELU, train ? ffn_saved(m) : FG_ACT_SAVED_PRE, 0,
+                                          fuse ? dop : (fg_dropout_options){0, 0, 0}};
+        CK(fg_linear_act_forward_ex(ctx, &lo, &h1, &w1, &b1, &f, train ? &pre : NULL));
+        if (!fuse && dop.p > 0) CK(fg_dropout_forward(ctx, &dop, &f, &f));
         const fg_tensor w2 = t2(m->dt, P_(m, y->w2), d, dff), b2 = t1(m->dt, P_(m, y->b2), d), g = t2(m->dt, y->g, T, d);
         CK(fg_linear_forward(ctx, &f, &w2, &b2, &g));
         /* h2 = BatchNorm(h1 + dropout(g)) */
@@ -642,11 +649,11 @@ static int backward_patchtst(model *m, int64_t B, int64_t step) {
         CK(fg_linear_backward_weight(ctx, &dg, &f, &dw2, 1));
         CK(fg_linear_backward_bias(ctx, &dg, &db2, 1));
         fg_dropout_options dop = drop(m, site(l, SITE_FFN), step, true);
-        if (dop.p > 0) CK(fg_dropout_backward(ctx, &dop, &df, &df, 0));
+        if (!ffn_drop_fused(m) && dop.p > 0) CK(fg_dropout_backward(ctx, &dop, &df, &df, 0)); /* (fused: in the slope) */
         /* f = GELU(h1·W1ᵀ + b1): dh1 += into gmid */
         const fg_tensor h1 = t2(m->dt, y->h1, T, d), w1 = t2(m->dt, P_(m, y->w1), dff, d), b1 = t1(m->dt, P_(m, y->b1), dff);
         const fg_tensor pre = t2(m->dt, y->pre, T, dff), dw1 = t2(m->dt, G_(m, y->w1), dff, d), db1 = t1(m->dt, G_(m, y->b1), dff);
-        const fg_linear_act_options lo = {FG_ACT_GELU, ffn_saved(m), 1};
+        const fg_linear_act_options lo = {FG_ACT_GELU, ffn_saved(m), 1, {0, 0, 0}};
         CK(fg_linear_act_backward_ex(ctx, &lo, &df, &pre, &h1, &w1, &b1, &gmid, &dw1, &db1, 1));
         /* h1 = BN(s1), s1 = h + dropout(a): gx ← ds1 (= dh so far), da ← da */
         bo.dropout = drop(m, site(l, SITE_ATTN_RES), step, true);

@@ -940,6 +940,46 @@ static bool same_bits(const th_operand *a, const th_operand *b) {
     return same;
 }
 
+/* Whether every " ; "-separated piece of a is a piece of b. */
+static bool pieces_of(const char *a, const char *b) {
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", a);
+    for (char *p = buf; p && *p;) {
+        char *end = strstr(p, " ; ");
+        if (end) *end = 0;
+        bool found = false;
+        for (const char *q = b; q && *q && !found;) {
+            const char *e = strstr(q, " ; ");
+            const size_t len = e ? (size_t)(e - q) : strlen(q);
+            found = len == strlen(p) && strncmp(q, p, len) == 0;
+            q = e ? e + 3 : NULL;
+        }
+        if (!found) return false;
+        p = end ? end + 3 : NULL;
+    }
+    return true;
+}
+
+/* The kernels a plan of the same call names (fg_plan_info.kernel, each once) are the ones the
+ * call ran (its launch record), and the other way round. */
+static void plan_names(fg_context *ctx, fg_op op, const fg_linear_act_options *o, const fg_tensor *const *ts, int n,
+                       const char *lab) {
+    char ran[512];
+    snprintf(ran, sizeof ran, "%s", fg_context_last_kernels(ctx));
+    fg_plan_desc d;
+    memset(&d, 0, sizeof d);
+    d.op = op, d.options = o, d.options_size = sizeof *o;
+    for (int i = 0; i < n; i++)
+        if (ts[i]) d.operands[i] = *ts[i];
+    fg_plan *plan = NULL;
+    fg_plan_info info;
+    TH_OK(fg_plan_create(ctx, &d, &plan));
+    TH_OK(fg_plan_info_get(plan, &info));
+    TH_CHECK(pieces_of(info.kernel, ran) && pieces_of(ran, info.kernel), "%s: the plan names %s, the call ran %s", lab,
+             info.kernel, ran);
+    fg_plan_destroy(plan);
+}
+
 /* y = dropout(act(x·wᵀ + b)) through the dropout option, for saved none / pre / slope:
  *  - y and the saved operand against the reference: the test's pre (long double sums rounded to
  *    the dtype), act and act′ of it (the slope rounded to the dtype), times the multiplier of
@@ -1004,6 +1044,8 @@ static void dropout_case(fg_context *ctx, fg_backend be, fg_dtype dt, int act, i
         TH_CHECK(p > 0 ? any && in_product == fused : !any, "%s saved=%d: ran %s", lab, saved, ran);
         char l2[260];
         snprintf(l2, sizeof l2, "%s saved=%d", lab, saved);
+        const fg_tensor *fo[5] = {&x.t, &w.t, &b.t, &y.t, saved ? &s.t : NULL};
+        plan_names(ctx, FG_OP_LINEAR_ACT_FORWARD, &o, fo, 5, l2);
         th_verify("y", &y, ry, th_tol(dt, false), l2);
         if (saved) th_verify(saved == 2 ? "masked slope" : "pre", &s, saved == 2 ? rs : pre, th_tol(dt, false), l2);
         /* the unfused pair */
@@ -1033,6 +1075,9 @@ static void dropout_case(fg_context *ctx, fg_backend be, fg_dtype dt, int act, i
         snprintf(l2, sizeof l2, "%s backward keep=%d", lab, keep);
         th_poison(&dx.buf), th_poison(&dw.buf), th_poison(&db.buf);
         TH_OK(fg_linear_act_backward_ex(ctx, &o, &dy.t, keep ? &pv.t : NULL, &x.t, &w.t, &b.t, &dx.t, &dw.t, &db.t, 0));
+        if (p > 0) TH_CHECK(strstr(fg_context_last_kernels(ctx), "dropout") != NULL, "%s: ran %s", l2, fg_context_last_kernels(ctx));
+        const fg_tensor *bo[8] = {&dy.t, keep ? &pv.t : NULL, &x.t, &w.t, &b.t, &dx.t, &dw.t, &db.t};
+        plan_names(ctx, FG_OP_LINEAR_ACT_BACKWARD, &o, bo, 8, l2);
         th_verify("dx", &dx, rdx, th_tol(dt, false), l2);
         th_verify("dw", &dw, rdw, th_tol(dt, false), l2);
         th_verify("db", &db, rdb, th_tol(dt, false), l2);

@@ -6,6 +6,7 @@
  */
 #include "checks.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -189,7 +190,10 @@ fg_status fg_context_workspace(fg_context *ctx, size_t bytes, void **ptr) {
         return FG_OK;
     }
 #endif
-    void *p = malloc(bytes);
+    /* 256-byte aligned, as a caller's workspace must be: kernels' 64-byte vectors in it do not
+       straddle cache lines */
+    const size_t rounded = bytes > SIZE_MAX - 255 ? 0 : (bytes + 255) / 256 * 256;
+    void *p = rounded ? aligned_alloc(256, rounded) : NULL;
     if (!p) return fg_fail(FG_ERR_OUT_OF_MEMORY, "could not grow the workspace to %zu bytes", bytes);
     free(ctx->workspace);
     ctx->workspace = p;

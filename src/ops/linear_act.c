@@ -212,11 +212,9 @@ static fg_status act_gemm(act_run *r, void *y, void *pre, bool *fused, bool *dro
     return FG_OK;
 }
 
-/* While planning, the dropout step's operands point at a placeholder it never reads. */
-static _Alignas(256) char placeholder[256];
-
 /* The normalization family's dropout step over rows × M elements, x → y (in place when the
-   same; flat index i·M + j), planned (its scratch need into c->need, its name into c->name). */
+   same; flat index i·M + j), planned (its scratch need into c->need, its name into c->name).
+   While planning x and y are NULL: the step plans from its shape, alignment and dtype alone. */
 static fg_status drop_plan(act_run *r, const void *x, void *y, int64_t rows, fg_norm_call *c) {
     memset(c, 0, sizeof *c);
     c->step = FG_NORM_STEP_DROPOUT;
@@ -226,8 +224,7 @@ static fg_status drop_plan(act_run *r, const void *x, void *y, int64_t rows, fg_
     c->ld_x = c->ld_y = r->M;
     c->drop = r->drop;
     c->align = r->d->alignment;
-    c->x = x ? x : placeholder;
-    c->y = y ? y : (void *)placeholder;
+    c->x = x, c->y = y;
     return r->ctx->be->norm(r->ctx, c, false);
 }
 

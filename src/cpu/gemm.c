@@ -488,6 +488,26 @@ FG_Z_INLINE void z_smallk_store(float *ci, float *xi, const float *br, int act, 
     if (xi) _mm512_mask_storeu_ps(xi + j, km, slope ? s : pre);
 }
 
+/* A row's sums ai · bp over columns [j0, j0 + 64) in four registers, and over [j0, j0 + 16)
+   masked by km in one: the short-k product's inner loops, for the plain and the dropout stores */
+FG_Z_INLINE void z_smallk_dot64(const float *bp, const float *ai, int64_t k, int64_t n, int64_t j0, __m512 *s0,
+                                __m512 *s1, __m512 *s2, __m512 *s3) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t p = 0; p < k; p++) {
+        const float *row = bp + p * n + j0;
+        const __m512 x = _mm512_set1_ps(ai[p]);
+        a0 = _mm512_fmadd_ps(x, _mm512_loadu_ps(row), a0), a1 = _mm512_fmadd_ps(x, _mm512_loadu_ps(row + 16), a1);
+        a2 = _mm512_fmadd_ps(x, _mm512_loadu_ps(row + 32), a2), a3 = _mm512_fmadd_ps(x, _mm512_loadu_ps(row + 48), a3);
+    }
+    *s0 = a0, *s1 = a1, *s2 = a2, *s3 = a3;
+}
+
+FG_Z_INLINE __m512 z_smallk_dot16(const float *bp, const float *ai, int64_t k, int64_t n, int64_t j0, __mmask16 km) {
+    __m512 s0 = _mm512_setzero_ps();
+    for (int64_t p = 0; p < k; p++) s0 = _mm512_fmadd_ps(_mm512_set1_ps(ai[p]), _mm512_maskz_loadu_ps(km, bp + p * n + j0), s0);
+    return s0;
+}
+
 FG_Z_INLINE void z_smallk_rows_t(const fg_gemm *g, const float *a, const float *bp, float *c, int64_t r0, int64_t r1,
                                  int act) {
     const int64_t n = g->n, k = g->k, full = n / SMALLK_J * SMALLK_J;
@@ -499,13 +519,8 @@ FG_Z_INLINE void z_smallk_rows_t(const fg_gemm *g, const float *a, const float *
         float *ci = c + i * g->c.rs, *xi = aux ? aux + i * g->c.rs : NULL;
         const float *br = g->bias ? (const float *)g->bias + i * g->bias_rs : NULL;
         for (int64_t j0 = 0; j0 < full; j0 += SMALLK_J) { /* 64 columns in four registers */
-            __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-            for (int64_t p = 0; p < k; p++) {
-                const float *row = bp + p * n + j0;
-                const __m512 x = _mm512_set1_ps(ai[p]);
-                s0 = _mm512_fmadd_ps(x, _mm512_loadu_ps(row), s0), s1 = _mm512_fmadd_ps(x, _mm512_loadu_ps(row + 16), s1);
-                s2 = _mm512_fmadd_ps(x, _mm512_loadu_ps(row + 32), s2), s3 = _mm512_fmadd_ps(x, _mm512_loadu_ps(row + 48), s3);
-            }
+            __m512 s0, s1, s2, s3;
+            z_smallk_dot64(bp, ai, k, n, j0, &s0, &s1, &s2, &s3);
             z_smallk_store(ci, xi, br, act, slope, j0, 0xffff, s0);
             z_smallk_store(ci, xi, br, act, slope, j0 + 16, 0xffff, s1);
             z_smallk_store(ci, xi, br, act, slope, j0 + 32, 0xffff, s2);
@@ -513,8 +528,7 @@ FG_Z_INLINE void z_smallk_rows_t(const fg_gemm *g, const float *a, const float *
         }
         for (int64_t j0 = full; j0 < n; j0 += 16) { /* then 16 columns a register, the last masked */
             const __mmask16 km = fg_z_lanes(n - j0);
-            __m512 s0 = _mm512_setzero_ps();
-            for (int64_t p = 0; p < k; p++) s0 = _mm512_fmadd_ps(_mm512_set1_ps(ai[p]), _mm512_maskz_loadu_ps(km, bp + p * n + j0), s0);
+            const __m512 s0 = z_smallk_dot16(bp, ai, k, n, j0, km);
             z_smallk_store(ci, xi, br, act, slope, j0, km, s0);
         }
     }
@@ -578,13 +592,8 @@ z_smallk_drop_rows_t(const fg_gemm *g, const float *a, const float *bp, float *c
         for (int64_t w = 0; w < nw; w++) words[w] = z_keep_bits(q0 + 16 * (uint64_t)w, d->offset, &keys, thr8);
         words[nw] = 0;
         for (int64_t j0 = 0; j0 < full; j0 += SMALLK_J) { /* 64 columns in four registers */
-            __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-            for (int64_t p = 0; p < k; p++) {
-                const float *row = bp + p * n + j0;
-                const __m512 x = _mm512_set1_ps(ai[p]);
-                s0 = _mm512_fmadd_ps(x, _mm512_loadu_ps(row), s0), s1 = _mm512_fmadd_ps(x, _mm512_loadu_ps(row + 16), s1);
-                s2 = _mm512_fmadd_ps(x, _mm512_loadu_ps(row + 32), s2), s3 = _mm512_fmadd_ps(x, _mm512_loadu_ps(row + 48), s3);
-            }
+            __m512 s0, s1, s2, s3;
+            z_smallk_dot64(bp, ai, k, n, j0, &s0, &s1, &s2, &s3);
             z_smallk_drop_store(ci, xi, br, act, slope, j0, 0xffff, s0, _mm512_maskz_mov_ps(keep16(words, b0 + j0), scale));
             z_smallk_drop_store(ci, xi, br, act, slope, j0 + 16, 0xffff, s1,
                                 _mm512_maskz_mov_ps(keep16(words, b0 + j0 + 16), scale));
@@ -595,8 +604,7 @@ z_smallk_drop_rows_t(const fg_gemm *g, const float *a, const float *bp, float *c
         }
         for (int64_t j0 = full; j0 < n; j0 += 16) { /* then 16 columns a register, the last masked */
             const __mmask16 km = fg_z_lanes(n - j0);
-            __m512 s0 = _mm512_setzero_ps();
-            for (int64_t p = 0; p < k; p++) s0 = _mm512_fmadd_ps(_mm512_set1_ps(ai[p]), _mm512_maskz_loadu_ps(km, bp + p * n + j0), s0);
+            const __m512 s0 = z_smallk_dot16(bp, ai, k, n, j0, km);
             z_smallk_drop_store(ci, xi, br, act, slope, j0, km, s0, _mm512_maskz_mov_ps(keep16(words, b0 + j0), scale));
         }
     }

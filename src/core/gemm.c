@@ -40,6 +40,17 @@ void fg_name_append(char *name, size_t len, const char *piece) {
     if (used + 1 < len) snprintf(name + used, len - used, "%s%s", used ? " ; " : "", piece);
 }
 
+void fg_names_append(char *name, size_t len, const char *list) {
+    char buf[FG_NAME_LIST_MAX];
+    snprintf(buf, sizeof buf, "%s", list);
+    for (char *p = buf; p && *p;) { /* each piece once, in order */
+        char *end = strstr(p, " ; ");
+        if (end) *end = 0;
+        fg_name_append(name, len, p);
+        p = end ? end + 3 : NULL;
+    }
+}
+
 void fg_gemm_name_append(char *name, size_t len, const fg_kernel_info *info) {
     char one[96];
     label(one, sizeof one, info);

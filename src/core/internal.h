@@ -180,6 +180,9 @@ fg_gemm fg_gemm_plain(fg_dtype dtype, int64_t batch, int64_t m, int64_t n, int64
 void fg_gemm_name_append(char *name, size_t len, const fg_kernel_info *info);
 /* Appends `piece` to the " ; "-separated list name[len] unless it is one of its pieces. */
 void fg_name_append(char *name, size_t len, const char *piece);
+/* Each piece of a " ; "-separated list appended as fg_name_append does (at most FG_NAME_LIST_MAX bytes read). */
+enum { FG_NAME_LIST_MAX = 256 };
+void fg_names_append(char *name, size_t len, const char *list);
 /* One GEMM of a driver's walk: planning (run = false) raises *need to what it asks of the
  * workspace and appends its kernel name (once) to name[len]; running, it uses ws. */
 fg_status fg_gemm_walk(fg_context *ctx, const fg_gemm *g, bool run, void *ws, size_t ws_bytes, size_t *need,

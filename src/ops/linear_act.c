@@ -234,13 +234,7 @@ static fg_status drop_step(act_run *r, const void *x, void *y, int64_t rows, siz
     fg_norm_call c;
     FG_TRY(drop_plan(r, x, y, rows, &c));
     if (!r->run) {
-        if (!r->size_only)
-            for (char *p = c.name; p && *p;) {
-                char *end = strstr(p, " ; ");
-                if (end) *end = 0;
-                fg_name_append(r->info->name, sizeof r->info->name, p);
-                p = end ? end + 3 : NULL;
-            }
+        if (!r->size_only) fg_names_append(r->info->name, sizeof r->info->name, c.name);
         return FG_OK;
     }
     if (!go) return FG_OK;

@@ -481,16 +481,7 @@ static fg_status driver(fg_context *ctx, const fg_plan_desc *d, const fg_tensor 
     for (int i = 0; i < n; i++) {
         FG_TRY(ctx->be->norm(ctx, &calls[i], false));
         if (calls[i].need > need) need = calls[i].need;
-        if (!run) {
-            char buf[sizeof calls[i].name];
-            snprintf(buf, sizeof buf, "%s", calls[i].name);
-            for (char *p = buf; p && *p;) { /* each kernel once, in order */
-                char *end = strstr(p, " ; ");
-                if (end) *end = 0;
-                fg_name_append(info->name, sizeof info->name, p);
-                p = end ? end + 3 : NULL;
-            }
-        }
+        if (!run) fg_names_append(info->name, sizeof info->name, calls[i].name);
     }
     if (!run) {
         info->workspace_bytes = sb + ALIGN_UP(need);

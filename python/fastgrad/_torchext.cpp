@@ -1,23 +1,32 @@
-/* _torchext.cpp — fastgrad's Linear as a torch C++ extension (module fastgrad._torchext_ops).
+/* _torchext.cpp — fastgrad's Linear and normalization family as a torch C++ extension (module
+ * fastgrad._torchext_ops).
  *
- * fg.Linear through a Python torch.autograd.Function pays for the Function's Python on every
- * call: apply, save_for_backward, the backward's Python, the outputs' allocation in Python.
- * Here the forward and the backward are C++: a torch::autograd::Function whose forward runs
- * fastgrad's linear_forward and whose backward (called by autograd's engine, in C++) runs
- * linear_backward_input / _weight / _bias for the gradients autograd asks for. A forward +
- * backward never enters Python beyond the one call into linear().
+ * fg.Linear and the row norms through a Python torch.autograd.Function pay for the Function's
+ * Python on every call: apply, save_for_backward, the backward's Python, the outputs' allocation
+ * in Python; the norms' functional calls pay for norm.py's allocation and ops.run. Here that work
+ * is C++:
+ *  - Linear: a torch::autograd::Function whose forward runs fastgrad's linear_forward and whose
+ *    backward (called by autograd's engine, in C++) runs linear_backward_input / _weight / _bias
+ *    for the gradients autograd asks for.
+ *  - The row norms (LayerNorm, RMSNorm, the fused residual add and its dropout): NormFn mirrors
+ *    norm.py's NormFunction (the same conversions of weights of another dtype, the same saved
+ *    tensors, the gradient s receives), and norm_forward / norm_backward / batch_norm_forward /
+ *    batch_norm_backward are norm.py's functions of those names (their allocation rules, their
+ *    options structs filled here).
+ * A forward + backward never enters Python beyond the one call in.
  *
  * The per-call work is _fastcall.c's, in C++: each tensor's descriptor (pointer, dtype, shape,
- * strides), a plan key of the op, accumulate, flags, the descriptors and the pointers'
- * alignment class (at most 256 bytes, as ops._alignment computes it), a per-thread plan cache
- * per context, the plan's workspace from torch's allocator, and, on CUDA, the context set to
- * torch's current stream. The plans are the ones the Python path makes for the same operands,
- * so the results are bit-identical to it. A refusal the Python path retries on contiguous
- * copies (FG_ERR_UNSUPPORTED, FG_ERR_MISALIGNED: torch_ops._call) is retried the same way.
+ * strides), a plan key of the op, accumulate, flags, the options' bytes, the descriptors and the
+ * pointers' alignment class (at most 256 bytes, as ops._alignment computes it), a per-thread plan
+ * cache per context, the plan's workspace from torch's allocator, and, on CUDA, the context set
+ * to torch's current stream. The plans are the ones the Python path makes for the same operands,
+ * so the results are bit-identical to it. A refusal the Python path retries on contiguous copies
+ * (FG_ERR_UNSUPPORTED, FG_ERR_MISALIGNED: torch_ops._call) is retried the same way.
  *
- * linear() returns None for anything it does not take (a dtype or device it does not handle,
- * mismatched shapes, a forward the library refuses): the caller then runs the Python Function,
- * which raises its usual errors. A backward the library refuses raises RuntimeError.
+ * Every entry returns None for anything it does not take (a dtype or device it does not handle,
+ * a tensor subclass, arguments of another type, a forward or functional call the library
+ * refuses): the caller then runs the Python, which raises its usual errors. A backward through
+ * autograd that the library refuses raises RuntimeError.
  *
  * The library is not linked: _torchext.py hands over the entry points of the libfastgrad that
  * ctypes loaded (one library, one error slot, wherever FASTGRAD_LIBRARY points). Contexts are
@@ -25,13 +34,14 @@
  * stream) is compiled only when torch has CUDA and its headers are found (FG_TORCHEXT_CUDA);
  * without it CUDA tensors go to the Python path.
  *
- * The same work is registered with the dispatcher as fastgrad_ext::linear (autograd in C++)
- * and fastgrad_ext::linear_backward, for callers of torch.ops. torch.compile traces the
- * Python custom ops of torch_ops.py instead (they have fake implementations).
+ * Linear is also registered with the dispatcher as fastgrad_ext::linear (autograd in C++) and
+ * fastgrad_ext::linear_backward, for callers of torch.ops. torch.compile traces the Python
+ * custom ops of torch_ops.py instead (they have fake implementations).
  */
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/python_cpp_function.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/Dtype.h>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/library.h>
 #include <ATen/ops/empty.h>
@@ -69,8 +79,10 @@ struct Api {
 Api api;
 std::atomic<bool> ready{false};
 std::atomic<unsigned long long> n_forward{0}, n_backward{0}, n_fallback{0}, n_dx{0}, n_dw{0}, n_db{0};
+std::atomic<unsigned long long> n_norm_forward{0}, n_norm_backward{0}, n_norm_autograd{0}, n_norm_fallback{0},
+    n_batch_norm_forward{0}, n_batch_norm_backward{0};
 
-/* The library refused a forward: linear() returns None and Python runs the call. */
+/* The library refused a forward: linear() / norm() return None and Python runs the call. */
 struct Refused {};
 
 /* ------------------------------------------------------------------ contexts and plans */
@@ -87,6 +99,7 @@ struct Ctx {
 };
 
 enum { MAX_PLANS = 512 }; /* per context; a cache that outgrows this starts again (as ops.py's) */
+enum { MAX_OPTIONS = 256 }; /* the largest options struct a key holds (_fastcall.c's bound) */
 
 /* The calling thread's contexts: the CPU one and one per CUDA device. A thread's CPU context
  * and plans are freed when it ends; CUDA ones are left to the process's end (the CUDA runtime
@@ -182,13 +195,29 @@ void describe(const at::Tensor &a, fg_tensor *t)
 }
 
 /* Runs op on n operands (the library's order; undefined = absent) on the thread's context for
- * ref's device. Returns the library's status; fg_last_error() has the message. */
-fg_status run(fg_op op, const at::Tensor *const *operands, int n, uint32_t flags, const at::Tensor &ref)
+ * ref's device, with the op's options (options_size bytes; nullptr: the defaults) and accumulate.
+ * The plan key is _fastcall.c's: (op, accumulate, flags, alignment), the options' length and
+ * bytes (UINT32_MAX for none), each operand's (dtype, rank, shape, strides). Returns the
+ * library's status; fg_last_error() has the message. */
+fg_status run(fg_op op, const at::Tensor *const *operands, int n, uint32_t flags, const at::Tensor &ref,
+              const void *options, size_t options_size, bool accumulate)
 {
     fg_tensor t[FG_MAX_OPERANDS];
     uintptr_t bits = 256;
-    char key[16 + FG_MAX_OPERANDS * (8 + 16 * FG_MAX_RANK)];
+    char key[16 + 4 + MAX_OPTIONS + FG_MAX_OPERANDS * (8 + 16 * FG_MAX_RANK)];
     size_t kn = 16;
+    TORCH_INTERNAL_ASSERT(options_size <= MAX_OPTIONS);
+    if (options) {
+        uint32_t len = (uint32_t)options_size;
+        std::memcpy(key + kn, &len, sizeof len);
+        kn += sizeof len;
+        std::memcpy(key + kn, options, options_size);
+        kn += options_size;
+    } else {
+        uint32_t none = UINT32_MAX;
+        std::memcpy(key + kn, &none, sizeof none);
+        kn += sizeof none;
+    }
     for (int i = 0; i < n; i++) {
         describe(*operands[i], &t[i]);
         int32_t d[2] = {operands[i]->defined() ? (int32_t)t[i].dtype : -1, t[i].rank};
@@ -200,7 +229,7 @@ fg_status run(fg_op op, const at::Tensor *const *operands, int n, uint32_t flags
         kn += sizeof(int64_t) * t[i].rank;
         bits |= (uintptr_t)t[i].data;
     }
-    uint32_t hdr[4] = {(uint32_t)op, 0u, flags, (uint32_t)(bits & (~bits + 1))};
+    uint32_t hdr[4] = {(uint32_t)op, (uint32_t)accumulate, flags, (uint32_t)(bits & (~bits + 1))};
     std::memcpy(key, hdr, sizeof hdr);
     Ctx &c = context_for(ref);
     std::string k(key, kn);
@@ -210,7 +239,10 @@ fg_status run(fg_op op, const at::Tensor *const *operands, int n, uint32_t flags
         desc.op = op;
         for (int i = 0; i < n; i++)
             desc.operands[i] = t[i];
+        desc.accumulate = accumulate;
         desc.flags = flags;
+        desc.options = options; /* the plan keeps a copy */
+        desc.options_size = options ? options_size : 0;
         desc.alignment = hdr[3];
         fg_plan *plan = nullptr;
         fg_status st = api.plan_create(c.handle, &desc, &plan);
@@ -280,7 +312,7 @@ at::Tensor compute(fg_op op, const char *what, std::vector<at::Tensor> ins, at::
         for (int i = 0; i < n - 1; i++)
             p[i] = &ins[i];
         p[n - 1] = &out;
-        fg_status st = run(op, p, n, flags, ref);
+        fg_status st = run(op, p, n, flags, ref, nullptr, 0, false);
         if (st == FG_OK)
             return out;
         if (attempt == 0 && retryable(st)) {
@@ -320,6 +352,130 @@ variable_list backward_grads(const at::Tensor &dy_in, const at::Tensor &x, const
     return {dx, dw, db};
 }
 
+/* ------------------------------------------------------------------ row norms and BatchNorm */
+
+/* The options structs as norm.py fills them; zeroed first, as ctypes does: their bytes, padding
+ * included, are part of the plan key. */
+fg_norm_options norm_opts(int kind, double eps, double p, uint64_t seed, uint64_t offset)
+{
+    fg_norm_options o;
+    std::memset(&o, 0, sizeof o);
+    o.kind = (fg_norm_kind)kind;
+    o.eps = eps;
+    o.dropout.p = p;
+    o.dropout.seed = seed;
+    o.dropout.offset = offset;
+    return o;
+}
+
+fg_batch_norm_options batch_norm_opts(bool training, double eps, double momentum, double p, uint64_t seed,
+                                      uint64_t offset)
+{
+    fg_batch_norm_options o;
+    std::memset(&o, 0, sizeof o);
+    o.eval = !training;
+    o.eps = eps;
+    o.momentum = momentum;
+    o.dropout.p = p;
+    o.dropout.seed = seed;
+    o.dropout.offset = offset;
+    return o;
+}
+
+/* Statistics' dtype: f64 for f64 data, else f32 (norm._acc_dtype). */
+at::TensorOptions acc_options(const at::Tensor &x)
+{
+    return x.options().dtype(x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat);
+}
+
+/* Per-row statistics' shape: x's leading dims, [1] for a single row (norm._rows). */
+std::vector<int64_t> rows_of(const at::Tensor &x)
+{
+    if (x.dim() <= 1)
+        return {1};
+    return std::vector<int64_t>(x.sizes().begin(), x.sizes().end() - 1);
+}
+
+at::Tensor empty_if(bool want, at::IntArrayRef shape, const at::TensorOptions &o)
+{
+    return want ? at::empty(shape, o) : at::Tensor();
+}
+
+/* norm.py's norm_forward: out = (y, s, mean, rstd), allocated as there (undefined where absent). */
+fg_status norm_forward_into(const at::Tensor &x, const at::Tensor &r, const at::Tensor &w, const at::Tensor &b,
+                            const fg_norm_options &o, bool keep_sum, bool save_stats, at::Tensor out[4])
+{
+    at::Tensor y = at::empty(x.sizes(), x.options());
+    at::Tensor s = empty_if(r.defined() && keep_sum, x.sizes(), x.options());
+    at::Tensor mean = empty_if(save_stats && o.kind == FG_NORM_LAYER, rows_of(x), acc_options(x));
+    at::Tensor rstd = empty_if(save_stats, rows_of(x), acc_options(x));
+    const at::Tensor *p[] = {&x, &r, &w, &b, &y, &s, &mean, &rstd};
+    fg_status st = run(FG_OP_NORM_FORWARD, p, 8, 0, x, &o, sizeof o, false);
+    out[0] = y, out[1] = s, out[2] = mean, out[3] = rstd;
+    return st;
+}
+
+/* The gradients' allocation of norm.py's norm_backward / batch_norm_backward: dx, dr like x in
+ * dy's dtype, dw, db [x's last dim] in pdt; want: which (already masked by w / has_bias). */
+void alloc_grads(const at::Tensor &dy, const at::Tensor &x, const bool want[4], at::ScalarType pdt, at::Tensor g[4])
+{
+    g[0] = empty_if(want[0], x.sizes(), dy.options());
+    g[1] = empty_if(want[1], x.sizes(), dy.options());
+    g[2] = empty_if(want[2], {x.size(-1)}, dy.options().dtype(pdt));
+    g[3] = empty_if(want[3], {x.size(-1)}, dy.options().dtype(pdt));
+}
+
+/* norm.py's norm_backward: g = (dx, dr, dw, db). */
+fg_status norm_backward_into(const at::Tensor &dy, const at::Tensor &ds, const at::Tensor &x, const at::Tensor &w,
+                             const at::Tensor &mean, const at::Tensor &rstd, const fg_norm_options &o,
+                             const bool want[4], at::ScalarType pdt, bool accumulate, at::Tensor g[4])
+{
+    alloc_grads(dy, x, want, pdt, g);
+    const at::Tensor *p[] = {&dy, &ds, &x, &w, &mean, &rstd, &g[0], &g[1], &g[2], &g[3]};
+    return run(FG_OP_NORM_BACKWARD, p, 10, 0, dy, &o, sizeof o, accumulate);
+}
+
+/* norm.py's batch_norm_forward: out = (y, s, mean, rstd); running_mean / running_var updated in
+ * place in training. */
+fg_status batch_norm_forward_into(const at::Tensor &x, const at::Tensor &r, const at::Tensor &w, const at::Tensor &b,
+                                  const at::Tensor &rm, const at::Tensor &rv, const fg_batch_norm_options &o,
+                                  bool keep_sum, at::Tensor out[4])
+{
+    const int64_t c = x.size(-1);
+    at::Tensor y = at::empty(x.sizes(), x.options());
+    at::Tensor s = empty_if(r.defined() && keep_sum, x.sizes(), x.options());
+    at::Tensor mean = at::empty({c}, acc_options(x)), rstd = at::empty({c}, acc_options(x));
+    const at::Tensor *p[] = {&x, &r, &w, &b, &rm, &rv, &y, &s, &mean, &rstd};
+    fg_status st = run(FG_OP_BATCH_NORM_FORWARD, p, 10, 0, x, &o, sizeof o, false);
+    out[0] = y, out[1] = s, out[2] = mean, out[3] = rstd;
+    return st;
+}
+
+/* norm.py's batch_norm_backward: g = (dx, dr, dw, db). */
+fg_status batch_norm_backward_into(const at::Tensor &dy, const at::Tensor &x, const at::Tensor &w,
+                                   const at::Tensor &mean, const at::Tensor &rstd, const fg_batch_norm_options &o,
+                                   const bool want[4], at::ScalarType pdt, bool accumulate, at::Tensor g[4])
+{
+    alloc_grads(dy, x, want, pdt, g);
+    const at::Tensor *p[] = {&dy, &x, &w, &mean, &rstd, &g[0], &g[1], &g[2], &g[3]};
+    return run(FG_OP_BATCH_NORM_BACKWARD, p, 9, 0, dy, &o, sizeof o, accumulate);
+}
+
+/* torch_ops._call around f(ins): the inputs made dense, and when the library refuses their
+ * layout, one retry on fresh copies. */
+template <class F> fg_status with_retry(std::vector<at::Tensor> &ins, F f)
+{
+    for (auto &a : ins)
+        a = dense(a);
+    fg_status st = f(ins);
+    if (retryable(st)) {
+        for (auto &a : ins)
+            a = fresh(a);
+        st = f(ins);
+    }
+    return st;
+}
+
 /* ------------------------------------------------------------------ autograd */
 
 struct LinearFn : public torch::autograd::Function<LinearFn> {
@@ -343,6 +499,80 @@ struct LinearFn : public torch::autograd::Function<LinearFn> {
                                 has_bias && ctx->needs_input_grad(2), (uint32_t)(f & 0xffffffff));
         g.push_back(at::Tensor()); /* flags */
         return g;
+    }
+};
+
+/* NormFunction of norm.py in C++: (y, s) = (norm(s)·w + b, s) with s = x + dropout(r); only y
+ * when r is absent. Weights of another dtype than x run in x's dtype, their gradients are formed
+ * in f32 and returned in the weights' dtype, as NormFunction does. */
+struct NormFn : public torch::autograd::Function<NormFn> {
+    static variable_list forward(AutogradContext *ctx, const at::Tensor &x_in, const std::optional<at::Tensor> &r_in,
+                                 const std::optional<at::Tensor> &weight, const std::optional<at::Tensor> &bias,
+                                 int64_t kind, double eps, double p, int64_t seed, int64_t offset)
+    {
+        auto present = [](const std::optional<at::Tensor> &t) { return t.has_value() && t->defined(); };
+        const bool has_r = present(r_in), has_w = present(weight), has_b = present(bias);
+        at::Tensor x = x_in.contiguous();
+        at::Tensor r = has_r ? r_in->contiguous() : at::Tensor();
+        at::Tensor w = has_w ? weight->to(x.scalar_type()) : at::Tensor();
+        at::Tensor b = has_b ? bias->to(x.scalar_type()) : at::Tensor();
+        const fg_norm_options o = norm_opts((int)kind, eps, has_r ? p : 0.0, (uint64_t)seed, (uint64_t)offset);
+        at::Tensor out[4];
+        std::vector<at::Tensor> ins = {x, w, b, r};
+        fg_status st = with_retry(ins, [&](std::vector<at::Tensor> &a) {
+            return norm_forward_into(a[0], a[3], a[1], a[2], o, true, true, out);
+        });
+        if (st != FG_OK)
+            throw Refused{};
+        n_norm_forward++;
+        ctx->save_for_backward({out[1].defined() ? out[1] : x, w, out[2], out[3]});
+        ctx->saved_data["kind"] = kind;
+        ctx->saved_data["eps"] = eps;
+        ctx->saved_data["p"] = p;
+        ctx->saved_data["seed"] = seed;
+        ctx->saved_data["offset"] = offset;
+        ctx->saved_data["present"] = (int64_t)(has_r | has_w << 1 | has_b << 2);
+        ctx->saved_data["wdt"] = has_w ? (int64_t)weight->scalar_type() : (int64_t)-1;
+        if (out[1].defined())
+            return {out[0], out[1]};
+        return {out[0]};
+    }
+
+    static variable_list backward(AutogradContext *ctx, variable_list grads)
+    {
+        auto saved = ctx->get_saved_variables();
+        const at::Tensor &xs = saved[0], &w = saved[1], &mean = saved[2], &rstd = saved[3];
+        const int64_t present = ctx->saved_data["present"].toInt(), wdt = ctx->saved_data["wdt"].toInt();
+        const bool has_r = present & 1, has_w = present & 2, has_b = present & 4;
+        /* autograd's edges are the tensors present: x, then r, weight, bias where given */
+        int edge = 1;
+        const int r_edge = has_r ? edge++ : -1, w_edge = has_w ? edge++ : -1, b_edge = has_b ? edge++ : -1;
+        const bool need_x = ctx->needs_input_grad(0), need_r = has_r && ctx->needs_input_grad(r_edge);
+        const bool need_w = w.defined() && ctx->needs_input_grad(w_edge);
+        const bool need_b = has_b && ctx->needs_input_grad(b_edge);
+        at::Tensor dy = grads[0].defined() ? grads[0] : at::zeros_like(xs);
+        at::Tensor ds = grads.size() > 1 && grads[1].defined() ? grads[1].contiguous() : at::Tensor();
+        const at::ScalarType pdt = wdt >= 0 && wdt != (int64_t)xs.scalar_type() ? at::kFloat
+                                   : w.defined()                                ? w.scalar_type()
+                                                                                : xs.scalar_type();
+        const fg_norm_options o =
+            norm_opts((int)ctx->saved_data["kind"].toInt(), ctx->saved_data["eps"].toDouble(),
+                      ctx->saved_data["p"].toDouble(), (uint64_t)ctx->saved_data["seed"].toInt(),
+                      (uint64_t)ctx->saved_data["offset"].toInt());
+        const bool want[4] = {need_x, need_r, need_w, need_b};
+        at::Tensor g[4];
+        std::vector<at::Tensor> ins = {dy.contiguous(), xs, w, mean, rstd, ds};
+        fg_status st = with_retry(ins, [&](std::vector<at::Tensor> &a) {
+            return norm_backward_into(a[0], a[5], a[1], a[2], a[3], a[4], o, want, pdt, false, g);
+        });
+        if (st != FG_OK)
+            fail("norm_backward", st, api.last_error());
+        n_norm_backward++;
+        if (wdt >= 0)
+            for (int i = 2; i < 4; i++)
+                if (g[i].defined())
+                    g[i] = g[i].to((at::ScalarType)wdt);
+        return {g[0], g[1], g[2], g[3], at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
     }
 };
 
@@ -433,6 +663,296 @@ py::object py_linear(py::handle xo, py::handle wo, py::handle bo, int64_t flags)
     return py::none();
 }
 
+/* ---- the row norms and BatchNorm from Python: each returns None (counted as norm_fallback) for
+ * anything it does not take, and the caller runs norm.py's Python, which raises its errors. */
+
+/* Python's float(o), the low 64 bits of int(o) (norm._u64), bool(o): false when o is not one. */
+bool as_double(py::handle o, double &v)
+{
+    if (!PyFloat_Check(o.ptr()) && !PyLong_Check(o.ptr()))
+        return false;
+    v = PyFloat_AsDouble(o.ptr());
+    if (v == -1.0 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return false;
+    }
+    return true;
+}
+
+bool as_u64(py::handle o, uint64_t &v)
+{
+    if (!PyLong_Check(o.ptr()))
+        return false;
+    v = PyLong_AsUnsignedLongLongMask(o.ptr());
+    if (v == (uint64_t)-1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return false;
+    }
+    return true;
+}
+
+bool as_bool(py::handle o, bool &v)
+{
+    int t = PyObject_IsTrue(o.ptr());
+    if (t < 0) {
+        PyErr_Clear();
+        return false;
+    }
+    v = t;
+    return true;
+}
+
+bool as_kind(py::handle o, int &kind)
+{
+    if (!PyUnicode_Check(o.ptr()))
+        return false;
+    const char *s = PyUnicode_AsUTF8(o.ptr());
+    if (!s) {
+        PyErr_Clear();
+        return false;
+    }
+    kind = !std::strcmp(s, "layer") ? FG_NORM_LAYER : !std::strcmp(s, "rms") ? FG_NORM_RMS : -1;
+    return kind >= 0;
+}
+
+/* param_dtype: None (false: no dtype given) or a torch.dtype fastgrad takes. */
+bool as_dtype(py::handle o, at::ScalarType &dt, bool &given)
+{
+    given = o.ptr() != Py_None;
+    if (!given)
+        return true;
+    if (!THPDtype_Check(o.ptr()))
+        return false;
+    dt = ((THPDtype *)o.ptr())->scalar_type;
+    return dtype_code(dt) >= 0;
+}
+
+bool device_taken(const at::Tensor &t)
+{
+    if (t.is_cuda()) {
+#ifdef FG_TORCHEXT_CUDA
+        return true;
+#else
+        return false;
+#endif
+    }
+    return t.is_cpu();
+}
+
+/* An operand of a functional entry, as ops.run would describe it: a dtype fastgrad takes, at
+ * most FG_MAX_RANK dims, no broadcast (zero) stride on a dim above 1 (ops.run raises on those),
+ * on ref's device; undefined (None) passes. */
+bool plain(const at::Tensor &t, const at::Tensor &ref)
+{
+    if (!t.defined())
+        return true;
+    if (dtype_code(t.scalar_type()) < 0 || t.dim() > FG_MAX_RANK || t.device() != ref.device())
+        return false;
+    for (int64_t i = 0; i < t.dim(); i++)
+        if (t.stride(i) == 0 && t.size(i) > 1)
+            return false;
+    return true;
+}
+
+bool all_plain(std::initializer_list<const at::Tensor *> ts, const at::Tensor &ref)
+{
+    if (!ref.defined() || ref.dim() < 1 || !device_taken(ref))
+        return false;
+    for (const at::Tensor *t : ts)
+        if (!plain(*t, ref))
+            return false;
+    return true;
+}
+
+py::object wrap(at::Tensor t)
+{
+    if (!t.defined())
+        return py::none();
+    PyObject *r = THPVariable_Wrap(std::move(t));
+    if (!r)
+        throw py::error_already_set();
+    return py::reinterpret_steal<py::object>(r);
+}
+
+py::object declined()
+{
+    n_norm_fallback++;
+    return py::none();
+}
+
+py::object four(at::Tensor t[4])
+{
+    return py::make_tuple(wrap(t[0]), wrap(t[1]), wrap(t[2]), wrap(t[3]));
+}
+
+/* norm_forward(x, r, w, b, kind, eps, p, seed, offset, keep_sum, save_stats): norm.py's
+ * norm_forward (without out=), or None. */
+py::object py_norm_forward(py::handle xo, py::handle ro, py::handle wo, py::handle bo, py::handle kind_o,
+                           py::handle eps_o, py::handle p_o, py::handle seed_o, py::handle offset_o,
+                           py::handle keep_sum_o, py::handle save_stats_o)
+{
+    at::Tensor x, r, w, b;
+    int kind;
+    double eps, p;
+    uint64_t seed, offset;
+    bool keep_sum, save_stats;
+    if (!ready.load(std::memory_order_relaxed) || !unpack(xo.ptr(), x, false) || !unpack(ro.ptr(), r, true) ||
+        !unpack(wo.ptr(), w, true) || !unpack(bo.ptr(), b, true) || !as_kind(kind_o, kind) ||
+        !as_double(eps_o, eps) || !as_double(p_o, p) || !as_u64(seed_o, seed) || !as_u64(offset_o, offset) ||
+        !as_bool(keep_sum_o, keep_sum) || !as_bool(save_stats_o, save_stats) || !all_plain({&x, &r, &w, &b}, x))
+        return declined();
+    const fg_norm_options o = norm_opts(kind, eps, r.defined() ? p : 0.0, seed, offset);
+    at::Tensor out[4];
+    fg_status st;
+    {
+        py::gil_scoped_release nogil;
+        st = norm_forward_into(x, r, w, b, o, keep_sum, save_stats, out);
+    }
+    if (st != FG_OK)
+        return declined();
+    n_norm_forward++;
+    return four(out);
+}
+
+/* norm_backward(dy, ds, x, w, mean, rstd, kind, eps, p, seed, offset, need_x, need_r, need_w,
+ * need_b, has_bias, param_dtype, accumulate): norm.py's norm_backward (without out=), or None. */
+py::object py_norm_backward(py::handle dyo, py::handle dso, py::handle xo, py::handle wo, py::handle mo,
+                            py::handle ro, py::handle kind_o, py::handle eps_o, py::handle p_o, py::handle seed_o,
+                            py::handle offset_o, py::handle nx, py::handle nr, py::handle nw, py::handle nb,
+                            py::handle has_bias_o, py::handle pdt_o, py::handle acc_o)
+{
+    at::Tensor dy, ds, x, w, mean, rstd;
+    int kind;
+    double eps, p;
+    uint64_t seed, offset;
+    bool need[4], has_bias, accumulate, pdt_given;
+    at::ScalarType pdt = at::kFloat;
+    if (!ready.load(std::memory_order_relaxed) || !unpack(dyo.ptr(), dy, false) || !unpack(dso.ptr(), ds, true) ||
+        !unpack(xo.ptr(), x, false) || !unpack(wo.ptr(), w, true) || !unpack(mo.ptr(), mean, true) ||
+        !unpack(ro.ptr(), rstd, true) || !as_kind(kind_o, kind) || !as_double(eps_o, eps) || !as_double(p_o, p) ||
+        !as_u64(seed_o, seed) || !as_u64(offset_o, offset) || !as_bool(nx, need[0]) || !as_bool(nr, need[1]) ||
+        !as_bool(nw, need[2]) || !as_bool(nb, need[3]) || !as_bool(has_bias_o, has_bias) ||
+        !as_dtype(pdt_o, pdt, pdt_given) || !as_bool(acc_o, accumulate) ||
+        !all_plain({&dy, &ds, &x, &w, &mean, &rstd}, dy) || x.dim() < 1)
+        return declined();
+    if (!pdt_given)
+        pdt = w.defined() ? w.scalar_type() : x.scalar_type();
+    const bool want[4] = {need[0], need[1], need[2] && w.defined(), need[3] && has_bias};
+    const fg_norm_options o = norm_opts(kind, eps, p, seed, offset);
+    at::Tensor g[4];
+    fg_status st;
+    {
+        py::gil_scoped_release nogil;
+        st = norm_backward_into(dy, ds, x, w, mean, rstd, o, want, pdt, accumulate, g);
+    }
+    if (st != FG_OK)
+        return declined();
+    n_norm_backward++;
+    return four(g);
+}
+
+/* batch_norm_forward(x, r, w, b, running_mean, running_var, training, momentum, eps, p, seed,
+ * offset, keep_sum): norm.py's batch_norm_forward, or None. */
+py::object py_batch_norm_forward(py::handle xo, py::handle ro, py::handle wo, py::handle bo, py::handle rmo,
+                                 py::handle rvo, py::handle training_o, py::handle momentum_o, py::handle eps_o,
+                                 py::handle p_o, py::handle seed_o, py::handle offset_o, py::handle keep_sum_o)
+{
+    at::Tensor x, r, w, b, rm, rv;
+    double momentum, eps, p;
+    uint64_t seed, offset;
+    bool training, keep_sum;
+    if (!ready.load(std::memory_order_relaxed) || !unpack(xo.ptr(), x, false) || !unpack(ro.ptr(), r, true) ||
+        !unpack(wo.ptr(), w, true) || !unpack(bo.ptr(), b, true) || !unpack(rmo.ptr(), rm, true) ||
+        !unpack(rvo.ptr(), rv, true) || !as_bool(training_o, training) || !as_double(momentum_o, momentum) ||
+        !as_double(eps_o, eps) || !as_double(p_o, p) || !as_u64(seed_o, seed) || !as_u64(offset_o, offset) ||
+        !as_bool(keep_sum_o, keep_sum) || !all_plain({&x, &r, &w, &b, &rm, &rv}, x))
+        return declined();
+    const fg_batch_norm_options o = batch_norm_opts(training, eps, momentum, r.defined() ? p : 0.0, seed, offset);
+    at::Tensor out[4];
+    fg_status st;
+    {
+        py::gil_scoped_release nogil;
+        st = batch_norm_forward_into(x, r, w, b, rm, rv, o, keep_sum, out);
+    }
+    if (st != FG_OK)
+        return declined();
+    n_batch_norm_forward++;
+    return four(out);
+}
+
+/* batch_norm_backward(dy, x, w, mean, rstd, training, p, seed, offset, need_x, need_r, need_w,
+ * need_b, has_bias, param_dtype, accumulate): norm.py's batch_norm_backward (without out=), or
+ * None. Its options are batch_norm_options(training, p=p, seed=seed, offset=offset). */
+py::object py_batch_norm_backward(py::handle dyo, py::handle xo, py::handle wo, py::handle mo, py::handle ro,
+                                  py::handle training_o, py::handle p_o, py::handle seed_o, py::handle offset_o,
+                                  py::handle nx, py::handle nr, py::handle nw, py::handle nb, py::handle has_bias_o,
+                                  py::handle pdt_o, py::handle acc_o)
+{
+    at::Tensor dy, x, w, mean, rstd;
+    double p;
+    uint64_t seed, offset;
+    bool training, need[4], has_bias, accumulate, pdt_given;
+    at::ScalarType pdt = at::kFloat;
+    if (!ready.load(std::memory_order_relaxed) || !unpack(dyo.ptr(), dy, false) || !unpack(xo.ptr(), x, false) ||
+        !unpack(wo.ptr(), w, true) || !unpack(mo.ptr(), mean, true) || !unpack(ro.ptr(), rstd, true) ||
+        !as_bool(training_o, training) || !as_double(p_o, p) || !as_u64(seed_o, seed) ||
+        !as_u64(offset_o, offset) || !as_bool(nx, need[0]) || !as_bool(nr, need[1]) || !as_bool(nw, need[2]) ||
+        !as_bool(nb, need[3]) || !as_bool(has_bias_o, has_bias) || !as_dtype(pdt_o, pdt, pdt_given) ||
+        !as_bool(acc_o, accumulate) || !all_plain({&dy, &x, &w, &mean, &rstd}, dy) || x.dim() < 1)
+        return declined();
+    if (!pdt_given)
+        pdt = w.defined() ? w.scalar_type() : x.scalar_type();
+    const bool want[4] = {need[0], need[1], need[2] && w.defined(), need[3] && has_bias};
+    const fg_batch_norm_options o = batch_norm_opts(training, 1e-5, 0.1, p, seed, offset);
+    at::Tensor g[4];
+    fg_status st;
+    {
+        py::gil_scoped_release nogil;
+        st = batch_norm_backward_into(dy, x, w, mean, rstd, o, want, pdt, accumulate, g);
+    }
+    if (st != FG_OK)
+        return declined();
+    n_batch_norm_backward++;
+    return four(g);
+}
+
+/* norm(x, r, w, b, kind, eps, p, seed, offset): (y, s) of NormFunction (s None without r) with
+ * its autograd in C++, or None. w, b may have another floating dtype than x (NormFunction
+ * converts them); tensors of another layout are made contiguous or copied as _call does. */
+py::object py_norm(py::handle xo, py::handle ro, py::handle wo, py::handle bo, py::handle kind_o, py::handle eps_o,
+                   py::handle p_o, py::handle seed_o, py::handle offset_o)
+{
+    at::Tensor x, r, w, b;
+    int kind;
+    double eps, p;
+    uint64_t seed, offset;
+    if (!ready.load(std::memory_order_relaxed) || !unpack(xo.ptr(), x, false) || !unpack(ro.ptr(), r, true) ||
+        !unpack(wo.ptr(), w, true) || !unpack(bo.ptr(), b, true) || !as_kind(kind_o, kind) ||
+        !as_double(eps_o, eps) || !as_double(p_o, p) || !as_u64(seed_o, seed) || !as_u64(offset_o, offset) ||
+        !all_plain({}, x) || dtype_code(x.scalar_type()) < 0 || x.dim() > FG_MAX_RANK)
+        return declined();
+    for (const at::Tensor *t : {&r, &w, &b})
+        if (t->defined() && (dtype_code(t->scalar_type()) < 0 || t->dim() > FG_MAX_RANK || t->device() != x.device()))
+            return declined();
+    if (r.defined() && r.scalar_type() != x.scalar_type())
+        return declined();
+    auto opt = [](const at::Tensor &t) { return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt; };
+    variable_list out;
+    bool refused = false;
+    {
+        py::gil_scoped_release nogil;
+        try {
+            out = NormFn::apply(x, opt(r), opt(w), opt(b), (int64_t)kind, eps, p, (int64_t)seed, (int64_t)offset);
+        } catch (const Refused &) {
+            refused = true;
+        }
+    }
+    if (refused)
+        return declined();
+    n_norm_autograd++;
+    return py::make_tuple(wrap(out[0]), out.size() > 1 ? wrap(out[1]) : py::none());
+}
+
 void py_configure(std::unordered_map<std::string, uintptr_t> fns, std::vector<int64_t> sizes, int64_t version)
 {
     const std::vector<int64_t> want = {(int64_t)sizeof(fg_tensor), FG_MAX_RANK, FG_MAX_OPERANDS,
@@ -482,27 +1002,54 @@ TORCH_LIBRARY_IMPL(fastgrad_ext, CPU, m) { m.impl("linear_backward", &linear_bac
 TORCH_LIBRARY_IMPL(fastgrad_ext, CUDA, m) { m.impl("linear_backward", &linear_backward_op); }
 #endif
 
-/* The Python type of LinearFn's backward node (a grad_fn): named as the Python Function's
- * backward, in this module, instead of the generic "CppFunction". */
+/* The Python types of LinearFn's and NormFn's backward nodes (grad_fns): named as the Python
+ * Functions' backwards, in this module, instead of the generic "CppFunction". */
 static PyTypeObject linear_backward_type;
+static PyTypeObject norm_backward_type;
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
 {
     torch::autograd::_initFunctionPyTypeObject(linear_backward_type, "fastgrad._torchext_ops.LinearFunctionBackward",
                                                nullptr, nullptr);
     torch::autograd::registerCppFunction(typeid(torch::autograd::CppNode<LinearFn>), &linear_backward_type);
-    m.doc() = "fastgrad's Linear with its autograd in C++ (see _torchext.py)";
+    torch::autograd::_initFunctionPyTypeObject(norm_backward_type, "fastgrad._torchext_ops.NormFunctionBackward",
+                                               nullptr, nullptr);
+    torch::autograd::registerCppFunction(typeid(torch::autograd::CppNode<NormFn>), &norm_backward_type);
+    m.doc() = "fastgrad's Linear and normalization family with their host work in C++ (see _torchext.py)";
     m.def("linear", &py_linear, "linear(x, weight, bias, flags): y, or None when Python must run the call",
           py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("flags") = 0);
+    m.def("norm", &py_norm,
+          "norm(x, r, w, b, kind, eps, p, seed, offset): (y, s) of norm.NormFunction with its autograd in C++, "
+          "or None");
+    m.def("norm_forward", &py_norm_forward,
+          "norm_forward(x, r, w, b, kind, eps, p, seed, offset, keep_sum, save_stats): norm.norm_forward's "
+          "(y, s, mean, rstd), or None");
+    m.def("norm_backward", &py_norm_backward,
+          "norm_backward(dy, ds, x, w, mean, rstd, kind, eps, p, seed, offset, need_x, need_r, need_w, need_b, "
+          "has_bias, param_dtype, accumulate): norm.norm_backward's (dx, dr, dw, db), or None");
+    m.def("batch_norm_forward", &py_batch_norm_forward,
+          "batch_norm_forward(x, r, w, b, running_mean, running_var, training, momentum, eps, p, seed, offset, "
+          "keep_sum): norm.batch_norm_forward's (y, s, mean, rstd), or None");
+    m.def("batch_norm_backward", &py_batch_norm_backward,
+          "batch_norm_backward(dy, x, w, mean, rstd, training, p, seed, offset, need_x, need_r, need_w, need_b, "
+          "has_bias, param_dtype, accumulate): norm.batch_norm_backward's (dx, dr, dw, db), or None");
     m.def("configure", &py_configure, "Hands the module the library's entry points (called once by _torchext.py)");
     m.def(
         "stats",
         []() {
             return py::dict(py::arg("forward") = n_forward.load(), py::arg("backward") = n_backward.load(),
                             py::arg("fallback") = n_fallback.load(), py::arg("dx") = n_dx.load(),
-                            py::arg("dw") = n_dw.load(), py::arg("db") = n_db.load());
+                            py::arg("dw") = n_dw.load(), py::arg("db") = n_db.load(),
+                            py::arg("norm_forward") = n_norm_forward.load(),
+                            py::arg("norm_backward") = n_norm_backward.load(),
+                            py::arg("norm_autograd") = n_norm_autograd.load(),
+                            py::arg("norm_fallback") = n_norm_fallback.load(),
+                            py::arg("batch_norm_forward") = n_batch_norm_forward.load(),
+                            py::arg("batch_norm_backward") = n_batch_norm_backward.load());
         },
-        "Since import: forwards and backwards run here, calls handed back to Python, gradients computed");
+        "Since import: Linear's forwards and backwards run here, its calls handed back to Python, its gradients "
+        "computed; the row norms' forwards and backwards run here (functional or through norm()), norm() calls, "
+        "norm and BatchNorm calls handed back to Python, BatchNorm forwards and backwards");
     m.attr("VERSION") = FG_VERSION;
 #ifdef FG_TORCHEXT_CUDA
     m.attr("HAS_CUDA") = true;

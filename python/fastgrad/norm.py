@@ -9,16 +9,45 @@ op table gives them); the options structs come from _lib. Dropout masks are coun
 (seed, offset): the backward regenerates the forward's mask, nothing is stored; the torch modules
 draw each call's seed from torch's default CPU generator, so torch.manual_seed makes them
 reproducible.
+
+With the torch C++ extension built (_torchext.cpp), the torch-tensor path of norm_forward /
+norm_backward / batch_norm_forward / batch_norm_backward and the row norm's autograd run in C++
+(the same plans, the same bits); what it does not take it hands back, and the Python here runs.
 """
 import numpy as np
 
-from . import _lib
+from . import _lib, _torchext
 from .ops import _empty_like_family, _is_torch, run
 
 try:  # torch is optional
     import torch
 except ImportError:  # pragma: no cover - CI has no torch
     torch = None
+
+# the C++ extension (_torchext.cpp) when built and on (use_torchext), else None
+_ext = None
+
+
+def use_torchext(on=True):
+    """Whether the torch path of the row norms and BatchNorm (functional and autograd) runs through
+    the C++ extension when it is built (the default); off, the Python here runs them (the same
+    kernels, the same results)."""
+    global _ext
+    m = _torchext.MODULE
+    _ext = m if on and m is not None and hasattr(m, "norm_forward") else None
+
+
+use_torchext(True)
+
+
+def _no_out(out):
+    """The gradients' out= is all None (the default): the extension may run the call."""
+    return type(out) in (tuple, list) and len(out) == 4 and all(o is None for o in out)
+
+
+def _need4(need):
+    return type(need) in (tuple, list) and len(need) == 4
+
 
 def _kind(kind):
     if kind not in _lib.NORM:
@@ -69,6 +98,10 @@ def norm_forward(x, weight=None, bias=None, r=None, kind="layer", eps=1e-5, p=0.
     """(y, s, mean, rstd) of LayerNorm / RMSNorm over the last dim of s = x + dropout(r) (s = x when r
     is None). s is returned (and written) only when r is given and keep_sum; mean only for
     LayerNorm and save_stats; rstd when save_stats."""
+    if _ext is not None and out is None and _is_torch(x):
+        res = _ext.norm_forward(x, r, weight, bias, kind, eps, p, seed, offset, keep_sum, save_stats)
+        if res is not None:
+            return res
     y = out if out is not None else _empty_like_family(x, tuple(x.shape))
     s = _empty_like_family(x, tuple(x.shape)) if r is not None and keep_sum else None
     acc = _acc_dtype(x)
@@ -86,6 +119,11 @@ def norm_backward(dy, x, weight=None, mean=None, rstd=None, ds=None, kind="layer
     ds (the gradient s gets from the residual path), dr = dx·mask/(1 − p) for the residual branch,
     dw = Σ dy·x̂, db = Σ dy. None where not needed (dw only with a weight, db only with has_bias).
     mean / rstd None: recomputed from x. param_dtype: dw / db's dtype (the weight's, or f32)."""
+    if _ext is not None and _is_torch(dy) and _no_out(out) and _need4(need):
+        res = _ext.norm_backward(dy, ds, x, weight, mean, rstd, kind, eps, p, seed, offset, *need, has_bias,
+                                 param_dtype, accumulate)
+        if res is not None:
+            return res
     want = [need[0], need[1], need[2] and weight is not None, need[3] and has_bias]
     d = x.shape[-1]
     pdt = param_dtype if param_dtype is not None else (weight.dtype if weight is not None else x.dtype)
@@ -117,6 +155,11 @@ def batch_norm_forward(x, weight=None, bias=None, running_mean=None, running_var
     """(y, s, mean, rstd) of BatchNorm per channel over every leading dim of x [..., C] (of s = x +
     dropout(r) when r is given; s returned when keep_sum). Training updates running_mean /
     running_var in place (unbiased variance, momentum); evaluation normalizes with them."""
+    if _ext is not None and _is_torch(x):
+        res = _ext.batch_norm_forward(x, r, weight, bias, running_mean, running_var, training, momentum, eps, p,
+                                      seed, offset, keep_sum)
+        if res is not None:
+            return res
     c = x.shape[-1]
     acc = _acc_dtype(x)
     y = _empty_like_family(x, tuple(x.shape))
@@ -132,6 +175,11 @@ def batch_norm_backward(dy, x, weight, mean, rstd, training=True, p=0.0, seed=0,
                         need=(True, False, True, True), has_bias=True, param_dtype=None, accumulate=False,
                         out=(None, None, None, None)):
     """(dx, dr, dw, db) of batch_norm_forward; x is the normalized input (s of a fused forward)."""
+    if _ext is not None and _is_torch(dy) and _no_out(out) and _need4(need):
+        res = _ext.batch_norm_backward(dy, x, weight, mean, rstd, training, p, seed, offset, *need, has_bias,
+                                       param_dtype, accumulate)
+        if res is not None:
+            return res
     c = x.shape[-1]
     want = [need[0], need[1], need[2] and weight is not None, need[3] and has_bias]
     pdt = param_dtype if param_dtype is not None else (weight.dtype if weight is not None else x.dtype)
@@ -258,7 +306,12 @@ if torch is not None:
         if routed():
             y, s, _, _ = FG.norm(x, r, weight, bias, kind, float(eps), float(p), seed, 0)
             return y, (s if r is not None else None)
-        return NormFunction.apply(x, r, weight, bias, kind, eps, p, int(seed.item()) if seed is not None else 0, 0)
+        seed = int(seed.item()) if seed is not None else 0
+        if _ext is not None:  # NormFunction in C++; None back: operands it does not take
+            res = _ext.norm(x, r, weight, bias, kind, eps, p, seed, 0)
+            if res is not None:
+                return res
+        return NormFunction.apply(x, r, weight, bias, kind, eps, p, seed, 0)
 
     def _as(t, dtype):
         return t if t is None or t.dtype == dtype else t.to(dtype)

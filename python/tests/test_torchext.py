@@ -1,12 +1,18 @@
-"""The torch C++ extension (fastgrad._torchext_ops, python/fastgrad/_torchext.cpp: fg.Linear with
-its autograd in C++) against the Python autograd.Function it replaces: the same output and
+"""The torch C++ extension (fastgrad._torchext_ops, python/fastgrad/_torchext.cpp: fg.Linear and
+the row norm with their autograd in C++, the normalization family's functional entries) against
+the Python it replaces. For Linear, against the Python autograd.Function: the same output and
 gradients, bit for bit, for every dtype, awkward shapes, no bias, non-contiguous and
 non-collapsing inputs (the retry on contiguous copies), a broadcast gradient, only some
 gradients asked for, no_grad, several threads; against torch autograd on float64 copies at the
 dtype's tolerance; the cases it hands back to Python (the same errors as before); the
 dispatcher ops fastgrad_ext::linear / linear_backward; and a check that fails when the
-extension is built beside the library but fg.Linear does not use it. Skipped, with the reason,
-where torch is missing or the extension is not built."""
+extension is built beside the library but fg.Linear does not use it. For the norms: norm.py's
+norm_forward / norm_backward / batch_norm_forward / batch_norm_backward and the autograd of
+LayerNorm / RMSNorm (fused residual, dropout, weights of another dtype) give the same bits
+through the extension as through the Python path, the stats counters show which ran, the options
+and accumulate key the plans, and what the extension declines runs in Python. Skipped, with the
+reason, where torch is missing or the extension is not built."""
+import contextlib
 import os
 import threading
 
@@ -16,6 +22,7 @@ from conftest import data
 torch = pytest.importorskip("torch")
 import fastgrad as fg  # noqa: E402
 from fastgrad import _lib, _torchext, autograd  # noqa: E402
+from fastgrad import norm as fgnorm  # noqa: E402
 
 from torch_helpers import DEVICES, DTYPES, err, tol  # noqa: E402
 
@@ -37,6 +44,7 @@ def test_built_extension_is_used():
         pytest.skip("the extension is not built here, or FASTGRAD_NO_EXT / FASTGRAD_NO_TORCHEXT is set")
     assert EXT is not None, f"{built[0]} is built but not in use: {_torchext.WHY_NOT}"
     assert autograd._ext_linear is not None, "the extension loaded but fg.linear does not route through it"
+    assert fgnorm._ext is not None, "the extension loaded but the norms do not route through it"
     lin = fg.Linear(16, 8)
     x = torch.randn(4, 16, requires_grad=True)
     before = EXT.stats()
@@ -259,3 +267,272 @@ def test_dispatcher_ops(rng):
     _same(dx, g_py[0])
     _same(db, g_py[2])
     assert dw.numel() == 0
+
+
+# ------------------------------------------------------------------ the normalization family
+
+@contextlib.contextmanager
+def _path(path):
+    """The extension on ("ext") or off ("py") for Linear and the norms."""
+    autograd.use_torchext(path == "ext")
+    fgnorm.use_torchext(path == "ext")
+    try:
+        yield
+    finally:
+        autograd.use_torchext(True)
+        fgnorm.use_torchext(True)
+
+
+def _outcome(fn):
+    """fn()'s result, or its exception's (type, message)."""
+    try:
+        return "ok", fn()
+    except Exception as e:  # noqa: BLE001 - compared between the paths
+        return "raised", (type(e), str(e))
+
+
+def _same_outcome(a, b):
+    assert a[0] == b[0], (a, b)
+    if a[0] == "raised":
+        assert a[1] == b[1]
+        return
+    assert len(a[1]) == len(b[1])
+    for x, y in zip(a[1], b[1]):
+        _same(x, y)
+
+
+def _both(fn, counter=None):
+    """fn() through the extension and through Python: the same outcome, bit for bit; with counter,
+    the extension path moved that stats counter by one (when it did not raise) and Python's not."""
+    before = EXT.stats()
+    with _path("ext"):
+        ext = _outcome(fn)
+    mid = EXT.stats()
+    with _path("py"):
+        py = _outcome(fn)
+    after = EXT.stats()
+    if counter is not None:
+        if ext[0] == "ok":
+            assert mid[counter] == before[counter] + 1, f"{counter}: the extension did not run the call"
+        assert after[counter] == mid[counter], f"{counter}: the Python path ran the extension"
+    _same_outcome(ext, py)
+    return ext
+
+
+AFFINE = ["wb", "w", "none"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("kind", ["layer", "rms"])
+@pytest.mark.parametrize("residual,p", [(False, 0.0), (True, 0.0), (True, 0.3)])
+@pytest.mark.parametrize("affine", AFFINE)
+@needs_ext
+def test_norm_functional_matches_python(rng, dtype, kind, residual, p, affine):
+    x = _leaf(rng, (3, 5, 40), dtype, "cpu")
+    r = _leaf(rng, (3, 5, 40), dtype, "cpu") if residual else None
+    w = _leaf(rng, (40,), dtype, "cpu") if affine != "none" else None
+    b = _leaf(rng, (40,), dtype, "cpu") if affine == "wb" else None
+    fwd = _both(lambda: fgnorm.norm_forward(x, w, b, r, kind, 1e-5, p, 77, 5), "norm_forward")
+    assert fwd[0] == "ok"
+    y, s, mean, rstd = fwd[1]
+    assert (s is not None) == residual and (mean is not None) == (kind == "layer") and rstd is not None
+    assert rstd.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
+    _both(lambda: fgnorm.norm_forward(x, w, b, r, kind, 1e-5, p, 77, 5, keep_sum=False, save_stats=False),
+          "norm_forward")
+    xs = s if s is not None else x
+    dy = _leaf(rng, (3, 5, 40), dtype, "cpu")
+    ds = _leaf(rng, (3, 5, 40), dtype, "cpu") if residual else None
+    for need in [(True, residual, True, True), (False, False, True, False), (True, False, False, False)]:
+        bwd = _both(lambda: fgnorm.norm_backward(dy, xs, w, mean, rstd, ds, kind, 1e-5, p, 77, 5, need,
+                                                 has_bias=b is not None), "norm_backward")
+        assert bwd[0] == "ok"
+        assert [g is not None for g in bwd[1]] == [need[0], need[1], need[2] and w is not None,
+                                                  need[3] and b is not None]
+    # statistics recomputed from x (mean / rstd absent), and dw / db in f32 for low-precision data
+    _both(lambda: fgnorm.norm_backward(dy, xs, w, None, None, ds, kind, 1e-5, p, 77, 5, (True, True, True, True),
+                                       has_bias=True, param_dtype=torch.float32), "norm_backward")
+
+
+@needs_ext
+def test_norm_single_row_and_f32_weights_with_bf16(rng):
+    """A single row ([D]: statistics of shape [1]) and f32 weights with bf16 x: the same outcome
+    (values, or the same error) either way."""
+    x = _leaf(rng, (64,), torch.float32, "cpu")
+    out = _both(lambda: fgnorm.norm_forward(x, None, None), "norm_forward")
+    assert out[1][2].shape == (1,) and out[1][3].shape == (1,)
+    xb = _leaf(rng, (4, 64), torch.bfloat16, "cpu")
+    w32, b32 = _leaf(rng, (64,), torch.float32, "cpu"), _leaf(rng, (64,), torch.float32, "cpu")
+    _both(lambda: fgnorm.norm_forward(xb, w32, b32))
+    y, _, mean, rstd = fgnorm.norm_forward(xb, w32.bfloat16(), b32.bfloat16())
+    dy = _leaf(rng, (4, 64), torch.bfloat16, "cpu")
+    _both(lambda: fgnorm.norm_backward(dy, xb, w32.bfloat16(), mean, rstd, need=(True, False, True, True),
+                                       param_dtype=torch.float32), "norm_backward")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("residual,p", [(False, 0.0), (True, 0.0), (True, 0.25)])
+@pytest.mark.parametrize("affine,running", [(True, True), (False, True), (True, False)])
+@needs_ext
+def test_batch_norm_functional_matches_python(rng, dtype, training, residual, p, affine, running):
+    if not training and not running:
+        pytest.skip("evaluation needs running statistics")
+    x = _leaf(rng, (6, 7, 12), dtype, "cpu")
+    r = _leaf(rng, (6, 7, 12), dtype, "cpu") if residual else None
+    w = _leaf(rng, (12,), dtype, "cpu") if affine else None
+    b = _leaf(rng, (12,), dtype, "cpu") if affine else None
+    sdt = torch.float64 if dtype == torch.float64 else torch.float32
+    rm0, rv0 = _leaf(rng, (12,), sdt, "cpu"), _leaf(rng, (12,), sdt, "cpu").abs() + 0.5
+    stats = []
+
+    def fwd():
+        rm, rv = (rm0.clone(), rv0.clone()) if running else (None, None)
+        out = fgnorm.batch_norm_forward(x, w, b, rm, rv, r, training, 0.1, 1e-5, p, 99, 3)
+        stats.append((rm, rv))
+        return out
+
+    res = _both(fwd, "batch_norm_forward")
+    assert res[0] == "ok", res
+    y, s, mean, rstd = res[1]
+    for a, c in zip(*stats):  # the running statistics, updated in place alike
+        _same(a, c)
+    xs = s if s is not None else x
+    dy = _leaf(rng, (6, 7, 12), dtype, "cpu")
+    for need in [(True, residual, True, True), (False, False, True, True), (True, False, False, False)]:
+        _both(lambda: fgnorm.batch_norm_backward(dy, xs, w, mean, rstd, training, p, 99, 3, need,
+                                                 has_bias=b is not None), "batch_norm_backward")
+    if dtype == torch.bfloat16 and affine:
+        _both(lambda: fgnorm.batch_norm_backward(dy, xs, w, mean, rstd, training, p, 99, 3,
+                                                 param_dtype=torch.float32), "batch_norm_backward")
+
+
+def _norm_autograd(path, x, r, w, b, kind, p, dy, ds, need):
+    """(y, s, grads of x, r, w, b) through norm._norm on fresh leaves, on the given path; ds None:
+    s's gradient is only what autograd materializes."""
+    leaves = [t.detach().clone().requires_grad_(n) if t is not None else None for t, n in zip((x, r, w, b), need)]
+    with _path(path):
+        before = EXT.stats()
+        y, s = fgnorm._norm(*leaves, kind, 1e-5, p, torch.tensor(4242) if p > 0 else None)
+        ran = EXT.stats()["norm_autograd"] - before["norm_autograd"]
+        assert ran == (1 if path == "ext" else 0), f"{path} path: {ran} extension norms"
+        if path == "ext" and y.requires_grad:
+            assert type(y.grad_fn).__module__ == "fastgrad._torchext_ops"
+            assert type(y.grad_fn).__name__ == "NormFunctionBackward"
+        loss = (y.float() * dy.float()).sum()
+        if ds is not None:
+            loss = loss + (s.float() * ds.float()).sum()
+        if loss.requires_grad:
+            mid = EXT.stats()["norm_backward"]
+            loss.backward()
+            ran = EXT.stats()["norm_backward"] - mid
+            assert ran == (1 if path == "ext" else 0), f"{path} path: {ran} extension norm backwards"
+    return [y.detach(), s.detach() if s is not None else None] + [t.grad if t is not None else None for t in leaves]
+
+
+@pytest.mark.parametrize("dtype,wdtype", [(torch.float32, None), (torch.float64, None), (torch.bfloat16, None),
+                                          (torch.bfloat16, torch.float32), (torch.float32, torch.bfloat16)])
+@pytest.mark.parametrize("kind", ["layer", "rms"])
+@pytest.mark.parametrize("residual,p,s_grad", [(False, 0.0, False), (True, 0.0, True), (True, 0.3, True),
+                                               (True, 0.3, False)])
+@pytest.mark.parametrize("affine", AFFINE)
+@needs_ext
+def test_norm_autograd_matches_norm_function(rng, dtype, wdtype, kind, residual, p, s_grad, affine):
+    wdtype = wdtype or dtype
+    x = _leaf(rng, (4, 3, 48), dtype, "cpu")
+    r = _leaf(rng, (4, 3, 48), dtype, "cpu") if residual else None
+    w = _leaf(rng, (48,), wdtype, "cpu") if affine != "none" else None
+    b = _leaf(rng, (48,), wdtype, "cpu") if affine == "wb" and kind == "layer" else None
+    dy = _leaf(rng, (4, 3, 48), dtype, "cpu")
+    ds = _leaf(rng, (4, 3, 48), dtype, "cpu") if s_grad else None
+    for need in [(True, True, True, True), (False, True, True, False), (True, False, False, True)]:
+        got = _norm_autograd("ext", x, r, w, b, kind, p, dy, ds, need)
+        want = _norm_autograd("py", x, r, w, b, kind, p, dy, ds, need)
+        for a, c in zip(got, want):
+            _same(a, c)
+
+
+@needs_ext
+def test_norm_modules_use_the_extension(rng):
+    """fg.LayerNorm / fg.RMSNorm (and add_norm) go through C++ both ways; no_grad makes no graph."""
+    x = torch.randn(2, 16, requires_grad=True)
+    for mod in (fg.LayerNorm(16), fg.RMSNorm(16)):
+        before = EXT.stats()
+        y = mod(x)
+        y.sum().backward()
+        after = EXT.stats()
+        assert after["norm_autograd"] == before["norm_autograd"] + 1
+        assert after["norm_backward"] == before["norm_backward"] + 1
+        assert after["norm_fallback"] == before["norm_fallback"]
+    with torch.no_grad():
+        y = fg.LayerNorm(16)(x)
+    assert y.grad_fn is None and not y.requires_grad
+
+
+@needs_ext
+def test_norm_options_and_accumulate_key_the_plans(rng):
+    """The same shapes with another eps, kind or dropout, or with accumulate, make another plan:
+    each call agrees with Python's."""
+    x, w, b = _leaf(rng, (5, 32), torch.float32, "cpu"), _leaf(rng, (32,), torch.float32, "cpu"), \
+        _leaf(rng, (32,), torch.float32, "cpu")
+    r = _leaf(rng, (5, 32), torch.float32, "cpu")
+    for kind, eps, p, seed in [("layer", 1e-5, 0.0, 0), ("layer", 0.5, 0.0, 0), ("rms", 0.5, 0.0, 0),
+                               ("layer", 1e-5, 0.5, 1), ("layer", 1e-5, 0.5, 2)]:
+        _both(lambda: fgnorm.norm_forward(x, w, b, r, kind, eps, p, seed), "norm_forward")
+    y, s, mean, rstd = fgnorm.norm_forward(x, w, b)
+    dy = _leaf(rng, (5, 32), torch.float32, "cpu")
+    with _path("ext"):
+        for _ in range(3):  # an accumulating plan first; the plain one after must not reuse it
+            fgnorm.norm_backward(dy, x, w, mean, rstd, accumulate=True)
+            got = fgnorm.norm_backward(dy, x, w, mean, rstd)
+    with _path("py"):
+        want = fgnorm.norm_backward(dy, x, w, mean, rstd)
+    for a, c in zip(got, want):
+        _same(a, c)
+
+
+@needs_ext
+def test_norm_declined_cases_run_python(rng):
+    """out= given, numpy operands, a tensor subclass, operands or options the extension does not
+    take: Python runs (the extension's counters do not move, or norm_fallback does), with the same
+    results and errors as before."""
+    x, w = _leaf(rng, (3, 8), torch.float32, "cpu"), _leaf(rng, (8,), torch.float32, "cpu")
+    before = EXT.stats()
+    out = torch.empty(3, 8)
+    y = fgnorm.norm_forward(x, w, out=out)[0]
+    assert y is out
+    _, _, mean, rstd = fgnorm.norm_forward(x.numpy(), w.numpy())
+    dx = torch.empty(3, 8)
+    got = fgnorm.norm_backward(x, x, w, out=(dx, None, None, None))
+    assert got[0] is dx
+    after = EXT.stats()
+    assert [after[k] - before[k] for k in ("norm_forward", "norm_backward")] == [0, 0]
+    with _path("py"):
+        _same(y, fgnorm.norm_forward(x, w)[0])
+
+    class Sub(torch.Tensor):
+        pass
+
+    before = EXT.stats()
+    y = fg.layer_norm(x.as_subclass(Sub), w)
+    after = EXT.stats()
+    assert after["norm_autograd"] == before["norm_autograd"] and after["norm_forward"] == before["norm_forward"]
+    assert after["norm_fallback"] >= before["norm_fallback"] + 1  # norm(), then NormFunction's norm_forward
+    _same(y.as_subclass(torch.Tensor), fg.layer_norm(x, w))
+    # what the extension hands back raises Python's own errors
+    bad = [lambda: fgnorm.norm_forward(x, w, kind="batch"),  # a kind it does not know
+           lambda: fgnorm.norm_forward(x, torch.randn(7)),  # the library refuses the weight
+           lambda: fgnorm.norm_forward(x.expand(2, 3, 8)),  # a broadcast view (ops.run raises)
+           lambda: fgnorm.norm_forward(x.int()),  # a dtype fastgrad does not take
+           lambda: fgnorm.norm_backward(x, x, w, need=(True, True)),  # need too short
+           lambda: fgnorm.batch_norm_forward(x, torch.randn(5))]
+    for fn in bad:
+        res = _both(fn)
+        assert res[0] == "raised"
+    before = EXT.stats()
+    for path in ("ext", "py"):
+        with _path(path), pytest.raises(Exception) as e:
+            fg.layer_norm(x, torch.randn(7))
+        if path == "ext":
+            first = (type(e.value), str(e.value))
+    assert (type(e.value), str(e.value)) == first
+    assert EXT.stats()["norm_fallback"] > before["norm_fallback"]

@@ -331,7 +331,7 @@ static void logp_kernels(void) {
 
 /* The row norms' register kernels (a few lanes a row; a block a row; the backward's shared-memory
  * dw / db past 48 KB), their loop kernels (an odd D) with the column kernel for dw / db, BatchNorm's
- * column and apply kernels (16-byte vectors and single elements), dropout, RevIN. */
+ * column and apply kernels (four-element vectors and single elements), dropout, RevIN. */
 static void norm_kernels(void) {
     struct { fg_dtype dt; int64_t rows, d; const char *fwd, *bwd; } rows[] = {
         {FG_BF16, 300, 128, "ln_fwd<bf16,v8,g8x2>", "ln_bwd<bf16,v8,g8x2>"},
@@ -366,7 +366,7 @@ static void norm_kernels(void) {
         th_drop(&X), th_drop(&R), th_drop(&W), th_drop(&B), th_drop(&Y), th_drop(&S), th_drop(&M), th_drop(&Q);
         th_drop(&DX), th_drop(&DR), th_drop(&DW), th_drop(&DB);
     }
-    struct { fg_dtype dt; int64_t n, c; const char *vec; } bns[] = {{FG_BF16, 3000, 128, "v8"}, {FG_F32, 501, 7, "v1"}};
+    struct { fg_dtype dt; int64_t n, c; const char *vec; } bns[] = {{FG_BF16, 3000, 128, "v4"}, {FG_F32, 501, 7, "v1"}};
     for (size_t k = 0; k < 2; k++) {
         const fg_dtype dt = bns[k].dt;
         int64_t xd[2] = {bns[k].n, bns[k].c}, c1[1] = {bns[k].c};

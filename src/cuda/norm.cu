@@ -17,8 +17,8 @@
  *      the loop kernels: a block a row, the statistics in one pass around the row's first
  *      element (a shift that keeps E[d²] − E[d]² from cancelling), a second pass that writes;
  *      their dw / db come from the column kernel below.
- *  BN_* and the loop path's dw / db  a 2-D grid of column tiles × row slabs: threads own 16-byte
- *      column vectors (one element when unaligned) and walk the slab's rows keeping f64 sums,
+ *  BN_* and the loop path's dw / db  a 2-D grid of column tiles × row slabs: threads own four
+ *      columns (one when unaligned) and walk the slab's rows keeping f64 sums,
  *      the block's rows are added in order, one partial row per slab; a finish kernel adds the
  *      slabs in order. The apply kernels form each channel's coefficients from the f64 sums in
  *      every block; the blocks of the first slab write mean / rstd, the running statistics and
@@ -686,6 +686,28 @@ __global__ void __launch_bounds__(512) rows_bwd_loop(const rows_args a) {
 
 /* ------------------------------------------------------------------ column sums (BatchNorm, dw / db) */
 
+/* The column kernels' vectors: four elements (16 bytes of f32, 8 of f16 / bf16) or one. Eight
+ * 2-byte columns a thread with two f64 sums each held 150–160 registers: one block an SM
+ * (decision 169). */
+constexpr int BN_VEC = 4;
+template <typename T, int VEC> __device__ __forceinline__ vec_t<T, VEC> col_load(const T *p) {
+    if constexpr (sizeof(vec_t<T, VEC>) == 8) {
+        vec_t<T, VEC> r;
+        *reinterpret_cast<uint2 *>(&r) = __ldg(reinterpret_cast<const uint2 *>(p));
+        return r;
+    } else {
+        return load_vec<T, VEC>(p);
+    }
+}
+template <typename T, int VEC> __device__ __forceinline__ void col_store(T *p, const vec_t<T, VEC> &v) {
+    if constexpr (sizeof(vec_t<T, VEC>) == 8) *reinterpret_cast<uint2 *>(p) = *reinterpret_cast<const uint2 *>(&v);
+    else store_vec<T, VEC>(p, v);
+}
+/* blocks an SM the column kernels' registers are held to: 2-byte types fit three (a few dozen
+   bytes of spills in their dropout paths); f32 as the compiler chooses */
+template <typename T> constexpr int col_min_blocks() { return sizeof(T) == 2 ? 3 : 1; }
+
+
 /* What a column kernel sums (two quantities per column, f64 per thread) and writes. */
 enum col_kind {
     COL_BN_STATS,     /* s = x + dropout(r) (written to s): Σ s, Σ s²                             */
@@ -712,7 +734,7 @@ constexpr int COL_U = 4; /* rows a thread loads before it uses any (BatchNorm's 
 
 /* Block (TX, TY): tx owns VEC columns of the tile, ty walks the slab's rows; KIND is a col_kind. */
 template <typename T, int VEC, int KIND>
-__global__ void __launch_bounds__(COL_THREADS) col_sums(const col_args a) {
+__global__ void __launch_bounds__(COL_THREADS, col_min_blocks<T>()) col_sums(const col_args a) {
     __shared__ double sm[2][COL_THREADS * VEC];
     const int TX = blockDim.x, TY = blockDim.y, tx = threadIdx.x, ty = threadIdx.y;
     const int64_t vi = (int64_t)blockIdx.x * TX + tx, nvec = cdiv_d(a.cols, VEC);
@@ -743,9 +765,9 @@ __global__ void __launch_bounds__(COL_THREADS) col_sums(const col_args a) {
             for (int u = 0; u < COL_U; u++) {
                 const int64_t row = row0 + (int64_t)u * TY;
                 if (row >= r1) continue;
-                xv[u] = load_vec<T, VEC>((const T *)a.x + row * a.ld_x + j0);
-                if (KIND == COL_BN_BWD) ov[u] = load_vec<T, VEC>((const T *)a.dy + row * a.ld_dy + j0);
-                else if (a.r) ov[u] = load_vec<T, VEC>((const T *)a.r + row * a.ld_r + j0);
+                xv[u] = col_load<T, VEC>((const T *)a.x + row * a.ld_x + j0);
+                if (KIND == COL_BN_BWD) ov[u] = col_load<T, VEC>((const T *)a.dy + row * a.ld_dy + j0);
+                else if (a.r) ov[u] = col_load<T, VEC>((const T *)a.r + row * a.ld_r + j0);
             }
 #pragma unroll
             for (int u = 0; u < COL_U; u++) {
@@ -762,7 +784,7 @@ __global__ void __launch_bounds__(COL_THREADS) col_sums(const col_args a) {
                             v[e] = residual<T>(to_acc(xv[u].v[e]), to_acc(ov[u].v[e]), m[e]);
                             sv.v[e] = from_acc<T>(v[e]);
                         }
-                        if (a.s) store_vec<T, VEC>((T *)a.s + row * a.ld_s + j0, sv);
+                        if (a.s) col_store<T, VEC>((T *)a.s + row * a.ld_s + j0, sv);
                     } else {
 #pragma unroll
                         for (int e = 0; e < VEC; e++) v[e] = to_acc(xv[u].v[e]);
@@ -787,9 +809,9 @@ __global__ void __launch_bounds__(COL_THREADS) col_sums(const col_args a) {
     }
     if constexpr (KIND == COL_ROW_PARAMS || KIND == COL_REVIN_BWD)
     for (int64_t row = r0 + ty; col_ok && row < r1; row += TY) {
-        const vec_t<T, VEC> xv = load_vec<T, VEC>((const T *)a.x + row * a.ld_x + j0);
+        const vec_t<T, VEC> xv = col_load<T, VEC>((const T *)a.x + row * a.ld_x + j0);
         if constexpr (KIND == COL_ROW_PARAMS) {
-            const vec_t<T, VEC> dv = load_vec<T, VEC>((const T *)a.dy + row * a.ld_dy + j0);
+            const vec_t<T, VEC> dv = col_load<T, VEC>((const T *)a.dy + row * a.ld_dy + j0);
             const float rm = a.mean ? a.mean[row] : 0.f, rr = a.rstd[row];
 #pragma unroll
             for (int e = 0; e < VEC; e++) {
@@ -800,9 +822,9 @@ __global__ void __launch_bounds__(COL_THREADS) col_sums(const col_args a) {
             }
         } else { /* COL_REVIN_BWD */
             const int64_t inst = row / a.steps;
-            const vec_t<T, VEC> dv = load_vec<T, VEC>((const T *)a.dy + row * a.ld_dy + j0);
+            const vec_t<T, VEC> dv = col_load<T, VEC>((const T *)a.dy + row * a.ld_dy + j0);
             vec_t<T, VEC> o;
-            if (a.dx && a.accumulate) o = load_vec<T, VEC>((T *)a.dx + row * a.ld_dx + j0);
+            if (a.dx && a.accumulate) o = col_load<T, VEC>((T *)a.dx + row * a.ld_dx + j0);
 #pragma unroll
             for (int e = 0; e < VEC; e++) {
                 const float mu = a.mean[inst * a.cols + j0 + e], sd = a.rstd[inst * a.cols + j0 + e];
@@ -822,7 +844,7 @@ __global__ void __launch_bounds__(COL_THREADS) col_sums(const col_args a) {
                 s0[e] += (double)gw;
                 s1[e] += (double)gb;
             }
-            if (a.dx) store_vec<T, VEC>((T *)a.dx + row * a.ld_dx + j0, o);
+            if (a.dx) col_store<T, VEC>((T *)a.dx + row * a.ld_dx + j0, o);
         }
     }
     if (!a.part) return; /* (uniform: the block returns together) */
@@ -943,7 +965,7 @@ __device__ void bn_coefficients(const bn_args &a, int64_t j, float *k) {
 }
 
 template <typename T, int VEC, bool BWD>
-__global__ void __launch_bounds__(COL_THREADS) bn_apply(const bn_args a) {
+__global__ void __launch_bounds__(COL_THREADS, col_min_blocks<T>()) bn_apply(const bn_args a) {
     constexpr int NK = BWD ? 5 : 3;
     __shared__ float kc[NK][COL_THREADS * VEC / 8 + 8];
     const int TX = blockDim.x, TY = blockDim.y, tx = threadIdx.x, ty = threadIdx.y;
@@ -971,9 +993,9 @@ __global__ void __launch_bounds__(COL_THREADS) bn_apply(const bn_args a) {
         for (int u = 0; u < COL_U; u++) { /* every load of the step before any store */
             const int64_t row = row0 + (int64_t)u * TY;
             if (row >= r1) continue;
-            xv[u] = load_vec<T, VEC>((const T *)a.x + row * a.ld_x + j0);
-            if (BWD) ov[u] = load_vec<T, VEC>((const T *)a.dy + row * a.ld_dy + j0);
-            else if (a.r) ov[u] = load_vec<T, VEC>((const T *)a.r + row * a.ld_r + j0);
+            xv[u] = col_load<T, VEC>((const T *)a.x + row * a.ld_x + j0);
+            if (BWD) ov[u] = col_load<T, VEC>((const T *)a.dy + row * a.ld_dy + j0);
+            else if (a.r) ov[u] = col_load<T, VEC>((const T *)a.r + row * a.ld_r + j0);
         }
 #pragma unroll
         for (int u = 0; u < COL_U; u++) {
@@ -990,7 +1012,7 @@ __global__ void __launch_bounds__(COL_THREADS) bn_apply(const bn_args a) {
                         v[e] = residual<T>(to_acc(xv[u].v[e]), to_acc(ov[u].v[e]), m[e]);
                         sv.v[e] = from_acc<T>(v[e]);
                     }
-                    if (a.s) store_vec<T, VEC>((T *)a.s + row * a.ld_s + j0, sv);
+                    if (a.s) col_store<T, VEC>((T *)a.s + row * a.ld_s + j0, sv);
                 } else {
 #pragma unroll
                     for (int e = 0; e < VEC; e++) v[e] = to_acc(xv[u].v[e]);
@@ -998,7 +1020,7 @@ __global__ void __launch_bounds__(COL_THREADS) bn_apply(const bn_args a) {
                 vec_t<T, VEC> yv;
 #pragma unroll
                 for (int e = 0; e < VEC; e++) yv.v[e] = from_acc<T>((v[e] - k[0][e]) * k[1][e] + k[2][e]);
-                store_vec<T, VEC>((T *)a.y + row * a.ld_y + j0, yv);
+                col_store<T, VEC>((T *)a.y + row * a.ld_y + j0, yv);
             } else {
                 float d[VEC];
 #pragma unroll
@@ -1009,23 +1031,23 @@ __global__ void __launch_bounds__(COL_THREADS) bn_apply(const bn_args a) {
                 if (a.dx) {
                     T *p = (T *)a.dx + row * a.ld_dx + j0;
                     vec_t<T, VEC> o;
-                    if (a.accumulate) o = load_vec<T, VEC>(p);
+                    if (a.accumulate) o = col_load<T, VEC>(p);
 #pragma unroll
                     for (int e = 0; e < VEC; e++) o.v[e] = from_acc<T>(a.accumulate ? to_acc(o.v[e]) + d[e] : d[e]);
-                    store_vec<T, VEC>(p, o);
+                    col_store<T, VEC>(p, o);
                 }
                 if (a.dr) {
                     float m[VEC];
                     drop_mask<VEC>(a.drop, row * a.cols + j0, m);
                     T *p = (T *)a.dr + row * a.ld_dr + j0;
                     vec_t<T, VEC> o;
-                    if (a.accumulate) o = load_vec<T, VEC>(p);
+                    if (a.accumulate) o = col_load<T, VEC>(p);
 #pragma unroll
                     for (int e = 0; e < VEC; e++) {
                         const float v = d[e] * m[e];
                         o.v[e] = from_acc<T>(a.accumulate ? to_acc(o.v[e]) + v : v);
                     }
-                    store_vec<T, VEC>(p, o);
+                    col_store<T, VEC>(p, o);
                 }
             }
         }
@@ -1393,7 +1415,7 @@ template <typename T> static cudaError_t launch_rows_bwd(const rows_path &p, con
 }
 
 template <typename T, int KIND> static void launch_cols(const col_geom &g, const col_args &a, cudaStream_t s) {
-    constexpr int V = 16 / sizeof(T);
+    constexpr int V = BN_VEC;
     const dim3 grid((unsigned)g.tiles, (unsigned)g.slabs), block((unsigned)g.tx, (unsigned)g.ty);
     if constexpr (KIND == COL_BN_STATS || KIND == COL_BN_BWD) /* (the others run element by element) */
         if (g.vec > 1) {
@@ -1413,7 +1435,7 @@ template <typename T> static void launch_cols_kind(int kind, const col_geom &g, 
 }
 
 template <typename T> static void launch_bn(const col_geom &g, const bn_args &a, cudaStream_t s) {
-    constexpr int V = 16 / sizeof(T);
+    constexpr int V = BN_VEC;
     const dim3 grid((unsigned)g.tiles, (unsigned)(g.slabs > 0 ? g.slabs : 1)), block((unsigned)g.tx, (unsigned)g.ty);
     if (g.vec > 1 && a.backward) bn_apply<T, V, true><<<grid, block, 0, s>>>(a);
     else if (g.vec > 1) bn_apply<T, V, false><<<grid, block, 0, s>>>(a);
@@ -1518,9 +1540,9 @@ static fg_status rows_step(fg_context *ctx, fg_norm_call *c, bool run, bool back
     return done(ctx, "norm_params_sum", true);
 }
 
-/* The BatchNorm and column steps' vector width: 16-byte vectors when every operand allows. */
+/* The BatchNorm and column steps' vector width: BN_VEC elements when every operand allows. */
 static int bn_vec(const fg_norm_call *c) {
-    const int V = vec_of(c->dtype);
+    const int V = BN_VEC;
     const int64_t lds[] = {c->x ? c->ld_x : 0, c->r ? c->ld_r : 0, c->y ? c->ld_y : 0, c->s ? c->ld_s : 0,
                            c->dy ? c->ld_dy : 0, c->dx ? c->ld_dx : 0, c->dr ? c->ld_dr : 0};
     return vec_ok(c, V, lds, 7) ? V : 1;

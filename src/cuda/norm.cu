@@ -117,25 +117,16 @@ __device__ __forceinline__ void store_as(void *p, int dt, int64_t i, float v, bo
 
 /* Sums of K values over a group of G threads (G a power of two; the block's threads are groups
  * of G in order). G <= 32: xor shuffles inside the group; else also the group's warps, in order,
- * through smem (>= blockDim/32·K floats). Every thread of the block must call it. With par, the
- * calls alternate between two regions of smem (>= 2·RED_REGION floats, K <= 2): a call's writes
- * cannot reach the region the previous call's readers may still read, so one barrier a call. */
-constexpr int RED_REGION = 512 / 32 * 2;
+ * through smem (>= blockDim/32·K floats). Every thread of the block must call it. */
 template <int K>
-__device__ __forceinline__ void group_sum(float (&v)[K], int G, float *smem, int *par = nullptr) {
+__device__ __forceinline__ void group_sum(float (&v)[K], int G, float *smem) {
     const int lanes = G < 32 ? G : 32;
     for (int off = lanes >> 1; off > 0; off >>= 1)
 #pragma unroll
         for (int k = 0; k < K; k++) v[k] += __shfl_xor_sync(0xffffffffu, v[k], off);
     if (G <= 32) return;
     const int warp = threadIdx.x >> 5, W = G >> 5, first = warp / W * W;
-    if (par) {
-        static_assert(K <= 2, "a region holds 16 warps' two sums");
-        smem += *par * RED_REGION;
-        *par ^= 1;
-    } else {
-        __syncthreads(); /* the previous call's readers are done */
-    }
+    __syncthreads(); /* the previous call's readers are done */
     if ((threadIdx.x & 31) == 0)
 #pragma unroll
         for (int k = 0; k < K; k++) smem[warp * K + k] = v[k];
@@ -174,9 +165,7 @@ struct rows_args {
  * fit): plain loads. */
 template <typename T, int VEC, int NV, bool RES, int STAGES>
 __global__ void __launch_bounds__(512) rows_fwd_reg(const rows_args a) {
-    __shared__ float red[2 * RED_REGION];
-    int par = 0; /* (STAGES == 0: one barrier a sum) */
-    int *const alt = STAGES == 0 ? &par : nullptr;
+    __shared__ float red[512 / 32 * 2];
     extern __shared__ uint4 ring[]; /* [STAGES][RES ? 2 : 1][NV][blockDim.x], then w and b */
     static_assert(sizeof(vec_t<T, VEC>) == 16, "the ring holds 16-byte vectors");
     const int G = a.G, R = blockDim.x / G, grp = threadIdx.x / G, t = threadIdx.x % G;
@@ -263,7 +252,7 @@ __global__ void __launch_bounds__(512) rows_fwd_reg(const rows_args a) {
 #pragma unroll
             for (int e = 0; e < VEC; e++) sum[0] += a.rms ? v[k][e] * v[k][e] : v[k][e];
         }
-        group_sum<1>(sum, G, red, alt);
+        group_sum<1>(sum, G, red);
         float mean = 0.f, rstd;
         if (a.rms) {
             rstd = 1.f / sqrtf(sum[0] * inv_d + a.eps);
@@ -280,7 +269,7 @@ __global__ void __launch_bounds__(512) rows_fwd_reg(const rows_args a) {
                     sq[0] += d * d;
                 }
             }
-            group_sum<1>(sq, G, alt ? red : red + blockDim.x / 32, alt);
+            group_sum<1>(sq, G, red + blockDim.x / 32);
             rstd = 1.f / sqrtf(sq[0] * inv_d + a.eps);
         }
         if (!active) continue;
@@ -320,9 +309,7 @@ __global__ void __launch_bounds__(512) rows_fwd_reg(const rows_args a) {
  * registers. DR = false: instances for calls without the residual's gradient dr. */
 template <typename T, int VEC, int NV, int STAGES, bool DR>
 __global__ void __launch_bounds__(512) rows_bwd_reg(const rows_args a) {
-    __shared__ float red[2 * RED_REGION];
-    int par = 0; /* (STAGES == 0: one barrier a sum) */
-    int *const alt = STAGES == 0 ? &par : nullptr;
+    __shared__ float red[512 / 32 * 2];
     extern __shared__ __align__(16) float pacc[];
     const int G = a.G, R = blockDim.x / G, grp = threadIdx.x / G, t = threadIdx.x % G;
     const int64_t nvec = a.cols / VEC, step = (int64_t)gridDim.x * R;
@@ -354,34 +341,7 @@ __global__ void __launch_bounds__(512) rows_bwd_reg(const rows_args a) {
             if (vi < nvec) wcols[k * blockDim.x] = *reinterpret_cast<const uint4 *>((const T *)a.w + vi * VEC);
         }
     int stage = 0;
-    /* without the ring: this thread's dw / db in registers, and the group's next row loaded while
-       this one's sums go round */
-    constexpr int ACC = STAGES > 0 ? 1 : NV;
-    float accw[ACC][VEC], accb[ACC][VEC];
-#pragma unroll
-    for (int k = 0; k < ACC; k++)
-#pragma unroll
-        for (int e = 0; e < VEC; e++) accw[k][e] = accb[k][e] = 0.f;
-    vec_t<T, VEC> px[ACC], pd[ACC];
-    float pm = 0.f, pr = 0.f;
-    auto prefetch = [&](int64_t row) {
-        if constexpr (STAGES == 0) {
-            if (row >= a.rows) return;
-#pragma unroll
-            for (int k = 0; k < NV; k++) {
-                const int64_t vi = (int64_t)k * G + t;
-                if (vi >= nvec) continue;
-                px[k] = load_vec<T, VEC>((const T *)a.x + row * a.ld_x + vi * VEC);
-                pd[k] = load_vec<T, VEC>((const T *)a.dy + row * a.ld_dy + vi * VEC);
-            }
-            if (a.rstd) {
-                pr = a.rstd[row];
-                if (!a.rms) pm = a.mean[row];
-            }
-        }
-    };
-    prefetch((int64_t)blockIdx.x * R + grp);
-    if (mine && STAGES > 0) {
+    if (mine) {
         for (int64_t i = t; i < 2 * a.cols; i += G) mine[i] = 0.f;
         __syncthreads(); /* (zeroed by other threads of the group than the ones that add into them) */
     }
@@ -405,12 +365,12 @@ __global__ void __launch_bounds__(512) rows_bwd_reg(const rows_args a) {
 #pragma unroll
                 for (int e = 0; e < VEC; e++) xv[k][e] = g[k][e] = 0.f;
                 if (!active || vi >= nvec) continue;
+                const vec_t<T, VEC> x = load_vec<T, VEC>((const T *)a.x + row * a.ld_x + vi * VEC);
+                const vec_t<T, VEC> dy = load_vec<T, VEC>((const T *)a.dy + row * a.ld_dy + vi * VEC);
 #pragma unroll
-                for (int e = 0; e < VEC; e++) xv[k][e] = to_acc(px[k].v[e]), g[k][e] = to_acc(pd[k].v[e]);
+                for (int e = 0; e < VEC; e++) xv[k][e] = to_acc(x.v[e]), g[k][e] = to_acc(dy.v[e]);
             }
         }
-        const float row_mean = pm, row_rstd = pr;
-        prefetch(row + step);
         auto row_vec = [&](int k, float (&xx)[VEC], float (&gg)[VEC]) { /* vector k of x and dy (a live one) */
             if constexpr (STAGES > 0) {
                 vec_t<T, VEC> x, dy;
@@ -426,8 +386,8 @@ __global__ void __launch_bounds__(512) rows_bwd_reg(const rows_args a) {
         float mean = 0.f, rstd = 0.f;
         if (a.rstd) {
             if (active) {
-                rstd = STAGES == 0 ? row_rstd : a.rstd[row];
-                if (!a.rms) mean = STAGES == 0 ? row_mean : a.mean[row];
+                rstd = a.rstd[row];
+                if (!a.rms) mean = a.mean[row];
             }
         } else { /* recomputed as the forward computes them (a vector past the row adds nothing) */
             float sum[1] = {0.f};
@@ -440,7 +400,7 @@ __global__ void __launch_bounds__(512) rows_bwd_reg(const rows_args a) {
 #pragma unroll
                 for (int e = 0; e < VEC; e++) sum[0] += a.rms ? xx[e] * xx[e] : xx[e];
             }
-            group_sum<1>(sum, G, red, alt);
+            group_sum<1>(sum, G, red);
             if (a.rms) {
                 rstd = 1.f / sqrtf(sum[0] * inv_d + a.eps);
             } else {
@@ -458,7 +418,7 @@ __global__ void __launch_bounds__(512) rows_bwd_reg(const rows_args a) {
                         sq[0] += d * d;
                     }
                 }
-                group_sum<1>(sq, G, alt ? red : red + blockDim.x / 32, alt);
+                group_sum<1>(sq, G, red + blockDim.x / 32);
                 rstd = 1.f / sqrtf(sq[0] * inv_d + a.eps);
             }
         }
@@ -485,19 +445,16 @@ __global__ void __launch_bounds__(512) rows_bwd_reg(const rows_args a) {
             xhat_g(k, vi, xh, gw, dyv);
 #pragma unroll
             for (int e = 0; e < VEC; e++) {
-                if (mine && STAGES > 0) {
+                if (mine) {
                     float *pw = mine + e * nvec + vi, *pb = pw + a.cols;
                     *pw += dyv[e] * xh[e];
                     *pb += dyv[e];
-                } else if (mine) {
-                    accw[STAGES > 0 ? 0 : k][e] += dyv[e] * xh[e];
-                    accb[STAGES > 0 ? 0 : k][e] += dyv[e];
                 }
                 sums[0] += gw[e] * xh[e];
                 sums[1] += gw[e];
             }
         }
-        group_sum<2>(sums, G, red, alt);
+        group_sum<2>(sums, G, red);
         if (!active) continue;
         const float ca = sums[0] * inv_d, cb = a.rms ? 0.f : sums[1] * inv_d;
 #pragma unroll
@@ -537,14 +494,6 @@ __global__ void __launch_bounds__(512) rows_bwd_reg(const rows_args a) {
         }
     }
     if (!a.part) return;
-    if constexpr (STAGES == 0) /* every slot of the group's sums is its owner's */
-#pragma unroll
-        for (int k = 0; k < NV; k++) {
-            const int64_t vi = (int64_t)k * G + t;
-            if (vi >= nvec) continue;
-#pragma unroll
-            for (int e = 0; e < VEC; e++) mine[e * nvec + vi] = accw[k][e], mine[a.cols + e * nvec + vi] = accb[k][e];
-        }
     __syncthreads();
     float *out = a.part + (int64_t)blockIdx.x * 2 * a.cols;
     for (int64_t j = threadIdx.x; j < 2 * a.cols; j += blockDim.x) { /* out[q·cols + j'] in group order */
@@ -738,7 +687,8 @@ __global__ void __launch_bounds__(512) rows_bwd_loop(const rows_args a) {
 /* ------------------------------------------------------------------ column sums (BatchNorm, dw / db) */
 
 /* The column kernels' vectors: four elements (16 bytes of f32, 8 of f16 / bf16) or one. Eight
- * 2-byte columns a thread with two f64 sums each held 150–160 registers: one block an SM. */
+ * 2-byte columns a thread with two f64 sums each held 150–160 registers: one block an SM
+ * (decision 169). */
 constexpr int BN_VEC = 4;
 template <typename T, int VEC> __device__ __forceinline__ vec_t<T, VEC> col_load(const T *p) {
     if constexpr (sizeof(vec_t<T, VEC>) == 8) {
@@ -753,6 +703,9 @@ template <typename T, int VEC> __device__ __forceinline__ void col_store(T *p, c
     if constexpr (sizeof(vec_t<T, VEC>) == 8) *reinterpret_cast<uint2 *>(p) = *reinterpret_cast<const uint2 *>(&v);
     else store_vec<T, VEC>(p, v);
 }
+/* blocks an SM the column kernels' registers are held to: 2-byte types fit three (a few dozen
+   bytes of spills in their dropout paths); f32 as the compiler chooses */
+template <typename T> constexpr int col_min_blocks() { return sizeof(T) == 2 ? 3 : 1; }
 
 
 /* What a column kernel sums (two quantities per column, f64 per thread) and writes. */
@@ -781,7 +734,7 @@ constexpr int COL_U = 4; /* rows a thread loads before it uses any (BatchNorm's 
 
 /* Block (TX, TY): tx owns VEC columns of the tile, ty walks the slab's rows; KIND is a col_kind. */
 template <typename T, int VEC, int KIND>
-__global__ void __launch_bounds__(COL_THREADS, 3) col_sums(const col_args a) {
+__global__ void __launch_bounds__(COL_THREADS, col_min_blocks<T>()) col_sums(const col_args a) {
     __shared__ double sm[2][COL_THREADS * VEC];
     const int TX = blockDim.x, TY = blockDim.y, tx = threadIdx.x, ty = threadIdx.y;
     const int64_t vi = (int64_t)blockIdx.x * TX + tx, nvec = cdiv_d(a.cols, VEC);
@@ -934,20 +887,9 @@ __global__ void __launch_bounds__(FIN_COLS *FIN_LANES) finish_kernel(const finis
     const int64_t per = (a.parts + FIN_LANES - 1) / FIN_LANES;
     const int64_t p0 = lane * per, p1 = p0 + per < a.parts ? p0 + per : a.parts;
     double t = 0.0;
-    auto at = [&](int64_t p) {
-        return a.part_f64 ? ((const double *)a.part)[p * a.n2 + i] : (double)((const float *)a.part)[p * a.n2 + i];
-    };
-    if (i < a.n2) { /* eight loads in flight, added in order */
-        int64_t p = p0;
-        for (; p + 8 <= p1; p += 8) {
-            double v[8];
-#pragma unroll
-            for (int u = 0; u < 8; u++) v[u] = at(p + u);
-#pragma unroll
-            for (int u = 0; u < 8; u++) t += v[u];
-        }
-        for (; p < p1; p++) t += at(p);
-    }
+    if (i < a.n2)
+        for (int64_t p = p0; p < p1; p++)
+            t += a.part_f64 ? ((const double *)a.part)[p * a.n2 + i] : (double)((const float *)a.part)[p * a.n2 + i];
     runs[col][lane] = t;
     __syncthreads();
     if (blockIdx.x == 0 && threadIdx.x == 0 && a.sums) a.sums[a.n2] = a.count;
@@ -1023,7 +965,7 @@ __device__ void bn_coefficients(const bn_args &a, int64_t j, float *k) {
 }
 
 template <typename T, int VEC, bool BWD>
-__global__ void __launch_bounds__(COL_THREADS, 3) bn_apply(const bn_args a) {
+__global__ void __launch_bounds__(COL_THREADS, col_min_blocks<T>()) bn_apply(const bn_args a) {
     constexpr int NK = BWD ? 5 : 3;
     __shared__ float kc[NK][COL_THREADS * VEC / 8 + 8];
     const int TX = blockDim.x, TY = blockDim.y, tx = threadIdx.x, ty = threadIdx.y;
@@ -1350,12 +1292,12 @@ static int occupancy(const void *kernel, int block, size_t smem) {
     return n;
 }
 
-/* (the short split's instances without the residual's gradient dr apart: its dropout's generator
-   would raise their registers) */
+/* (the ring's instances without the residual's gradient dr apart: its dropout's generator would
+   raise their registers) */
 template <typename T> static const void *bwd_reg_kernel(int nv, bool ring, bool dr) {
     constexpr int V = 16 / sizeof(T), S = ROW_ELEMS_SHORT / V, L = ROW_ELEMS / V;
     if (nv != S) return (const void *)rows_bwd_reg<T, V, L, 0, true>;
-    if (!ring) return dr ? (const void *)rows_bwd_reg<T, V, S, 0, true> : (const void *)rows_bwd_reg<T, V, S, 0, false>;
+    if (!ring) return (const void *)rows_bwd_reg<T, V, S, 0, true>;
     return dr ? (const void *)rows_bwd_reg<T, V, S, BWD_STAGES, true> : (const void *)rows_bwd_reg<T, V, S, BWD_STAGES, false>;
 }
 
@@ -1387,12 +1329,8 @@ static rows_path plan_rows(const fg_context *ctx, const fg_norm_call *c, bool ba
         p.R = p.block / p.G;
         const int64_t blocks = cdiv(c->rows, p.R);
         /* (the backward: 128-thread blocks of short rows keep their groups' dw / db in up to 32 KB) */
-        /* short rows (groups inside a warp) stream their rows ahead through a ring where it fits, on a
-           persistent grid; longer rows keep them in registers: the forward a row per group on a
-           grid of every row, the backward on a persistent grid loading its next row during this
-           one's sums (its dw / db sums in registers). At G >= 32 the ring's cp.async per vector
-           and its barriers cost more than the latency it hides (decision 169). */
-        const bool shortsplit = p.nv == ROW_ELEMS_SHORT / V && p.G < 32;
+        /* persistent grids, as many blocks as fit (each streams its rows ahead where its ring fits) */
+        const bool shortsplit = p.nv == ROW_ELEMS_SHORT / V;
         int64_t resident;
         if (!backward) {
             p.ring = shortsplit && fwd_ring_bytes(p.nv, c->r != NULL, p.block) <= FWD_RING_MAX;
@@ -1404,7 +1342,7 @@ static rows_path plan_rows(const fg_context *ctx, const fg_norm_call *c, bool ba
             p.smem = sums + (p.ring ? bwd_ring_bytes(p.nv, p.block) : 0);
             resident = sms * occupancy(bwd_reg_any(c->dtype, p.nv, p.ring, c->dr != NULL), p.block, p.smem);
         }
-        p.grid = (backward || p.ring) && resident < blocks ? resident : blocks;
+        p.grid = blocks < resident ? blocks : resident;
         if (p.params) p.need = up256((size_t)p.grid * 2 * (size_t)c->cols * sizeof(float));
     } else {
         p.G = p.block = (int)(nvec >= 2048 ? 512 : nvec >= 256 ? 256 : 128);

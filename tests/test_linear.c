@@ -34,7 +34,7 @@ static const lcase cases[] = {
     /* many rows, few outputs, a longer k (the CPU's own f32 narrow product: forward at m <= 16,
        backward_input at k <= 16; rows not a multiple of its 8-row block) */
     {1, {4103}, 128, 16, 0}, {2, {3, 2731}, 67, 13, 2}, {1, {4103}, 16, 128, 1},
-    /* CUDA's skinny weight gradient (m, n <= 128, k >= 4096) misaligned, odd sizes */
+    /* CUDA's skinny weight gradient (m, n <= 128, m·n <= 2048, k >= 4096; 128 x 128 goes to cuBLASLt) misaligned, odd sizes */
     {1, {5001}, 33, 21, 3}, {1, {4500}, 128, 128, 0},
     /* ... at few outputs (16 × 16 misaligned; 20 × 12 over 40000 rows: edge tiles, many slabs) */
     {1, {5001}, 16, 16, 3}, {1, {40000}, 20, 12, 0},

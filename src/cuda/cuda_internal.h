@@ -17,6 +17,8 @@
    (each shape once per epilogue and alignment) so a step's products never evict each other. */
 #define FG_LT_CACHE 512
 #define FG_LT_PROBE 8
+/* The GEMM primitive's skinny product takes at most this many outputs a product (m·n; gemm.cu). */
+#define FG_SKINNY_MAX_OUTS 2048
 
 typedef struct fg_lt_key {
     int32_t dtype, ctype, tf32, op_a, op_b, epilogue;

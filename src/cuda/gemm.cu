@@ -413,13 +413,17 @@ static skinny_geom skinny_geometry(const fg_gemm *g) {
     return s;
 }
 
-/* Whether the skinny kernel takes the product (the same answer planning and running). */
+/* Whether the skinny kernel takes the product (the same answer planning and running; backend.cu's
+   dw_parts asks the same of linear + act's weight gradient). */
 static bool skinny_takes(const fg_gemm *g) {
     if (g->dtype != FG_F32 && g->dtype != FG_F16 && g->dtype != FG_BF16) return false;
     if ((g->batch != 1 && g->c.bs == 0) || g->batch > 65535) return false; /* (a batch sum: cuBLASLt) */
     if (g->c_f32 || g->act || g->bias || g->bias_operand >= 0) return false;
     if (g->epi.has_aux || g->epi.form || g->epi.col_sums) return false;
     if (g->k < 4096 || g->m < 2 || g->n < 2 || g->m > 128 || g->n > 128) return false;
+    /* a few thousand outputs at most (fastgrad-train's [128, 16]): at [128, 128] over 172032 rows
+       cuBLASLt's tensor-core products are an order faster (bf16 2.3 ms a call here) */
+    if (g->m * g->n > FG_SKINNY_MAX_OUTS) return false;
     if (g->a.operand == FG_OPERAND_ONES || g->b.operand == FG_OPERAND_ONES) return false;
     return g->a.rs == 1 && g->b.cs == 1;
 }

@@ -34,13 +34,13 @@ static fg_status cuda_logp(fg_context *ctx, const fg_logp_call *c) { return fg_c
 /* dw = gᵀ·x reduces over all N rows into an M × K result: when that result is only a few
  * GEMM tiles and N is long, cuBLASLt runs it on a few SMs. The rows are split into `parts`
  * products written side by side in f32 (one batched GEMM), summed in order by the cast.
- * 0: no split — also where the GEMM primitive's skinny kernel (M, K ≤ 128, M·K ≤ FG_SKINNY_MAX_OUTS,
- * src/cuda/gemm.cu)
- * splits the rows itself, in one product. */
+ * 0: no split — also for M, K ≤ 128, where the GEMM primitive's skinny kernel (src/cuda/gemm.cu)
+ * splits the rows itself in one product up to FG_SKINNY_MAX_OUTS outputs, and cuBLASLt's own
+ * split-K runs the rest (the split here was not re-measured for them). */
 static int64_t dw_parts(fg_dtype t, int64_t N, int64_t K, int64_t M) {
     const int64_t tiles = ((M + 127) / 128) * ((K + 127) / 128);
     if (tiles >= 32 || N < 16384) return 0;
-    if (t != FG_F64 && M >= 2 && K >= 2 && M <= 128 && K <= 128 && M * K <= FG_SKINNY_MAX_OUTS) return 0;
+    if (t != FG_F64 && M >= 2 && K >= 2 && M <= 128 && K <= 128) return 0;
     const int64_t parts = N / 2048;
     return parts > 64 ? 64 : parts;
 }

@@ -413,8 +413,7 @@ static skinny_geom skinny_geometry(const fg_gemm *g) {
     return s;
 }
 
-/* Whether the skinny kernel takes the product (the same answer planning and running; backend.cu's
-   dw_parts asks the same of linear + act's weight gradient). */
+/* Whether the skinny kernel takes the product (the same answer planning and running). */
 static bool skinny_takes(const fg_gemm *g) {
     if (g->dtype != FG_F32 && g->dtype != FG_F16 && g->dtype != FG_BF16) return false;
     if ((g->batch != 1 && g->c.bs == 0) || g->batch > 65535) return false; /* (a batch sum: cuBLASLt) */

@@ -1,13 +1,17 @@
-/* _torchext.cpp — fastgrad's Linear and normalization family as a torch C++ extension (module
- * fastgrad._torchext_ops).
+/* _torchext.cpp — fastgrad's Linear, linear + activation and normalization family as a torch C++
+ * extension (module fastgrad._torchext_ops).
  *
- * fg.Linear and the row norms through a Python torch.autograd.Function pay for the Function's
- * Python on every call: apply, save_for_backward, the backward's Python, the outputs' allocation
- * in Python; the norms' functional calls pay for norm.py's allocation and ops.run. Here that work
- * is C++:
+ * fg.Linear, fg.LinearAct and the row norms through a Python torch.autograd.Function pay for the
+ * Function's Python on every call: apply, save_for_backward, the backward's Python, the outputs'
+ * allocation in Python; the norms' functional calls pay for norm.py's allocation and ops.run.
+ * Here that work is C++:
  *  - Linear: a torch::autograd::Function whose forward runs fastgrad's linear_forward and whose
  *    backward (called by autograd's engine, in C++) runs linear_backward_input / _weight / _bias
  *    for the gradients autograd asks for.
+ *  - Linear + activation: LinearActFn mirrors autograd.py's LinearActFunction (save_pre's forms:
+ *    the pre-activation, its slope, relu's y or nothing; the backward forming g in the saved
+ *    tensor's memory once, recomputing pre on a second backward; ops._act_options' options,
+ *    without dropout, as the Function has none).
  *  - The row norms (LayerNorm, RMSNorm, the fused residual add and its dropout): NormFn mirrors
  *    norm.py's NormFunction (the same conversions of weights of another dtype, the same saved
  *    tensors, the gradient s receives), and norm_forward / norm_backward / batch_norm_forward /
@@ -81,6 +85,7 @@ std::atomic<bool> ready{false};
 std::atomic<unsigned long long> n_forward{0}, n_backward{0}, n_fallback{0}, n_dx{0}, n_dw{0}, n_db{0};
 std::atomic<unsigned long long> n_norm_forward{0}, n_norm_backward{0}, n_norm_autograd{0}, n_norm_fallback{0},
     n_batch_norm_forward{0}, n_batch_norm_backward{0};
+std::atomic<unsigned long long> n_act_forward{0}, n_act_backward{0}, n_act_fallback{0};
 
 /* The library refused a forward: linear() / norm() return None and Python runs the call. */
 struct Refused {};
@@ -576,6 +581,108 @@ struct NormFn : public torch::autograd::Function<NormFn> {
     }
 };
 
+/* ---- linear + activation: LinearActFunction of autograd.py in C++ */
+
+/* ops._act_options: zeroed first (the bytes, padding included, are part of the plan key), no
+ * dropout (LinearActFunction takes none). */
+fg_linear_act_options act_opts(int act, bool slope, bool consume)
+{
+    fg_linear_act_options o;
+    std::memset(&o, 0, sizeof o);
+    o.act = (fg_activation)act;
+    o.saved = slope ? FG_ACT_SAVED_SLOPE : FG_ACT_SAVED_PRE;
+    o.consume = consume;
+    return o;
+}
+
+/* ops.linear_act_forward: out = (y, saved), saved (pre or its slope) only when keep. */
+fg_status linear_act_forward_into(const at::Tensor &x, const at::Tensor &w, const at::Tensor &b,
+                                  const fg_linear_act_options &o, bool keep, uint32_t flags, at::Tensor out[2])
+{
+    const auto shape = with_last(x.sizes(), w.size(-2));
+    at::Tensor y = at::empty(shape, x.options());
+    at::Tensor saved = empty_if(keep, shape, x.options());
+    const at::Tensor *p[] = {&x, &w, &b, &y, &saved};
+    fg_status st = run(FG_OP_LINEAR_ACT_FORWARD, p, 5, flags, x, &o, sizeof o, false);
+    out[0] = y, out[1] = saved;
+    return st;
+}
+
+/* ops.linear_act_backward: g = (dx, dw, db) in dy's dtype, where want says (db: with a bias). */
+fg_status linear_act_backward_into(const at::Tensor &dy, const at::Tensor &pre, const at::Tensor &x,
+                                   const at::Tensor &w, const at::Tensor &b, const fg_linear_act_options &o,
+                                   const bool want[3], uint32_t flags, at::Tensor g[3])
+{
+    g[0] = empty_if(want[0], x.sizes(), dy.options());
+    g[1] = empty_if(want[1], w.sizes(), dy.options());
+    g[2] = empty_if(want[2], b.sizes(), dy.options());
+    const at::Tensor *p[] = {&dy, &pre, &x, &w, &b, &g[0], &g[1], &g[2]};
+    return run(FG_OP_LINEAR_ACT_BACKWARD, p, 8, flags, dy, &o, sizeof o, false);
+}
+
+enum { SAVE_NONE = 0, SAVE_PRE = 1, SAVE_SLOPE = 2 }; /* save_pre False, True, "slope" ("auto" resolved) */
+
+/* y = act(x·wᵀ + b) with LinearActFunction's saved tensors and backward: the pre-activation or
+ * its slope when kept (relu: y, when save_pre; none: nothing), g formed in the saved tensor's
+ * memory on the first backward, a later backward through the same graph recomputing pre. The
+ * backward plans with the forward's flags (tf32 as set at the forward), as LinearFn does. */
+struct LinearActFn : public torch::autograd::Function<LinearActFn> {
+    static at::Tensor forward(AutogradContext *ctx, const at::Tensor &x, const at::Tensor &w,
+                              const std::optional<at::Tensor> &bias, int64_t act, int64_t save, int64_t flags)
+    {
+        const bool has_bias = bias.has_value() && bias->defined();
+        const at::Tensor b = has_bias ? *bias : at::Tensor();
+        const bool relu = act == FG_ACT_RELU;
+        const bool keep = save != SAVE_NONE && act != FG_ACT_RELU && act != FG_ACT_NONE;
+        const bool slope = keep && save == SAVE_SLOPE;
+        const fg_linear_act_options o = act_opts((int)act, slope, false);
+        at::Tensor out[2];
+        std::vector<at::Tensor> ins = {x, w, b};
+        fg_status st = with_retry(ins, [&](std::vector<at::Tensor> &a) {
+            return linear_act_forward_into(a[0], a[1], a[2], o, keep, (uint32_t)flags, out);
+        });
+        if (st != FG_OK)
+            throw Refused{};
+        const bool relu_y = relu && save != SAVE_NONE;
+        ctx->save_for_backward({x, w, b, relu_y ? out[0] : out[1]});
+        ctx->saved_data["act"] = act;
+        ctx->saved_data["bits"] = (int64_t)(has_bias | relu_y << 1 | slope << 2);
+        ctx->saved_data["flags"] = flags;
+        ctx->saved_data["consumed"] = false;
+        return out[0];
+    }
+
+    static variable_list backward(AutogradContext *ctx, variable_list grads)
+    {
+        auto saved = ctx->get_saved_variables();
+        const at::Tensor &x = saved[0], &w = saved[1], &b = saved[2];
+        at::Tensor pre = saved[3];
+        const int act = (int)ctx->saved_data["act"].toInt();
+        const int64_t bits = ctx->saved_data["bits"].toInt();
+        const bool has_bias = bits & 1, relu_y = bits & 2, slope = bits & 4;
+        const bool consumed = ctx->saved_data["consumed"].toBool();
+        bool consume = pre.defined() && !relu_y; /* relu's saved tensor is y, the caller's */
+        if (consumed) { /* pre holds the first backward's g: recompute it */
+            pre = at::Tensor();
+            consume = false;
+        }
+        const bool want[3] = {ctx->needs_input_grad(0), ctx->needs_input_grad(1),
+                              has_bias && ctx->needs_input_grad(2)};
+        const fg_linear_act_options o = act_opts(act, slope && pre.defined(), consume && pre.defined());
+        at::Tensor g[3];
+        std::vector<at::Tensor> ins = {grads[0].contiguous(), x.contiguous(), w.contiguous(), b, pre};
+        fg_status st = with_retry(ins, [&](std::vector<at::Tensor> &a) {
+            return linear_act_backward_into(a[0], a[4], a[1], a[2], a[3], o, want,
+                                            (uint32_t)ctx->saved_data["flags"].toInt(), g);
+        });
+        if (st != FG_OK)
+            fail("linear_act_backward", st, api.last_error());
+        ctx->saved_data["consumed"] = consumed || consume;
+        n_act_backward++;
+        return {g[0], g[1], g[2], at::Tensor(), at::Tensor(), at::Tensor()};
+    }
+};
+
 /* Whether linear() takes these operands (else Python runs the call and raises its errors). */
 bool takes(const at::Tensor &x, const at::Tensor &w, const at::Tensor &b)
 {
@@ -953,6 +1060,87 @@ py::object py_norm(py::handle xo, py::handle ro, py::handle wo, py::handle bo, p
     return py::make_tuple(wrap(out[0]), out.size() > 1 ? wrap(out[1]) : py::none());
 }
 
+/* ---- linear + activation from Python */
+
+/* act: a name of _lib.ACT; false for anything else. */
+bool as_act(py::handle o, int &act)
+{
+    static const char *const names[] = {"none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh"};
+    static const int codes[] = {FG_ACT_NONE, FG_ACT_RELU,    FG_ACT_GELU, FG_ACT_GELU_TANH,
+                                FG_ACT_SILU, FG_ACT_SIGMOID, FG_ACT_TANH};
+    if (!PyUnicode_Check(o.ptr()))
+        return false;
+    const char *s = PyUnicode_AsUTF8(o.ptr());
+    if (!s) {
+        PyErr_Clear();
+        return false;
+    }
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+        if (!std::strcmp(s, names[i])) {
+            act = codes[i];
+            return true;
+        }
+    return false;
+}
+
+/* save_pre as linear_act hands it to LinearActFunction: True, False, "slope" or "auto" ("auto":
+ * the slope when the reduction x.shape[-1] is longer than 128, else pre). */
+bool as_save(py::handle o, const at::Tensor &x, int &save)
+{
+    if (o.ptr() == Py_True || o.ptr() == Py_False) {
+        save = o.ptr() == Py_True ? SAVE_PRE : SAVE_NONE;
+        return true;
+    }
+    if (!PyUnicode_Check(o.ptr()))
+        return false;
+    const char *s = PyUnicode_AsUTF8(o.ptr());
+    if (!s) {
+        PyErr_Clear();
+        return false;
+    }
+    if (!std::strcmp(s, "slope"))
+        save = SAVE_SLOPE;
+    else if (!std::strcmp(s, "auto"))
+        save = x.size(-1) > 128 ? SAVE_SLOPE : SAVE_PRE;
+    else
+        return false;
+    return true;
+}
+
+/* linear_act(x, weight, bias, act, save_pre, flags): y of LinearActFunction with its autograd in
+ * C++, or None (counted as linear_act_fallback: the caller runs the Function, which raises its
+ * errors). Takes x, weight (2-D, or 3-D batched) and bias of one dtype and device; the library
+ * checks the shapes (a refusal is handed back). */
+py::object py_linear_act(py::handle xo, py::handle wo, py::handle bo, py::handle act_o, py::handle save_o,
+                         int64_t flags)
+{
+    at::Tensor x, w, b;
+    int act, save;
+    if (ready.load(std::memory_order_relaxed) && unpack(xo.ptr(), x, false) && unpack(wo.ptr(), w, false) &&
+        unpack(bo.ptr(), b, true) && all_plain({&w, &b}, x) && x.dim() <= FG_MAX_RANK &&
+        dtype_code(x.scalar_type()) >= 0 && (w.dim() == 2 || w.dim() == 3) &&
+        w.scalar_type() == x.scalar_type() && (!b.defined() || b.scalar_type() == x.scalar_type()) &&
+        as_act(act_o, act) && as_save(save_o, x, save)) {
+        at::Tensor y;
+        bool refused = false;
+        {
+            py::gil_scoped_release nogil;
+            try {
+                y = LinearActFn::apply(x, w, b.defined() ? std::optional<at::Tensor>(b) : std::nullopt,
+                                       (int64_t)act, (int64_t)save, flags);
+            } catch (const Refused &) {
+                refused = true;
+            }
+        }
+        if (!refused) {
+            n_act_forward++;
+            return wrap(std::move(y));
+        }
+    }
+    n_act_fallback++;
+    return py::none();
+}
+
 void py_configure(std::unordered_map<std::string, uintptr_t> fns, std::vector<int64_t> sizes, int64_t version)
 {
     const std::vector<int64_t> want = {(int64_t)sizeof(fg_tensor), FG_MAX_RANK, FG_MAX_OPERANDS,
@@ -1002,10 +1190,11 @@ TORCH_LIBRARY_IMPL(fastgrad_ext, CPU, m) { m.impl("linear_backward", &linear_bac
 TORCH_LIBRARY_IMPL(fastgrad_ext, CUDA, m) { m.impl("linear_backward", &linear_backward_op); }
 #endif
 
-/* The Python types of LinearFn's and NormFn's backward nodes (grad_fns): named as the Python
- * Functions' backwards, in this module, instead of the generic "CppFunction". */
+/* The Python types of LinearFn's, NormFn's and LinearActFn's backward nodes (grad_fns): named as
+ * the Python Functions' backwards, in this module, instead of the generic "CppFunction". */
 static PyTypeObject linear_backward_type;
 static PyTypeObject norm_backward_type;
+static PyTypeObject linear_act_backward_type;
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
 {
@@ -1015,9 +1204,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
     torch::autograd::_initFunctionPyTypeObject(norm_backward_type, "fastgrad._torchext_ops.NormFunctionBackward",
                                                nullptr, nullptr);
     torch::autograd::registerCppFunction(typeid(torch::autograd::CppNode<NormFn>), &norm_backward_type);
-    m.doc() = "fastgrad's Linear and normalization family with their host work in C++ (see _torchext.py)";
+    torch::autograd::_initFunctionPyTypeObject(linear_act_backward_type,
+                                               "fastgrad._torchext_ops.LinearActFunctionBackward", nullptr, nullptr);
+    torch::autograd::registerCppFunction(typeid(torch::autograd::CppNode<LinearActFn>), &linear_act_backward_type);
+    m.doc() = "fastgrad's Linear, linear + activation and normalization family with their host work in C++ "
+              "(see _torchext.py)";
     m.def("linear", &py_linear, "linear(x, weight, bias, flags): y, or None when Python must run the call",
           py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("flags") = 0);
+    m.def("linear_act", &py_linear_act,
+          "linear_act(x, weight, bias, act, save_pre, flags): y of autograd.LinearActFunction with its autograd "
+          "in C++, or None when Python must run the call",
+          py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("act"), py::arg("save_pre"),
+          py::arg("flags") = 0);
     m.def("norm", &py_norm,
           "norm(x, r, w, b, kind, eps, p, seed, offset): (y, s) of norm.NormFunction with its autograd in C++, "
           "or None");
@@ -1045,11 +1243,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
                             py::arg("norm_autograd") = n_norm_autograd.load(),
                             py::arg("norm_fallback") = n_norm_fallback.load(),
                             py::arg("batch_norm_forward") = n_batch_norm_forward.load(),
-                            py::arg("batch_norm_backward") = n_batch_norm_backward.load());
+                            py::arg("batch_norm_backward") = n_batch_norm_backward.load(),
+                            py::arg("linear_act_forward") = n_act_forward.load(),
+                            py::arg("linear_act_backward") = n_act_backward.load(),
+                            py::arg("linear_act_fallback") = n_act_fallback.load());
         },
         "Since import: Linear's forwards and backwards run here, its calls handed back to Python, its gradients "
         "computed; the row norms' forwards and backwards run here (functional or through norm()), norm() calls, "
-        "norm and BatchNorm calls handed back to Python, BatchNorm forwards and backwards");
+        "norm and BatchNorm calls handed back to Python, BatchNorm forwards and backwards; linear + activation's "
+        "forwards and backwards run here and its calls handed back to Python");
     m.attr("VERSION") = FG_VERSION;
 #ifdef FG_TORCHEXT_CUDA
     m.attr("HAS_CUDA") = true;

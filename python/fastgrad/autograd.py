@@ -8,8 +8,9 @@ contiguous first), and inside DistributedDataParallel.
 The public functions run these autograd.Functions in eager mode and the custom ops of
 torch_ops.py (the same kernels, registered with torch.library) while torch.compile traces,
 so compiled models have no graph breaks at fastgrad calls (docs/decisions.md: why eager
-stays direct). Eager fg.linear / fg.Linear run through the torch C++ extension when it is built
-(_torchext.cpp: the same kernels and plans, its autograd in C++) and LinearFunction otherwise.
+stays direct). Eager fg.linear / fg.Linear and fg.linear_act / fg.LinearAct run through the torch
+C++ extension when it is built (_torchext.cpp: the same kernels and plans, their autograd in C++)
+and LinearFunction / LinearActFunction otherwise.
 """
 import math
 
@@ -77,15 +78,20 @@ class OuterFunction(torch.autograd.Function):
         return dx, dy
 
 
-# the C++ extension's linear (its autograd in C++, _torchext.cpp), or None when it is not built
+# the C++ extension's linear and linear_act (their autograd in C++, _torchext.cpp), or None when
+# it is not built
 _ext_linear = _torchext.MODULE.linear if _torchext.MODULE is not None else None
+_ext_linear_act = _torchext.MODULE.linear_act if _torchext.MODULE is not None else None
 
 
 def use_torchext(on=True):
-    """Whether eager fg.linear / fg.Linear run through the C++ extension when it is built (the
-    default); off, they run LinearFunction (the same kernels, the same results)."""
-    global _ext_linear
-    _ext_linear = _torchext.MODULE.linear if on and _torchext.MODULE is not None else None
+    """Whether eager fg.linear / fg.Linear and fg.linear_act / fg.LinearAct run through the C++
+    extension when it is built (the default); off, they run LinearFunction / LinearActFunction
+    (the same kernels, the same results)."""
+    global _ext_linear, _ext_linear_act
+    m = _torchext.MODULE if on else None
+    _ext_linear = m.linear if m is not None else None
+    _ext_linear_act = m.linear_act if m is not None else None
 
 
 def linear(x, weight, bias=None):
@@ -596,7 +602,12 @@ def linear_act(x, weight, bias=None, act="gelu_tanh", save_pre="auto"):
     if routed():
         sp = ("slope" if x.shape[-1] > 128 else True) if save_pre == "auto" else save_pre
         return FG.linear_act(x, weight, bias, act, bool(sp), sp == "slope")[0]
-    return LinearActFunction.apply(x, weight, bias, act, save_pre if save_pre in ("slope", "auto") else bool(save_pre))
+    save_pre = save_pre if save_pre in ("slope", "auto") else bool(save_pre)
+    if _ext_linear_act is not None:  # None back: operands it does not take; Python runs the call
+        y = _ext_linear_act(x, weight, bias, act, save_pre, _lib.PLAN_ALLOW_TF32 if ops._allow_tf32 else 0)
+        if y is not None:
+            return y
+    return LinearActFunction.apply(x, weight, bias, act, save_pre)
 
 
 class LinearAct(Linear):

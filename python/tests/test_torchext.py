@@ -10,8 +10,13 @@ extension is built beside the library but fg.Linear does not use it. For the nor
 norm_forward / norm_backward / batch_norm_forward / batch_norm_backward and the autograd of
 LayerNorm / RMSNorm (fused residual, dropout, weights of another dtype) give the same bits
 through the extension as through the Python path, the stats counters show which ran, the options
-and accumulate key the plans, and what the extension declines runs in Python. Skipped, with the
-reason, where torch is missing or the extension is not built."""
+and accumulate key the plans, and what the extension declines runs in Python. For linear +
+activation: fg.linear_act through the extension against LinearActFunction, bit for bit, for f32 /
+f64 / bf16, every activation, with and without a bias, each saved form (pre, slope, nothing,
+"auto" on both sides of its threshold), only some gradients asked for, two backwards through a
+retained graph, awkward layouts and batched weights; the backward node's name, the toggle, and
+the cases handed back to Python. Skipped, with the reason, where torch is missing or the
+extension is not built."""
 import contextlib
 import os
 import threading
@@ -44,6 +49,7 @@ def test_built_extension_is_used():
         pytest.skip("the extension is not built here, or FASTGRAD_NO_EXT / FASTGRAD_NO_TORCHEXT is set")
     assert EXT is not None, f"{built[0]} is built but not in use: {_torchext.WHY_NOT}"
     assert autograd._ext_linear is not None, "the extension loaded but fg.linear does not route through it"
+    assert autograd._ext_linear_act is not None, "the extension loaded but fg.linear_act does not route through it"
     assert fgnorm._ext is not None, "the extension loaded but the norms do not route through it"
     lin = fg.Linear(16, 8)
     x = torch.randn(4, 16, requires_grad=True)
@@ -536,3 +542,167 @@ def test_norm_declined_cases_run_python(rng):
             first = (type(e.value), str(e.value))
     assert (type(e.value), str(e.value)) == first
     assert EXT.stats()["norm_fallback"] > before["norm_fallback"]
+
+
+# ------------------------------------------------------------------ linear + activation
+
+ACTS = {"none": lambda p: p, "relu": torch.relu, "gelu": torch.nn.functional.gelu,
+        "gelu_tanh": lambda p: torch.nn.functional.gelu(p, approximate="tanh"), "silu": torch.nn.functional.silu,
+        "sigmoid": torch.sigmoid, "tanh": torch.tanh}
+
+
+def _act_run(path, x, w, b, act, save_pre, dy, need=(True, True, True), backwards=1):
+    """(y, grads of x, w, b) through fg.linear_act on fresh leaves, on the given path, after
+    `backwards` backwards of dy through one graph (retained between them). Checks that the
+    extension ran the forward and every backward on "ext", and nothing on "py"."""
+    leaves = [t.detach().clone().requires_grad_(n) if t is not None else None for t, n in zip((x, w, b), need)]
+    with _path(path):
+        before = EXT.stats()
+        y = fg.linear_act(*leaves, act=act, save_pre=save_pre)
+        mid = EXT.stats()
+        ran = mid["linear_act_forward"] - before["linear_act_forward"]
+        assert ran == (1 if path == "ext" else 0), f"{path} path: {ran} extension forwards"
+        if y.requires_grad:
+            assert type(y.grad_fn).__name__ == "LinearActFunctionBackward"
+            assert (type(y.grad_fn).__module__ == "fastgrad._torchext_ops") == (path == "ext"), type(y.grad_fn)
+            for i in range(backwards):
+                y.backward(dy, retain_graph=i + 1 < backwards)
+            ran = EXT.stats()["linear_act_backward"] - mid["linear_act_backward"]
+            assert ran == (backwards if path == "ext" else 0), f"{path} path: {ran} extension backwards"
+        assert EXT.stats()["linear_act_fallback"] == before["linear_act_fallback"]
+    return [y.detach()] + [t.grad if t is not None else None for t in leaves]
+
+
+def _act_same(x, w, b, act, save_pre, dy, **kw):
+    """The extension and LinearActFunction: the same output and gradients, bit for bit."""
+    got = _act_run("ext", x, w, b, act, save_pre, dy, **kw)
+    want = _act_run("py", x, w, b, act, save_pre, dy, **kw)
+    for a, c in zip(got, want):
+        _same(a, c)
+    return got
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("act", list(ACTS))
+@pytest.mark.parametrize("save_pre,k", [(True, 37), (False, 37), ("slope", 37), ("auto", 37), ("auto", 130)])
+@pytest.mark.parametrize("bias", [True, False])
+@needs_ext
+def test_linear_act_matches_python_function(rng, dtype, act, save_pre, k, bias):
+    """Every activation and saved form ("auto": pre up to a reduction of 128, the slope past it),
+    with and without a bias: the same bits as LinearActFunction, and torch's f64 result at the
+    dtype's tolerance (the pre-activation rounded to the dtype, as the op keeps it)."""
+    x, w = _leaf(rng, (2, 3, k), dtype, "cpu") - 0.25, _leaf(rng, (19, k), dtype, "cpu") * (4 / k**0.5)
+    b = _leaf(rng, (19,), dtype, "cpu") - 0.25 if bias else None
+    dy = _leaf(rng, (2, 3, 19), dtype, "cpu")
+    y = _act_same(x, w, b, act, save_pre, dy)[0]
+    pre = torch.nn.functional.linear(x.double(), w.double(), b.double() if bias else None).to(dtype).double()
+    ref = ACTS[act](pre)
+    assert y.dtype == dtype and y.shape == ref.shape
+    assert err(y, ref) <= tol(dtype)
+    assert ((y.double() - ref).abs().max().item() / ref.abs().max().item()) <= 50 * tol(dtype)
+
+
+@pytest.mark.parametrize("need", [(True, False, False), (False, True, False), (False, False, True),
+                                  (False, True, True), (True, True, False), (True, False, True)])
+@pytest.mark.parametrize("save_pre", [True, "slope", False])
+@needs_ext
+def test_linear_act_only_requested_gradients(rng, need, save_pre):
+    x, w, b = _leaf(rng, (5, 12), torch.float32, "cpu"), _leaf(rng, (7, 12), torch.float32, "cpu"), \
+        _leaf(rng, (7,), torch.float32, "cpu")
+    dy = _leaf(rng, (5, 7), torch.float32, "cpu")
+    got = _act_same(x, w, b, "gelu_tanh", save_pre, dy, need=need)
+    assert [g is not None for g in got[1:]] == list(need)
+
+
+@pytest.mark.parametrize("act", ["relu", "gelu", "silu", "none"])
+@pytest.mark.parametrize("save_pre", [True, "slope", False])
+@needs_ext
+def test_linear_act_retained_graph(rng, act, save_pre):
+    """Two backwards through one graph: the first forms g in the saved tensor's memory, the second
+    recomputes pre (relu keeps y, which is never overwritten). Gradients accumulate alike, and
+    the second backward adds what the first did."""
+    x, w, b = _leaf(rng, (9, 24), torch.float32, "cpu"), _leaf(rng, (10, 24), torch.float32, "cpu"), \
+        _leaf(rng, (10,), torch.float32, "cpu")
+    dy = _leaf(rng, (9, 10), torch.float32, "cpu")
+    once = _act_run("ext", x, w, b, act, save_pre, dy)
+    twice = _act_same(x, w, b, act, save_pre, dy, backwards=2)
+    for g1, g2 in zip(once[1:], twice[1:]):
+        assert err(g2, 2 * g1) <= 1e-6
+
+
+@needs_ext
+def test_linear_act_layouts_batched_weights_and_broadcast_gradient(rng):
+    """Non-contiguous, non-collapsing x and a transposed weight (both paths retry on contiguous
+    copies), y.sum()'s broadcast gradient, batched weights [B, M, K] with a bias per batch."""
+    big = _leaf(rng, (5, 4, 24), torch.float32, "cpu")
+    x = big.transpose(0, 1)
+    w = _leaf(rng, (24, 10), torch.float32, "cpu").t()
+    b = _leaf(rng, (20,), torch.float32, "cpu")[::2]
+    dy = _leaf(rng, (4, 5, 10), torch.float32, "cpu")
+    for sp in (True, "slope"):
+        _act_same(x, w, b, "gelu", sp, dy)
+    outs = []
+    for path in ("ext", "py"):
+        with _path(path):
+            leaves = [t.clone().requires_grad_(True) for t in (x, w, b)]
+            y = fg.linear_act(*leaves, act="silu")
+            y.sum().backward()
+            outs.append([y.detach()] + [t.grad for t in leaves])
+    for a, c in zip(*outs):
+        _same(a, c)
+    xb, wb, bb = _leaf(rng, (2, 9, 16), torch.float32, "cpu"), _leaf(rng, (2, 24, 16), torch.float32, "cpu"), \
+        _leaf(rng, (2, 24), torch.float32, "cpu")
+    _act_same(xb, wb, bb, "gelu_tanh", "auto", _leaf(rng, (2, 9, 24), torch.float32, "cpu"))
+
+
+@needs_ext
+def test_linear_act_module_no_grad_and_toggle(rng):
+    """fg.LinearAct runs through C++ both ways; under no_grad there is no graph; use_torchext(False)
+    sends fg.linear_act to the Python Function."""
+    layer = fg.LinearAct(16, 8, act="gelu")
+    x = torch.randn(4, 16, requires_grad=True)
+    before = EXT.stats()
+    layer(x).sum().backward()
+    after = EXT.stats()
+    assert after["linear_act_forward"] == before["linear_act_forward"] + 1
+    assert after["linear_act_backward"] == before["linear_act_backward"] + 1
+    with torch.no_grad():
+        y = layer(x)
+    assert y.grad_fn is None and not y.requires_grad
+    autograd.use_torchext(False)
+    try:
+        before = EXT.stats()
+        y = layer(x)
+        assert type(y.grad_fn).__module__ != "fastgrad._torchext_ops"
+        assert EXT.stats() == before
+    finally:
+        autograd.use_torchext(True)
+    assert autograd._ext_linear_act is not None
+
+
+@needs_ext
+def test_linear_act_declined_cases_run_python(rng):
+    """A tensor subclass goes to the Function (linear_act_fallback counts it), with the same
+    result; what the extension hands back raises the Function's own errors."""
+    class Sub(torch.Tensor):
+        pass
+
+    x, w = _leaf(rng, (3, 8), torch.float32, "cpu"), _leaf(rng, (4, 8), torch.float32, "cpu")
+    before = EXT.stats()
+    y = fg.linear_act(x.as_subclass(Sub), w, act="tanh")
+    after = EXT.stats()
+    assert after["linear_act_fallback"] == before["linear_act_fallback"] + 1
+    assert after["linear_act_forward"] == before["linear_act_forward"]
+    _same(y.as_subclass(torch.Tensor), fg.linear_act(x, w, act="tanh"))
+    bad = [lambda: fg.linear_act(x, w, act="gelu_erf"),  # an activation it does not know
+           lambda: fg.linear_act(x, _leaf(rng, (4, 7), torch.float32, "cpu")),  # K disagrees (the library refuses)
+           lambda: fg.linear_act(x, w.double()),  # dtypes disagree
+           lambda: fg.linear_act(x, w, torch.randn(5)),  # bias length
+           lambda: fg.linear_act(x.int(), w.int()),  # a dtype fastgrad does not take
+           lambda: fg.linear_act(x[0, 0], w)]  # a 0-d x
+    for fn in bad:
+        before = EXT.stats()
+        res = _both(fn)
+        assert res[0] == "raised", res
+        assert EXT.stats()["linear_act_fallback"] >= before["linear_act_fallback"] + 1
+        assert EXT.stats()["linear_act_forward"] == before["linear_act_forward"]

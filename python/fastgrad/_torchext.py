@@ -1,5 +1,5 @@
-"""fastgrad._torchext: the torch C++ extension of _torchext.cpp (fg.Linear's and the row norms'
-forward and backward with their autograd in C++, so that a call through autograd never enters
+"""fastgrad._torchext: the torch C++ extension of _torchext.cpp (fg.Linear's, linear + activation's
+and the row norms' forward and backward with their autograd in C++, so that a call through autograd never enters
 Python's torch.autograd.Function machinery, and the normalization family's functional calls):
 building it, finding it, handing it the library.
 
@@ -7,7 +7,7 @@ The extension is optional. CMake builds it ahead of time beside libfastgrad when
 headers are importable (`python3 python/fastgrad/_torchext.py OUT_DIR` does the same by hand:
 torch.utils.cpp_extension compiles it with torch's own flags; the objects stay in
 OUT_DIR/torchext). Without it, or with FASTGRAD_NO_TORCHEXT=1 / FASTGRAD_NO_EXT=1,
-fg.Linear and the norms run their Python (autograd.Functions, norm.py's functions), with the
+fg.Linear, fg.LinearAct and the norms run their Python (autograd.Functions, norm.py's functions), with the
 same kernels and the same bits.
 CUDA code (torch's current stream) is compiled in only when torch has CUDA and the CUDA
 headers are found; without it, CUDA tensors take the Python path.
@@ -141,8 +141,8 @@ if __name__ == "__main__":
         if not a.optional:
             raise
         why = f"{type(e).__name__}: {e}".strip().splitlines()[0]
-        print(f"fastgrad: the torch C++ extension {NAME} was not built ({why}); fg.Linear and the norms run "
-              "their Python", file=sys.stderr)
+        print(f"fastgrad: the torch C++ extension {NAME} was not built ({why}); fg.Linear, fg.LinearAct and "
+              "the norms run their Python", file=sys.stderr)
         os.makedirs(os.path.join(a.out_dir, "torchext"), exist_ok=True)
         with open(os.path.join(a.out_dir, "torchext", "skipped"), "w") as f:
             f.write(why + "\n")

@@ -29,8 +29,9 @@
  *
  * Every entry returns None for anything it does not take (a dtype or device it does not handle,
  * a tensor subclass, arguments of another type, a forward or functional call the library
- * refuses): the caller then runs the Python, which raises its usual errors. A backward through
- * autograd that the library refuses raises RuntimeError.
+ * refuses, an autograd entry under functorch transforms or forward-mode AD): the caller then runs
+ * the Python, which raises its usual errors. A backward through autograd that the library refuses
+ * raises RuntimeError.
  *
  * The library is not linked: _torchext.py hands over the entry points of the libfastgrad that
  * ctypes loaded (one library, one error slot, wherever FASTGRAD_LIBRARY points). Contexts are
@@ -49,6 +50,7 @@
 #include <torch/csrc/utils/pybind.h>
 #include <torch/library.h>
 #include <ATen/ops/empty.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #ifdef FG_TORCHEXT_CUDA
 #include <c10/cuda/CUDAStream.h>
 #endif
@@ -175,6 +177,22 @@ int dtype_code(at::ScalarType s)
     }
 }
 
+/* Whether an autograd entry leaves the call to Python's torch.autograd.Function, which raises its
+ * own errors there (a C++ Function raises others): functorch transforms (vmap, grad, ...) active,
+ * by the Function's own test (_are_functorch_transforms_active), or an operand with a forward-mode
+ * AD tangent (neither Function has a jvp). */
+bool for_python(std::initializer_list<const at::Tensor *> ts)
+{
+    const auto included = c10::impl::tls_local_dispatch_key_set().included_;
+    if (included.has(c10::DispatchKey::FuncTorchDynamicLayerFrontMode) ||
+        included.has(c10::DispatchKey::FuncTorchDynamicLayerBackMode))
+        return true;
+    for (const at::Tensor *t : ts)
+        if (t->defined() && t->_fw_grad(0).defined())
+            return true;
+    return false;
+}
+
 /* A tensor's descriptor in place (ops._describe's rules); undefined is absent (rank 0).
  * The callers pass dense tensors of a dtype dtype_code takes, at most FG_MAX_RANK dims. */
 void describe(const at::Tensor &a, fg_tensor *t)
@@ -194,7 +212,10 @@ void describe(const at::Tensor &a, fg_tensor *t)
     if (all_zero) /* only when no dim is above 1 */
         for (int64_t i = 0; i < r; i++)
             t->stride[i] = 1;
-    t->data = const_cast<void *>(a.const_data_ptr());
+    /* the mutable pointer (Python's data_ptr()): a copy-on-write tensor (torch._lazy_clone) is
+     * materialized first, so an operand the op writes (BatchNorm's running statistics) never
+     * writes into storage another tensor shares */
+    t->data = a.mutable_data_ptr();
     t->dtype = (fg_dtype)dtype_code(a.scalar_type());
     t->rank = (int32_t)r;
 }
@@ -747,7 +768,7 @@ py::object py_linear(py::handle xo, py::handle wo, py::handle bo, int64_t flags)
 {
     at::Tensor x, w, b;
     if (ready.load(std::memory_order_relaxed) && unpack(xo.ptr(), x, false) && unpack(wo.ptr(), w, false) &&
-        unpack(bo.ptr(), b, true) && takes(x, w, b)) {
+        unpack(bo.ptr(), b, true) && takes(x, w, b) && !for_python({&x, &w, &b})) {
         at::Tensor y;
         bool refused = false;
         {
@@ -1036,7 +1057,8 @@ py::object py_norm(py::handle xo, py::handle ro, py::handle wo, py::handle bo, p
     if (!ready.load(std::memory_order_relaxed) || !unpack(xo.ptr(), x, false) || !unpack(ro.ptr(), r, true) ||
         !unpack(wo.ptr(), w, true) || !unpack(bo.ptr(), b, true) || !as_kind(kind_o, kind) ||
         !as_double(eps_o, eps) || !as_double(p_o, p) || !as_u64(seed_o, seed) || !as_u64(offset_o, offset) ||
-        !all_plain({}, x) || dtype_code(x.scalar_type()) < 0 || x.dim() > FG_MAX_RANK)
+        !all_plain({}, x) || dtype_code(x.scalar_type()) < 0 || x.dim() > FG_MAX_RANK ||
+        for_python({&x, &r, &w, &b}))
         return declined();
     for (const at::Tensor *t : {&r, &w, &b})
         if (t->defined() && (dtype_code(t->scalar_type()) < 0 || t->dim() > FG_MAX_RANK || t->device() != x.device()))
@@ -1120,7 +1142,7 @@ py::object py_linear_act(py::handle xo, py::handle wo, py::handle bo, py::handle
         unpack(bo.ptr(), b, true) && all_plain({&w, &b}, x) && x.dim() <= FG_MAX_RANK &&
         dtype_code(x.scalar_type()) >= 0 && (w.dim() == 2 || w.dim() == 3) &&
         w.scalar_type() == x.scalar_type() && (!b.defined() || b.scalar_type() == x.scalar_type()) &&
-        as_act(act_o, act) && as_save(save_o, x, save)) {
+        as_act(act_o, act) && as_save(save_o, x, save) && !for_python({&x, &w, &b})) {
         at::Tensor y;
         bool refused = false;
         {

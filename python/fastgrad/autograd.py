@@ -81,7 +81,8 @@ class OuterFunction(torch.autograd.Function):
 # the C++ extension's linear and linear_act (their autograd in C++, _torchext.cpp), or None when
 # it is not built
 _ext_linear = _torchext.MODULE.linear if _torchext.MODULE is not None else None
-_ext_linear_act = _torchext.MODULE.linear_act if _torchext.MODULE is not None else None
+# (getattr: a module built before linear_act, which configure takes, leaves it to Python)
+_ext_linear_act = getattr(_torchext.MODULE, "linear_act", None)
 
 
 def use_torchext(on=True):
@@ -91,7 +92,7 @@ def use_torchext(on=True):
     global _ext_linear, _ext_linear_act
     m = _torchext.MODULE if on else None
     _ext_linear = m.linear if m is not None else None
-    _ext_linear_act = m.linear_act if m is not None else None
+    _ext_linear_act = getattr(m, "linear_act", None)
 
 
 def linear(x, weight, bias=None):

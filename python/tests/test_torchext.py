@@ -706,3 +706,88 @@ def test_linear_act_declined_cases_run_python(rng):
         assert res[0] == "raised", res
         assert EXT.stats()["linear_act_fallback"] >= before["linear_act_fallback"] + 1
         assert EXT.stats()["linear_act_forward"] == before["linear_act_forward"]
+
+
+# ------------------------------------------------------------------ what every entry shares
+
+
+@needs_ext
+def test_copy_on_write_running_statistics_are_not_shared(rng):
+    """Running statistics that are a lazy (copy-on-write) clone: the op writes them, so their
+    storage is materialized first, as Python's data_ptr() does; the tensor they were cloned from
+    keeps its values, and both paths give the same bits."""
+    if not hasattr(torch, "_lazy_clone"):
+        pytest.skip("this torch has no torch._lazy_clone")
+    x = _leaf(rng, (6, 12), torch.float32, "cpu")
+    rm0, rv0 = _leaf(rng, (12,), torch.float32, "cpu"), _leaf(rng, (12,), torch.float32, "cpu").abs() + 0.5
+
+    def fwd():
+        rm, rv = rm0.clone(), rv0.clone()
+        rm_cow, rv_cow = torch._lazy_clone(rm), torch._lazy_clone(rv)
+        y, _, mean, rstd = fgnorm.batch_norm_forward(x, None, None, rm_cow, rv_cow, training=True)
+        return y, mean, rstd, rm_cow, rv_cow, rm, rv
+
+    res = _both(fwd, "batch_norm_forward")
+    assert res[0] == "ok"
+    _same(res[1][5], rm0)
+    _same(res[1][6], rv0)
+    assert not torch.equal(res[1][3], rm0)
+
+
+@needs_ext
+def test_functorch_transforms_run_python():
+    """Under torch.func transforms the autograd entries hand the call back: torch.autograd.Function
+    raises its own error there (the same either way), also for operands that are not wrapped."""
+    x, w, lw = torch.randn(3, 8), torch.randn(8), torch.randn(4, 8)
+    t = torch.tensor(1.0)
+    calls = [lambda: torch.func.grad(lambda x: fg.layer_norm(x, w).sum())(x),
+             lambda: torch.func.grad(lambda t: (fg.layer_norm(x, w) * t).sum())(t),
+             lambda: torch.func.grad(lambda t: (fg.linear_act(x, lw) * t).sum())(t),
+             lambda: torch.func.grad(lambda t: (fg.linear(x, lw) * t).sum())(t),
+             lambda: torch.func.vmap(lambda x: fg.linear(x, lw))(x.view(3, 1, 8))]
+    for fn in calls:
+        res = _both(fn)
+        assert res[0] == "raised", res
+
+
+@needs_ext
+def test_extension_without_linear_act_is_not_used_for_it(monkeypatch):
+    """An extension module built before linear_act (configure takes it: the same library version):
+    use_torchext routes fg.linear through it and leaves fg.linear_act to Python, as norm.py does for
+    a module without the norms."""
+    import types
+    stale = types.SimpleNamespace(linear=EXT.linear)
+    monkeypatch.setattr(_torchext, "MODULE", stale)
+    try:
+        autograd.use_torchext(True)
+        assert autograd._ext_linear is EXT.linear and autograd._ext_linear_act is None
+        fgnorm.use_torchext(True)
+        assert fgnorm._ext is None
+    finally:
+        monkeypatch.undo()
+        autograd.use_torchext(True)
+        fgnorm.use_torchext(True)
+    assert autograd._ext_linear_act is not None and fgnorm._ext is not None
+
+
+@needs_ext
+def test_forward_mode_ad_runs_python():
+    """An operand with a forward-mode AD tangent: the autograd entries hand the call back, and the
+    Function raises its own error (it has no jvp), the same either way."""
+    import torch.autograd.forward_ad as fwAD
+    x, w, lw = torch.randn(3, 8), torch.randn(8), torch.randn(4, 8)
+
+    def dual(f, which=0):
+        def run():
+            with fwAD.dual_level():
+                args = [x, w, lw]
+                args[which] = fwAD.make_dual(args[which], torch.randn_like(args[which]))
+                return f(*args)
+        return run
+
+    calls = [dual(lambda x, w, lw: fg.layer_norm(x, w)), dual(lambda x, w, lw: fg.layer_norm(x, w), 1),
+             dual(lambda x, w, lw: fg.add_norm(x, x, w)), dual(lambda x, w, lw: fg.linear_act(x, lw)),
+             dual(lambda x, w, lw: fg.linear_act(x, lw), 2), dual(lambda x, w, lw: fg.linear(x, lw), 2)]
+    for fn in calls:
+        res = _both(fn)
+        assert res[0] == "raised", res

@@ -348,7 +348,16 @@ def test_cuda_stream_logic_on_the_cpu(path, monkeypatch):
     current = {"stream": 0x1000}
     monkeypatch.setattr(_lib, "context", context)
     monkeypatch.setattr(ops, "_raw_stream", lambda device: current["stream"] + device)
-    monkeypatch.setattr(ops, "_empty_like_family", lambda ref, shape, dtype=None: torch.empty(shape, dtype=dtype or ref.dtype))
+    def empty_256(ref, shape, dtype=None):
+        """A CPU output at a 256-byte boundary: the plan key holds the pointers' alignment class, so
+        outputs wherever the allocator puts them would make a second plan now and then."""
+        dt = dtype or ref.dtype
+        n = int(np.prod(shape)) * torch.tensor([], dtype=dt).element_size()
+        buf = torch.empty(n + 256, dtype=torch.uint8)
+        off = -buf.data_ptr() % 256
+        return buf[off:off + n].view(dt).view(shape)
+
+    monkeypatch.setattr(ops, "_empty_like_family", empty_256)
     rng = np.random.default_rng(2)
     x = torch.from_numpy(rng.standard_normal((5, 4)).astype(np.float32)).as_subclass(OnGpu)
     w = torch.from_numpy(rng.standard_normal((3, 4)).astype(np.float32)).as_subclass(OnGpu)

@@ -216,6 +216,10 @@ static void row_norms(fg_context *ctx, fg_backend be) {
         {FG_NORM_LAYER, 2, {300, 64}, true, true, true, 0.3, 0},
         {FG_NORM_LAYER, 2, {3, 16384}, true, true, true, 0.1, 0},
         {FG_NORM_RMS, 2, {2, 20000}, true, true, false, 0, 0},
+        /* rows of a whole block without the residual (CUDA's lean kernels; 12288: eight vectors a thread) */
+        {FG_NORM_LAYER, 2, {7, 4096}, true, true, false, 0, 0},
+        {FG_NORM_RMS, 2, {5, 2048}, true, false, false, 0, 0},
+        {FG_NORM_LAYER, 2, {3, 12288}, false, true, false, 0, 0},
     };
     for (int di = 0; di < 4; di++) {
         const fg_dtype dt = th_dtypes[di];
@@ -903,11 +907,13 @@ static void nan_propagation(fg_context *ctx, fg_backend be) {
 
 /* The same bits on a rerun, and in place (s over x, dx over dy) the same as out of place. */
 static void reruns_and_in_place(fg_context *ctx, fg_backend be) {
-    const int64_t shape[2] = {700, 96}, d1[1] = {96}, n = 700 * 96;
-    for (int di = 0; di < 3; di++) {
-        const fg_dtype dt = th_dtypes[di];
+    /* rows of a few lanes, and rows of a whole block (CUDA's lean backward) */
+    for (int q = 0; q < 6; q++) {
+        const int64_t R = q < 3 ? 700 : 40, D = q < 3 ? 96 : 4096;
+        const int64_t shape[2] = {R, D}, d1[1] = {D}, n = R * D;
+        const fg_dtype dt = th_dtypes[q % 3];
         char label[64];
-        snprintf(label, sizeof label, "[%s %s reruns]", th_backend_name(be), fg_dtype_name(dt));
+        snprintf(label, sizeof label, "[%s %s D=%lld reruns]", th_backend_name(be), fg_dtype_name(dt), (long long)D);
         th_operand x = make(be, dt, 2, shape, 0, true), r = make(be, dt, 2, shape, 0, true);
         th_operand w = make(be, dt, 1, d1, 0, true), b = make(be, dt, 1, d1, 0, true);
         th_operand y = make(be, dt, 2, shape, 0, false), s = make(be, dt, 2, shape, 0, false);

@@ -330,7 +330,7 @@ static void logp_kernels(void) {
 /* ------------------------------------------------------------------ normalization */
 
 /* The row norms' register kernels (a few lanes a row; a block a row; the backward's shared-memory
- * dw / db past 48 KB), their loop kernels (an odd D) with the column kernel for dw / db, BatchNorm's
+ * dw / db past 48 KB), the lean kernels, their loop kernels (an odd D) with the column kernel for dw / db, BatchNorm's
  * column and apply kernels (four-element vectors and single elements), dropout, RevIN. */
 static void norm_kernels(void) {
     struct { fg_dtype dt; int64_t rows, d; const char *fwd, *bwd; } rows[] = {
@@ -365,6 +365,28 @@ static void norm_kernels(void) {
         written(label, &DX), written(label, &DW);
         th_drop(&X), th_drop(&R), th_drop(&W), th_drop(&B), th_drop(&Y), th_drop(&S), th_drop(&M), th_drop(&Q);
         th_drop(&DX), th_drop(&DR), th_drop(&DW), th_drop(&DB);
+    }
+    { /* the lean row kernels: no residual forward, plain backward with the statistics and recomputing them */
+        int64_t xd[2] = {40, 4096}, d1[1] = {4096}, r1[1] = {40};
+        th_operand X = make(FG_BF16, 2, xd, 0), W = make(FG_BF16, 1, d1, 0), B = make(FG_BF16, 1, d1, 0);
+        th_operand Y = out(FG_BF16, 2, xd, 0), M = out(FG_F32, 1, r1, 0), Q = out(FG_F32, 1, r1, 0);
+        th_operand DX = out(FG_BF16, 2, xd, 0), DW = out(FG_BF16, 1, d1, 0), DB = out(FG_BF16, 1, d1, 0);
+        fg_norm_options o;
+        memset(&o, 0, sizeof o);
+        launched("norm_forward lean bf16 D=4096", fg_norm_forward(ctx, &o, &X.t, NULL, &W.t, &B.t, &Y.t, NULL, &M.t, &Q.t),
+                 "ln_fwd_lean<bf16,v8,g256x2>");
+        written("norm_forward lean bf16 D=4096", &Y), written("norm_forward lean bf16 D=4096", &Q);
+        launched("norm_backward lean bf16 D=4096",
+                 fg_norm_backward(ctx, &o, &Y.t, NULL, &X.t, &W.t, &M.t, &Q.t, &DX.t, NULL, &DW.t, &DB.t, 0),
+                 "ln_bwd_lean<bf16,v8,g256x2>");
+        written("norm_backward lean bf16 D=4096", &DX), written("norm_backward lean bf16 D=4096", &DW);
+        th_poison(&DX.buf);
+        launched("norm_backward lean recomputed bf16 D=4096",
+                 fg_norm_backward(ctx, &o, &Y.t, NULL, &X.t, &W.t, NULL, NULL, &DX.t, NULL, &DW.t, &DB.t, 0),
+                 "ln_bwd_lean<bf16,v8,g256x2>");
+        written("norm_backward lean recomputed bf16 D=4096", &DX);
+        th_drop(&X), th_drop(&W), th_drop(&B), th_drop(&Y), th_drop(&M), th_drop(&Q);
+        th_drop(&DX), th_drop(&DW), th_drop(&DB);
     }
     struct { fg_dtype dt; int64_t n, c; const char *vec; } bns[] = {{FG_BF16, 3000, 128, "v4"}, {FG_F32, 501, 7, "v1"}};
     for (size_t k = 0; k < 2; k++) {

@@ -12,7 +12,9 @@
  *      loads stay in flight while a row's sums go round. The backward's groups keep their
  *      columns' dw / db over the rows they take in shared memory; a block adds its groups in
  *      order and writes one partial row, and a finish kernel adds the blocks' partials in
- *      block order. Rows that do not fit (D > 16384,
+ *      block order. Rows of at least 128 threads without the rarer options (the forward without
+ *      the residual, the backward without ds, dr or accumulate) take the LEAN kernels instead:
+ *      the same split and sums, a row a block without the ring (decision 173). Rows that do not fit (D > 16384,
  *      or D not a multiple of the vector, or pointers / row strides not 16-byte aligned) take
  *      the loop kernels: a block a row, the statistics in one pass around the row's first
  *      element (a shift that keeps E[d²] − E[d]² from cancelling), a second pass that writes;
@@ -117,16 +119,25 @@ __device__ __forceinline__ void store_as(void *p, int dt, int64_t i, float v, bo
 
 /* Sums of K values over a group of G threads (G a power of two; the block's threads are groups
  * of G in order). G <= 32: xor shuffles inside the group; else also the group's warps, in order,
- * through smem (>= blockDim/32·K floats). Every thread of the block must call it. */
+ * through smem (>= blockDim/32·K floats). Every thread of the block must call it. With par, the
+ * calls alternate between two regions of smem (2·RED_REGION floats, K <= 2): a call's writes
+ * cannot reach the region the previous call's readers may still read, so one barrier a call. */
+constexpr int RED_REGION = 512 / 32 * 2;
 template <int K>
-__device__ __forceinline__ void group_sum(float (&v)[K], int G, float *smem) {
+__device__ __forceinline__ void group_sum(float (&v)[K], int G, float *smem, int *par = nullptr) {
     const int lanes = G < 32 ? G : 32;
     for (int off = lanes >> 1; off > 0; off >>= 1)
 #pragma unroll
         for (int k = 0; k < K; k++) v[k] += __shfl_xor_sync(0xffffffffu, v[k], off);
     if (G <= 32) return;
     const int warp = threadIdx.x >> 5, W = G >> 5, first = warp / W * W;
-    __syncthreads(); /* the previous call's readers are done */
+    if (par) {
+        static_assert(K <= 2, "a region holds 16 warps' two sums");
+        smem += *par * RED_REGION;
+        *par ^= 1;
+    } else {
+        __syncthreads(); /* the previous call's readers are done */
+    }
     if ((threadIdx.x & 31) == 0)
 #pragma unroll
         for (int k = 0; k < K; k++) smem[warp * K + k] = v[k];
@@ -501,6 +512,216 @@ __global__ void __launch_bounds__(512) rows_bwd_reg(const rows_args a) {
         float t2 = 0.f;
         for (int gi = 0; gi < R; gi++) t2 += pacc[(int64_t)gi * 2 * a.cols + slot];
         out[j] = t2;
+    }
+}
+
+/* The LEAN row kernels: the common case of rows of at least 128 threads (G >= 128, a block a row
+ * group) — a forward without the residual (no r, no s), a backward without ds, dr or accumulate,
+ * writing dx. The register kernels' split and every sum in their order (the statistics, Σ g·x̂,
+ * Σ g, dw / db per column over a block's rows in order, the blocks in order by the finish), so
+ * a backward recomputing mean / rstd gets the forward's bits; none of the generic kernels' options
+ * in the body: loads that do not allocate in L1 and evict-first stores for the streams (each byte
+ * is touched once), one barrier a sum. The forward takes a row a block on a grid of every row; the
+ * backward a persistent grid, each block loading its next row while this one's sums go round,
+ * its dw / db in registers and written as one partial row. tools/ln_rows_probe.cu measures the
+ * same structure against copy. */
+template <typename T, int VEC>
+__device__ __forceinline__ vec_t<T, VEC> ld_once(const T *p) {
+    static_assert(sizeof(vec_t<T, VEC>) == 16, "16-byte vectors");
+    vec_t<T, VEC> r;
+    uint4 &u = *reinterpret_cast<uint4 *>(&r);
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
+                 : "l"(p));
+    return r;
+}
+template <typename T, int VEC>
+__device__ __forceinline__ void st_once(T *p, const vec_t<T, VEC> &v) {
+    const uint4 &u = *reinterpret_cast<const uint4 *>(&v);
+    asm volatile("st.global.cs.v4.u32 [%0], {%1,%2,%3,%4};" ::"l"(p), "r"(u.x), "r"(u.y), "r"(u.z), "r"(u.w)
+                 : "memory");
+}
+
+template <typename T, int VEC, int NV>
+__global__ void __launch_bounds__(512) rows_fwd_lean(const rows_args a) {
+    __shared__ float red[2 * RED_REGION];
+    int par = 0;
+    const int G = blockDim.x, t = threadIdx.x;
+    const int64_t row = blockIdx.x, nvec = a.cols / VEC;
+    const float inv_d = 1.f / (float)a.cols;
+    vec_t<T, VEC> cx[NV];
+#pragma unroll
+    for (int k = 0; k < NV; k++) {
+        const int64_t vi = (int64_t)k * G + t;
+        if (vi < nvec) cx[k] = ld_once<T, VEC>((const T *)a.x + row * a.ld_x + vi * VEC);
+    }
+    float sum[1] = {0.f};
+#pragma unroll
+    for (int k = 0; k < NV; k++) {
+        if ((int64_t)k * G + t >= nvec) continue;
+#pragma unroll
+        for (int e = 0; e < VEC; e++) {
+            const float v = to_acc(cx[k].v[e]);
+            sum[0] += a.rms ? v * v : v;
+        }
+    }
+    group_sum<1>(sum, G, red, &par);
+    float mean = 0.f, rstd;
+    if (a.rms) {
+        rstd = 1.f / sqrtf(sum[0] * inv_d + a.eps);
+    } else {
+        mean = sum[0] * inv_d;
+        float sq[1] = {0.f};
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            if ((int64_t)k * G + t >= nvec) continue;
+#pragma unroll
+            for (int e = 0; e < VEC; e++) {
+                const float d = to_acc(cx[k].v[e]) - mean;
+                sq[0] += d * d;
+            }
+        }
+        group_sum<1>(sq, G, red, &par);
+        rstd = 1.f / sqrtf(sq[0] * inv_d + a.eps);
+    }
+#pragma unroll
+    for (int k = 0; k < NV; k++) {
+        const int64_t vi = (int64_t)k * G + t;
+        if (vi >= nvec) continue;
+        vec_t<T, VEC> wv, bv, yv;
+        if (a.w) wv = load_vec<T, VEC>((const T *)a.w + vi * VEC);
+        if (a.b) bv = load_vec<T, VEC>((const T *)a.b + vi * VEC);
+#pragma unroll
+        for (int e = 0; e < VEC; e++) {
+            float o = (to_acc(cx[k].v[e]) - mean) * rstd;
+            if (a.w) o *= to_acc(wv.v[e]);
+            if (a.b) o += to_acc(bv.v[e]);
+            yv.v[e] = from_acc<T>(o);
+        }
+        st_once<T, VEC>((T *)a.y + row * a.ld_y + vi * VEC, yv);
+    }
+    if (t == 0) {
+        if (a.mean) a.mean[row] = mean;
+        if (a.rstd) a.rstd[row] = rstd;
+    }
+}
+
+template <typename T, int VEC, int NV>
+__global__ void __launch_bounds__(512) rows_bwd_lean(const rows_args a) {
+    __shared__ float red[2 * RED_REGION];
+    int par = 0;
+    const int G = blockDim.x, t = threadIdx.x;
+    const int64_t nvec = a.cols / VEC, step = gridDim.x;
+    const float inv_d = 1.f / (float)a.cols;
+    float accw[NV][VEC], accb[NV][VEC];
+#pragma unroll
+    for (int k = 0; k < NV; k++)
+#pragma unroll
+        for (int e = 0; e < VEC; e++) accw[k][e] = accb[k][e] = 0.f;
+    vec_t<T, VEC> cx[NV], cd[NV];
+    float cm = 0.f, cr = 0.f;
+    auto fetch = [&](int64_t row, vec_t<T, VEC> (&x)[NV], vec_t<T, VEC> (&dy)[NV], float &m, float &r) {
+        if (row >= a.rows) return;
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            const int64_t vi = (int64_t)k * G + t;
+            if (vi >= nvec) continue;
+            x[k] = ld_once<T, VEC>((const T *)a.x + row * a.ld_x + vi * VEC);
+            dy[k] = ld_once<T, VEC>((const T *)a.dy + row * a.ld_dy + vi * VEC);
+        }
+        if (a.rstd) {
+            r = a.rstd[row];
+            if (!a.rms) m = a.mean[row];
+        }
+    };
+    fetch(blockIdx.x, cx, cd, cm, cr);
+    for (int64_t row = blockIdx.x; row < a.rows; row += step) {
+        vec_t<T, VEC> nx[NV], nd[NV];
+        float nm = 0.f, nr = 0.f;
+        fetch(row + step, nx, nd, nm, nr);
+        float mean = cm, rstd = cr;
+        if (!a.rstd) { /* recomputed as the forward computes them */
+            float sum[1] = {0.f};
+#pragma unroll
+            for (int k = 0; k < NV; k++) {
+                if ((int64_t)k * G + t >= nvec) continue;
+#pragma unroll
+                for (int e = 0; e < VEC; e++) {
+                    const float v = to_acc(cx[k].v[e]);
+                    sum[0] += a.rms ? v * v : v;
+                }
+            }
+            group_sum<1>(sum, G, red, &par);
+            if (a.rms) {
+                mean = 0.f;
+                rstd = 1.f / sqrtf(sum[0] * inv_d + a.eps);
+            } else {
+                mean = sum[0] * inv_d;
+                float sq[1] = {0.f};
+#pragma unroll
+                for (int k = 0; k < NV; k++) {
+                    if ((int64_t)k * G + t >= nvec) continue;
+#pragma unroll
+                    for (int e = 0; e < VEC; e++) {
+                        const float d = to_acc(cx[k].v[e]) - mean;
+                        sq[0] += d * d;
+                    }
+                }
+                group_sum<1>(sq, G, red, &par);
+                rstd = 1.f / sqrtf(sq[0] * inv_d + a.eps);
+            }
+        }
+        /* x̂ and g = dy·w of vector k: the same operations at each use (the same bits) */
+        auto xhat_g = [&](int k, int64_t vi, float (&xh)[VEC], float (&gw)[VEC], float (&dyv)[VEC]) {
+            vec_t<T, VEC> wv;
+            if (a.w) wv = load_vec<T, VEC>((const T *)a.w + vi * VEC);
+#pragma unroll
+            for (int e = 0; e < VEC; e++) {
+                dyv[e] = to_acc(cd[k].v[e]);
+                xh[e] = (to_acc(cx[k].v[e]) - mean) * rstd;
+                gw[e] = a.w ? dyv[e] * to_acc(wv.v[e]) : dyv[e];
+            }
+        };
+        float sums[2] = {0.f, 0.f}; /* Σ g·x̂, Σ g */
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            const int64_t vi = (int64_t)k * G + t;
+            if (vi >= nvec) continue;
+            float xh[VEC], gw[VEC], dyv[VEC];
+            xhat_g(k, vi, xh, gw, dyv);
+#pragma unroll
+            for (int e = 0; e < VEC; e++) {
+                accw[k][e] += dyv[e] * xh[e];
+                accb[k][e] += dyv[e];
+                sums[0] += gw[e] * xh[e];
+                sums[1] += gw[e];
+            }
+        }
+        group_sum<2>(sums, G, red, &par);
+        const float ca = sums[0] * inv_d, cb = a.rms ? 0.f : sums[1] * inv_d;
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            const int64_t vi = (int64_t)k * G + t;
+            if (vi >= nvec) continue;
+            float xh[VEC], gw[VEC], dyv[VEC];
+            xhat_g(k, vi, xh, gw, dyv);
+            vec_t<T, VEC> o;
+#pragma unroll
+            for (int e = 0; e < VEC; e++) o.v[e] = from_acc<T>(rstd * (gw[e] - cb - xh[e] * ca));
+            st_once<T, VEC>((T *)a.dx + row * a.ld_dx + vi * VEC, o);
+        }
+#pragma unroll
+        for (int k = 0; k < NV; k++) cx[k] = nx[k], cd[k] = nd[k];
+        cm = nm, cr = nr;
+    }
+    if (!a.part) return;
+    float *out = a.part + (int64_t)blockIdx.x * 2 * a.cols;
+#pragma unroll
+    for (int k = 0; k < NV; k++) {
+        const int64_t vi = (int64_t)k * G + t;
+        if (vi >= nvec) continue;
+#pragma unroll
+        for (int e = 0; e < VEC; e++) out[vi * VEC + e] = accw[k][e], out[a.cols + vi * VEC + e] = accb[k][e];
     }
 }
 
@@ -1195,6 +1416,7 @@ struct rows_path {
     int nv;           /* register path: vectors a thread */
     size_t smem;      /* the register backward's dw / db sums, [R][2][cols] floats; the forward's ring */
     bool ring;        /* register forward: rows streamed ahead through shared memory */
+    bool lean;        /* the lean kernels (rows_fwd_lean / rows_bwd_lean) take the call */
     int G, block, R;  /* threads a row, a block; rows a block */
     int64_t grid;
     size_t stat_off;  /* loop backward: the recomputed statistics in scratch */
@@ -1292,6 +1514,18 @@ static int occupancy(const void *kernel, int block, size_t smem) {
     return n;
 }
 
+template <typename T> static const void *lean_kernel(int nv, bool backward) {
+    constexpr int V = 16 / sizeof(T), S = ROW_ELEMS_SHORT / V, L = ROW_ELEMS / V;
+    if (backward) return nv == S ? (const void *)rows_bwd_lean<T, V, S> : (const void *)rows_bwd_lean<T, V, L>;
+    return nv == S ? (const void *)rows_fwd_lean<T, V, S> : (const void *)rows_fwd_lean<T, V, L>;
+}
+
+static const void *lean_any(fg_dtype dt, int nv, bool backward) {
+    return dt == FG_F32 ? lean_kernel<float>(nv, backward)
+           : dt == FG_F16 ? lean_kernel<__half>(nv, backward)
+                          : lean_kernel<__nv_bfloat16>(nv, backward);
+}
+
 /* (the ring's instances without the residual's gradient dr apart: its dropout's generator would
    raise their registers) */
 template <typename T> static const void *bwd_reg_kernel(int nv, bool ring, bool dr) {
@@ -1332,7 +1566,14 @@ static rows_path plan_rows(const fg_context *ctx, const fg_norm_call *c, bool ba
         /* persistent grids, as many blocks as fit (each streams its rows ahead where its ring fits) */
         const bool shortsplit = p.nv == ROW_ELEMS_SHORT / V;
         int64_t resident;
-        if (!backward) {
+        /* the lean kernels: rows of a whole block, without the options they leave out */
+        p.lean = p.G >= 128 && (backward ? c->dx && !c->ds && !c->dr && !c->accumulate
+                                         : !c->r && !c->s && c->rows <= 0x7fffffff);
+        if (p.lean) {
+            p.ring = false;
+            p.smem = 0;
+            resident = backward ? sms * occupancy(lean_any(c->dtype, p.nv, true), p.block, 0) : blocks;
+        } else if (!backward) {
             p.ring = shortsplit && fwd_ring_bytes(p.nv, c->r != NULL, p.block) <= FWD_RING_MAX;
             p.smem = p.ring ? fwd_ring_bytes(p.nv, c->r != NULL, p.block) : 0;
             resident = sms * occupancy((const void *)fwd_reg_any(c->dtype, p.nv, c->r != NULL, p.ring), p.block, p.smem);
@@ -1365,7 +1606,8 @@ static void rows_names(const fg_norm_call *c, const rows_path &p, bool backward,
     const char *k = c->kind == FG_NORM_RMS ? "rms" : "ln";
     const int V = p.vec ? vec_of(c->dtype) : 1;
     if (p.reg)
-        snprintf(out, len, "%s_%s<%s,v%d,g%dx%d>", k, backward ? "bwd" : "fwd", dt_name(c->dtype), V, p.G, p.nv);
+        snprintf(out, len, "%s_%s%s<%s,v%d,g%dx%d>", k, backward ? "bwd" : "fwd", p.lean ? "_lean" : "",
+                 dt_name(c->dtype), V, p.G, p.nv);
     else
         snprintf(out, len, "%s_%s_loop<%s,v%d>", k, backward ? "bwd" : "fwd", dt_name(c->dtype), V);
 }
@@ -1382,7 +1624,9 @@ static fg_status done(fg_context *ctx, const char *label, bool run) {
 
 template <typename T> static cudaError_t launch_rows_fwd(const rows_path &p, const rows_args &a, cudaStream_t s) {
     constexpr int V = 16 / sizeof(T);
-    if (p.reg) {
+    if (p.lean) {
+        ((void (*)(rows_args))lean_kernel<T>(p.nv, false))<<<(unsigned)p.grid, p.block, 0, s>>>(a);
+    } else if (p.reg) {
         auto kernel = fwd_reg_kernel<T>(p.nv, a.r != NULL, p.ring);
         if (p.smem > 46 * 1024) { /* (48 KB less the static; the plan raised the limit: again, for a plan made on another device) */
             cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)p.smem);
@@ -1399,7 +1643,9 @@ template <typename T> static cudaError_t launch_rows_fwd(const rows_path &p, con
 
 template <typename T> static cudaError_t launch_rows_bwd(const rows_path &p, const rows_args &a, cudaStream_t s) {
     constexpr int V = 16 / sizeof(T);
-    if (p.reg) {
+    if (p.lean) {
+        ((void (*)(rows_args))lean_kernel<T>(p.nv, true))<<<(unsigned)p.grid, p.block, 0, s>>>(a);
+    } else if (p.reg) {
         auto kernel = (void (*)(rows_args))bwd_reg_kernel<T>(p.nv, p.ring, a.dr != NULL);
         if (p.smem > 46 * 1024) { /* (48 KB less the static; the plan raised the limit: again, for a plan made on another device) */
             cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)p.smem);

@@ -14,7 +14,7 @@
  *      order and writes one partial row, and a finish kernel adds the blocks' partials in
  *      block order. Rows of at least 128 threads without the rarer options (the forward without
  *      the residual, the backward without ds, dr or accumulate) take the LEAN kernels instead:
- *      the same split and sums, a row a block without the ring (decision 173). Rows that do not fit (D > 16384,
+ *      the same split and sums, a row a block without the ring. Rows that do not fit (D > 16384,
  *      or D not a multiple of the vector, or pointers / row strides not 16-byte aligned) take
  *      the loop kernels: a block a row, the statistics in one pass around the row's first
  *      element (a shift that keeps E[d²] − E[d]² from cancelling), a second pass that writes;

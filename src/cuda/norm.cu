@@ -1622,40 +1622,25 @@ static fg_status done(fg_context *ctx, const char *label, bool run) {
     return FG_OK;
 }
 
-template <typename T> static cudaError_t launch_rows_fwd(const rows_path &p, const rows_args &a, cudaStream_t s) {
+/* One launch of a row kernel: the lean pair, the register kernels (their shared memory raised past
+ * 48 KB less the static: again here, for a plan made on another device), or the loop kernels. */
+template <typename T> static cudaError_t launch_rows(const rows_path &p, const rows_args &a, cudaStream_t s, bool backward) {
     constexpr int V = 16 / sizeof(T);
-    if (p.lean) {
-        ((void (*)(rows_args))lean_kernel<T>(p.nv, false))<<<(unsigned)p.grid, p.block, 0, s>>>(a);
-    } else if (p.reg) {
-        auto kernel = fwd_reg_kernel<T>(p.nv, a.r != NULL, p.ring);
-        if (p.smem > 46 * 1024) { /* (48 KB less the static; the plan raised the limit: again, for a plan made on another device) */
+    if (p.lean || p.reg) {
+        auto kernel = (void (*)(rows_args))(p.lean ? lean_kernel<T>(p.nv, backward)
+                                            : backward ? bwd_reg_kernel<T>(p.nv, p.ring, a.dr != NULL)
+                                                       : (const void *)fwd_reg_kernel<T>(p.nv, a.r != NULL, p.ring));
+        if (p.smem > 46 * 1024) {
             cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)p.smem);
             if (e != cudaSuccess) return e;
         }
         kernel<<<(unsigned)p.grid, p.block, p.smem, s>>>(a);
-    } else if (p.vec) {
-        rows_fwd_loop<T, V><<<(unsigned)p.grid, p.block, 0, s>>>(a);
+    } else if (backward) {
+        if (p.vec) rows_bwd_loop<T, V><<<(unsigned)p.grid, p.block, 0, s>>>(a);
+        else rows_bwd_loop<T, 1><<<(unsigned)p.grid, p.block, 0, s>>>(a);
     } else {
-        rows_fwd_loop<T, 1><<<(unsigned)p.grid, p.block, 0, s>>>(a);
-    }
-    return cudaSuccess;
-}
-
-template <typename T> static cudaError_t launch_rows_bwd(const rows_path &p, const rows_args &a, cudaStream_t s) {
-    constexpr int V = 16 / sizeof(T);
-    if (p.lean) {
-        ((void (*)(rows_args))lean_kernel<T>(p.nv, true))<<<(unsigned)p.grid, p.block, 0, s>>>(a);
-    } else if (p.reg) {
-        auto kernel = (void (*)(rows_args))bwd_reg_kernel<T>(p.nv, p.ring, a.dr != NULL);
-        if (p.smem > 46 * 1024) { /* (48 KB less the static; the plan raised the limit: again, for a plan made on another device) */
-            cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)p.smem);
-            if (e != cudaSuccess) return e;
-        }
-        kernel<<<(unsigned)p.grid, p.block, p.smem, s>>>(a);
-    } else if (p.vec) {
-        rows_bwd_loop<T, V><<<(unsigned)p.grid, p.block, 0, s>>>(a);
-    } else {
-        rows_bwd_loop<T, 1><<<(unsigned)p.grid, p.block, 0, s>>>(a);
+        if (p.vec) rows_fwd_loop<T, V><<<(unsigned)p.grid, p.block, 0, s>>>(a);
+        else rows_fwd_loop<T, 1><<<(unsigned)p.grid, p.block, 0, s>>>(a);
     }
     return cudaSuccess;
 }
@@ -1748,18 +1733,10 @@ static fg_status rows_step(fg_context *ctx, fg_norm_call *c, bool run, bool back
     }
     if (main_kernel) {
         cudaError_t e = cudaSuccess;
-        if (backward) {
-            switch (c->dtype) {
-            case FG_F32: e = launch_rows_bwd<float>(p, a, s); break;
-            case FG_F16: e = launch_rows_bwd<__half>(p, a, s); break;
-            default: e = launch_rows_bwd<__nv_bfloat16>(p, a, s); break;
-            }
-        } else {
-            switch (c->dtype) {
-            case FG_F32: e = launch_rows_fwd<float>(p, a, s); break;
-            case FG_F16: e = launch_rows_fwd<__half>(p, a, s); break;
-            default: e = launch_rows_fwd<__nv_bfloat16>(p, a, s); break;
-            }
+        switch (c->dtype) {
+        case FG_F32: e = launch_rows<float>(p, a, s, backward); break;
+        case FG_F16: e = launch_rows<__half>(p, a, s, backward); break;
+        default: e = launch_rows<__nv_bfloat16>(p, a, s, backward); break;
         }
         if (e != cudaSuccess) return fg_cuda_fail(e, label);
         FG_TRY(done(ctx, label, true));

@@ -541,15 +541,16 @@ fg_status fg_cpu_norm(fg_context *ctx, fg_norm_call *c, bool run);
 #define FG_FLAG_BAD_LENGTH 2ull
 
 /* The kernels of the attention family (src/ops/attention.c): the CPU backend's rows, and on
- * CUDA the whole-sequence kernels (a thread a query row for L <= 64, hd <= 32; a warp a query
- * row up to L = 128), the tensor-core flash kernels (f16 / bf16, hd 32 / 64 / 128, unit-stride
+ * CUDA the whole-sequence kernels (sixteen lanes a head, a lane a key, for L <= 64, hd <= 8; a
+ * thread a query row for L <= 64, hd <= 32; a warp a query row up to L = 128), the tensor-core flash kernels (f16 / bf16, hd 32 / 64 / 128, unit-stride
  * rows) and the tiled SIMT kernels (everything else). */
 typedef enum fg_attn_kernel {
     FG_ATTN_CPU,
     FG_ATTN_SHORT,
     FG_ATTN_FLASH,
     FG_ATTN_TILED,
-    FG_ATTN_SHORT_ROWS
+    FG_ATTN_SHORT_ROWS,
+    FG_ATTN_SHORT_KEYS
 } fg_attn_kernel;
 
 /* An attention problem as its plan sees it (no pointers): what the backend's plan hook picks
@@ -573,7 +574,8 @@ typedef struct fg_attn_problem {
 typedef struct fg_attn_path {
     fg_attn_kernel kernel;
     int group;               /* SHORT: heads per block | rows a chunk << 16; SHORT_ROWS: heads per
-                                block | padded head dim << 16; FLASH: head dim */
+                                block | padded head dim << 16; SHORT_KEYS: key slots a lane |
+                                padded head dim << 16; FLASH: head dim */
     size_t workspace;        /* bytes of workspace the run needs */
     char name[96];           /* the kernels it launches, as fg_plan_info.kernel and the launch
                                 record name them (" ; "-joined) */

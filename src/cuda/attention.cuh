@@ -1,6 +1,7 @@
 /*
  * attention.cuh — what the CUDA attention kernels share (attention.cu: the whole-sequence and
- * tiled SIMT kernels; attention_flash.cu: the tensor-core kernels): the run's parameters as a
+ * tiled SIMT kernels; attention_keys.cu: the key-lane kernels; attention_flash.cu: the
+ * tensor-core kernels): the run's parameters as a
  * kernel argument, element access through [B, H, L, X] views with element strides, the
  * key-padding length of a sequence and the flag a bad one raises, the dropout factor of an
  * element (src/core/rng.h, index ((b·H + h)·L + i)·L + j) and its walk along a row, and warp
@@ -126,6 +127,12 @@ __device__ __forceinline__ float warp_sum(float x) {
 bool fg_cuda_attn_flash_fits(const fg_attn_problem *p);
 cudaError_t fg_cuda_attn_flash(const attn_params &a, bool forward, fg_dtype dtype, cudaStream_t st);
 cudaError_t fg_cuda_attn_rowdot(const attn_params &a, fg_dtype dtype, cudaStream_t st);
+
+/* The key-lane kernels for short sequences (attention_keys.cu; L <= 64, hd <= 8): whether they
+   take a problem (then its key slots a lane and padded head dim), and their run. */
+bool fg_cuda_attn_keys_fits(const fg_attn_problem *p, int *ns, int *hdp);
+cudaError_t fg_cuda_attn_keys(const attn_params &a, bool forward, fg_dtype dtype, bool s32, int ns, int hdp,
+                              cudaStream_t st);
 
 /* Host: the kernel arguments of a call (f32 lse; f64 never reaches the CUDA kernels). */
 static inline attn_view attn_view_of(const fg_attn_view &v) {

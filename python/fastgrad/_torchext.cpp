@@ -913,6 +913,22 @@ py::object four(at::Tensor t[4])
     return py::make_tuple(wrap(t[0]), wrap(t[1]), wrap(t[2]), wrap(t[3]));
 }
 
+/* The functional norm calls' common end: run `call` (an *_into function filling t) without the
+ * GIL; its four tensors, counted in `count`, or None (counted a fallback) where it declined. */
+template <typename F>
+py::object run_four(F &&call, std::atomic<unsigned long long> &count, at::Tensor t[4])
+{
+    fg_status st;
+    {
+        py::gil_scoped_release nogil;
+        st = call();
+    }
+    if (st != FG_OK)
+        return declined();
+    count++;
+    return four(t);
+}
+
 /* norm_forward(x, r, w, b, kind, eps, p, seed, offset, keep_sum, save_stats): norm.py's
  * norm_forward (without out=), or None. */
 py::object py_norm_forward(py::handle xo, py::handle ro, py::handle wo, py::handle bo, py::handle kind_o,
@@ -931,15 +947,8 @@ py::object py_norm_forward(py::handle xo, py::handle ro, py::handle wo, py::hand
         return declined();
     const fg_norm_options o = norm_opts(kind, eps, r.defined() ? p : 0.0, seed, offset);
     at::Tensor out[4];
-    fg_status st;
-    {
-        py::gil_scoped_release nogil;
-        st = norm_forward_into(x, r, w, b, o, keep_sum, save_stats, out);
-    }
-    if (st != FG_OK)
-        return declined();
-    n_norm_forward++;
-    return four(out);
+    return run_four([&] { return norm_forward_into(x, r, w, b, o, keep_sum, save_stats, out); }, n_norm_forward,
+                    out);
 }
 
 /* norm_backward(dy, ds, x, w, mean, rstd, kind, eps, p, seed, offset, need_x, need_r, need_w,
@@ -968,15 +977,8 @@ py::object py_norm_backward(py::handle dyo, py::handle dso, py::handle xo, py::h
     const bool want[4] = {need[0], need[1], need[2] && w.defined(), need[3] && has_bias};
     const fg_norm_options o = norm_opts(kind, eps, p, seed, offset);
     at::Tensor g[4];
-    fg_status st;
-    {
-        py::gil_scoped_release nogil;
-        st = norm_backward_into(dy, ds, x, w, mean, rstd, o, want, pdt, accumulate, g);
-    }
-    if (st != FG_OK)
-        return declined();
-    n_norm_backward++;
-    return four(g);
+    return run_four([&] { return norm_backward_into(dy, ds, x, w, mean, rstd, o, want, pdt, accumulate, g); },
+                    n_norm_backward, g);
 }
 
 /* batch_norm_forward(x, r, w, b, running_mean, running_var, training, momentum, eps, p, seed,
@@ -997,15 +999,8 @@ py::object py_batch_norm_forward(py::handle xo, py::handle ro, py::handle wo, py
         return declined();
     const fg_batch_norm_options o = batch_norm_opts(training, eps, momentum, r.defined() ? p : 0.0, seed, offset);
     at::Tensor out[4];
-    fg_status st;
-    {
-        py::gil_scoped_release nogil;
-        st = batch_norm_forward_into(x, r, w, b, rm, rv, o, keep_sum, out);
-    }
-    if (st != FG_OK)
-        return declined();
-    n_batch_norm_forward++;
-    return four(out);
+    return run_four([&] { return batch_norm_forward_into(x, r, w, b, rm, rv, o, keep_sum, out); },
+                    n_batch_norm_forward, out);
 }
 
 /* batch_norm_backward(dy, x, w, mean, rstd, training, p, seed, offset, need_x, need_r, need_w,
@@ -1033,15 +1028,8 @@ py::object py_batch_norm_backward(py::handle dyo, py::handle xo, py::handle wo, 
     const bool want[4] = {need[0], need[1], need[2] && w.defined(), need[3] && has_bias};
     const fg_batch_norm_options o = batch_norm_opts(training, 1e-5, 0.1, p, seed, offset);
     at::Tensor g[4];
-    fg_status st;
-    {
-        py::gil_scoped_release nogil;
-        st = batch_norm_backward_into(dy, x, w, mean, rstd, o, want, pdt, accumulate, g);
-    }
-    if (st != FG_OK)
-        return declined();
-    n_batch_norm_backward++;
-    return four(g);
+    return run_four([&] { return batch_norm_backward_into(dy, x, w, mean, rstd, o, want, pdt, accumulate, g); },
+                    n_batch_norm_backward, g);
 }
 
 /* norm(x, r, w, b, kind, eps, p, seed, offset): (y, s) of NormFunction (s None without r) with

@@ -29,6 +29,7 @@ __device__ __forceinline__ uint4 pack(const float (&f)[8]) {
     for (int i = 0; i < 4; i++) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
     return u;
 }
+__device__ __forceinline__ uint4 ld_stream_nc(const uint4 *p) { uint4 r; asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p)); return r; }
 __device__ __forceinline__ uint4 ld_stream(const uint4 *p) { uint4 r; asm volatile("ld.global.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p)); return r; }
 __device__ __forceinline__ void st_stream(uint4 *p, uint4 v) { asm volatile("st.global.cs.v4.u32 [%0], {%1,%2,%3,%4};" :: "l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory"); }
 __device__ __forceinline__ void st_plain(uint4 *p, uint4 v) { *p = v; }
@@ -96,16 +97,19 @@ __global__ void __launch_bounds__(256, MINB) fwd_warp(const bf16 *x, const bf16 
     if (lane == 0) { mean[row] = m; rstd[row] = r; }
 }
 
-// block of G threads a row (NV uint4 a thread, D = 8 NV G); sums through smem
-template <int G, int NV>
+// block of G threads a row (NV uint4 a thread, D = 8 NV G); sums through smem. The flags are the
+// library's rows_fwd_lean differences, to time one at a time: NC the loads' .nc, RT the warps'
+// partials summed over the block size known at run time, IEEE 1 / sqrtf for rsqrtf.
+template <int G, int NV, bool NC = false, bool RT = false, bool IEEE = false>
 __global__ void __launch_bounds__(G) fwd_blk(const bf16 *x, const bf16 *w, const bf16 *b, bf16 *y, float *mean, float *rstd, int rows, float eps) {
-    constexpr int W = G / 32, D = 8 * NV * G;
-    __shared__ float red[2][W];
+    constexpr int D = 8 * NV * G;
+    const int W = RT ? (int)blockDim.x / 32 : G / 32;
+    __shared__ float red[2][G / 32];
     const int row = blockIdx.x, t = threadIdx.x, lane = t & 31, wp = t >> 5;
     const uint4 *xr = reinterpret_cast<const uint4 *>(x + (size_t)row * D);
     uint4 v[NV];
 #pragma unroll
-    for (int k = 0; k < NV; k++) v[k] = ld_stream(xr + k * G + t);
+    for (int k = 0; k < NV; k++) v[k] = NC ? ld_stream_nc(xr + k * G + t) : ld_stream(xr + k * G + t);
     float s = 0.f;
 #pragma unroll
     for (int k = 0; k < NV; k++) { float f[8]; unpack(v[k], f);
@@ -129,7 +133,7 @@ __global__ void __launch_bounds__(G) fwd_blk(const bf16 *x, const bf16 *w, const
     q = 0.f;
 #pragma unroll
     for (int i = 0; i < W; i++) q += red[1][i];
-    const float r = rsqrtf(q * (1.f / D) + eps);
+    const float r = IEEE ? 1.f / sqrtf(q * (1.f / D) + eps) : rsqrtf(q * (1.f / D) + eps);
     uint4 *yr = reinterpret_cast<uint4 *>(y + (size_t)row * D);
 #pragma unroll
     for (int k = 0; k < NV; k++) {
@@ -283,6 +287,10 @@ int main(int argc, char **argv) {
     rep_f("blk G256 NV2", time_it([&] { fwd_blk<256, 2><<<N, 256>>>(x, w, b, y, mean, rstd, N, 1e-5f); }));
     rep_f("blk G512 NV1", time_it([&] { fwd_blk<512, 1><<<N, 512>>>(x, w, b, y, mean, rstd, N, 1e-5f); }));
     rep_f("blk G64 NV8", time_it([&] { fwd_blk<64, 8><<<N, 64>>>(x, w, b, y, mean, rstd, N, 1e-5f); }));
+    rep_f("blk G256 NV2 .nc", time_it([&] { fwd_blk<256, 2, true><<<N, 256>>>(x, w, b, y, mean, rstd, N, 1e-5f); }));
+    rep_f("blk G256 NV2 rt", time_it([&] { fwd_blk<256, 2, false, true><<<N, 256>>>(x, w, b, y, mean, rstd, N, 1e-5f); }));
+    rep_f("blk G256 NV2 ieee", time_it([&] { fwd_blk<256, 2, false, false, true><<<N, 256>>>(x, w, b, y, mean, rstd, N, 1e-5f); }));
+    rep_f("blk G256 NV2 all 3", time_it([&] { fwd_blk<256, 2, true, true, true><<<N, 256>>>(x, w, b, y, mean, rstd, N, 1e-5f); }));
     fwd_blk<256, 2><<<N, 256>>>(x, w, b, y, mean, rstd, N, 1e-5f);
     CK(cudaDeviceSynchronize());
     // backward reference on the host for a few rows/cols

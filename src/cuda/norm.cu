@@ -145,6 +145,7 @@ __device__ __forceinline__ void group_sum(float (&v)[K], int G, float *smem, int
 #pragma unroll
     for (int k = 0; k < K; k++) {
         float t = 0.f;
+#pragma unroll
         for (int i = 0; i < W; i++) t += smem[(first + i) * K + k];
         v[k] = t;
     }
@@ -542,39 +543,44 @@ __device__ __forceinline__ void st_once(T *p, const vec_t<T, VEC> &v) {
                  : "memory");
 }
 
-template <typename T, int VEC, int NV>
-__global__ void __launch_bounds__(512) rows_fwd_lean(const rows_args a) {
-    __shared__ float red[2 * RED_REGION];
+/* The lean forward's body; AFF: LayerNorm with both w and b (the common case, its options known
+   at compile time), else every option read at run time. */
+template <typename T, int VEC, int NV, int GB, bool AFF>
+__device__ __forceinline__ void fwd_lean_body(const rows_args &a, float *red) {
     int par = 0;
-    const int G = blockDim.x, t = threadIdx.x;
-    const int64_t row = blockIdx.x, nvec = a.cols / VEC;
+    constexpr int G = GB; /* the block, known at compile time: group_sum's loops unroll */
+    const int t = threadIdx.x;
+    const int64_t row = blockIdx.x;
+    const int nvec = (int)(a.cols / VEC); /* <= NV·G: 32-bit vector indices */
     const float inv_d = 1.f / (float)a.cols;
+    const T *xr = (const T *)a.x + row * a.ld_x;
+    T *yr = (T *)a.y + row * a.ld_y;
     vec_t<T, VEC> cx[NV];
 #pragma unroll
     for (int k = 0; k < NV; k++) {
-        const int64_t vi = (int64_t)k * G + t;
-        if (vi < nvec) cx[k] = ld_once<T, VEC>((const T *)a.x + row * a.ld_x + vi * VEC);
+        const int vi = k * G + t;
+        if (vi < nvec) cx[k] = ld_once<T, VEC>(xr + vi * VEC);
     }
     float sum[1] = {0.f};
 #pragma unroll
     for (int k = 0; k < NV; k++) {
-        if ((int64_t)k * G + t >= nvec) continue;
+        if (k * G + t >= nvec) continue;
 #pragma unroll
         for (int e = 0; e < VEC; e++) {
             const float v = to_acc(cx[k].v[e]);
-            sum[0] += a.rms ? v * v : v;
+            sum[0] += !AFF && a.rms ? v * v : v;
         }
     }
     group_sum<1>(sum, G, red, &par);
     float mean = 0.f, rstd;
-    if (a.rms) {
+    if (!AFF && a.rms) {
         rstd = 1.f / sqrtf(sum[0] * inv_d + a.eps);
     } else {
         mean = sum[0] * inv_d;
         float sq[1] = {0.f};
 #pragma unroll
         for (int k = 0; k < NV; k++) {
-            if ((int64_t)k * G + t >= nvec) continue;
+            if (k * G + t >= nvec) continue;
 #pragma unroll
             for (int e = 0; e < VEC; e++) {
                 const float d = to_acc(cx[k].v[e]) - mean;
@@ -586,19 +592,19 @@ __global__ void __launch_bounds__(512) rows_fwd_lean(const rows_args a) {
     }
 #pragma unroll
     for (int k = 0; k < NV; k++) {
-        const int64_t vi = (int64_t)k * G + t;
+        const int vi = k * G + t;
         if (vi >= nvec) continue;
         vec_t<T, VEC> wv, bv, yv;
-        if (a.w) wv = load_vec<T, VEC>((const T *)a.w + vi * VEC);
-        if (a.b) bv = load_vec<T, VEC>((const T *)a.b + vi * VEC);
+        if (AFF || a.w) wv = load_vec<T, VEC>((const T *)a.w + vi * VEC);
+        if (AFF || a.b) bv = load_vec<T, VEC>((const T *)a.b + vi * VEC);
 #pragma unroll
         for (int e = 0; e < VEC; e++) {
             float o = (to_acc(cx[k].v[e]) - mean) * rstd;
-            if (a.w) o *= to_acc(wv.v[e]);
-            if (a.b) o += to_acc(bv.v[e]);
+            if (AFF || a.w) o *= to_acc(wv.v[e]);
+            if (AFF || a.b) o += to_acc(bv.v[e]);
             yv.v[e] = from_acc<T>(o);
         }
-        st_once<T, VEC>((T *)a.y + row * a.ld_y + vi * VEC, yv);
+        st_once<T, VEC>(yr + vi * VEC, yv);
     }
     if (t == 0) {
         if (a.mean) a.mean[row] = mean;
@@ -606,11 +612,19 @@ __global__ void __launch_bounds__(512) rows_fwd_lean(const rows_args a) {
     }
 }
 
-template <typename T, int VEC, int NV>
-__global__ void __launch_bounds__(512) rows_bwd_lean(const rows_args a) {
+template <typename T, int VEC, int NV, int GB>
+__global__ void __launch_bounds__(GB) rows_fwd_lean(const rows_args a) {
+    __shared__ float red[2 * RED_REGION];
+    if (!a.rms && a.w && a.b) fwd_lean_body<T, VEC, NV, GB, true>(a, red);
+    else fwd_lean_body<T, VEC, NV, GB, false>(a, red);
+}
+
+template <typename T, int VEC, int NV, int GB>
+__global__ void __launch_bounds__(GB) rows_bwd_lean(const rows_args a) {
     __shared__ float red[2 * RED_REGION];
     int par = 0;
-    const int G = blockDim.x, t = threadIdx.x;
+    constexpr int G = GB;
+    const int t = threadIdx.x;
     const int64_t nvec = a.cols / VEC, step = gridDim.x;
     const float inv_d = 1.f / (float)a.cols;
     float accw[NV][VEC], accb[NV][VEC];
@@ -1514,16 +1528,27 @@ static int occupancy(const void *kernel, int block, size_t smem) {
     return n;
 }
 
-template <typename T> static const void *lean_kernel(int nv, bool backward) {
-    constexpr int V = 16 / sizeof(T), S = ROW_ELEMS_SHORT / V, L = ROW_ELEMS / V;
-    if (backward) return nv == S ? (const void *)rows_bwd_lean<T, V, S> : (const void *)rows_bwd_lean<T, V, L>;
-    return nv == S ? (const void *)rows_fwd_lean<T, V, S> : (const void *)rows_fwd_lean<T, V, L>;
+template <typename T, int NV> static const void *lean_of(int G, bool backward) {
+    constexpr int V = 16 / sizeof(T);
+    if (backward)
+        return G == 128   ? (const void *)rows_bwd_lean<T, V, NV, 128>
+               : G == 256 ? (const void *)rows_bwd_lean<T, V, NV, 256>
+                          : (const void *)rows_bwd_lean<T, V, NV, 512>;
+    return G == 128   ? (const void *)rows_fwd_lean<T, V, NV, 128>
+           : G == 256 ? (const void *)rows_fwd_lean<T, V, NV, 256>
+                      : (const void *)rows_fwd_lean<T, V, NV, 512>;
 }
 
-static const void *lean_any(fg_dtype dt, int nv, bool backward) {
-    return dt == FG_F32 ? lean_kernel<float>(nv, backward)
-           : dt == FG_F16 ? lean_kernel<__half>(nv, backward)
-                          : lean_kernel<__nv_bfloat16>(nv, backward);
+/* The lean kernel of a split: nv vectors a thread, G threads a row (128, 256 or 512). */
+template <typename T> static const void *lean_kernel(int nv, int G, bool backward) {
+    constexpr int V = 16 / sizeof(T), S = ROW_ELEMS_SHORT / V, L = ROW_ELEMS / V;
+    return nv == S ? lean_of<T, S>(G, backward) : lean_of<T, L>(G, backward);
+}
+
+static const void *lean_any(fg_dtype dt, int nv, int G, bool backward) {
+    return dt == FG_F32 ? lean_kernel<float>(nv, G, backward)
+           : dt == FG_F16 ? lean_kernel<__half>(nv, G, backward)
+                          : lean_kernel<__nv_bfloat16>(nv, G, backward);
 }
 
 /* (the ring's instances without the residual's gradient dr apart: its dropout's generator would
@@ -1572,7 +1597,7 @@ static rows_path plan_rows(const fg_context *ctx, const fg_norm_call *c, bool ba
         if (p.lean) {
             p.ring = false;
             p.smem = 0;
-            resident = backward ? sms * occupancy(lean_any(c->dtype, p.nv, true), p.block, 0) : blocks;
+            resident = backward ? sms * occupancy(lean_any(c->dtype, p.nv, p.G, true), p.block, 0) : blocks;
         } else if (!backward) {
             p.ring = shortsplit && fwd_ring_bytes(p.nv, c->r != NULL, p.block) <= FWD_RING_MAX;
             p.smem = p.ring ? fwd_ring_bytes(p.nv, c->r != NULL, p.block) : 0;
@@ -1627,7 +1652,7 @@ static fg_status done(fg_context *ctx, const char *label, bool run) {
 template <typename T> static cudaError_t launch_rows(const rows_path &p, const rows_args &a, cudaStream_t s, bool backward) {
     constexpr int V = 16 / sizeof(T);
     if (p.lean || p.reg) {
-        auto kernel = (void (*)(rows_args))(p.lean ? lean_kernel<T>(p.nv, backward)
+        auto kernel = (void (*)(rows_args))(p.lean ? lean_kernel<T>(p.nv, p.G, backward)
                                             : backward ? bwd_reg_kernel<T>(p.nv, p.ring, a.dr != NULL)
                                                        : (const void *)fwd_reg_kernel<T>(p.nv, a.r != NULL, p.ring));
         if (p.smem > 46 * 1024) {

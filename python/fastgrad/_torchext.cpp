@@ -830,15 +830,22 @@ bool as_bool(py::handle o, bool &v)
     return true;
 }
 
-bool as_kind(py::handle o, int &kind)
+/* A str's UTF-8 text, or NULL (no Python error left set) for anything else. */
+const char *as_utf8(py::handle o)
 {
     if (!PyUnicode_Check(o.ptr()))
-        return false;
+        return nullptr;
     const char *s = PyUnicode_AsUTF8(o.ptr());
-    if (!s) {
+    if (!s)
         PyErr_Clear();
+    return s;
+}
+
+bool as_kind(py::handle o, int &kind)
+{
+    const char *s = as_utf8(o);
+    if (!s)
         return false;
-    }
     kind = !std::strcmp(s, "layer") ? FG_NORM_LAYER : !std::strcmp(s, "rms") ? FG_NORM_RMS : -1;
     return kind >= 0;
 }
@@ -1078,13 +1085,9 @@ bool as_act(py::handle o, int &act)
     static const char *const names[] = {"none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh"};
     static const int codes[] = {FG_ACT_NONE, FG_ACT_RELU,    FG_ACT_GELU, FG_ACT_GELU_TANH,
                                 FG_ACT_SILU, FG_ACT_SIGMOID, FG_ACT_TANH};
-    if (!PyUnicode_Check(o.ptr()))
+    const char *s = as_utf8(o);
+    if (!s)
         return false;
-    const char *s = PyUnicode_AsUTF8(o.ptr());
-    if (!s) {
-        PyErr_Clear();
-        return false;
-    }
     for (size_t i = 0; i < sizeof names / sizeof *names; i++)
         if (!std::strcmp(s, names[i])) {
             act = codes[i];
@@ -1101,13 +1104,9 @@ bool as_save(py::handle o, const at::Tensor &x, int &save)
         save = o.ptr() == Py_True ? SAVE_PRE : SAVE_NONE;
         return true;
     }
-    if (!PyUnicode_Check(o.ptr()))
+    const char *s = as_utf8(o);
+    if (!s)
         return false;
-    const char *s = PyUnicode_AsUTF8(o.ptr());
-    if (!s) {
-        PyErr_Clear();
-        return false;
-    }
     if (!std::strcmp(s, "slope"))
         save = SAVE_SLOPE;
     else if (!std::strcmp(s, "auto"))

@@ -543,6 +543,44 @@ __device__ __forceinline__ void st_once(T *p, const vec_t<T, VEC> &v) {
                  : "memory");
 }
 
+/* A row's mean and rstd from the thread's NV vectors (nvec of the row's vectors in all; RMS:
+   mean 0, the root mean square): the register kernels' sums in their order, so the forward and a
+   backward recomputing them get the same bits. */
+template <typename T, int VEC, int NV, int G>
+__device__ __forceinline__ void lean_stats(const vec_t<T, VEC> (&cx)[NV], int nvec, bool rms, float inv_d, float eps,
+                                           float *red, int *par, float &mean, float &rstd) {
+    const int t = threadIdx.x;
+    float sum[1] = {0.f};
+#pragma unroll
+    for (int k = 0; k < NV; k++) {
+        if (k * G + t >= nvec) continue;
+#pragma unroll
+        for (int e = 0; e < VEC; e++) {
+            const float v = to_acc(cx[k].v[e]);
+            sum[0] += rms ? v * v : v;
+        }
+    }
+    group_sum<1>(sum, G, red, par);
+    if (rms) {
+        mean = 0.f;
+        rstd = 1.f / sqrtf(sum[0] * inv_d + eps);
+        return;
+    }
+    mean = sum[0] * inv_d;
+    float sq[1] = {0.f};
+#pragma unroll
+    for (int k = 0; k < NV; k++) {
+        if (k * G + t >= nvec) continue;
+#pragma unroll
+        for (int e = 0; e < VEC; e++) {
+            const float d = to_acc(cx[k].v[e]) - mean;
+            sq[0] += d * d;
+        }
+    }
+    group_sum<1>(sq, G, red, par);
+    rstd = 1.f / sqrtf(sq[0] * inv_d + eps);
+}
+
 /* The lean forward's body; AFF: LayerNorm with both w and b (the common case, its options known
    at compile time), else every option read at run time. */
 template <typename T, int VEC, int NV, int GB, bool AFF>
@@ -561,35 +599,8 @@ __device__ __forceinline__ void fwd_lean_body(const rows_args &a, float *red) {
         const int vi = k * G + t;
         if (vi < nvec) cx[k] = ld_once<T, VEC>(xr + vi * VEC);
     }
-    float sum[1] = {0.f};
-#pragma unroll
-    for (int k = 0; k < NV; k++) {
-        if (k * G + t >= nvec) continue;
-#pragma unroll
-        for (int e = 0; e < VEC; e++) {
-            const float v = to_acc(cx[k].v[e]);
-            sum[0] += !AFF && a.rms ? v * v : v;
-        }
-    }
-    group_sum<1>(sum, G, red, &par);
-    float mean = 0.f, rstd;
-    if (!AFF && a.rms) {
-        rstd = 1.f / sqrtf(sum[0] * inv_d + a.eps);
-    } else {
-        mean = sum[0] * inv_d;
-        float sq[1] = {0.f};
-#pragma unroll
-        for (int k = 0; k < NV; k++) {
-            if (k * G + t >= nvec) continue;
-#pragma unroll
-            for (int e = 0; e < VEC; e++) {
-                const float d = to_acc(cx[k].v[e]) - mean;
-                sq[0] += d * d;
-            }
-        }
-        group_sum<1>(sq, G, red, &par);
-        rstd = 1.f / sqrtf(sq[0] * inv_d + a.eps);
-    }
+    float mean, rstd;
+    lean_stats<T, VEC, NV, G>(cx, nvec, !AFF && a.rms, inv_d, a.eps, red, &par, mean, rstd);
 #pragma unroll
     for (int k = 0; k < NV; k++) {
         const int vi = k * G + t;
@@ -654,37 +665,8 @@ __global__ void __launch_bounds__(GB) rows_bwd_lean(const rows_args a) {
         float nm = 0.f, nr = 0.f;
         fetch(row + step, nx, nd, nm, nr);
         float mean = cm, rstd = cr;
-        if (!a.rstd) { /* recomputed as the forward computes them */
-            float sum[1] = {0.f};
-#pragma unroll
-            for (int k = 0; k < NV; k++) {
-                if ((int64_t)k * G + t >= nvec) continue;
-#pragma unroll
-                for (int e = 0; e < VEC; e++) {
-                    const float v = to_acc(cx[k].v[e]);
-                    sum[0] += a.rms ? v * v : v;
-                }
-            }
-            group_sum<1>(sum, G, red, &par);
-            if (a.rms) {
-                mean = 0.f;
-                rstd = 1.f / sqrtf(sum[0] * inv_d + a.eps);
-            } else {
-                mean = sum[0] * inv_d;
-                float sq[1] = {0.f};
-#pragma unroll
-                for (int k = 0; k < NV; k++) {
-                    if ((int64_t)k * G + t >= nvec) continue;
-#pragma unroll
-                    for (int e = 0; e < VEC; e++) {
-                        const float d = to_acc(cx[k].v[e]) - mean;
-                        sq[0] += d * d;
-                    }
-                }
-                group_sum<1>(sq, G, red, &par);
-                rstd = 1.f / sqrtf(sq[0] * inv_d + a.eps);
-            }
-        }
+        if (!a.rstd) /* recomputed as the forward computes them */
+            lean_stats<T, VEC, NV, G>(cx, (int)nvec, a.rms, inv_d, a.eps, red, &par, mean, rstd);
         /* x̂ and g = dy·w of vector k: the same operations at each use (the same bits) */
         auto xhat_g = [&](int k, int64_t vi, float (&xh)[VEC], float (&gw)[VEC], float (&dyv)[VEC]) {
             vec_t<T, VEC> wv;

@@ -252,7 +252,7 @@ __global__ void __launch_bounds__(KWARPS * 32, NS * HDP > 24 ? 4 : 5) keys_fwd_k
 }
 
 template <typename T, typename S, int NS, int HDP>
-__global__ void __launch_bounds__(KWARPS * 32, NS * HDP > 24 ? 2 : 3) keys_bwd_kernel(attn_params a) {
+__global__ void __launch_bounds__(KWARPS * 32, NS * HDP > 24 ? 2 : NS * HDP > 12 ? 3 : 4) keys_bwd_kernel(attn_params a) {
     extern __shared__ float4 ksm4[];
     const int L = a.L, hd = a.hd, kl = threadIdx.x & (KL - 1), hg = threadIdx.x / KL;
     float *Qs = reinterpret_cast<float *>(ksm4) + (size_t)hg * keys_head_floats(L, HDP);

@@ -888,7 +888,10 @@ FG_NODISCARD FG_API fg_status fg_revin_backward(fg_context *ctx, const fg_revin_
  * (fg_plan_info.kernel): the CPU backend's rows, blocked per (sequence, head) with O(L·hd)
  * memory per thread; on CUDA a whole-sequence kernel for short sequences (L <= 128, hd <= 64,
  * every dtype), a tiled online-softmax (flash) kernel on tensor cores for f16 / bf16 with hd
- * 32, 64 or 128, and a tiled kernel for the rest. */
+ * 32, 64 or 128, and a tiled kernel for the rest. Inf or NaN in masked inputs: the k and v rows
+ * at or past lengths[b] never reach a result; a causally masked key's k or v (or the q or do of
+ * a row that does not see it) may, on CUDA, where a masked score's weight is an exact 0 in a sum
+ * and 0·Inf is NaN, as in PyTorch's matmul → softmax → matmul; the CPU backend skips them. */
 typedef struct fg_attention_options {
     double scale;            /* finite; 0 means 1/√hd (1 when hd = 0)                     */
     int32_t causal;          /* 0 or 1                                                     */

@@ -989,7 +989,8 @@ __device__ __forceinline__ void tile_ds(const attn_params &a, int64_t n, int64_t
     }
 }
 
-/* rows [r0, r0 + n) of a [L, hd] operand into shared memory [TB][ld], zeros past L */
+/* rows [r0, r0 + n) of a [L, hd] operand into shared memory [TB][ld], zeros past L (k and v pass
+   the sequence's length: dS·k adds a padded key's row with weight 0, and 0·Inf is NaN) */
 template <typename T>
 __device__ __forceinline__ void load_tile(const attn_view &v, int64_t b, int64_t h, int r0, int L, int hd, int rows,
                                           float *dst) {
@@ -1027,8 +1028,8 @@ __global__ void __launch_bounds__(TW * 32, 4) tiled_dkdv_kernel(attn_params a) {
         }
         return; /* the dq kernel raises the flag */
     }
-    load_tile<T>(a.k, b, h, j0, L, hd, TBK, Ks);
-    load_tile<T>(a.v, b, h, j0, L, hd, TBK, Vs);
+    load_tile<T>(a.k, b, h, j0, len, hd, TBK, Ks);
+    load_tile<T>(a.v, b, h, j0, len, hd, TBK, Vs);
     for (int e = threadIdx.x; e < TBK * hd; e += blockDim.x) dKs[e] = dVs[e] = 0.f;
     /* query tiles that see a key of the block: causal: rows >= j0; none when the block is past len */
     const int qstart = j0 >= len ? L : (a.causal ? j0 / TBQB * TBQB : 0);
@@ -1105,8 +1106,8 @@ __global__ void __launch_bounds__(TW * 32, 4) tiled_dq_kernel(attn_params a) {
     const int jmax = key_end(a, i0 + nq - 1, len);
     for (int j0 = 0; j0 < jmax; j0 += TBK) {
         __syncthreads();
-        load_tile<T>(a.k, b, h, j0, L, hd, TBK, Ks);
-        load_tile<T>(a.v, b, h, j0, L, hd, TBK, Vs);
+        load_tile<T>(a.k, b, h, j0, len, hd, TBK, Ks);
+        load_tile<T>(a.v, b, h, j0, len, hd, TBK, Vs);
         __syncthreads();
         tile_ds<S>(a, n, b, h, i0, j0, len, Qs, dOs, Ks, Vs, lses, Dr, dSs, Pts, lds, true);
         __syncthreads();

@@ -56,7 +56,8 @@ template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi
 }
 
 /* `rows` rows of HD elements of view v (rows r0 …, head (b, h)) into shared memory [rows][HD + 8]
-   by 16-byte cp.async; rows at or past L are zeros. */
+   by 16-byte cp.async; rows at or past L are zeros (k and v pass the sequence's length: its
+   padded keys are zeros, so an Inf or NaN there cannot reach a product through a zero weight). */
 template <typename T, int HD>
 __device__ __forceinline__ void load_rows(const attn_view &v, int64_t b, int64_t h, int r0, int L, int rows, T *dst) {
     constexpr int CH = HD / 8, LDS = HD + 8;
@@ -121,8 +122,8 @@ __global__ void __launch_bounds__(FW * 32) flash_fwd_kernel(attn_params a) {
     const int ntiles = (jmax + FBK - 1) / FBK;
     load_rows<T, HD>(a.q, b, h, q0, L, FBQ, Qs);
     if (ntiles > 0) {
-        load_rows<T, HD>(a.k, b, h, 0, L, FBK, Ks);
-        load_rows<T, HD>(a.v, b, h, 0, L, FBK, Vs);
+        load_rows<T, HD>(a.k, b, h, 0, len, FBK, Ks);
+        load_rows<T, HD>(a.v, b, h, 0, len, FBK, Vs);
     }
     copy_commit();
     if (ntiles == 0) copy_wait<0>();
@@ -135,8 +136,8 @@ __global__ void __launch_bounds__(FW * 32) flash_fwd_kernel(attn_params a) {
     for (int tile = 0; tile < ntiles; tile++) {
         const int j0 = tile * FBK, buf = tile & 1;
         if (tile + 1 < ntiles) {
-            load_rows<T, HD>(a.k, b, h, j0 + FBK, L, FBK, Ks + (buf ^ 1) * FBK * LDS);
-            load_rows<T, HD>(a.v, b, h, j0 + FBK, L, FBK, Vs + (buf ^ 1) * FBK * LDS);
+            load_rows<T, HD>(a.k, b, h, j0 + FBK, len, FBK, Ks + (buf ^ 1) * FBK * LDS);
+            load_rows<T, HD>(a.v, b, h, j0 + FBK, len, FBK, Vs + (buf ^ 1) * FBK * LDS);
             copy_commit();
             copy_wait<1>();
         } else {
@@ -270,8 +271,8 @@ __global__ void __launch_bounds__(FW * 32) flash_dkdv_kernel(attn_params a) {
     }
     const int qstart = j0 >= len ? L : (a.causal ? j0 / BQ * BQ : 0);
     const int ntiles = (L - qstart + BQ - 1) / BQ;
-    load_rows<T, HD>(a.k, b, h, j0, L, FBK, Ks);
-    load_rows<T, HD>(a.v, b, h, j0, L, FBK, Vs);
+    load_rows<T, HD>(a.k, b, h, j0, len, FBK, Ks);
+    load_rows<T, HD>(a.v, b, h, j0, len, FBK, Vs);
     auto load_q = [&](int i0, int buf) {
         load_rows<T, HD>(a.q, b, h, i0, L, BQ, Qs + buf * BQ * LDS);
         load_rows<T, HD>(a.dout, b, h, i0, L, BQ, dOs + buf * BQ * LDS);
@@ -412,8 +413,8 @@ __global__ void __launch_bounds__(FW * 32) flash_dq_kernel(attn_params a) {
     load_rows<T, HD>(a.q, b, h, q0, L, FBQ, Qs);
     load_rows<T, HD>(a.dout, b, h, q0, L, FBQ, dOs);
     if (ntiles > 0) {
-        load_rows<T, HD>(a.k, b, h, 0, L, FBK, Ks);
-        load_rows<T, HD>(a.v, b, h, 0, L, FBK, Vs);
+        load_rows<T, HD>(a.k, b, h, 0, len, FBK, Ks);
+        load_rows<T, HD>(a.v, b, h, 0, len, FBK, Vs);
     }
     copy_commit();
     if (ntiles == 0) copy_wait<0>();
@@ -429,8 +430,8 @@ __global__ void __launch_bounds__(FW * 32) flash_dq_kernel(attn_params a) {
     for (int tile = 0; tile < ntiles; tile++) {
         const int j0 = tile * FBK, buf = tile & 1;
         if (tile + 1 < ntiles) {
-            load_rows<T, HD>(a.k, b, h, j0 + FBK, L, FBK, Ks + (buf ^ 1) * FBK * LDS);
-            load_rows<T, HD>(a.v, b, h, j0 + FBK, L, FBK, Vs + (buf ^ 1) * FBK * LDS);
+            load_rows<T, HD>(a.k, b, h, j0 + FBK, len, FBK, Ks + (buf ^ 1) * FBK * LDS);
+            load_rows<T, HD>(a.v, b, h, j0 + FBK, len, FBK, Vs + (buf ^ 1) * FBK * LDS);
             copy_commit();
             copy_wait<1>();
         } else {

@@ -51,6 +51,19 @@ __device__ __forceinline__ void key_load(const attn_view &v, int64_t b, int64_t 
     for (int d = 0; d < HDP; d++) x[d] = d < hd ? to_acc(p[d * v.sx]) : 0.f;
 }
 
+/* Key j's k or v row, zeros at or past the sequence's length: a padded key's Inf or NaN never
+   meets the zero weight of its masked score (0·Inf is NaN); the CPU never reads those rows. */
+template <typename T, int HDP>
+__device__ __forceinline__ void key_load_live(const attn_view &v, int64_t b, int64_t h, int j, int len, int hd,
+                                              float x[HDP]) {
+    if (j < len) {
+        key_load<T, HDP>(v, b, h, j, hd, x);
+        return;
+    }
+#pragma unroll
+    for (int d = 0; d < HDP; d++) x[d] = 0.f;
+}
+
 /* Row i of a [B, H, L, hd] operand from the first hd of x, added to what is there when asked. */
 template <typename T, int HDP>
 __device__ __forceinline__ void key_store(const attn_view &v, int64_t b, int64_t h, int i, int hd, const float x[HDP],
@@ -190,8 +203,8 @@ __global__ void __launch_bounds__(KWARPS * 32, NS * HDP > 24 ? 4 : 5) keys_fwd_k
     for (int s = 0; s < NS; s++) {
         const int j = kl + KL * s;
         if (j < L) {
-            key_load<T, HDP>(a.k, H_.b, H_.h, j, hd, k[s]);
-            key_load<T, HDP>(a.v, H_.b, H_.h, j, hd, v[s]);
+            key_load_live<T, HDP>(a.k, H_.b, H_.h, j, len, hd, k[s]);
+            key_load_live<T, HDP>(a.v, H_.b, H_.h, j, len, hd, v[s]);
             float x[HDP];
             key_load<T, HDP>(a.q, H_.b, H_.h, j, hd, x);
             key_put<HDP>(Qs + j * HDP, x);
@@ -267,8 +280,8 @@ __global__ void __launch_bounds__(KWARPS * 32, NS * HDP > 24 ? 2 : NS * HDP > 12
 #pragma unroll
         for (int d = 0; d < HDP; d++) dk[s][d] = dv[s][d] = 0.f;
         if (j < L) {
-            key_load<T, HDP>(a.k, H_.b, H_.h, j, hd, k[s]);
-            key_load<T, HDP>(a.v, H_.b, H_.h, j, hd, v[s]);
+            key_load_live<T, HDP>(a.k, H_.b, H_.h, j, len, hd, k[s]);
+            key_load_live<T, HDP>(a.v, H_.b, H_.h, j, len, hd, v[s]);
             float x[HDP], y[HDP];
             key_load<T, HDP>(a.q, H_.b, H_.h, j, hd, x);
             key_put<HDP>(Qs + j * HDP, x);

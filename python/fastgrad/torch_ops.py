@@ -1045,4 +1045,58 @@ def all_ops():
     return list(_OPS)
 
 
+# ------------------------------------------------------------------ inductor
+
+def _inductor_fallbacks(lowering):
+    """Registers every op with inductor as a fallback (a call of its kernel) under the layout
+    constraint inductor would pick itself. Inductor does the same on first meeting a custom op
+    without a lowering (its "implicit fallback"), but torch 2.11 first formats the op's arguments
+    for an info log line whatever the log level: the IR behind them printed as a tree, which
+    grows with the depth of the graph and did not finish on the 12-layer GPT-2 of fastgrad ops
+    (bench/gpt2_step.py; docs/perf-notes.md 19). Later torch formats it lazily. Never raises:
+    what is not registered here takes the implicit path."""
+    try:
+        from torch._library.utils import get_layout_constraint_tag
+        for op in _OPS:
+            target = op._opoverload
+            if target in lowering.lowerings:
+                continue
+            tag = get_layout_constraint_tag(target, with_default=True)
+            lowering.make_fallback(target, layout_constraint=lowering.tag_to_layout_constraint(tag), warn=False)
+    except Exception:  # noqa: BLE001 (an inductor without these names: its own path)
+        pass
+
+
+def _when_imported(name, fn):
+    """fn(module) once the module `name` is imported: now if it is, else right after its import
+    (a one-shot finder on sys.meta_path; nothing is imported here)."""
+    import importlib.abc
+    import importlib.machinery
+    import sys
+    if name in sys.modules:
+        fn(sys.modules[name])
+        return
+
+    class _Finder(importlib.abc.MetaPathFinder):
+        def find_spec(self, fullname, path, target=None):
+            if fullname != name:
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+            if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+                return spec
+            run = spec.loader.exec_module
+
+            def exec_module(module):
+                run(module)
+                fn(module)
+            spec.loader.exec_module = exec_module
+            return spec
+
+    sys.meta_path.insert(0, _Finder())
+
+
+_when_imported("torch._inductor.lowering", _inductor_fallbacks)
+
+
 __all__ = ["use_custom_ops", "routed", "draw_seed", "all_ops"]

@@ -1053,45 +1053,72 @@ def _inductor_fallbacks(lowering):
     without a lowering (its "implicit fallback"), but torch 2.11 first formats the op's arguments
     for an info log line whatever the log level: the IR behind them printed as a tree, which
     grows with the depth of the graph and did not finish on the 12-layer GPT-2 of fastgrad ops
-    (bench/gpt2_step.py; docs/perf-notes.md 19). Later torch formats it lazily. Never raises:
-    what is not registered here takes the implicit path."""
+    (bench/gpt2_step.py; docs/perf-notes.md 19). Later torch formats it lazily. Registered here,
+    the layout constraint is the one configured when inductor is imported, and these ops compile
+    even with inductor's implicit_fallbacks off (decision 180). Never raises: an op not
+    registered here takes the implicit path."""
     try:
         from torch._library.utils import get_layout_constraint_tag
-        for op in _OPS:
+    except Exception:  # noqa: BLE001 (a torch without it: inductor's own path)
+        return
+    for op in _OPS:
+        try:
             target = op._opoverload
             if target in lowering.lowerings:
                 continue
             tag = get_layout_constraint_tag(target, with_default=True)
             lowering.make_fallback(target, layout_constraint=lowering.tag_to_layout_constraint(tag), warn=False)
-    except Exception:  # noqa: BLE001 (an inductor without these names: its own path)
-        pass
+        except Exception:  # noqa: BLE001
+            continue
+
+
+class _AfterImport:
+    """A loader that runs the module as `inner` does, then fn(module) (once)."""
+
+    def __init__(self, inner, fn):
+        self._inner, self._fn = inner, fn
+
+    def create_module(self, spec):
+        return self._inner.create_module(spec)
+
+    def exec_module(self, module):
+        self._inner.exec_module(module)
+        fn, self._fn = self._fn, None
+        if fn is not None:
+            fn(module)
+
+    def __getattr__(self, name):  # get_source, get_filename, ... as the inner loader has them
+        return getattr(self._inner, name)
 
 
 def _when_imported(name, fn):
     """fn(module) once the module `name` is imported: now if it is, else right after its import
-    (a one-shot finder on sys.meta_path; nothing is imported here)."""
+    (a finder at the head of sys.meta_path that asks the finders after it and wraps the loader
+    they give; it then stays, inert: removing it from a list another import may be walking
+    could make that import skip a finder). Nothing is imported here."""
     import importlib.abc
-    import importlib.machinery
     import sys
     if name in sys.modules:
         fn(sys.modules[name])
         return
 
     class _Finder(importlib.abc.MetaPathFinder):
-        def find_spec(self, fullname, path, target=None):
-            if fullname != name:
-                return None
-            sys.meta_path.remove(self)
-            spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-            if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-                return spec
-            run = spec.loader.exec_module
+        done = False
 
-            def exec_module(module):
-                run(module)
-                fn(module)
-            spec.loader.exec_module = exec_module
-            return spec
+        def find_spec(self, fullname, path, target=None):
+            if self.done or fullname != name:
+                return None
+            self.done = True
+            for finder in list(sys.meta_path):
+                if finder is self or not hasattr(finder, "find_spec"):
+                    continue
+                spec = finder.find_spec(fullname, path, target)
+                if spec is None:
+                    continue
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _AfterImport(spec.loader, fn)
+                return spec
+            return None
 
     sys.meta_path.insert(0, _Finder())
 

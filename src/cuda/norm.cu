@@ -563,7 +563,7 @@ __device__ __forceinline__ void lean_stats(const vec_t<T, VEC> (&cx)[NV], int nv
     group_sum<1>(sum, G, red, par);
     if (rms) {
         mean = 0.f;
-        rstd = 1.f / sqrtf(sum[0] * inv_d + eps);
+        rstd = 1.f / sqrtf(__fadd_rn(__fmul_rn(sum[0], inv_d), eps)); /* the roundings the register kernels make */
         return;
     }
     mean = sum[0] * inv_d;
@@ -578,7 +578,10 @@ __device__ __forceinline__ void lean_stats(const vec_t<T, VEC> (&cx)[NV], int nv
         }
     }
     group_sum<1>(sq, G, red, par);
-    rstd = 1.f / sqrtf(sq[0] * inv_d + eps);
+    /* fused, as every forward compiles it: left to the compiler, the backward merged this tail
+       with the RMS one above and rounded the product first, so a recomputed rstd lost the
+       forward's bits when 1/D is inexact */
+    rstd = 1.f / sqrtf(__fmaf_rn(sq[0], inv_d, eps));
 }
 
 /* The lean forward's body; AFF: LayerNorm with both w and b (the common case, its options known

@@ -630,33 +630,46 @@ __global__ void __launch_bounds__(GB) rows_fwd_lean(const rows_args a) {
     else fwd_lean_body<T, VEC, NV, GB, false>(a, red);
 }
 
-template <typename T, int VEC, int NV, int GB>
-__global__ void __launch_bounds__(GB) rows_bwd_lean(const rows_args a) {
-    __shared__ float red[2 * RED_REGION];
+/* The lean backward's body; AFF: LayerNorm with w and its saved mean and rstd (the common case,
+   its options known at compile time: w loaded once a block, the columns being the same every
+   row), else every option read at run time. x̂ and g = dy·w are formed again for dx by the same
+   operations (the same bits): kept in registers they took the bf16 backward past 128 registers. */
+template <typename T, int VEC, int NV, int GB, bool AFF>
+__device__ __forceinline__ void bwd_lean_body(const rows_args &a, float *red) {
     int par = 0;
     constexpr int G = GB;
     const int t = threadIdx.x;
-    const int64_t nvec = a.cols / VEC, step = gridDim.x;
+    const int nvec = (int)(a.cols / VEC); /* <= NV·G: 32-bit vector indices */
+    const int64_t step = gridDim.x;
+    const bool rms = !AFF && a.rms, has_w = AFF || a.w, given = AFF || a.rstd;
     const float inv_d = 1.f / (float)a.cols;
     float accw[NV][VEC], accb[NV][VEC];
 #pragma unroll
     for (int k = 0; k < NV; k++)
 #pragma unroll
         for (int e = 0; e < VEC; e++) accw[k][e] = accb[k][e] = 0.f;
+    vec_t<T, VEC> wa[AFF ? NV : 1]; /* AFF: this thread's columns of w */
+    if (AFF)
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            const int vi = k * G + t;
+            if (vi < nvec) wa[k] = load_vec<T, VEC>((const T *)a.w + vi * VEC);
+        }
     vec_t<T, VEC> cx[NV], cd[NV];
     float cm = 0.f, cr = 0.f;
     auto fetch = [&](int64_t row, vec_t<T, VEC> (&x)[NV], vec_t<T, VEC> (&dy)[NV], float &m, float &r) {
         if (row >= a.rows) return;
+        const T *xr = (const T *)a.x + row * a.ld_x, *dr = (const T *)a.dy + row * a.ld_dy;
 #pragma unroll
         for (int k = 0; k < NV; k++) {
-            const int64_t vi = (int64_t)k * G + t;
+            const int vi = k * G + t;
             if (vi >= nvec) continue;
-            x[k] = ld_once<T, VEC>((const T *)a.x + row * a.ld_x + vi * VEC);
-            dy[k] = ld_once<T, VEC>((const T *)a.dy + row * a.ld_dy + vi * VEC);
+            x[k] = ld_once<T, VEC>(xr + vi * VEC);
+            dy[k] = ld_once<T, VEC>(dr + vi * VEC);
         }
-        if (a.rstd) {
+        if (given) {
             r = a.rstd[row];
-            if (!a.rms) m = a.mean[row];
+            if (!rms) m = a.mean[row];
         }
     };
     fetch(blockIdx.x, cx, cd, cm, cr);
@@ -665,23 +678,24 @@ __global__ void __launch_bounds__(GB) rows_bwd_lean(const rows_args a) {
         float nm = 0.f, nr = 0.f;
         fetch(row + step, nx, nd, nm, nr);
         float mean = cm, rstd = cr;
-        if (!a.rstd) /* recomputed as the forward computes them */
-            lean_stats<T, VEC, NV, G>(cx, (int)nvec, a.rms, inv_d, a.eps, red, &par, mean, rstd);
+        if (!given) /* recomputed as the forward computes them */
+            lean_stats<T, VEC, NV, G>(cx, nvec, rms, inv_d, a.eps, red, &par, mean, rstd);
         /* x̂ and g = dy·w of vector k: the same operations at each use (the same bits) */
-        auto xhat_g = [&](int k, int64_t vi, float (&xh)[VEC], float (&gw)[VEC], float (&dyv)[VEC]) {
+        auto xhat_g = [&](int k, int vi, float (&xh)[VEC], float (&gw)[VEC], float (&dyv)[VEC]) {
             vec_t<T, VEC> wv;
-            if (a.w) wv = load_vec<T, VEC>((const T *)a.w + vi * VEC);
+            if (AFF) wv = wa[k];
+            else if (has_w) wv = load_vec<T, VEC>((const T *)a.w + vi * VEC);
 #pragma unroll
             for (int e = 0; e < VEC; e++) {
                 dyv[e] = to_acc(cd[k].v[e]);
                 xh[e] = (to_acc(cx[k].v[e]) - mean) * rstd;
-                gw[e] = a.w ? dyv[e] * to_acc(wv.v[e]) : dyv[e];
+                gw[e] = has_w ? dyv[e] * to_acc(wv.v[e]) : dyv[e];
             }
         };
         float sums[2] = {0.f, 0.f}; /* Σ g·x̂, Σ g */
 #pragma unroll
         for (int k = 0; k < NV; k++) {
-            const int64_t vi = (int64_t)k * G + t;
+            const int vi = k * G + t;
             if (vi >= nvec) continue;
             float xh[VEC], gw[VEC], dyv[VEC];
             xhat_g(k, vi, xh, gw, dyv);
@@ -694,17 +708,18 @@ __global__ void __launch_bounds__(GB) rows_bwd_lean(const rows_args a) {
             }
         }
         group_sum<2>(sums, G, red, &par);
-        const float ca = sums[0] * inv_d, cb = a.rms ? 0.f : sums[1] * inv_d;
+        const float ca = sums[0] * inv_d, cb = rms ? 0.f : sums[1] * inv_d;
+        T *dxr = (T *)a.dx + row * a.ld_dx;
 #pragma unroll
         for (int k = 0; k < NV; k++) {
-            const int64_t vi = (int64_t)k * G + t;
+            const int vi = k * G + t;
             if (vi >= nvec) continue;
             float xh[VEC], gw[VEC], dyv[VEC];
             xhat_g(k, vi, xh, gw, dyv);
             vec_t<T, VEC> o;
 #pragma unroll
             for (int e = 0; e < VEC; e++) o.v[e] = from_acc<T>(rstd * (gw[e] - cb - xh[e] * ca));
-            st_once<T, VEC>((T *)a.dx + row * a.ld_dx + vi * VEC, o);
+            st_once<T, VEC>(dxr + vi * VEC, o);
         }
 #pragma unroll
         for (int k = 0; k < NV; k++) cx[k] = nx[k], cd[k] = nd[k];
@@ -714,11 +729,27 @@ __global__ void __launch_bounds__(GB) rows_bwd_lean(const rows_args a) {
     float *out = a.part + (int64_t)blockIdx.x * 2 * a.cols;
 #pragma unroll
     for (int k = 0; k < NV; k++) {
-        const int64_t vi = (int64_t)k * G + t;
+        const int vi = k * G + t;
         if (vi >= nvec) continue;
 #pragma unroll
         for (int e = 0; e < VEC; e++) out[vi * VEC + e] = accw[k][e], out[a.cols + vi * VEC + e] = accb[k][e];
     }
+}
+
+/* The AFF body for the short split of 2-byte types (NV·VEC = 16: rows up to 8192 elements); f32
+   and the long splits spill with it. Short splits are held to 128 registers (512 threads an SM):
+   w in registers took the bf16 256 × 2 backward from 127 to 142, one block an SM, and 32-bit
+   indices the f32 256 × 4 one from 128 to 147; capped, neither spills. */
+template <typename T, int VEC, int NV, int GB> constexpr bool lean_aff() { return sizeof(T) == 2 && NV * VEC <= 16; }
+template <typename T, int VEC, int NV, int GB>
+__global__ void __launch_bounds__(GB, NV * VEC <= 16 && GB < 512 ? 512 / GB : 1) rows_bwd_lean(const rows_args a) {
+    __shared__ float red[2 * RED_REGION];
+    if constexpr (lean_aff<T, VEC, NV, GB>())
+        if (!a.rms && a.w && a.rstd && a.mean) {
+            bwd_lean_body<T, VEC, NV, GB, true>(a, red);
+            return;
+        }
+    bwd_lean_body<T, VEC, NV, GB, false>(a, red);
 }
 
 /* The loop kernels: a block a row, VEC-element vectors (1: any alignment), any D. */

@@ -117,6 +117,20 @@ __device__ __forceinline__ void store_as(void *p, int dt, int64_t i, float v, bo
     }
 }
 
+/* A row's statistics with their roundings written out, so that every kernel (and a backward
+ * recomputing them) makes the same ones whatever the compiler would contract in that kernel: the
+ * sum of x (RMS: of x², each square rounded before its add), the sum of (x − mean)² by fused steps,
+ * the mean a rounded product, rstd from a fused sum·(1/D) + eps (RMS: the product rounded, then
+ * the add): the forms the forward kernels compiled to before they were written out. */
+__device__ __forceinline__ float stat_add(float acc, float v, bool rms) { return __fadd_rn(acc, rms ? __fmul_rn(v, v) : v); }
+__device__ __forceinline__ float stat_sq(float acc, float v, float mean) {
+    const float d = __fsub_rn(v, mean);
+    return __fmaf_rn(d, d, acc);
+}
+__device__ __forceinline__ float stat_rstd(float sum, float inv_d, float eps, bool rms) {
+    return 1.f / sqrtf(rms ? __fadd_rn(__fmul_rn(sum, inv_d), eps) : __fmaf_rn(sum, inv_d, eps));
+}
+
 /* Sums of K values over a group of G threads (G a power of two; the block's threads are groups
  * of G in order). G <= 32: xor shuffles inside the group; else also the group's warps, in order,
  * through smem (>= blockDim/32·K floats). Every thread of the block must call it. With par, the
@@ -262,27 +276,24 @@ __global__ void __launch_bounds__(512) rows_fwd_reg(const rows_args a) {
                 if (a.s) store_vec<T, VEC>((T *)a.s + row * a.ld_s + vi * VEC, cx[k]);
             }
 #pragma unroll
-            for (int e = 0; e < VEC; e++) sum[0] += a.rms ? v[k][e] * v[k][e] : v[k][e];
+            for (int e = 0; e < VEC; e++) sum[0] = stat_add(sum[0], v[k][e], a.rms);
         }
         group_sum<1>(sum, G, red);
         float mean = 0.f, rstd;
         if (a.rms) {
-            rstd = 1.f / sqrtf(sum[0] * inv_d + a.eps);
+            rstd = stat_rstd(sum[0], inv_d, a.eps, true);
         } else {
-            mean = sum[0] * inv_d;
+            mean = __fmul_rn(sum[0], inv_d);
             float sq[1] = {0.f};
 #pragma unroll
             for (int k = 0; k < NV; k++) {
                 const int64_t vi = (int64_t)k * G + t;
                 if (!active || vi >= nvec) continue;
 #pragma unroll
-                for (int e = 0; e < VEC; e++) {
-                    const float d = v[k][e] - mean;
-                    sq[0] += d * d;
-                }
+                for (int e = 0; e < VEC; e++) sq[0] = stat_sq(sq[0], v[k][e], mean);
             }
             group_sum<1>(sq, G, red + blockDim.x / 32);
-            rstd = 1.f / sqrtf(sq[0] * inv_d + a.eps);
+            rstd = stat_rstd(sq[0], inv_d, a.eps, false);
         }
         if (!active) continue;
 #pragma unroll
@@ -410,13 +421,13 @@ __global__ void __launch_bounds__(512) rows_bwd_reg(const rows_args a) {
                 float xx[VEC], gg[VEC];
                 row_vec(k, xx, gg);
 #pragma unroll
-                for (int e = 0; e < VEC; e++) sum[0] += a.rms ? xx[e] * xx[e] : xx[e];
+                for (int e = 0; e < VEC; e++) sum[0] = stat_add(sum[0], xx[e], a.rms);
             }
             group_sum<1>(sum, G, red);
             if (a.rms) {
-                rstd = 1.f / sqrtf(sum[0] * inv_d + a.eps);
+                rstd = stat_rstd(sum[0], inv_d, a.eps, true);
             } else {
-                mean = sum[0] * inv_d;
+                mean = __fmul_rn(sum[0], inv_d);
                 float sq[1] = {0.f};
 #pragma unroll
                 for (int k = 0; k < NV; k++) {
@@ -425,13 +436,10 @@ __global__ void __launch_bounds__(512) rows_bwd_reg(const rows_args a) {
                     float xx[VEC], gg[VEC];
                     row_vec(k, xx, gg);
 #pragma unroll
-                    for (int e = 0; e < VEC; e++) {
-                        const float d = xx[e] - mean;
-                        sq[0] += d * d;
-                    }
+                    for (int e = 0; e < VEC; e++) sq[0] = stat_sq(sq[0], xx[e], mean);
                 }
                 group_sum<1>(sq, G, red + blockDim.x / 32);
-                rstd = 1.f / sqrtf(sq[0] * inv_d + a.eps);
+                rstd = stat_rstd(sq[0], inv_d, a.eps, false);
             }
         }
         /* x̂ and g = dy·w of vector k (the same operations wherever they are made: the same bits) */
@@ -555,30 +563,24 @@ __device__ __forceinline__ void lean_stats(const vec_t<T, VEC> (&cx)[NV], int nv
     for (int k = 0; k < NV; k++) {
         if (k * G + t >= nvec) continue;
 #pragma unroll
-        for (int e = 0; e < VEC; e++) {
-            const float v = to_acc(cx[k].v[e]);
-            sum[0] += rms ? v * v : v;
-        }
+        for (int e = 0; e < VEC; e++) sum[0] = stat_add(sum[0], to_acc(cx[k].v[e]), rms);
     }
     group_sum<1>(sum, G, red, par);
     if (rms) {
         mean = 0.f;
-        rstd = 1.f / sqrtf(sum[0] * inv_d + eps);
+        rstd = stat_rstd(sum[0], inv_d, eps, true);
         return;
     }
-    mean = sum[0] * inv_d;
+    mean = __fmul_rn(sum[0], inv_d);
     float sq[1] = {0.f};
 #pragma unroll
     for (int k = 0; k < NV; k++) {
         if (k * G + t >= nvec) continue;
 #pragma unroll
-        for (int e = 0; e < VEC; e++) {
-            const float d = to_acc(cx[k].v[e]) - mean;
-            sq[0] += d * d;
-        }
+        for (int e = 0; e < VEC; e++) sq[0] = stat_sq(sq[0], to_acc(cx[k].v[e]), mean);
     }
     group_sum<1>(sq, G, red, par);
-    rstd = 1.f / sqrtf(sq[0] * inv_d + eps);
+    rstd = stat_rstd(sq[0], inv_d, eps, false);
 }
 
 /* The lean forward's body; AFF: LayerNorm with both w and b (the common case, its options known

@@ -117,6 +117,20 @@ __device__ __forceinline__ void store_as(void *p, int dt, int64_t i, float v, bo
     }
 }
 
+/* A row's statistics with their roundings written out, so that every kernel (and a backward
+ * recomputing them) makes the same ones whatever the compiler would contract in that kernel: the
+ * sum of x (RMS: of x², each square rounded before its add), the sum of (x − mean)² by fused steps,
+ * the mean a rounded product, rstd from a fused sum·(1/D) + eps (RMS: the product rounded, then
+ * the add): the forms the forward kernels compiled to before they were written out. */
+__device__ __forceinline__ float stat_add(float acc, float v, bool rms) { return __fadd_rn(acc, rms ? __fmul_rn(v, v) : v); }
+__device__ __forceinline__ float stat_sq(float acc, float v, float mean) {
+    const float d = __fsub_rn(v, mean);
+    return __fmaf_rn(d, d, acc);
+}
+__device__ __forceinline__ float stat_rstd(float sum, float inv_d, float eps, bool rms) {
+    return 1.f / sqrtf(rms ? __fadd_rn(__fmul_rn(sum, inv_d), eps) : __fmaf_rn(sum, inv_d, eps));
+}
+
 /* Sums of K values over a group of G threads (G a power of two; the block's threads are groups
  * of G in order). G <= 32: xor shuffles inside the group; else also the group's warps, in order,
  * through smem (>= blockDim/32·K floats). Every thread of the block must call it. With par, the
@@ -262,27 +276,24 @@ __global__ void __launch_bounds__(512) rows_fwd_reg(const rows_args a) {
                 if (a.s) store_vec<T, VEC>((T *)a.s + row * a.ld_s + vi * VEC, cx[k]);
             }
 #pragma unroll
-            for (int e = 0; e < VEC; e++) sum[0] += a.rms ? v[k][e] * v[k][e] : v[k][e];
+            for (int e = 0; e < VEC; e++) sum[0] = stat_add(sum[0], v[k][e], a.rms);
         }
         group_sum<1>(sum, G, red);
         float mean = 0.f, rstd;
         if (a.rms) {
-            rstd = 1.f / sqrtf(sum[0] * inv_d + a.eps);
+            rstd = stat_rstd(sum[0], inv_d, a.eps, true);
         } else {
-            mean = sum[0] * inv_d;
+            mean = __fmul_rn(sum[0], inv_d);
             float sq[1] = {0.f};
 #pragma unroll
             for (int k = 0; k < NV; k++) {
                 const int64_t vi = (int64_t)k * G + t;
                 if (!active || vi >= nvec) continue;
 #pragma unroll
-                for (int e = 0; e < VEC; e++) {
-                    const float d = v[k][e] - mean;
-                    sq[0] += d * d;
-                }
+                for (int e = 0; e < VEC; e++) sq[0] = stat_sq(sq[0], v[k][e], mean);
             }
             group_sum<1>(sq, G, red + blockDim.x / 32);
-            rstd = 1.f / sqrtf(sq[0] * inv_d + a.eps);
+            rstd = stat_rstd(sq[0], inv_d, a.eps, false);
         }
         if (!active) continue;
 #pragma unroll
@@ -410,13 +421,13 @@ __global__ void __launch_bounds__(512) rows_bwd_reg(const rows_args a) {
                 float xx[VEC], gg[VEC];
                 row_vec(k, xx, gg);
 #pragma unroll
-                for (int e = 0; e < VEC; e++) sum[0] += a.rms ? xx[e] * xx[e] : xx[e];
+                for (int e = 0; e < VEC; e++) sum[0] = stat_add(sum[0], xx[e], a.rms);
             }
             group_sum<1>(sum, G, red);
             if (a.rms) {
-                rstd = 1.f / sqrtf(sum[0] * inv_d + a.eps);
+                rstd = stat_rstd(sum[0], inv_d, a.eps, true);
             } else {
-                mean = sum[0] * inv_d;
+                mean = __fmul_rn(sum[0], inv_d);
                 float sq[1] = {0.f};
 #pragma unroll
                 for (int k = 0; k < NV; k++) {
@@ -425,13 +436,10 @@ __global__ void __launch_bounds__(512) rows_bwd_reg(const rows_args a) {
                     float xx[VEC], gg[VEC];
                     row_vec(k, xx, gg);
 #pragma unroll
-                    for (int e = 0; e < VEC; e++) {
-                        const float d = xx[e] - mean;
-                        sq[0] += d * d;
-                    }
+                    for (int e = 0; e < VEC; e++) sq[0] = stat_sq(sq[0], xx[e], mean);
                 }
                 group_sum<1>(sq, G, red + blockDim.x / 32);
-                rstd = 1.f / sqrtf(sq[0] * inv_d + a.eps);
+                rstd = stat_rstd(sq[0], inv_d, a.eps, false);
             }
         }
         /* x̂ and g = dy·w of vector k (the same operations wherever they are made: the same bits) */
@@ -555,33 +563,24 @@ __device__ __forceinline__ void lean_stats(const vec_t<T, VEC> (&cx)[NV], int nv
     for (int k = 0; k < NV; k++) {
         if (k * G + t >= nvec) continue;
 #pragma unroll
-        for (int e = 0; e < VEC; e++) {
-            const float v = to_acc(cx[k].v[e]);
-            sum[0] += rms ? v * v : v;
-        }
+        for (int e = 0; e < VEC; e++) sum[0] = stat_add(sum[0], to_acc(cx[k].v[e]), rms);
     }
     group_sum<1>(sum, G, red, par);
     if (rms) {
         mean = 0.f;
-        rstd = 1.f / sqrtf(__fadd_rn(__fmul_rn(sum[0], inv_d), eps)); /* the roundings the register kernels make */
+        rstd = stat_rstd(sum[0], inv_d, eps, true);
         return;
     }
-    mean = sum[0] * inv_d;
+    mean = __fmul_rn(sum[0], inv_d);
     float sq[1] = {0.f};
 #pragma unroll
     for (int k = 0; k < NV; k++) {
         if (k * G + t >= nvec) continue;
 #pragma unroll
-        for (int e = 0; e < VEC; e++) {
-            const float d = to_acc(cx[k].v[e]) - mean;
-            sq[0] += d * d;
-        }
+        for (int e = 0; e < VEC; e++) sq[0] = stat_sq(sq[0], to_acc(cx[k].v[e]), mean);
     }
     group_sum<1>(sq, G, red, par);
-    /* fused, as every forward compiles it: left to the compiler, the backward merged this tail
-       with the RMS one above and rounded the product first, so a recomputed rstd lost the
-       forward's bits when 1/D is inexact */
-    rstd = 1.f / sqrtf(__fmaf_rn(sq[0], inv_d, eps));
+    rstd = stat_rstd(sq[0], inv_d, eps, false);
 }
 
 /* The lean forward's body; AFF: LayerNorm with both w and b (the common case, its options known
@@ -633,33 +632,46 @@ __global__ void __launch_bounds__(GB) rows_fwd_lean(const rows_args a) {
     else fwd_lean_body<T, VEC, NV, GB, false>(a, red);
 }
 
-template <typename T, int VEC, int NV, int GB>
-__global__ void __launch_bounds__(GB) rows_bwd_lean(const rows_args a) {
-    __shared__ float red[2 * RED_REGION];
+/* The lean backward's body; AFF: LayerNorm with w and its saved mean and rstd (the common case,
+   its options known at compile time: w loaded once a block, the columns being the same every
+   row), else every option read at run time. x̂ and g = dy·w are formed again for dx by the same
+   operations (the same bits): kept in registers they took the bf16 backward past 128 registers. */
+template <typename T, int VEC, int NV, int GB, bool AFF>
+__device__ __forceinline__ void bwd_lean_body(const rows_args &a, float *red) {
     int par = 0;
     constexpr int G = GB;
     const int t = threadIdx.x;
-    const int64_t nvec = a.cols / VEC, step = gridDim.x;
+    const int nvec = (int)(a.cols / VEC); /* <= NV·G: 32-bit vector indices */
+    const int64_t step = gridDim.x;
+    const bool rms = !AFF && a.rms, has_w = AFF || a.w, given = AFF || a.rstd;
     const float inv_d = 1.f / (float)a.cols;
     float accw[NV][VEC], accb[NV][VEC];
 #pragma unroll
     for (int k = 0; k < NV; k++)
 #pragma unroll
         for (int e = 0; e < VEC; e++) accw[k][e] = accb[k][e] = 0.f;
+    vec_t<T, VEC> wa[AFF ? NV : 1]; /* AFF: this thread's columns of w */
+    if (AFF)
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            const int vi = k * G + t;
+            if (vi < nvec) wa[k] = load_vec<T, VEC>((const T *)a.w + vi * VEC);
+        }
     vec_t<T, VEC> cx[NV], cd[NV];
     float cm = 0.f, cr = 0.f;
     auto fetch = [&](int64_t row, vec_t<T, VEC> (&x)[NV], vec_t<T, VEC> (&dy)[NV], float &m, float &r) {
         if (row >= a.rows) return;
+        const T *xr = (const T *)a.x + row * a.ld_x, *dr = (const T *)a.dy + row * a.ld_dy;
 #pragma unroll
         for (int k = 0; k < NV; k++) {
-            const int64_t vi = (int64_t)k * G + t;
+            const int vi = k * G + t;
             if (vi >= nvec) continue;
-            x[k] = ld_once<T, VEC>((const T *)a.x + row * a.ld_x + vi * VEC);
-            dy[k] = ld_once<T, VEC>((const T *)a.dy + row * a.ld_dy + vi * VEC);
+            x[k] = ld_once<T, VEC>(xr + vi * VEC);
+            dy[k] = ld_once<T, VEC>(dr + vi * VEC);
         }
-        if (a.rstd) {
+        if (given) {
             r = a.rstd[row];
-            if (!a.rms) m = a.mean[row];
+            if (!rms) m = a.mean[row];
         }
     };
     fetch(blockIdx.x, cx, cd, cm, cr);
@@ -668,23 +680,24 @@ __global__ void __launch_bounds__(GB) rows_bwd_lean(const rows_args a) {
         float nm = 0.f, nr = 0.f;
         fetch(row + step, nx, nd, nm, nr);
         float mean = cm, rstd = cr;
-        if (!a.rstd) /* recomputed as the forward computes them */
-            lean_stats<T, VEC, NV, G>(cx, (int)nvec, a.rms, inv_d, a.eps, red, &par, mean, rstd);
+        if (!given) /* recomputed as the forward computes them */
+            lean_stats<T, VEC, NV, G>(cx, nvec, rms, inv_d, a.eps, red, &par, mean, rstd);
         /* x̂ and g = dy·w of vector k: the same operations at each use (the same bits) */
-        auto xhat_g = [&](int k, int64_t vi, float (&xh)[VEC], float (&gw)[VEC], float (&dyv)[VEC]) {
+        auto xhat_g = [&](int k, int vi, float (&xh)[VEC], float (&gw)[VEC], float (&dyv)[VEC]) {
             vec_t<T, VEC> wv;
-            if (a.w) wv = load_vec<T, VEC>((const T *)a.w + vi * VEC);
+            if (AFF) wv = wa[k];
+            else if (has_w) wv = load_vec<T, VEC>((const T *)a.w + vi * VEC);
 #pragma unroll
             for (int e = 0; e < VEC; e++) {
                 dyv[e] = to_acc(cd[k].v[e]);
                 xh[e] = (to_acc(cx[k].v[e]) - mean) * rstd;
-                gw[e] = a.w ? dyv[e] * to_acc(wv.v[e]) : dyv[e];
+                gw[e] = has_w ? dyv[e] * to_acc(wv.v[e]) : dyv[e];
             }
         };
         float sums[2] = {0.f, 0.f}; /* Σ g·x̂, Σ g */
 #pragma unroll
         for (int k = 0; k < NV; k++) {
-            const int64_t vi = (int64_t)k * G + t;
+            const int vi = k * G + t;
             if (vi >= nvec) continue;
             float xh[VEC], gw[VEC], dyv[VEC];
             xhat_g(k, vi, xh, gw, dyv);
@@ -697,17 +710,18 @@ __global__ void __launch_bounds__(GB) rows_bwd_lean(const rows_args a) {
             }
         }
         group_sum<2>(sums, G, red, &par);
-        const float ca = sums[0] * inv_d, cb = a.rms ? 0.f : sums[1] * inv_d;
+        const float ca = sums[0] * inv_d, cb = rms ? 0.f : sums[1] * inv_d;
+        T *dxr = (T *)a.dx + row * a.ld_dx;
 #pragma unroll
         for (int k = 0; k < NV; k++) {
-            const int64_t vi = (int64_t)k * G + t;
+            const int vi = k * G + t;
             if (vi >= nvec) continue;
             float xh[VEC], gw[VEC], dyv[VEC];
             xhat_g(k, vi, xh, gw, dyv);
             vec_t<T, VEC> o;
 #pragma unroll
             for (int e = 0; e < VEC; e++) o.v[e] = from_acc<T>(rstd * (gw[e] - cb - xh[e] * ca));
-            st_once<T, VEC>((T *)a.dx + row * a.ld_dx + vi * VEC, o);
+            st_once<T, VEC>(dxr + vi * VEC, o);
         }
 #pragma unroll
         for (int k = 0; k < NV; k++) cx[k] = nx[k], cd[k] = nd[k];
@@ -717,11 +731,27 @@ __global__ void __launch_bounds__(GB) rows_bwd_lean(const rows_args a) {
     float *out = a.part + (int64_t)blockIdx.x * 2 * a.cols;
 #pragma unroll
     for (int k = 0; k < NV; k++) {
-        const int64_t vi = (int64_t)k * G + t;
+        const int vi = k * G + t;
         if (vi >= nvec) continue;
 #pragma unroll
         for (int e = 0; e < VEC; e++) out[vi * VEC + e] = accw[k][e], out[a.cols + vi * VEC + e] = accb[k][e];
     }
+}
+
+/* The AFF body for the short split of 2-byte types (NV·VEC = 16: rows up to 8192 elements); f32
+   and the long splits spill with it. Short splits are held to 128 registers (512 threads an SM):
+   w in registers took the bf16 256 × 2 backward from 127 to 142, one block an SM, and 32-bit
+   indices the f32 256 × 4 one from 128 to 147; capped, neither spills. */
+template <typename T, int VEC, int NV, int GB> constexpr bool lean_aff() { return sizeof(T) == 2 && NV * VEC <= 16; }
+template <typename T, int VEC, int NV, int GB>
+__global__ void __launch_bounds__(GB, NV * VEC <= 16 && GB < 512 ? 512 / GB : 1) rows_bwd_lean(const rows_args a) {
+    __shared__ float red[2 * RED_REGION];
+    if constexpr (lean_aff<T, VEC, NV, GB>())
+        if (!a.rms && a.w && a.rstd && a.mean) {
+            bwd_lean_body<T, VEC, NV, GB, true>(a, red);
+            return;
+        }
+    bwd_lean_body<T, VEC, NV, GB, false>(a, red);
 }
 
 /* The loop kernels: a block a row, VEC-element vectors (1: any alignment), any D. */

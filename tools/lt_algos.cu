@@ -10,6 +10,8 @@
  *   /tmp/lt_algos TN 16384 8192 4096 gelu_aux_bias   # with an epilogue: bias, relu_bias,
  *                                                     # gelu_bias, gelu_aux_bias
  * With an epilogue it also reports what the epilogue makes of NaN and of ±3e38 in A.
+ * LT_PAD=8 in the environment rounds every leading dimension up to a multiple of 8 elements
+ * (16 bytes), as a caller's padded buffer would: whether an odd m, n or k alone still costs.
  */
 #include <cublasLt.h>
 #include <cublas_v2.h>
@@ -66,13 +68,17 @@ int main(int argc, char **argv) {
     }
     const bool ta = argv[1][0] == 'T', tb = argv[1][1] == 'T';
     const int64_t m = atoll(argv[2]), n = atoll(argv[3]), k = atoll(argv[4]);
-    const int64_t ra = ta ? k : m, ca = ta ? m : k, rb = tb ? n : k, cb = tb ? k : n;
+    const int64_t ra0 = ta ? k : m, ca = ta ? m : k, rb0 = tb ? n : k, cb = tb ? k : n;
+    const char *pad_env = getenv("LT_PAD");
+    const int64_t pad = pad_env ? atoll(pad_env) : 1;
+    auto up = [&](int64_t x) { return pad > 1 ? (x + pad - 1) / pad * pad : x; };
+    const int64_t ra = up(ra0), rb = up(rb0), ldd = up(m);
     __nv_bfloat16 *A, *B, *D;
     void *ws;
     const size_t wsb = (size_t)32 << 20;
     CK(cudaMalloc(&A, ra * ca * 2));
     CK(cudaMalloc(&B, rb * cb * 2));
-    CK(cudaMalloc(&D, m * n * 2));
+    CK(cudaMalloc(&D, ldd * n * 2));
     CK(cudaMalloc(&ws, wsb));
     fill<<<1024, 256>>>(A, ra * ca, 1);
     fill<<<1024, 256>>>(B, rb * cb, 2);
@@ -106,9 +112,9 @@ int main(int argc, char **argv) {
         }
     }
     cublasLtMatrixLayout_t la, lb, ld;
-    CK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, ra, ca, ra));
-    CK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, rb, cb, rb));
-    CK(cublasLtMatrixLayoutCreate(&ld, CUDA_R_16BF, m, n, m));
+    CK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, ra0, ca, ra));
+    CK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, rb0, cb, rb));
+    CK(cublasLtMatrixLayoutCreate(&ld, CUDA_R_16BF, m, n, ldd));
     cublasLtMatmulPreference_t pref;
     CK(cublasLtMatmulPreferenceCreate(&pref));
     uint64_t w64 = wsb;
@@ -120,8 +126,8 @@ int main(int argc, char **argv) {
     CK(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, ld, ld, pref, 16, res, &found));
     const double flops = 2.0 * m * n * k;
     float alpha = 1.f, beta = 0.f;
-    printf("probe %s m=%lld n=%lld k=%lld epilogue %s: %d algorithms\n", argv[1], (long long)m, (long long)n,
-           (long long)k, epi_name, found);
+    printf("probe %s m=%lld n=%lld k=%lld lda=%lld ldb=%lld ldd=%lld epilogue %s: %d algorithms\n", argv[1],
+           (long long)m, (long long)n, (long long)k, (long long)ra, (long long)rb, (long long)ldd, epi_name, found);
     for (int i = 0; i < found; i++) {
         int id = 0, tile = 0, splitk = 0, stages = 0, swz = 0, cluster = 0;
         size_t w;
@@ -163,7 +169,7 @@ int main(int argc, char **argv) {
     CK(cublasSetWorkspace(h, ws, wsb));
     float ms = time_ms([&] {
         cublasGemmEx(h, oa, ob, (int)m, (int)n, (int)k, &alpha, A, CUDA_R_16BF, (int)ra, B, CUDA_R_16BF, (int)rb, &beta, D,
-                     CUDA_R_16BF, (int)m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+                     CUDA_R_16BF, (int)ldd, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     }, s);
     printf("  cublasGemmEx default                                                              %.4f ms %6.1f TFLOP/s\n",
            ms, flops / ms / 1e9);

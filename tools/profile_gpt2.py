@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
 """profile_gpt2.py — where bench/gpt2_step.py's GPT-2 training step spends its GPU time, fastgrad's
-modules beside plain torch eager: each build's CUDA kernels summed over a step (slowest first,
-share of the step, launches), the kernels' total against the step's wall time (the difference is
-the GPU waiting on the host), for deciding what to fix first.
+modules beside plain torch, eager or compiled: each build's CUDA kernels summed over a step
+(slowest first, share of the step, launches), the kernels' total against the step's wall time
+(the difference is the GPU waiting on the host) and the host's time to enqueue one step from an
+idle GPU, for deciding what to fix first.
 
-    PYTHONPATH=python:bench FASTGRAD_LIBRARY=build-gpu/libfastgrad.so python3 tools/profile_gpt2.py [--top 25]
+    PYTHONPATH=python:bench FASTGRAD_LIBRARY=build-gpu/libfastgrad.so python3 tools/profile_gpt2.py \
+        [--top 25] [--rows torch:sdpa,fastgrad:fg,fastgrad:sdpa:compile]
 """
 import argparse
 import os
 import sys
+import time
 
 import torch
 
@@ -25,6 +28,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--rows", default="torch:sdpa,fastgrad:fg",
+                    help="build:attention[:compile], comma separated (build torch or fastgrad, attention sdpa or fg)")
     args = ap.parse_args()
     dev, dtype = torch.device("cuda"), torch.bfloat16
     c = g2.Config()
@@ -33,21 +38,32 @@ def main():
     for _ in range(2):
         idx = torch.randint(0, c.vocab, (c.batch, c.seq + 1), generator=gen)
         batches.append((idx[:, :-1].contiguous().to(dev), idx[:, 1:].contiguous().to(dev)))
-    for build, attn in (("torch", "sdpa"), ("fastgrad", "fg")):
+    for spec in args.rows.split(","):
+        build, attn, *rest = spec.split(":")
+        compiled = rest == ["compile"]
+        torch._dynamo.reset()
         torch.manual_seed(1)
         model = g2.GPT2(c, build=build, attn=attn).gpt2_init().to(dev, dtype)
         if build == "fastgrad":
             opt = fg.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, moment_dtype="param")
         else:
             opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=True)
+        fwd = torch.compile(model) if compiled else model
 
         def step(i):
             opt.zero_grad(set_to_none=True)
-            model(*batches[i % 2]).backward()
+            fwd(*batches[i % 2]).backward()
             opt.step()
 
         for i in range(3):
             step(i)
+        torch.cuda.synchronize()
+        host = []
+        for i in range(5):  # the host's time to enqueue a step, from an idle GPU
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            step(i)
+            host.append((time.perf_counter() - t0) * 1e3)
         torch.cuda.synchronize()
         e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         e0.record()
@@ -59,12 +75,13 @@ def main():
         table = kernel_table(step, [(0,), (1,)], args.steps)
         total = sum(t for t, _, _ in table)
         launches = sum(n for _, n, _ in table)
-        print(f"\n## {build} (attention {attn}): step {wall:.2f} ms (CUDA events), kernels {total:.2f} ms, "
-              f"{launches:.0f} launches a step")
+        print(f"\n## {build} (attention {attn}{', compiled' if compiled else ''}): step {wall:.2f} ms (CUDA events), "
+              f"kernels {total:.2f} ms, {launches:.0f} launches a step, host {sorted(host)[2]:.2f} ms to enqueue a step")
         print("| ms a step | share | launches | kernel |\n|---:|---:|---:|---|")
         for t, n, k in table[:args.top]:
             print(f"| {t:.3f} | {100 * t / total:.1f}% | {n:.0f} | `{k}` |")
-        del model, opt
+        del model, opt, fwd
+        torch._dynamo.reset()
         torch.cuda.empty_cache()
 
 

@@ -454,13 +454,13 @@ static void run_case(fg_context *ctx, fg_backend be, fg_dtype dt, int act, const
     if (sc->bias) th_drop(&b);
 }
 
-/* A layer large enough for CUDA's sm_90a GEMM forward (a full wave of 128 × 256 tiles and
- * ≥ 6e9 multiply-adds; K = 1032: 64-wide slices and a tail of 8; row and column tiles with
- * tails), every activation, pre kept and not, aligned and (the GEMM + pass fallback)
+/* A layer large enough for CUDA's sm_90a GEMM forward (38 × 6 = 228 tiles of 128 × 256: 86 %
+ * of two waves on 132 SMs, two whole ones on 114; K = 4104 ≥ 4096: 64-wide slices and a tail
+ * of 8; row and column tiles with tails), every activation, pre kept and not, aligned and (the GEMM + pass fallback)
  * misaligned; on a 9.0 device with an sm_90a build the plan must name that kernel. Checked
  * against an f64 reference on every 37th row (every row tile) and the last three rows. */
 static void wide_forward(fg_context *ctx, fg_backend be, fg_dtype dt) {
-    const int64_t N = 4200, K = 1032, M = 2056;
+    const int64_t N = 4820, K = 4104, M = 1400;
     int64_t rows[160], nr = 0;
     for (int64_t n = 0; n < N - 3; n += 37) rows[nr++] = n;
     for (int64_t n = N - 3; n < N; n++) rows[nr++] = n;
@@ -530,9 +530,9 @@ static void wide_forward(fg_context *ctx, fg_backend be, fg_dtype dt) {
     free(rp), free(ry), free(rs), free(got), free(sub);
 }
 
-/* The backward of a layer large enough for the sm_90a GEMM's dx = g·w forming g (a full wave of
- * 128 × 256 tiles, ≥ 6e9 multiply-adds; reductions M = 2440 and N = 4200 end in partial 64-wide
- * slices, rows and columns in partial tiles). Aligned, every activation from a kept pre: dx's
+/* The backward of a layer large enough for the sm_90a GEMM's dx = g·w forming g (38 × 6 = 228
+ * tiles of 128 × 256, as the forward's; reductions M = 4104 ≥ 4096 and N = 4820 end in partial
+ * 64-wide slices, rows and columns in partial tiles). Aligned, every activation from a kept pre: dx's
  * product forms g itself (GEMM_INPUT_FORM) for relu, silu, sigmoid and tanh, the others take the
  * gradient pass; for silu also with pre consumed (g in pre's memory), with dx alone (no db
  * sums), with pre recomputed (the reference's pre is then the test's f64 x·wᵀ + b rounded to the
@@ -541,7 +541,7 @@ static void wide_forward(fg_context *ctx, fg_backend be, fg_dtype dt) {
  * 37th row and the last three, dw on every 37th row of its M and the last three, db whole, all
  * against f64; every element of dx and dw written; on a 9.0 device with an sm_90a build the plan
  * must name the formed product, and cuBLASLt's for the plain ones (dw = gᵀ·x reduces over
- * N = 4200, an unformed dx over M = 2440: the GEMM primitive gives the own GEMM a plain product
+ * N = 4820, an unformed dx over M = 4104: the GEMM primitive gives the own GEMM a plain product
  * only for a reduction of 16384 or more). */
 enum { WB_KEEP, WB_CONSUME, WB_DX_ONLY, WB_RECOMPUTE, WB_TWICE, WB_SLOPE, WB_SLOPE_CONSUME, WB_MODES };
 static const char *wb_mode_names[WB_MODES] = {"",       " pre consumed", " dx only", " pre recomputed", " twice",
@@ -572,7 +572,7 @@ static void backward_slope_consumed(fg_context *ctx, fg_backend be, int act, con
 }
 
 static void wide_backward(fg_context *ctx, fg_backend be, fg_dtype dt) {
-    const int64_t N = 4200, K = 1544, M = 2440;
+    const int64_t N = 4820, K = 1400, M = 4104;
     int64_t rn[160], rm[160], nn = 0, nm = 0;
     for (int64_t n = 0; n < N - 3; n += 37) rn[nn++] = n;
     for (int64_t n = N - 3; n < N; n++) rn[nn++] = n;

@@ -429,8 +429,9 @@ static int gm_sms(int device) {
 /* The kernel exists only in an sm_90a build (FASTGRAD_CUDA_ARCHS has 90a) and runs on a 9.0
  * device; f16 / bf16; every row stride a multiple of 8 elements (TMA's 16-byte strides: the
  * forward's k and cols, GEMM_INPUT's k (g's rows) and cols, GEMM_WEIGHT's rows (g's) and cols);
- * at least one full wave of tiles (fewer: cuBLASLt's smaller tiles fill the GPU better) and a
- * product long enough to pay for the fill and the tail. Running, every pointer must also be
+ * at least one full wave of tiles (fewer: cuBLASLt's smaller tiles fill the GPU better), tiles
+ * filling at least 85 % of their waves' slots, and a reduction of 4096 or more (the forward's
+ * K, the forming dx's M). Running, every pointer must also be
  * 16-byte aligned. */
 extern "C" bool fg_cuda_act_gemm_fits(int device, fg_dtype dtype, fg_act_step step, int64_t rows, int64_t k,
                                       int64_t cols) {
@@ -449,7 +450,15 @@ extern "C" bool fg_cuda_act_gemm_fits(int device, fg_dtype dtype, fg_act_step st
        tools/act_fwd_shapes.py measures the rule) */
     if ((double)rows * (double)k * (double)cols < 6e9) return false;
     const int64_t tiles = ((rows + GM_BM - 1) / GM_BM) * ((cols + GM_BN - 1) / GM_BN);
-    return tiles >= gm_sms(device) && tiles < INT32_MAX;
+    const int64_t sms = gm_sms(device);
+    if (tiles < sms || tiles >= INT32_MAX) return false;
+    /* whole tiles a block: a last wave that leaves SMs idle costs them (GPT-2's dx at 8192 × 768
+       has 192 tiles for 2 × 132 slots: 73 %), where cuBLASLt's smaller tiles even out */
+    const int64_t waves = (tiles + sms - 1) / sms;
+    if ((double)tiles < 0.85 * (double)(waves * sms)) return false;
+    /* a short reduction leaves each tile's change-over (drain the wgmmas, stage, refill)
+       against few K slices: at K 512–2048 product + pass on cuBLASLt won (decision 182) */
+    return k >= 4096;
 #else
     (void)device, (void)dtype, (void)step, (void)rows, (void)k, (void)cols;
     return false;

@@ -41,7 +41,10 @@
  *
  * Linear is also registered with the dispatcher as fastgrad_ext::linear (autograd in C++) and
  * fastgrad_ext::linear_backward, for callers of torch.ops. torch.compile traces the Python
- * custom ops of torch_ops.py instead (they have fake implementations).
+ * custom ops of torch_ops.py instead (they have fake implementations); for the six a transformer
+ * calls most (Linear, linear + activation, the row norms, each forward and backward) this module
+ * also gives the dispatcher C++ kernels (register_kernels), so a compiled graph's calls of them
+ * do not run torch_ops' Python.
  */
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/python_cpp_function.h>
@@ -1150,6 +1153,250 @@ py::object py_linear_act(py::handle xo, py::handle wo, py::handle bo, py::handle
     return py::none();
 }
 
+/* ------------------------------------------------------------------ the custom ops' kernels */
+
+/* torch_ops.py's custom ops fastgrad::linear, linear_backward, linear_act, linear_act_backward,
+ * norm and norm_backward as the dispatcher's CPU and CUDA kernels (register_kernels, which
+ * torch_ops calls once it has defined them). A torch.compile'd graph calls the ops; with these
+ * its call stays in C++ after custom_op's autograd kernel instead of entering torch_ops'
+ * function, ops.py and ctypes. Each computes what the op's Python function computes, through
+ * the same plans (the same bits); operands it does not take, and any status but FG_OK, go to
+ * that Python function, which gives the results or raises its usual errors. */
+enum { K_LINEAR, K_LINEAR_BACKWARD, K_LINEAR_ACT, K_LINEAR_ACT_BACKWARD, K_NORM, K_NORM_BACKWARD, K_COUNT };
+const char *const kernel_names[K_COUNT] = {"linear", "linear_backward", "linear_act",
+                                           "linear_act_backward", "norm", "norm_backward"};
+PyObject *python_impl[K_COUNT];         /* the ops' Python functions (references kept for the process) */
+std::atomic<uint32_t> kernel_flags{0};  /* FG_PLAN_ALLOW_TF32 as ops.set_allow_tf32 last set it */
+std::atomic<unsigned long long> n_kernel{0}, n_kernel_python{0};
+
+py::object arg(const at::Tensor &t) { return wrap(t); }
+py::object arg(const std::optional<at::Tensor> &t) { return t.has_value() ? wrap(*t) : py::none(); }
+py::object arg(c10::string_view v) { return py::str(v.data(), v.size()); }
+py::object arg(const c10::SymInt &v) { return py::int_(v.expect_int()); }
+py::object arg(bool v) { return py::bool_(v); }
+py::object arg(double v) { return py::float_(v); }
+
+/* The op's Python function on the same arguments, its result converted under the GIL. */
+template <class R, class... A> R call_python(int k, const A &...args)
+{
+    py::gil_scoped_acquire gil;
+    n_kernel_python++;
+    py::object r = py::reinterpret_borrow<py::object>(python_impl[k])(arg(args)...);
+    return r.cast<R>();
+}
+
+at::Tensor given(const std::optional<at::Tensor> &t) { return t.has_value() ? *t : at::Tensor(); }
+
+/* torch_ops._or_nothing: t, or an empty [0] tensor like ref for a gradient not asked for */
+at::Tensor or_nothing(const at::Tensor &t, const at::Tensor &ref)
+{
+    return t.defined() ? t : at::empty({0}, ref.options());
+}
+
+bool act_code(c10::string_view s, int &act)
+{
+    static const char *const names[] = {"none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh"};
+    static const int codes[] = {FG_ACT_NONE, FG_ACT_RELU,    FG_ACT_GELU, FG_ACT_GELU_TANH,
+                                FG_ACT_SILU, FG_ACT_SIGMOID, FG_ACT_TANH};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+        if (s == names[i]) {
+            act = codes[i];
+            return true;
+        }
+    return false;
+}
+
+bool kind_code(c10::string_view s, int &kind)
+{
+    kind = s == "layer" ? FG_NORM_LAYER : s == "rms" ? FG_NORM_RMS : -1;
+    return kind >= 0;
+}
+
+/* torch_ops._seed_value: the seed tensor's value (a CPU tensor), 0 without one */
+uint64_t seed_of(const std::optional<at::Tensor> &seed)
+{
+    return seed.has_value() && seed->defined() ? (uint64_t)seed->item<int64_t>() : 0;
+}
+
+using T2 = std::tuple<at::Tensor, at::Tensor>;
+using T3 = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+using T4 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+at::Tensor k_linear(const at::Tensor &x, const at::Tensor &w, const std::optional<at::Tensor> &b)
+{
+    const at::Tensor bias = given(b);
+    if (ready.load(std::memory_order_relaxed) && takes(x, w, bias)) {
+        try {
+            at::Tensor y = forward_y(x, w, bias, kernel_flags.load(std::memory_order_relaxed));
+            n_kernel++;
+            return y;
+        } catch (const Refused &) {
+        }
+    }
+    return call_python<at::Tensor>(K_LINEAR, x, w, b);
+}
+
+T3 k_linear_backward(const at::Tensor &dy, const at::Tensor &x, const at::Tensor &w, bool need_x, bool need_w,
+                     bool need_b)
+{
+    if (ready.load(std::memory_order_relaxed) && takes(x, w, at::Tensor()) && dy.defined() && dy.dim() >= 1 &&
+        dy.dim() <= FG_MAX_RANK && dy.scalar_type() == x.scalar_type() && dy.device() == x.device()) {
+        try {
+            const uint32_t f = kernel_flags.load(std::memory_order_relaxed);
+            const at::Tensor d = dense(dy);
+            at::Tensor dx, dw, db;
+            if (need_x)
+                dx = compute(FG_OP_LINEAR_BACKWARD_INPUT, "linear_backward_input", {d, dense(w)},
+                             with_last(d.sizes(), w.size(1)), f, true);
+            if (need_w)
+                dw = compute(FG_OP_LINEAR_BACKWARD_WEIGHT, "linear_backward_weight", {d, dense(x)},
+                             {d.size(-1), x.size(-1)}, f, true);
+            if (need_b)
+                db = compute(FG_OP_LINEAR_BACKWARD_BIAS, "linear_backward_bias", {d}, {d.size(-1)}, f, true);
+            n_kernel++;
+            return {or_nothing(dx, dy), or_nothing(dw, dy), or_nothing(db, dy)};
+        } catch (const Refused &) {
+        }
+    }
+    return call_python<T3>(K_LINEAR_BACKWARD, dy, x, w, need_x, need_w, need_b);
+}
+
+T2 k_linear_act(const at::Tensor &x, const at::Tensor &w, const std::optional<at::Tensor> &b, c10::string_view act_s,
+                bool save, bool slope)
+{
+    const at::Tensor bias = given(b);
+    int act;
+    if (ready.load(std::memory_order_relaxed) && act_code(act_s, act) && all_plain({&x, &w, &bias}, x)) {
+        const bool keep = save && act != FG_ACT_RELU && act != FG_ACT_NONE;
+        const fg_linear_act_options o = act_opts(act, slope && keep, false);
+        const uint32_t f = kernel_flags.load(std::memory_order_relaxed);
+        at::Tensor out[2];
+        std::vector<at::Tensor> ins = {x, w, bias};
+        if (with_retry(ins, [&](std::vector<at::Tensor> &a) {
+                return linear_act_forward_into(a[0], a[1], a[2], o, keep, f, out);
+            }) == FG_OK) {
+            n_kernel++;
+            return {out[0], or_nothing(out[1], out[0])};
+        }
+    }
+    return call_python<T2>(K_LINEAR_ACT, x, w, b, act_s, save, slope);
+}
+
+T3 k_linear_act_backward(const at::Tensor &dy, const at::Tensor &x, const at::Tensor &w,
+                         const std::optional<at::Tensor> &b, const std::optional<at::Tensor> &pre_in,
+                         c10::string_view act_s, bool slope, bool need_x, bool need_w, bool need_b)
+{
+    const at::Tensor bias = given(b), pre = given(pre_in);
+    int act;
+    if (ready.load(std::memory_order_relaxed) && act_code(act_s, act) && (pre.defined() || !slope) &&
+        all_plain({&dy, &x, &w, &bias, &pre}, dy)) {
+        const bool want[3] = {need_x, need_w, need_b && bias.defined()};
+        const fg_linear_act_options o = act_opts(act, slope, false);
+        const uint32_t f = kernel_flags.load(std::memory_order_relaxed);
+        at::Tensor g[3];
+        std::vector<at::Tensor> ins = {dy.contiguous(), x.contiguous(), w.contiguous(), bias, pre};
+        if (with_retry(ins, [&](std::vector<at::Tensor> &a) {
+                return linear_act_backward_into(a[0], a[4], a[1], a[2], a[3], o, want, f, g);
+            }) == FG_OK) {
+            n_kernel++;
+            return {or_nothing(g[0], dy), or_nothing(g[1], dy), or_nothing(g[2], dy)};
+        }
+    }
+    return call_python<T3>(K_LINEAR_ACT_BACKWARD, dy, x, w, b, pre_in, act_s, slope, need_x, need_w, need_b);
+}
+
+T4 k_norm(const at::Tensor &x_in, const std::optional<at::Tensor> &r_in, const std::optional<at::Tensor> &weight,
+          const std::optional<at::Tensor> &bias, c10::string_view kind_s, double eps, double p,
+          const std::optional<at::Tensor> &seed, c10::SymInt offset)
+{
+    int kind;
+    if (ready.load(std::memory_order_relaxed) && kind_code(kind_s, kind) && x_in.defined()) {
+        const at::Tensor x = x_in.contiguous();
+        const at::Tensor r = r_in.has_value() ? r_in->contiguous() : at::Tensor();
+        const at::Tensor w = weight.has_value() ? weight->to(x.scalar_type()) : at::Tensor();
+        const at::Tensor b = bias.has_value() ? bias->to(x.scalar_type()) : at::Tensor();
+        if (all_plain({&x, &r, &w, &b}, x)) {
+            const fg_norm_options o =
+                norm_opts(kind, eps, r.defined() ? p : 0.0, seed_of(seed), (uint64_t)offset.expect_int());
+            at::Tensor out[4];
+            std::vector<at::Tensor> ins = {x, w, b, r};
+            if (with_retry(ins, [&](std::vector<at::Tensor> &a) {
+                    return norm_forward_into(a[0], a[3], a[1], a[2], o, true, true, out);
+                }) == FG_OK) {
+                n_kernel++;
+                return {out[0], or_nothing(out[1], out[0]), or_nothing(out[2], out[3]), out[3]};
+            }
+        }
+    }
+    return call_python<T4>(K_NORM, x_in, r_in, weight, bias, kind_s, eps, p, seed, offset);
+}
+
+T4 k_norm_backward(const at::Tensor &dy_in, const std::optional<at::Tensor> &ds_in, const at::Tensor &xs,
+                   const std::optional<at::Tensor> &weight, const std::optional<at::Tensor> &mean_in,
+                   const at::Tensor &rstd, c10::string_view kind_s, double eps, double p,
+                   const std::optional<at::Tensor> &seed, c10::SymInt offset, bool need_x, bool need_r, bool need_w,
+                   bool need_b)
+{
+    int kind;
+    if (ready.load(std::memory_order_relaxed) && kind_code(kind_s, kind) && dy_in.defined() && xs.defined() &&
+        xs.dim() >= 1) {
+        const at::Tensor dy = dy_in.contiguous();
+        const at::Tensor ds = ds_in.has_value() ? ds_in->contiguous() : at::Tensor();
+        const at::Tensor w = weight.has_value() ? weight->to(xs.scalar_type()) : at::Tensor();
+        const at::Tensor mean = given(mean_in);
+        if (all_plain({&dy, &ds, &xs, &w, &mean, &rstd}, dy)) {
+            /* dw, db formed in f32 for weights of another dtype than x, then cast to theirs */
+            const bool other = weight.has_value() && weight->scalar_type() != xs.scalar_type();
+            const at::ScalarType pdt = other ? at::kFloat : w.defined() ? w.scalar_type() : xs.scalar_type();
+            const bool want[4] = {need_x, need_r, need_w && w.defined(), need_b};
+            const fg_norm_options o = norm_opts(kind, eps, p, seed_of(seed), (uint64_t)offset.expect_int());
+            at::Tensor g[4];
+            std::vector<at::Tensor> ins = {dy, xs, w, mean, rstd, ds};
+            if (with_retry(ins, [&](std::vector<at::Tensor> &a) {
+                    return norm_backward_into(a[0], a[5], a[1], a[2], a[3], a[4], o, want, pdt, false, g);
+                }) == FG_OK) {
+                if (weight.has_value())
+                    for (int i = 2; i < 4; i++)
+                        if (g[i].defined())
+                            g[i] = g[i].to(weight->scalar_type());
+                n_kernel++;
+                return {or_nothing(g[0], dy_in), or_nothing(g[1], dy_in), or_nothing(g[2], dy_in),
+                        or_nothing(g[3], dy_in)};
+            }
+        }
+    }
+    return call_python<T4>(K_NORM_BACKWARD, dy_in, ds_in, xs, weight, mean_in, rstd, kind_s, eps, p, seed, offset,
+                           need_x, need_r, need_w, need_b);
+}
+
+/* register_kernels({name: the op's Python function}): the kernels above become the CPU (and,
+ * with the CUDA part built, CUDA) kernels of torch.ops.fastgrad.<name>. Once per process. */
+void py_register_kernels(py::dict impls)
+{
+    static bool done = false;
+    if (done)
+        return;
+    for (int k = 0; k < K_COUNT; k++) {
+        py::object f = impls[kernel_names[k]];
+        TORCH_CHECK_VALUE(PyCallable_Check(f.ptr()), "register_kernels: no Python function for ", kernel_names[k]);
+        python_impl[k] = f.release().ptr();
+    }
+    auto add = [](torch::Library &lib) {
+        lib.impl("linear", TORCH_FN(k_linear));
+        lib.impl("linear_backward", TORCH_FN(k_linear_backward));
+        lib.impl("linear_act", TORCH_FN(k_linear_act));
+        lib.impl("linear_act_backward", TORCH_FN(k_linear_act_backward));
+        lib.impl("norm", TORCH_FN(k_norm));
+        lib.impl("norm_backward", TORCH_FN(k_norm_backward));
+    };
+    /* (libraries kept for the process: dropping one would unregister its kernels) */
+    add(*new torch::Library(torch::Library::IMPL, "fastgrad", c10::DispatchKey::CPU, __FILE__, __LINE__));
+#ifdef FG_TORCHEXT_CUDA
+    add(*new torch::Library(torch::Library::IMPL, "fastgrad", c10::DispatchKey::CUDA, __FILE__, __LINE__));
+#endif
+    done = true;
+}
+
 void py_configure(std::unordered_map<std::string, uintptr_t> fns, std::vector<int64_t> sizes, int64_t version)
 {
     const std::vector<int64_t> want = {(int64_t)sizeof(fg_tensor), FG_MAX_RANK, FG_MAX_OPERANDS,
@@ -1241,6 +1488,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
           "batch_norm_backward(dy, x, w, mean, rstd, training, p, seed, offset, need_x, need_r, need_w, need_b, "
           "has_bias, param_dtype, accumulate): norm.batch_norm_backward's (dx, dr, dw, db), or None");
     m.def("configure", &py_configure, "Hands the module the library's entry points (called once by _torchext.py)");
+    m.def("register_kernels", &py_register_kernels,
+          "register_kernels({name: function}): this module's C++ kernels for torch.ops.fastgrad's linear, "
+          "linear_backward, linear_act, linear_act_backward, norm and norm_backward on CPU (and CUDA) tensors, "
+          "each handing what it does not take to the given Python function (called once by torch_ops.py)");
+    m.def(
+        "set_tf32", [](int64_t flags) { kernel_flags.store((uint32_t)flags); },
+        "The plan flags (FG_PLAN_ALLOW_TF32 or 0) the custom ops' kernels plan with (ops.set_allow_tf32)");
     m.def(
         "stats",
         []() {
@@ -1255,12 +1509,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
                             py::arg("batch_norm_backward") = n_batch_norm_backward.load(),
                             py::arg("linear_act_forward") = n_act_forward.load(),
                             py::arg("linear_act_backward") = n_act_backward.load(),
-                            py::arg("linear_act_fallback") = n_act_fallback.load());
+                            py::arg("linear_act_fallback") = n_act_fallback.load(),
+                            py::arg("kernel") = n_kernel.load(), py::arg("kernel_python") = n_kernel_python.load());
         },
         "Since import: Linear's forwards and backwards run here, its calls handed back to Python, its gradients "
         "computed; the row norms' forwards and backwards run here (functional or through norm()), norm() calls, "
         "norm and BatchNorm calls handed back to Python, BatchNorm forwards and backwards; linear + activation's "
-        "forwards and backwards run here and its calls handed back to Python");
+        "forwards and backwards run here and its calls handed back to Python; the custom ops' kernels' calls run "
+        "here and handed to the ops' Python functions");
     m.attr("VERSION") = FG_VERSION;
 #ifdef FG_TORCHEXT_CUDA
     m.attr("HAS_CUDA") = true;

@@ -25,12 +25,23 @@ except ImportError:  # pragma: no cover - CI has no torch
 _allow_tf32 = False
 
 
+_tf32_hooks = []  # called with the plan flags on every change (the torch extension's kernels)
+
+
 def set_allow_tf32(allow):
     """Lets f32 products round their inputs to tf32 on tensor cores (off by default)."""
     global _allow_tf32
     _allow_tf32 = bool(allow)
     if FAST is not None:
         FAST.set_tf32(_lib.PLAN_ALLOW_TF32 if _allow_tf32 else 0)
+    for hook in _tf32_hooks:
+        hook(_lib.PLAN_ALLOW_TF32 if _allow_tf32 else 0)
+
+
+def on_tf32_change(hook):
+    """hook(flags) now and after every set_allow_tf32."""
+    _tf32_hooks.append(hook)
+    hook(_lib.PLAN_ALLOW_TF32 if _allow_tf32 else 0)
 
 
 _NP_DTYPES = {np.dtype(np.float32): _lib.F32, np.dtype(np.float16): _lib.F16, np.dtype(np.float64): _lib.F64,

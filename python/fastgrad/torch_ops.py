@@ -20,6 +20,10 @@ forward returns the cache of saved activations as a uint8 tensor (its size from
 fg_encoder_layer_sizes, which the fake implementation calls too), the backward takes it. RevIN is
 three ops (its statistics, which have no gradient, the forward and its backward).
 
+Linear, linear + activation and the row norms (forward and backward ops) also have C++ kernels
+for CPU and CUDA tensors from the torch extension when it is built (_register_kernels): what the
+compiled graph calls then runs without this module's Python, with the same plans and bits.
+
 The public functions of autograd.py / norm.py call these ops while torch.compile traces, and
 their direct autograd.Function path in eager mode, where a custom op's dispatch would add host
 time to every call (docs/decisions.md gives the figures); `use_custom_ops(True)` routes eager
@@ -121,12 +125,14 @@ def _set_materialize(ctx):
 
 
 _OPS = []  # every op, for tests (opcheck)
+_PY_FN = {}  # each op's Python function by name (the C++ kernels hand it what they do not take)
 
 
 def _op(name, mutates_args=()):
     def wrap(fn):
         op = torch.library.custom_op(f"fastgrad::{name}", mutates_args=mutates_args)(fn)
         _OPS.append(op)
+        _PY_FN[name] = fn
         return op
     return wrap
 
@@ -1126,4 +1132,28 @@ def _when_imported(name, fn):
 _when_imported("torch._inductor.lowering", _inductor_fallbacks)
 
 
-__all__ = ["use_custom_ops", "routed", "draw_seed", "all_ops"]
+# ------------------------------------------------------------------ C++ kernels for the hottest ops
+
+_KERNEL_OPS = ("linear", "linear_backward", "linear_act", "linear_act_backward", "norm", "norm_backward")
+
+
+def _register_kernels():
+    """Makes the torch extension's C++ functions (_torchext.cpp) the CPU / CUDA kernels of the ops
+    a transformer calls most, so that a compiled graph's call of one leaves Python after
+    custom_op's autograd kernel; each hands what it does not take to the Python function above.
+    Off without the extension or with FASTGRAD_NO_OP_KERNELS=1. Returns whether they are on."""
+    import os
+
+    from . import _torchext
+    m = _torchext.MODULE
+    if m is None or not hasattr(m, "register_kernels") or os.environ.get("FASTGRAD_NO_OP_KERNELS", "") not in ("", "0"):
+        return False
+    m.register_kernels({n: _PY_FN[n] for n in _KERNEL_OPS})
+    ops.on_tf32_change(m.set_tf32)
+    return True
+
+
+KERNELS = _register_kernels()
+
+
+__all__ = ["use_custom_ops", "routed", "draw_seed", "all_ops", "KERNELS"]

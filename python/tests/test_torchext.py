@@ -791,3 +791,103 @@ def test_forward_mode_ad_runs_python():
     for fn in calls:
         res = _both(fn)
         assert res[0] == "raised", res
+
+
+# ------------------------------------------------------------------ the custom ops' C++ kernels
+
+from fastgrad import torch_ops  # noqa: E402
+
+needs_kernels = pytest.mark.skipif(not torch_ops.KERNELS,
+                                   reason="the custom ops' C++ kernels are not registered (no extension, or "
+                                          "FASTGRAD_NO_OP_KERNELS)")
+
+
+def _kernel_cases(rng, device, dtype):
+    """(op name, args) for each op the extension has kernels for, at awkward shapes."""
+    t = lambda *s: _leaf(rng, s, dtype, device)  # noqa: E731
+    x, w, b, dy = t(3, 5, 33), t(17, 33), t(17), t(3, 5, 17)
+    pre = t(3, 5, 17)
+    xn, wn, bn = t(4, 2, 48), t(48), t(48)
+    dyn, r = t(4, 2, 48), t(4, 2, 48)
+    seed = torch.tensor([1234], dtype=torch.int64)
+    y, s, mean, rstd = torch_ops._PY_FN["norm"](xn, r, wn, bn, "layer", 1e-5, 0.25, seed, 7)
+    _, _, _, rstd_rms = torch_ops._PY_FN["norm"](xn, None, wn, None, "rms", 1e-6, 0.0, None, 0)
+    wn32 = wn.float() if dtype in (torch.bfloat16, torch.float16) else wn  # weights of another dtype
+    return [
+        ("linear", (x, w, b)),
+        ("linear", (x.transpose(0, 1), w, None)),  # non-collapsing: the retry on a contiguous copy
+        ("linear_backward", (dy, x, w, True, True, True)),
+        ("linear_backward", (dy, x, w, False, True, False)),
+        ("linear_act", (x, w, b, "gelu_tanh", True, False)),
+        ("linear_act", (x, w, b, "silu", True, True)),
+        ("linear_act", (x, w, None, "relu", True, False)),
+        ("linear_act", (x, w, b, "none", False, False)),
+        ("linear_act_backward", (dy, x, w, b, pre, "gelu_tanh", False, True, True, True)),
+        ("linear_act_backward", (dy, x, w, b, pre, "silu", True, True, False, True)),
+        ("linear_act_backward", (dy, x, w, None, None, "tanh", False, False, True, False)),
+        ("norm", (xn, r, wn, bn, "layer", 1e-5, 0.25, seed, 7)),
+        ("norm", (xn, None, wn32, None, "rms", 1e-6, 0.0, None, 0)),
+        ("norm", (xn, None, None, None, "layer", 1e-5, 0.0, None, 0)),
+        ("norm_backward", (dyn, dyn, s, wn, mean, rstd, "layer", 1e-5, 0.25, seed, 7, True, True, True, True)),
+        ("norm_backward", (dyn, None, xn, wn32, None, rstd_rms, "rms", 1e-6, 0.0, None, 0, True, False, True, False)),
+        ("norm_backward", (dyn, None, xn, None, None, None, "layer", 1e-5, 0.0, None, 0, True, False, False, True)),
+    ]
+
+
+@needs_kernels
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_op_kernels_match_the_python_functions(rng, device, dtype):
+    """torch.ops.fastgrad.<op> on CPU / CUDA tensors runs the extension's kernel (counted, none
+    handed back) and gives the bits of the op's Python function, empty gradients included."""
+    for name, args in _kernel_cases(rng, device, dtype):
+        if name == "norm_backward" and args[5] is None:  # rstd recomputed: the op requires it, skip
+            continue
+        before = EXT.stats()
+        got = getattr(torch.ops.fastgrad, name)(*args)
+        after = EXT.stats()
+        assert after["kernel"] == before["kernel"] + 1 and after["kernel_python"] == before["kernel_python"], \
+            f"{name}: the kernel did not run it ({before} -> {after})"
+        want = torch_ops._PY_FN[name](*args)
+        got, want = (got, want) if isinstance(got, tuple) else ((got,), (want,))
+        assert len(got) == len(want)
+        for g, w_ in zip(got, want):
+            _same(g, w_)
+
+
+@needs_kernels
+def test_op_kernels_hand_back_what_they_do_not_take(rng):
+    """An unknown activation, a dtype mismatch, the slope form without its slope: the op's Python
+    function runs (counted) and raises what it raises."""
+    x, w, b = _leaf(rng, (4, 8), torch.float32, "cpu"), _leaf(rng, (3, 8), torch.float32, "cpu"), \
+        _leaf(rng, (3,), torch.float32, "cpu")
+    dy = _leaf(rng, (4, 3), torch.float32, "cpu")
+    cases = [("linear", (x.double(), w, b)), ("linear_act", (x, w, b, "swish", True, False)),
+             ("linear_act_backward", (dy, x, w, b, None, "silu", True, True, True, True)),
+             ("norm", (x, None, None, None, "batch", 1e-5, 0.0, None, 0))]
+    for name, args in cases:
+        before = EXT.stats()["kernel_python"]
+        got = _outcome(lambda: getattr(torch.ops.fastgrad, name)(*args))
+        want = _outcome(lambda: torch_ops._PY_FN[name](*args))
+        assert EXT.stats()["kernel_python"] == before + 1, f"{name}: not handed to Python"
+        assert got[0] == want[0] == "raised", f"{name}: {got} / {want}"
+        assert issubclass(got[1][0], want[1][0]) or got[1][0] is want[1][0], f"{name}: {got[1]} vs {want[1]}"
+        assert want[1][1] in got[1][1], f"{name}: {got[1][1]!r} lacks {want[1][1]!r}"
+
+
+@needs_kernels
+def test_op_kernels_follow_tf32_and_autograd(rng):
+    """set_allow_tf32 reaches the kernels' plans (the hook is registered), and the ops' autograd
+    (custom_op's, in Python) still runs around the C++ kernels: gradients as through the
+    Python functions."""
+    assert EXT.set_tf32 in fg.ops._tf32_hooks
+    x, w, b = (_leaf(rng, s, torch.float32, "cpu") for s in ((6, 20), (9, 20), (9,)))
+    dy = _leaf(rng, (6, 9), torch.float32, "cpu")
+    leaves = [t.clone().requires_grad_(True) for t in (x, w, b)]
+    before = EXT.stats()["kernel"]
+    torch.ops.fastgrad.linear_act(*leaves, "gelu", True, False)[0].backward(dy)
+    assert EXT.stats()["kernel"] == before + 2  # forward and backward
+    y, pre = torch_ops._PY_FN["linear_act"](x, w, b, "gelu", True, False)
+    dx, dw, db = torch_ops._PY_FN["linear_act_backward"](dy, x, w, b, pre, "gelu", False, True, True, True)
+    for t, r in zip(leaves, (dx, dw, db)):
+        _same(t.grad, r)

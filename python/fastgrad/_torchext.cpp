@@ -49,6 +49,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/python_cpp_function.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/library.h>
@@ -1167,7 +1168,7 @@ const char *const kernel_names[K_COUNT] = {"linear", "linear_backward", "linear_
                                            "linear_act_backward", "norm", "norm_backward"};
 PyObject *python_impl[K_COUNT];         /* the ops' Python functions (references kept for the process) */
 std::atomic<uint32_t> kernel_flags{0};  /* FG_PLAN_ALLOW_TF32 as ops.set_allow_tf32 last set it */
-std::atomic<unsigned long long> n_kernel{0}, n_kernel_python{0};
+std::atomic<unsigned long long> n_kernel{0}, n_kernel_python{0}, n_autograd_cpp{0}, n_autograd_python{0};
 
 py::object arg(const at::Tensor &t) { return wrap(t); }
 py::object arg(const std::optional<at::Tensor> &t) { return t.has_value() ? wrap(*t) : py::none(); }
@@ -1369,9 +1370,56 @@ T4 k_norm_backward(const at::Tensor &dy_in, const std::optional<at::Tensor> &ds_
                            need_x, need_r, need_w, need_b);
 }
 
-/* register_kernels({name: the op's Python function}): the kernels above become the CPU (and,
- * with the CUDA part built, CUDA) kernels of torch.ops.fastgrad.<name>. Once per process. */
-void py_register_kernels(py::dict impls)
+/* The ops' autograd kernel for CPU and CUDA tensors (AutogradCPU, AutogradCUDA), boxed: with grad
+ * mode off or no tensor argument requiring grad — every call a compiled graph's forward and
+ * backward make — it redispatches below autograd here, as custom_op's Python autograd kernel
+ * would; else it runs that Python kernel (made by torch._library.autograd.make_autograd_impl and
+ * handed over by torch_ops), which records the graph. */
+PyObject *python_autograd[K_COUNT];
+
+void autograd_boxed(const c10::OperatorHandle &op, c10::DispatchKeySet ks, torch::jit::Stack *stack)
+{
+    const size_t n = op.schema().arguments().size();
+    bool grad = false;
+    if (c10::GradMode::is_enabled())
+        for (const c10::IValue &a : torch::jit::last(*stack, n))
+            if (a.isTensor() && a.toTensor().defined() && a.toTensor().requires_grad()) {
+                grad = true;
+                break;
+            }
+    if (!grad) {
+        n_autograd_cpp++;
+        at::AutoDispatchBelowAutograd below;
+        op.redispatchBoxed(ks & c10::after_autograd_keyset, stack);
+        return;
+    }
+    int k = 0;
+    while (k < K_COUNT && op.schema().name() != std::string("fastgrad::") + kernel_names[k])
+        k++;
+    TORCH_CHECK(k < K_COUNT, "fastgrad: no autograd kernel for ", op.schema().name());
+    py::gil_scoped_acquire gil;
+    n_autograd_python++;
+    py::tuple args(n + 1);
+    args[0] = py::cast(ks);
+    auto in = torch::jit::last(*stack, n);
+    for (size_t i = 0; i < n; i++)
+        args[i + 1] = torch::jit::toPyObject(in[i]);
+    torch::jit::drop(*stack, n);
+    py::object r = py::reinterpret_borrow<py::object>(python_autograd[k])(*args);
+    const auto &rets = op.schema().returns();
+    if (rets.size() == 1) {
+        stack->push_back(torch::jit::toIValue(r, rets[0].type()));
+        return;
+    }
+    py::tuple t = r.cast<py::tuple>();
+    for (size_t i = 0; i < rets.size(); i++)
+        stack->push_back(torch::jit::toIValue(t[i], rets[i].type()));
+}
+
+/* register_kernels({name: the op's Python function}, {name: its Python autograd kernel} or
+ * None): the kernels above become the CPU and AutogradCPU (and, with the CUDA part built, CUDA
+ * and AutogradCUDA) kernels of torch.ops.fastgrad.<name>. Once per process. */
+void py_register_kernels(py::dict impls, py::object autograd_impls)
 {
     static bool done = false;
     if (done)
@@ -1394,6 +1442,25 @@ void py_register_kernels(py::dict impls)
 #ifdef FG_TORCHEXT_CUDA
     add(*new torch::Library(torch::Library::IMPL, "fastgrad", c10::DispatchKey::CUDA, __FILE__, __LINE__));
 #endif
+    if (!autograd_impls.is_none()) {
+        py::dict ag = autograd_impls.cast<py::dict>();
+        for (int k = 0; k < K_COUNT; k++) {
+            py::object f = ag[kernel_names[k]];
+            TORCH_CHECK_VALUE(PyCallable_Check(f.ptr()), "register_kernels: no autograd kernel for ",
+                              kernel_names[k]);
+            python_autograd[k] = f.release().ptr();
+        }
+        auto add_autograd = [](torch::Library &lib) {
+            for (int k = 0; k < K_COUNT; k++)
+                lib.impl(kernel_names[k], torch::CppFunction::makeFromBoxedFunction<&autograd_boxed>());
+        };
+        add_autograd(
+            *new torch::Library(torch::Library::IMPL, "fastgrad", c10::DispatchKey::AutogradCPU, __FILE__, __LINE__));
+#ifdef FG_TORCHEXT_CUDA
+        add_autograd(
+            *new torch::Library(torch::Library::IMPL, "fastgrad", c10::DispatchKey::AutogradCUDA, __FILE__, __LINE__));
+#endif
+    }
     done = true;
 }
 
@@ -1489,9 +1556,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
           "has_bias, param_dtype, accumulate): norm.batch_norm_backward's (dx, dr, dw, db), or None");
     m.def("configure", &py_configure, "Hands the module the library's entry points (called once by _torchext.py)");
     m.def("register_kernels", &py_register_kernels,
-          "register_kernels({name: function}): this module's C++ kernels for torch.ops.fastgrad's linear, "
-          "linear_backward, linear_act, linear_act_backward, norm and norm_backward on CPU (and CUDA) tensors, "
-          "each handing what it does not take to the given Python function (called once by torch_ops.py)");
+          "register_kernels({name: function}, {name: autograd kernel} or None): this module's C++ kernels for "
+          "torch.ops.fastgrad's linear, linear_backward, linear_act, linear_act_backward, norm and norm_backward "
+          "on CPU (and CUDA) tensors, each handing what it does not take to the given Python function, and their "
+          "autograd kernels (called once by torch_ops.py)");
     m.def(
         "set_tf32", [](int64_t flags) { kernel_flags.store((uint32_t)flags); },
         "The plan flags (FG_PLAN_ALLOW_TF32 or 0) the custom ops' kernels plan with (ops.set_allow_tf32)");
@@ -1510,13 +1578,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
                             py::arg("linear_act_forward") = n_act_forward.load(),
                             py::arg("linear_act_backward") = n_act_backward.load(),
                             py::arg("linear_act_fallback") = n_act_fallback.load(),
-                            py::arg("kernel") = n_kernel.load(), py::arg("kernel_python") = n_kernel_python.load());
+                            py::arg("kernel") = n_kernel.load(), py::arg("kernel_python") = n_kernel_python.load(),
+                            py::arg("autograd_cpp") = n_autograd_cpp.load(),
+                            py::arg("autograd_python") = n_autograd_python.load());
         },
         "Since import: Linear's forwards and backwards run here, its calls handed back to Python, its gradients "
         "computed; the row norms' forwards and backwards run here (functional or through norm()), norm() calls, "
         "norm and BatchNorm calls handed back to Python, BatchNorm forwards and backwards; linear + activation's "
         "forwards and backwards run here and its calls handed back to Python; the custom ops' kernels' calls run "
-        "here and handed to the ops' Python functions");
+        "here and handed to the ops' Python functions, their autograd kernel's calls redispatched here and handed to "
+        "custom_op's Python autograd kernel");
     m.attr("VERSION") = FG_VERSION;
 #ifdef FG_TORCHEXT_CUDA
     m.attr("HAS_CUDA") = true;

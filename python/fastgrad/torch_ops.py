@@ -1139,8 +1139,9 @@ _KERNEL_OPS = ("linear", "linear_backward", "linear_act", "linear_act_backward",
 
 def _register_kernels():
     """Makes the torch extension's C++ functions (_torchext.cpp) the CPU / CUDA kernels of the ops
-    a transformer calls most, so that a compiled graph's call of one leaves Python after
-    custom_op's autograd kernel; each hands what it does not take to the Python function above.
+    a transformer calls most, and a C++ autograd kernel theirs, so that a compiled graph's call of
+    one (grad mode off) never enters Python; each hands what it does not take to the Python
+    function above, and a call that records a graph goes to custom_op's autograd kernel.
     Off without the extension or with FASTGRAD_NO_OP_KERNELS=1. Returns whether they are on."""
     import os
 
@@ -1148,9 +1149,21 @@ def _register_kernels():
     m = _torchext.MODULE
     if m is None or not hasattr(m, "register_kernels") or os.environ.get("FASTGRAD_NO_OP_KERNELS", "") not in ("", "0"):
         return False
-    m.register_kernels({n: _PY_FN[n] for n in _KERNEL_OPS})
+    m.register_kernels({n: _PY_FN[n] for n in _KERNEL_OPS}, _autograd_kernels())
     ops.on_tf32_change(m.set_tf32)
     return True
+
+
+def _autograd_kernels():
+    """custom_op's own autograd kernel of each op (what it registered for the Autograd key), for the
+    C++ autograd kernel to hand the calls that record a graph; None where this torch does not make
+    them the way it is called here (then the C++ autograd kernels stay off)."""
+    try:
+        from torch._library.autograd import make_autograd_impl
+        defs = {op._name.split("::")[-1]: op for op in _OPS}
+        return {n: make_autograd_impl(getattr(torch.ops.fastgrad, n).default, defs[n]) for n in _KERNEL_OPS}
+    except (ImportError, AttributeError, KeyError, TypeError):
+        return None
 
 
 KERNELS = _register_kernels()

@@ -891,3 +891,33 @@ def test_op_kernels_follow_tf32_and_autograd(rng):
     dx, dw, db = torch_ops._PY_FN["linear_act_backward"](dy, x, w, b, pre, "gelu", False, True, True, True)
     for t, r in zip(leaves, (dx, dw, db)):
         _same(t.grad, r)
+
+
+@needs_kernels
+def test_compiled_graph_calls_stay_in_cpp(rng):
+    """A torch.compile'd training step over fg.LayerNorm, fg.Linear and fg.LinearAct: after the
+    first (tracing) step, every call of the six ops goes through the C++ autograd and backend
+    kernels (counted), none through Python, and the results equal the same model's eager ones."""
+    if torch_ops._autograd_kernels() is None:
+        pytest.skip("this torch makes no custom_op autograd kernel the way torch_ops calls it")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(fg.LayerNorm(24), fg.LinearAct(24, 40, act="gelu_tanh"), fg.Linear(40, 24))
+    x = _leaf(rng, (6, 24), torch.float32, "cpu")
+
+    def step(m):
+        for p in m.parameters():
+            p.grad = None
+        m(x).square().mean().backward()
+        return [p.grad.clone() for p in m.parameters()]
+
+    want = step(model)
+    compiled = torch.compile(model, backend="aot_eager")
+    step(compiled)  # traces
+    before = EXT.stats()
+    got = step(compiled)
+    after = EXT.stats()
+    assert after["kernel"] - before["kernel"] == 6, "3 forward and 3 backward ops through the C++ kernels"
+    assert after["autograd_cpp"] - before["autograd_cpp"] == 6
+    assert after["autograd_python"] == before["autograd_python"] and after["kernel_python"] == before["kernel_python"]
+    for g, w_ in zip(got, want):
+        _same(g, w_)

@@ -41,8 +41,8 @@
  *
  * Linear is also registered with the dispatcher as fastgrad_ext::linear (autograd in C++) and
  * fastgrad_ext::linear_backward, for callers of torch.ops. torch.compile traces the Python
- * custom ops of torch_ops.py instead (they have fake implementations); for the six a transformer
- * calls most (Linear, linear + activation, the row norms, each forward and backward) this module
+ * custom ops of torch_ops.py instead (they have fake implementations); for the eight a transformer
+ * calls most (Linear, linear + activation, the row norms, attention, each forward and backward) this module
  * also gives the dispatcher C++ kernels (register_kernels), so a compiled graph's calls of them
  * do not run torch_ops' Python.
  */
@@ -220,7 +220,8 @@ void describe(const at::Tensor &a, fg_tensor *t)
      * materialized first, so an operand the op writes (BatchNorm's running statistics) never
      * writes into storage another tensor shares */
     t->data = a.mutable_data_ptr();
-    t->dtype = (fg_dtype)dtype_code(a.scalar_type());
+    const at::ScalarType st_ = a.scalar_type();
+    t->dtype = st_ == at::kInt ? FG_I32 : st_ == at::kLong ? FG_I64 : (fg_dtype)dtype_code(st_);
     t->rank = (int32_t)r;
 }
 
@@ -1157,15 +1158,25 @@ py::object py_linear_act(py::handle xo, py::handle wo, py::handle bo, py::handle
 /* ------------------------------------------------------------------ the custom ops' kernels */
 
 /* torch_ops.py's custom ops fastgrad::linear, linear_backward, linear_act, linear_act_backward,
- * norm and norm_backward as the dispatcher's CPU and CUDA kernels (register_kernels, which
+ * norm, norm_backward, attention and attention_backward as the dispatcher's CPU and CUDA kernels (register_kernels, which
  * torch_ops calls once it has defined them). A torch.compile'd graph calls the ops; with these
  * its call stays in C++ after custom_op's autograd kernel instead of entering torch_ops'
  * function, ops.py and ctypes. Each computes what the op's Python function computes, through
  * the same plans (the same bits); operands it does not take, and any status but FG_OK, go to
  * that Python function, which gives the results or raises its usual errors. */
-enum { K_LINEAR, K_LINEAR_BACKWARD, K_LINEAR_ACT, K_LINEAR_ACT_BACKWARD, K_NORM, K_NORM_BACKWARD, K_COUNT };
-const char *const kernel_names[K_COUNT] = {"linear", "linear_backward", "linear_act",
-                                           "linear_act_backward", "norm", "norm_backward"};
+enum {
+    K_LINEAR,
+    K_LINEAR_BACKWARD,
+    K_LINEAR_ACT,
+    K_LINEAR_ACT_BACKWARD,
+    K_NORM,
+    K_NORM_BACKWARD,
+    K_ATTENTION,
+    K_ATTENTION_BACKWARD,
+    K_COUNT
+};
+const char *const kernel_names[K_COUNT] = {"linear", "linear_backward", "linear_act", "linear_act_backward",
+                                           "norm",   "norm_backward",   "attention",  "attention_backward"};
 PyObject *python_impl[K_COUNT];         /* the ops' Python functions (references kept for the process) */
 std::atomic<uint32_t> kernel_flags{0};  /* FG_PLAN_ALLOW_TF32 as ops.set_allow_tf32 last set it */
 std::atomic<unsigned long long> n_kernel{0}, n_kernel_python{0}, n_autograd_cpp{0}, n_autograd_python{0};
@@ -1176,6 +1187,7 @@ py::object arg(c10::string_view v) { return py::str(v.data(), v.size()); }
 py::object arg(const c10::SymInt &v) { return py::int_(v.expect_int()); }
 py::object arg(bool v) { return py::bool_(v); }
 py::object arg(double v) { return py::float_(v); }
+py::object arg(const std::optional<double> &v) { return v.has_value() ? py::object(py::float_(*v)) : py::none(); }
 
 /* The op's Python function on the same arguments, its result converted under the GIL. */
 template <class R, class... A> R call_python(int k, const A &...args)
@@ -1370,6 +1382,115 @@ T4 k_norm_backward(const at::Tensor &dy_in, const std::optional<at::Tensor> &ds_
                            need_x, need_r, need_w, need_b);
 }
 
+/* ops.attention_options: zeroed first (its bytes key the plan), scale None as 0 (1/√hd) */
+fg_attention_options attn_opts(bool causal, const std::optional<double> &scale, double dropout_p, uint64_t seed,
+                               uint64_t offset)
+{
+    fg_attention_options o;
+    std::memset(&o, 0, sizeof o);
+    o.scale = scale.has_value() ? *scale : 0.0;
+    o.causal = causal;
+    o.dropout_p = dropout_p;
+    o.seed = seed;
+    o.offset = offset;
+    return o;
+}
+
+/* ops._heads_like: a [B, H, L, hd] tensor stored [B, L, H, hd] */
+at::Tensor heads_like(const at::Tensor &ref, at::IntArrayRef bhld)
+{
+    return at::empty({bhld[0], bhld[2], bhld[1], bhld[3]}, ref.options()).transpose(1, 2);
+}
+
+at::ScalarType scores_type(c10::string_view name, at::ScalarType fallback, bool &known)
+{
+    known = true;
+    if (name.empty())
+        return fallback;
+    if (name == "float32")
+        return at::kFloat;
+    if (name == "float16")
+        return at::kHalf;
+    if (name == "bfloat16")
+        return at::kBFloat16;
+    if (name == "float64")
+        return at::kDouble;
+    known = false;
+    return fallback;
+}
+
+bool lengths_plain(const at::Tensor &t, const at::Tensor &ref)
+{
+    return !t.defined() || ((t.scalar_type() == at::kInt || t.scalar_type() == at::kLong) && t.dim() == 1 &&
+                            t.device() == ref.device());
+}
+
+T3 k_attention(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, const std::optional<at::Tensor> &sin_in,
+               const std::optional<at::Tensor> &len_in, const std::optional<at::Tensor> &seed, c10::SymInt offset,
+               bool causal, std::optional<double> scale, double dropout_p, bool return_scores,
+               c10::string_view scores_dtype)
+{
+    const at::Tensor sin = given(sin_in), len = given(len_in);
+    bool known;
+    if (ready.load(std::memory_order_relaxed) && q.dim() == 4 && all_plain({&q, &k, &v, &sin}, q) &&
+        lengths_plain(len, q)) {
+        const at::ScalarType sdt = sin.defined() ? sin.scalar_type() : scores_type(scores_dtype, q.scalar_type(), known);
+        if (sin.defined() || known) {
+            const fg_attention_options o =
+                attn_opts(causal, scale, dropout_p, seed_of(seed), (uint64_t)offset.expect_int());
+            at::Tensor out[3];
+            std::vector<at::Tensor> ins = {q, k, v, len, sin};
+            if (with_retry(ins, [&](std::vector<at::Tensor> &a) {
+                    const at::Tensor &qq = a[0];
+                    out[0] = heads_like(qq, qq.sizes());
+                    out[1] = at::empty({qq.size(0), qq.size(1), qq.size(2)}, acc_options(qq));
+                    out[2] = return_scores
+                                 ? at::empty({qq.size(0), qq.size(1), qq.size(2), qq.size(2)}, qq.options().dtype(sdt))
+                                 : at::Tensor();
+                    const at::Tensor *p[] = {&a[0], &a[1], &a[2], &a[3], &a[4], &out[0], &out[1], &out[2]};
+                    return run(FG_OP_ATTENTION_FORWARD, p, 8, 0, qq, &o, sizeof o, false);
+                }) == FG_OK) {
+                n_kernel++;
+                return {out[0], out[1], or_nothing(out[2], out[0])};
+            }
+        }
+    }
+    return call_python<T3>(K_ATTENTION, q, k, v, sin_in, len_in, seed, offset, causal, scale, dropout_p,
+                           return_scores, scores_dtype);
+}
+
+T4 k_attention_backward(const at::Tensor &d_o, const std::optional<at::Tensor> &dsc_in, const at::Tensor &q,
+                        const at::Tensor &k, const at::Tensor &v, const at::Tensor &o, const at::Tensor &lse,
+                        const std::optional<at::Tensor> &len_in, const std::optional<at::Tensor> &sin_in,
+                        const std::optional<at::Tensor> &seed, c10::SymInt offset, bool causal,
+                        std::optional<double> scale, double dropout_p, bool need_q, bool need_k, bool need_v,
+                        bool need_s)
+{
+    const at::Tensor dsc = given(dsc_in), len = given(len_in), sin = given(sin_in);
+    if (ready.load(std::memory_order_relaxed) && q.dim() == 4 && d_o.defined() &&
+        all_plain({&d_o, &dsc, &q, &k, &v, &o, &lse, &sin}, d_o) && lengths_plain(len, d_o)) {
+        const bool want[4] = {need_q, need_k, need_v, need_s && sin.defined()};
+        const fg_attention_options opt =
+            attn_opts(causal, scale, dropout_p, seed_of(seed), (uint64_t)offset.expect_int());
+        at::Tensor g[4];
+        std::vector<at::Tensor> ins = {d_o, q, k, v, o, lse, len, sin, dsc};
+        if (with_retry(ins, [&](std::vector<at::Tensor> &a) {
+                const at::Tensor &dd = a[0], &qq = a[1];
+                for (int i = 0; i < 3; i++)
+                    g[i] = want[i] ? heads_like(dd, qq.sizes()) : at::Tensor();
+                g[3] = want[3] ? at::empty(a[7].sizes(), a[7].options()) : at::Tensor();
+                const at::Tensor *p[] = {&a[0], &a[8], &a[1], &a[2], &a[3], &a[6], &a[7],
+                                         &a[4], &a[5], &g[0], &g[1], &g[2], &g[3]};
+                return run(FG_OP_ATTENTION_BACKWARD, p, 13, 0, dd, &opt, sizeof opt, false);
+            }) == FG_OK) {
+            n_kernel++;
+            return {or_nothing(g[0], d_o), or_nothing(g[1], d_o), or_nothing(g[2], d_o), or_nothing(g[3], d_o)};
+        }
+    }
+    return call_python<T4>(K_ATTENTION_BACKWARD, d_o, dsc_in, q, k, v, o, lse, len_in, sin_in, seed, offset, causal,
+                           scale, dropout_p, need_q, need_k, need_v, need_s);
+}
+
 /* The ops' autograd kernel for CPU and CUDA tensors (AutogradCPU, AutogradCUDA), boxed: with grad
  * mode off or no tensor argument requiring grad — every call a compiled graph's forward and
  * backward make — it redispatches below autograd here, as custom_op's Python autograd kernel
@@ -1436,6 +1557,8 @@ void py_register_kernels(py::dict impls, py::object autograd_impls)
         lib.impl("linear_act_backward", TORCH_FN(k_linear_act_backward));
         lib.impl("norm", TORCH_FN(k_norm));
         lib.impl("norm_backward", TORCH_FN(k_norm_backward));
+        lib.impl("attention", TORCH_FN(k_attention));
+        lib.impl("attention_backward", TORCH_FN(k_attention_backward));
     };
     /* (libraries kept for the process: dropping one would unregister its kernels) */
     add(*new torch::Library(torch::Library::IMPL, "fastgrad", c10::DispatchKey::CPU, __FILE__, __LINE__));
@@ -1557,7 +1680,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
     m.def("configure", &py_configure, "Hands the module the library's entry points (called once by _torchext.py)");
     m.def("register_kernels", &py_register_kernels,
           "register_kernels({name: function}, {name: autograd kernel} or None): this module's C++ kernels for "
-          "torch.ops.fastgrad's linear, linear_backward, linear_act, linear_act_backward, norm and norm_backward "
+          "torch.ops.fastgrad's linear, linear_backward, linear_act, linear_act_backward, norm, norm_backward, "
+          "attention and attention_backward "
           "on CPU (and CUDA) tensors, each handing what it does not take to the given Python function, and their "
           "autograd kernels (called once by torch_ops.py)");
     m.def(

@@ -20,7 +20,7 @@ forward returns the cache of saved activations as a uint8 tensor (its size from
 fg_encoder_layer_sizes, which the fake implementation calls too), the backward takes it. RevIN is
 three ops (its statistics, which have no gradient, the forward and its backward).
 
-Linear, linear + activation and the row norms (forward and backward ops) also have C++ kernels
+Linear, linear + activation, the row norms and attention (forward and backward ops) also have C++ kernels
 for CPU and CUDA tensors from the torch extension when it is built (_register_kernels): what the
 compiled graph calls then runs without this module's Python, with the same plans and bits.
 
@@ -1134,7 +1134,8 @@ _when_imported("torch._inductor.lowering", _inductor_fallbacks)
 
 # ------------------------------------------------------------------ C++ kernels for the hottest ops
 
-_KERNEL_OPS = ("linear", "linear_backward", "linear_act", "linear_act_backward", "norm", "norm_backward")
+_KERNEL_OPS = ("linear", "linear_backward", "linear_act", "linear_act_backward", "norm", "norm_backward", "attention",
+               "attention_backward")
 
 
 def _register_kernels():

@@ -72,11 +72,19 @@ def main():
         e1.record()
         torch.cuda.synchronize()
         wall = e0.elapsed_time(e1) / args.steps
+        from fastgrad import _torchext
+        ext = _torchext.MODULE
+        before = ext.stats() if ext is not None else {}
         table = kernel_table(step, [(0,), (1,)], args.steps)
+        after = ext.stats() if ext is not None else {}
+        calls = {k: after[k] - before[k] for k in ("kernel", "kernel_python", "autograd_cpp", "autograd_python")
+                 if k in after}
         total = sum(t for t, _, _ in table)
         launches = sum(n for _, n, _ in table)
         print(f"\n## {build} (attention {attn}{', compiled' if compiled else ''}): step {wall:.2f} ms (CUDA events), "
               f"kernels {total:.2f} ms, {launches:.0f} launches a step, host {sorted(host)[2]:.2f} ms to enqueue a step")
+        if calls:  # the custom ops' C++ kernels (decision 183): their calls over the profiled steps
+            print("torch extension calls over those steps: " + ", ".join(f"{k} {v}" for k, v in calls.items()))
         print("| ms a step | share | launches | kernel |\n|---:|---:|---:|---|")
         for t, n, k in table[:args.top]:
             print(f"| {t:.3f} | {100 * t / total:.1f}% | {n:.0f} | `{k}` |")

@@ -83,8 +83,9 @@ def main():
         launches = sum(n for _, n, _ in table)
         print(f"\n## {build} (attention {attn}{', compiled' if compiled else ''}): step {wall:.2f} ms (CUDA events), "
               f"kernels {total:.2f} ms, {launches:.0f} launches a step, host {sorted(host)[2]:.2f} ms to enqueue a step")
-        if calls:  # the custom ops' C++ kernels (decision 183): their calls over the profiled steps
-            print("torch extension calls over those steps: " + ", ".join(f"{k} {v}" for k, v in calls.items()))
+        if calls:  # the custom ops' C++ kernels (decision 183); kernel_table runs 2 warm-up steps too
+            n = args.steps + 2
+            print("torch extension calls a step: " + ", ".join(f"{k} {v / n:.0f}" for k, v in calls.items()))
         print("| ms a step | share | launches | kernel |\n|---:|---:|---:|---|")
         for t, n, k in table[:args.top]:
             print(f"| {t:.3f} | {100 * t / total:.1f}% | {n:.0f} | `{k}` |")

@@ -1199,6 +1199,7 @@ template <class R, class... A> R call_python(int k, const A &...args)
 }
 
 at::Tensor given(const std::optional<at::Tensor> &t) { return t.has_value() ? *t : at::Tensor(); }
+bool present(const std::optional<at::Tensor> &t) { return t.has_value() && t->defined(); }
 
 /* torch_ops._or_nothing: t, or an empty [0] tensor like ref for a gradient not asked for */
 at::Tensor or_nothing(const at::Tensor &t, const at::Tensor &ref)
@@ -1274,10 +1275,10 @@ T3 k_linear_backward(const at::Tensor &dy, const at::Tensor &x, const at::Tensor
     return call_python<T3>(K_LINEAR_BACKWARD, dy, x, w, need_x, need_w, need_b);
 }
 
-T2 k_linear_act(const at::Tensor &x, const at::Tensor &w, const std::optional<at::Tensor> &b, c10::string_view act_s,
-                bool save, bool slope)
+T2 k_linear_act(const at::Tensor &x_in, const at::Tensor &w_in, const std::optional<at::Tensor> &b,
+                c10::string_view act_s, bool save, bool slope)
 {
-    const at::Tensor bias = given(b);
+    const at::Tensor x = dense(x_in), w = dense(w_in), bias = dense(given(b)); /* (torch_ops._call's _dense) */
     int act;
     if (ready.load(std::memory_order_relaxed) && act_code(act_s, act) && all_plain({&x, &w, &bias}, x)) {
         const bool keep = save && act != FG_ACT_RELU && act != FG_ACT_NONE;
@@ -1292,14 +1293,15 @@ T2 k_linear_act(const at::Tensor &x, const at::Tensor &w, const std::optional<at
             return {out[0], or_nothing(out[1], out[0])};
         }
     }
-    return call_python<T2>(K_LINEAR_ACT, x, w, b, act_s, save, slope);
+    return call_python<T2>(K_LINEAR_ACT, x_in, w_in, b, act_s, save, slope);
 }
 
-T3 k_linear_act_backward(const at::Tensor &dy, const at::Tensor &x, const at::Tensor &w,
+T3 k_linear_act_backward(const at::Tensor &dy_in, const at::Tensor &x_in, const at::Tensor &w_in,
                          const std::optional<at::Tensor> &b, const std::optional<at::Tensor> &pre_in,
                          c10::string_view act_s, bool slope, bool need_x, bool need_w, bool need_b)
 {
-    const at::Tensor bias = given(b), pre = given(pre_in);
+    const at::Tensor dy = dense(dy_in), x = dense(x_in), w = dense(w_in), bias = dense(given(b)),
+                     pre = dense(given(pre_in));
     int act;
     if (ready.load(std::memory_order_relaxed) && act_code(act_s, act) && (pre.defined() || !slope) &&
         all_plain({&dy, &x, &w, &bias, &pre}, dy)) {
@@ -1315,7 +1317,7 @@ T3 k_linear_act_backward(const at::Tensor &dy, const at::Tensor &x, const at::Te
             return {or_nothing(g[0], dy), or_nothing(g[1], dy), or_nothing(g[2], dy)};
         }
     }
-    return call_python<T3>(K_LINEAR_ACT_BACKWARD, dy, x, w, b, pre_in, act_s, slope, need_x, need_w, need_b);
+    return call_python<T3>(K_LINEAR_ACT_BACKWARD, dy_in, x_in, w_in, b, pre_in, act_s, slope, need_x, need_w, need_b);
 }
 
 T4 k_norm(const at::Tensor &x_in, const std::optional<at::Tensor> &r_in, const std::optional<at::Tensor> &weight,
@@ -1325,9 +1327,9 @@ T4 k_norm(const at::Tensor &x_in, const std::optional<at::Tensor> &r_in, const s
     int kind;
     if (ready.load(std::memory_order_relaxed) && kind_code(kind_s, kind) && x_in.defined()) {
         const at::Tensor x = x_in.contiguous();
-        const at::Tensor r = r_in.has_value() ? r_in->contiguous() : at::Tensor();
-        const at::Tensor w = weight.has_value() ? weight->to(x.scalar_type()) : at::Tensor();
-        const at::Tensor b = bias.has_value() ? bias->to(x.scalar_type()) : at::Tensor();
+        const at::Tensor r = present(r_in) ? r_in->contiguous() : at::Tensor();
+        const at::Tensor w = present(weight) ? weight->to(x.scalar_type()) : at::Tensor();
+        const at::Tensor b = present(bias) ? bias->to(x.scalar_type()) : at::Tensor();
         if (all_plain({&x, &r, &w, &b}, x)) {
             const fg_norm_options o =
                 norm_opts(kind, eps, r.defined() ? p : 0.0, seed_of(seed), (uint64_t)offset.expect_int());
@@ -1354,12 +1356,12 @@ T4 k_norm_backward(const at::Tensor &dy_in, const std::optional<at::Tensor> &ds_
     if (ready.load(std::memory_order_relaxed) && kind_code(kind_s, kind) && dy_in.defined() && xs.defined() &&
         xs.dim() >= 1) {
         const at::Tensor dy = dy_in.contiguous();
-        const at::Tensor ds = ds_in.has_value() ? ds_in->contiguous() : at::Tensor();
-        const at::Tensor w = weight.has_value() ? weight->to(xs.scalar_type()) : at::Tensor();
+        const at::Tensor ds = present(ds_in) ? ds_in->contiguous() : at::Tensor();
+        const at::Tensor w = present(weight) ? weight->to(xs.scalar_type()) : at::Tensor();
         const at::Tensor mean = given(mean_in);
         if (all_plain({&dy, &ds, &xs, &w, &mean, &rstd}, dy)) {
             /* dw, db formed in f32 for weights of another dtype than x, then cast to theirs */
-            const bool other = weight.has_value() && weight->scalar_type() != xs.scalar_type();
+            const bool other = present(weight) && weight->scalar_type() != xs.scalar_type();
             const at::ScalarType pdt = other ? at::kFloat : w.defined() ? w.scalar_type() : xs.scalar_type();
             const bool want[4] = {need_x, need_r, need_w && w.defined(), need_b};
             const fg_norm_options o = norm_opts(kind, eps, p, seed_of(seed), (uint64_t)offset.expect_int());
@@ -1368,7 +1370,7 @@ T4 k_norm_backward(const at::Tensor &dy_in, const std::optional<at::Tensor> &ds_
             if (with_retry(ins, [&](std::vector<at::Tensor> &a) {
                     return norm_backward_into(a[0], a[5], a[1], a[2], a[3], a[4], o, want, pdt, false, g);
                 }) == FG_OK) {
-                if (weight.has_value())
+                if (present(weight))
                     for (int i = 2; i < 4; i++)
                         if (g[i].defined())
                             g[i] = g[i].to(weight->scalar_type());
@@ -1419,21 +1421,16 @@ at::ScalarType scores_type(c10::string_view name, at::ScalarType fallback, bool 
     return fallback;
 }
 
-bool lengths_plain(const at::Tensor &t, const at::Tensor &ref)
+/* Calls with key-padding lengths go to Python: a bad length is flagged on the context that ran
+   the call, and fg.context_check reads ops.py's contexts, not this module's. */
+T3 k_attention(const at::Tensor &q_in, const at::Tensor &k_in, const at::Tensor &v_in,
+               const std::optional<at::Tensor> &sin_in, const std::optional<at::Tensor> &len_in,
+               const std::optional<at::Tensor> &seed, c10::SymInt offset, bool causal, std::optional<double> scale,
+               double dropout_p, bool return_scores, c10::string_view scores_dtype)
 {
-    return !t.defined() || ((t.scalar_type() == at::kInt || t.scalar_type() == at::kLong) && t.dim() == 1 &&
-                            t.device() == ref.device());
-}
-
-T3 k_attention(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, const std::optional<at::Tensor> &sin_in,
-               const std::optional<at::Tensor> &len_in, const std::optional<at::Tensor> &seed, c10::SymInt offset,
-               bool causal, std::optional<double> scale, double dropout_p, bool return_scores,
-               c10::string_view scores_dtype)
-{
-    const at::Tensor sin = given(sin_in), len = given(len_in);
+    const at::Tensor q = dense(q_in), k = dense(k_in), v = dense(v_in), sin = dense(given(sin_in)), len = given(len_in);
     bool known;
-    if (ready.load(std::memory_order_relaxed) && q.dim() == 4 && all_plain({&q, &k, &v, &sin}, q) &&
-        lengths_plain(len, q)) {
+    if (ready.load(std::memory_order_relaxed) && !len.defined() && q.dim() == 4 && all_plain({&q, &k, &v, &sin}, q)) {
         const at::ScalarType sdt = sin.defined() ? sin.scalar_type() : scores_type(scores_dtype, q.scalar_type(), known);
         if (sin.defined() || known) {
             const fg_attention_options o =
@@ -1455,20 +1452,22 @@ T3 k_attention(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, co
             }
         }
     }
-    return call_python<T3>(K_ATTENTION, q, k, v, sin_in, len_in, seed, offset, causal, scale, dropout_p,
+    return call_python<T3>(K_ATTENTION, q_in, k_in, v_in, sin_in, len_in, seed, offset, causal, scale, dropout_p,
                            return_scores, scores_dtype);
 }
 
-T4 k_attention_backward(const at::Tensor &d_o, const std::optional<at::Tensor> &dsc_in, const at::Tensor &q,
-                        const at::Tensor &k, const at::Tensor &v, const at::Tensor &o, const at::Tensor &lse,
-                        const std::optional<at::Tensor> &len_in, const std::optional<at::Tensor> &sin_in,
-                        const std::optional<at::Tensor> &seed, c10::SymInt offset, bool causal,
-                        std::optional<double> scale, double dropout_p, bool need_q, bool need_k, bool need_v,
-                        bool need_s)
+T4 k_attention_backward(const at::Tensor &do_in, const std::optional<at::Tensor> &dsc_in, const at::Tensor &q_in,
+                        const at::Tensor &k_in, const at::Tensor &v_in, const at::Tensor &o_in,
+                        const at::Tensor &lse_in, const std::optional<at::Tensor> &len_in,
+                        const std::optional<at::Tensor> &sin_in, const std::optional<at::Tensor> &seed,
+                        c10::SymInt offset, bool causal, std::optional<double> scale, double dropout_p, bool need_q,
+                        bool need_k, bool need_v, bool need_s)
 {
-    const at::Tensor dsc = given(dsc_in), len = given(len_in), sin = given(sin_in);
-    if (ready.load(std::memory_order_relaxed) && q.dim() == 4 && d_o.defined() &&
-        all_plain({&d_o, &dsc, &q, &k, &v, &o, &lse, &sin}, d_o) && lengths_plain(len, d_o)) {
+    const at::Tensor d_o = dense(do_in), dsc = dense(given(dsc_in)), q = dense(q_in), k = dense(k_in),
+                     v = dense(v_in), o = dense(o_in), lse = dense(lse_in), len = given(len_in),
+                     sin = dense(given(sin_in));
+    if (ready.load(std::memory_order_relaxed) && !len.defined() && q.dim() == 4 && d_o.defined() &&
+        all_plain({&d_o, &dsc, &q, &k, &v, &o, &lse, &sin}, d_o)) {
         const bool want[4] = {need_q, need_k, need_v, need_s && sin.defined()};
         const fg_attention_options opt =
             attn_opts(causal, scale, dropout_p, seed_of(seed), (uint64_t)offset.expect_int());
@@ -1487,8 +1486,8 @@ T4 k_attention_backward(const at::Tensor &d_o, const std::optional<at::Tensor> &
             return {or_nothing(g[0], d_o), or_nothing(g[1], d_o), or_nothing(g[2], d_o), or_nothing(g[3], d_o)};
         }
     }
-    return call_python<T4>(K_ATTENTION_BACKWARD, d_o, dsc_in, q, k, v, o, lse, len_in, sin_in, seed, offset, causal,
-                           scale, dropout_p, need_q, need_k, need_v, need_s);
+    return call_python<T4>(K_ATTENTION_BACKWARD, do_in, dsc_in, q_in, k_in, v_in, o_in, lse_in, len_in, sin_in, seed,
+                           offset, causal, scale, dropout_p, need_q, need_k, need_v, need_s);
 }
 
 /* The ops' autograd kernel for CPU and CUDA tensors (AutogradCPU, AutogradCUDA), boxed: with grad
@@ -1687,6 +1686,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
     m.def(
         "set_tf32", [](int64_t flags) { kernel_flags.store((uint32_t)flags); },
         "The plan flags (FG_PLAN_ALLOW_TF32 or 0) the custom ops' kernels plan with (ops.set_allow_tf32)");
+    m.def(
+        "tf32", []() { return (int64_t)kernel_flags.load(); }, "The plan flags set_tf32 last set");
     m.def(
         "stats",
         []() {

@@ -802,6 +802,12 @@ needs_kernels = pytest.mark.skipif(not torch_ops.KERNELS,
                                           "FASTGRAD_NO_OP_KERNELS)")
 
 
+def _same_layout(a, b):
+    """_same, and the same strides (the fake kernels promise inductor the Python functions')."""
+    _same(a, b)
+    assert a.stride() == b.stride(), f"strides {a.stride()} against {b.stride()}"
+
+
 def _kernel_cases(rng, device, dtype):
     """(op name, args) for each op the extension has kernels for, at awkward shapes."""
     t = lambda *s: _leaf(rng, s, dtype, device)  # noqa: E731
@@ -815,8 +821,8 @@ def _kernel_cases(rng, device, dtype):
     wn32 = wn.float() if dtype in (torch.bfloat16, torch.float16) else wn  # weights of another dtype
     qkv = t(2, 9, 3, 2, 8)  # a packed [B, L, 3, H, hd] projection, read in place
     q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
-    sin, lengths = t(2, 2, 9, 9), torch.tensor([9, 5], dtype=torch.int32, device=device)
-    o, lse, s_out = torch_ops._PY_FN["attention"](q, k, v, sin, lengths, seed, 3, True, None, 0.1, True, "")
+    sin = t(2, 2, 9, 9)
+    o, lse, s_out = torch_ops._PY_FN["attention"](q, k, v, sin, None, seed, 3, True, None, 0.1, True, "")
     do = t(2, 2, 9, 8)
     return [
         ("linear", (x, w, b)),
@@ -835,13 +841,15 @@ def _kernel_cases(rng, device, dtype):
         ("norm", (xn, None, None, None, "layer", 1e-5, 0.0, None, 0)),
         ("norm_backward", (dyn, dyn, s, wn, mean, rstd, "layer", 1e-5, 0.25, seed, 7, True, True, True, True)),
         ("norm_backward", (dyn, None, xn, wn32, None, rstd_rms, "rms", 1e-6, 0.0, None, 0, True, False, True, False)),
-        ("norm_backward", (dyn, None, xn, None, None, None, "layer", 1e-5, 0.0, None, 0, True, False, False, True)),
         ("attention", (q, k, v, None, None, None, 0, True, None, 0.0, False, "")),
-        ("attention", (q, k, v, sin, lengths, seed, 3, True, 0.3, 0.1, True, "")),
-        ("attention", (q, k, v, None, lengths.long(), None, 0, False, None, 0.0, True,
+        ("attention", (q, k, v, sin, None, seed, 3, True, 0.3, 0.1, True, "")),
+        ("attention", (q, k, v, None, None, None, 0, False, None, 0.0, True,
                        "float32" if dtype != torch.float64 else "")),  # scores in the accumulator type
-        ("attention_backward", (do, s_out, q, k, v, o, lse, lengths, sin, seed, 3, True, None, 0.1,
+        ("attention_backward", (do, s_out, q, k, v, o, lse, None, sin, seed, 3, True, None, 0.1,
                                 True, True, True, True)),
+        ("attention_backward", (do[:1].expand(2, -1, -1, -1), None, q, k, v, o, lse, None, None, None, 0, True, None,
+                                0.0, True, True, True, False)),  # a broadcast gradient: made dense, as _call does
+        ("linear_act_backward", (dy[:1].expand(3, -1, -1), x, w, b, pre, "gelu", False, True, True, True)),
         ("attention_backward", (do, None, q, k, v, o, lse, None, None, None, 0, True, None, 0.0,
                                 True, False, True, False)),
     ]
@@ -854,18 +862,17 @@ def test_op_kernels_match_the_python_functions(rng, device, dtype):
     """torch.ops.fastgrad.<op> on CPU / CUDA tensors runs the extension's kernel (counted, none
     handed back) and gives the bits of the op's Python function, empty gradients included."""
     for name, args in _kernel_cases(rng, device, dtype):
-        if name == "norm_backward" and args[5] is None:  # rstd recomputed: the op requires it, skip
-            continue
         before = EXT.stats()
         got = getattr(torch.ops.fastgrad, name)(*args)
         after = EXT.stats()
         assert after["kernel"] == before["kernel"] + 1 and after["kernel_python"] == before["kernel_python"], \
             f"{name}: the kernel did not run it ({before} -> {after})"
-        want = torch_ops._PY_FN[name](*args)
+        with _path("py"):  # the reference through ops.py, not the extension's helpers
+            want = torch_ops._PY_FN[name](*args)
         got, want = (got, want) if isinstance(got, tuple) else ((got,), (want,))
         assert len(got) == len(want)
         for g, w_ in zip(got, want):
-            _same(g, w_)
+            _same_layout(g, w_)
 
 
 @needs_kernels
@@ -875,9 +882,13 @@ def test_op_kernels_hand_back_what_they_do_not_take(rng):
     x, w, b = _leaf(rng, (4, 8), torch.float32, "cpu"), _leaf(rng, (3, 8), torch.float32, "cpu"), \
         _leaf(rng, (3,), torch.float32, "cpu")
     dy = _leaf(rng, (4, 3), torch.float32, "cpu")
+    q = _leaf(rng, (1, 2, 5, 4), torch.float32, "cpu")
     cases = [("linear", (x.double(), w, b)), ("linear_act", (x, w, b, "swish", True, False)),
              ("linear_act_backward", (dy, x, w, b, None, "silu", True, True, True, True)),
-             ("norm", (x, None, None, None, "batch", 1e-5, 0.0, None, 0))]
+             ("norm", (x, None, None, None, "batch", 1e-5, 0.0, None, 0)),
+             ("norm_backward", (x, None, x, None, None, x[:, 0].contiguous(), "batch", 1e-5, 0.0, None, 0,
+                                True, False, False, False)),
+             ("attention", (q, q, q.double(), None, None, None, 0, False, None, 0.0, False, ""))]
     for name, args in cases:
         before = EXT.stats()["kernel_python"]
         got = _outcome(lambda: getattr(torch.ops.fastgrad, name)(*args))
@@ -893,7 +904,13 @@ def test_op_kernels_follow_tf32_and_autograd(rng):
     """set_allow_tf32 reaches the kernels' plans (the hook is registered), and the ops' autograd
     (custom_op's, in Python) still runs around the C++ kernels: gradients as through the
     Python functions."""
-    assert EXT.set_tf32 in fg.ops._tf32_hooks
+    assert EXT.set_tf32 in fg.ops._tf32_hooks and EXT.tf32() == 0
+    fg.ops.set_allow_tf32(True)
+    try:
+        assert EXT.tf32() == _lib.PLAN_ALLOW_TF32
+    finally:
+        fg.ops.set_allow_tf32(False)
+    assert EXT.tf32() == 0
     x, w, b = (_leaf(rng, s, torch.float32, "cpu") for s in ((6, 20), (9, 20), (9,)))
     dy = _leaf(rng, (6, 9), torch.float32, "cpu")
     leaves = [t.clone().requires_grad_(True) for t in (x, w, b)]
@@ -920,7 +937,7 @@ def test_compiled_graph_calls_stay_in_cpp(rng):
     def step(m):
         for p in m.parameters():
             p.grad = None
-        m(x).square().mean().backward()
+        m(x).sum().backward()  # (a broadcast gradient of ones reaches the last op)
         return [p.grad.clone() for p in m.parameters()]
 
     want = step(model)
@@ -951,7 +968,7 @@ def test_compiled_attention_stays_in_cpp(rng):
         b, l, _ = x.shape
         qkv = lin(x).view(b, l, 3, 2, 8)
         q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
-        return fg.attention(q, k, v, causal=True).square().mean()
+        return fg.attention(q, k, v, causal=True).sum()  # (the attention's do: a broadcast of ones)
 
     def step(f):
         for p in lin.parameters():
@@ -966,6 +983,21 @@ def test_compiled_attention_stays_in_cpp(rng):
     got = step(compiled)
     after = EXT.stats()
     assert after["kernel"] - before["kernel"] == 4, "Linear and attention, forward and backward, in C++"
+    assert after["autograd_cpp"] - before["autograd_cpp"] == 4
     assert after["autograd_python"] == before["autograd_python"] and after["kernel_python"] == before["kernel_python"]
     for g, w_ in zip(got, want):
         _same(g, w_)
+
+
+@needs_kernels
+def test_attention_kernel_leaves_bad_lengths_to_python(rng):
+    """A call with key-padding lengths runs the op's Python function, so a bad length is flagged on
+    the context fg.context_check reads (the extension's own contexts are not checked)."""
+    q = _leaf(rng, (2, 2, 9, 8), torch.float32, "cpu")
+    lengths = torch.tensor([9, 12], dtype=torch.int32)
+    before = EXT.stats()["kernel_python"]
+    o, _, _ = torch.ops.fastgrad.attention(q, q, q, None, lengths, None, 0, False, None, 0.0, False, "")
+    assert EXT.stats()["kernel_python"] == before + 1
+    assert torch.isnan(o[1]).all() and not torch.isnan(o[0]).any()
+    with pytest.raises(fg.FastgradError, match="lengths"):
+        fg.ops.context_check()

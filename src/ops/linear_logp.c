@@ -260,8 +260,8 @@ static int64_t next_start(const run_ctx *r, int64_t at, int64_t step, int64_t to
 static const void *data_of(const run_ctx *r, int i) { return r->ops && has(&r->d->operands[i]) ? r->ops[i].data : NULL; }
 
 /* cuBLASLt runs a product whose m, n or k is not a whole number of 16-byte vectors on its
- * scalar-load kernels, whatever the leading dimensions: at GPT-2's vocabulary (50257) the
- * three products ran 5–8× slower than at 50264 (decision 181). On CUDA a tile's vocabulary
+ * scalar-load kernels, whatever the leading dimensions (GPT-2's vocabulary, 50257, is such an n;
+ * decision 181 has the figures). On CUDA a tile's vocabulary
  * extent vc is therefore split into a bulk of whole vectors and a rest of fewer than one
  * vector, each its own product: the logits' columns and dw's rows are independent outputs,
  * and dh's sum over the vocabulary goes to an accumulator-dtype buffer, so neither split

@@ -1001,3 +1001,53 @@ def test_attention_kernel_leaves_bad_lengths_to_python(rng):
     assert torch.isnan(o[1]).all() and not torch.isnan(o[0]).any()
     with pytest.raises(fg.FastgradError, match="lengths"):
         fg.ops.context_check()
+
+
+@needs_kernels
+@pytest.mark.parametrize("mode", ["grad", "no_grad", "inference", "no_requires_grad"])
+def test_autograd_kernel_takes_the_path_custom_op_would(rng, mode):
+    """The C++ autograd kernel records a graph through custom_op's Python kernel exactly when that
+    kernel would (grad mode on and a tensor argument requiring grad), and redispatches in C++
+    otherwise — under no_grad, inference_mode, or with no input requiring grad — with the same
+    results either way."""
+    x = _leaf(rng, (4, 12), torch.float32, "cpu")
+    w, b = _leaf(rng, (5, 12), torch.float32, "cpu"), _leaf(rng, (5,), torch.float32, "cpu")
+    if mode != "no_requires_grad":
+        w.requires_grad_(True)
+    ctx = {"grad": contextlib.nullcontext(), "no_grad": torch.no_grad(), "inference": torch.inference_mode(),
+           "no_requires_grad": contextlib.nullcontext()}[mode]
+    before = EXT.stats()
+    with ctx:
+        y = torch.ops.fastgrad.linear(x, w, b)
+    after = EXT.stats()
+    records = mode == "grad"
+    assert (after["autograd_python"] - before["autograd_python"]) == (1 if records else 0)
+    assert (after["autograd_cpp"] - before["autograd_cpp"]) == (0 if records or mode == "inference" else 1)
+    assert y.requires_grad == records and (y.grad_fn is not None) == records
+    with _path("py"):
+        _same(y.detach(), torch_ops._PY_FN["linear"](x, w.detach(), b))
+
+
+@needs_kernels
+def test_compiled_dynamic_shapes_stay_in_cpp(rng):
+    """torch.compile(dynamic=True) over fg.Linear and fg.LayerNorm at two batch sizes: the symbolic
+    sizes reach the C++ kernels as plain ints, every call runs there after tracing, and the
+    gradients equal eager's."""
+    if torch_ops._autograd_kernels() is None:
+        pytest.skip("this torch makes no custom_op autograd kernel the way torch_ops calls it")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(fg.LayerNorm(16), fg.Linear(16, 8))
+    compiled = torch.compile(model, backend="aot_eager", dynamic=True)
+    for n in (5, 9, 9):
+        x = _leaf(rng, (n, 16), torch.float32, "cpu")
+        grads = []
+        for m in (model, compiled):
+            for p in model.parameters():
+                p.grad = None
+            before = EXT.stats()
+            m(x).sum().backward()
+            after = EXT.stats()
+            grads.append([p.grad.clone() for p in model.parameters()])
+        for g, w_ in zip(grads[1], grads[0]):
+            _same(g, w_)
+    assert after["kernel"] - before["kernel"] == 4 and after["autograd_python"] == before["autograd_python"]

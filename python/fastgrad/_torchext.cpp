@@ -363,24 +363,35 @@ at::Tensor forward_y(const at::Tensor &x, const at::Tensor &w, const at::Tensor 
                    with_last(x.sizes(), w.size(0)), flags, true);
 }
 
-/* The gradients asked for (undefined where not): dx = dy·w, dw = dyᵀ·x, db = Σ dy. */
-variable_list backward_grads(const at::Tensor &dy_in, const at::Tensor &x, const at::Tensor &w, bool need_x,
+/* The gradients asked for (undefined where not): dx = dy·w, dw = dyᵀ·x, db = Σ dy, the operands
+ * made dense (torch_ops._call's rule). refuse: a refusal throws Refused (the custom op's kernel
+ * then hands the call to Python), else it raises. */
+variable_list linear_grads(const at::Tensor &dy_in, const at::Tensor &x, const at::Tensor &w, bool need_x,
+                           bool need_w, bool need_b, uint32_t flags, bool refuse)
+{
+    const at::Tensor dy = dense(dy_in);
+    at::Tensor dx, dw, db;
+    if (need_x)
+        dx = compute(FG_OP_LINEAR_BACKWARD_INPUT, "linear_backward_input", {dy, dense(w)},
+                     with_last(dy.sizes(), w.size(1)), flags, refuse);
+    if (need_w)
+        dw = compute(FG_OP_LINEAR_BACKWARD_WEIGHT, "linear_backward_weight", {dy, dense(x)},
+                     {dy.size(-1), x.size(-1)}, flags, refuse);
+    if (need_b)
+        db = compute(FG_OP_LINEAR_BACKWARD_BIAS, "linear_backward_bias", {dy}, {dy.size(-1)}, flags, refuse);
+    return {dx, dw, db};
+}
+
+/* LinearFn's backward: linear_grads, counted. */
+variable_list backward_grads(const at::Tensor &dy, const at::Tensor &x, const at::Tensor &w, bool need_x,
                              bool need_w, bool need_b, uint32_t flags)
 {
-    at::Tensor dy = dense(dy_in), dx, dw, db;
     n_dx += need_x;
     n_dw += need_w;
     n_db += need_b;
-    if (need_x)
-        dx = compute(FG_OP_LINEAR_BACKWARD_INPUT, "linear_backward_input", {dy, w},
-                     with_last(dy.sizes(), w.size(1)), flags, false);
-    if (need_w)
-        dw = compute(FG_OP_LINEAR_BACKWARD_WEIGHT, "linear_backward_weight", {dy, x},
-                     {dy.size(-1), x.size(-1)}, flags, false);
-    if (need_b)
-        db = compute(FG_OP_LINEAR_BACKWARD_BIAS, "linear_backward_bias", {dy}, {dy.size(-1)}, flags, false);
+    auto g = linear_grads(dy, x, w, need_x, need_w, need_b, flags, false);
     n_backward++;
-    return {dx, dw, db};
+    return g;
 }
 
 /* ------------------------------------------------------------------ row norms and BatchNorm */
@@ -1256,19 +1267,9 @@ T3 k_linear_backward(const at::Tensor &dy, const at::Tensor &x, const at::Tensor
     if (ready.load(std::memory_order_relaxed) && takes(x, w, at::Tensor()) && dy.defined() && dy.dim() >= 1 &&
         dy.dim() <= FG_MAX_RANK && dy.scalar_type() == x.scalar_type() && dy.device() == x.device()) {
         try {
-            const uint32_t f = kernel_flags.load(std::memory_order_relaxed);
-            const at::Tensor d = dense(dy);
-            at::Tensor dx, dw, db;
-            if (need_x)
-                dx = compute(FG_OP_LINEAR_BACKWARD_INPUT, "linear_backward_input", {d, dense(w)},
-                             with_last(d.sizes(), w.size(1)), f, true);
-            if (need_w)
-                dw = compute(FG_OP_LINEAR_BACKWARD_WEIGHT, "linear_backward_weight", {d, dense(x)},
-                             {d.size(-1), x.size(-1)}, f, true);
-            if (need_b)
-                db = compute(FG_OP_LINEAR_BACKWARD_BIAS, "linear_backward_bias", {d}, {d.size(-1)}, f, true);
+            auto g = linear_grads(dy, x, w, need_x, need_w, need_b, kernel_flags.load(std::memory_order_relaxed), true);
             n_kernel++;
-            return {or_nothing(dx, dy), or_nothing(dw, dy), or_nothing(db, dy)};
+            return {or_nothing(g[0], dy), or_nothing(g[1], dy), or_nothing(g[2], dy)};
         } catch (const Refused &) {
         }
     }

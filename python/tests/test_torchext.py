@@ -923,58 +923,18 @@ def test_op_kernels_follow_tf32_and_autograd(rng):
         _same(t.grad, r)
 
 
-@needs_kernels
-def test_compiled_graph_calls_stay_in_cpp(rng):
-    """A torch.compile'd training step over fg.LayerNorm, fg.Linear and fg.LinearAct: after the
-    first (tracing) step, every call of the six ops goes through the C++ autograd and backend
-    kernels (counted), none through Python, and the results equal the same model's eager ones."""
+def _compiled_step_in_cpp(loss, params, calls):
+    """loss() backward, eager and under torch.compile (aot_eager): after the tracing step, `calls`
+    op calls go through the C++ backend and autograd kernels (counted), none through Python, and
+    the gradients of params equal eager's bit for bit."""
     if torch_ops._autograd_kernels() is None:
         pytest.skip("this torch makes no custom_op autograd kernel the way torch_ops calls it")
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(fg.LayerNorm(24), fg.LinearAct(24, 40, act="gelu_tanh"), fg.Linear(40, 24))
-    x = _leaf(rng, (6, 24), torch.float32, "cpu")
-
-    def step(m):
-        for p in m.parameters():
-            p.grad = None
-        m(x).sum().backward()  # (a broadcast gradient of ones reaches the last op)
-        return [p.grad.clone() for p in m.parameters()]
-
-    want = step(model)
-    compiled = torch.compile(model, backend="aot_eager")
-    step(compiled)  # traces
-    before = EXT.stats()
-    got = step(compiled)
-    after = EXT.stats()
-    assert after["kernel"] - before["kernel"] == 6, "3 forward and 3 backward ops through the C++ kernels"
-    assert after["autograd_cpp"] - before["autograd_cpp"] == 6
-    assert after["autograd_python"] == before["autograd_python"] and after["kernel_python"] == before["kernel_python"]
-    for g, w_ in zip(got, want):
-        _same(g, w_)
-
-
-@needs_kernels
-def test_compiled_attention_stays_in_cpp(rng):
-    """A compiled causal self-attention over a packed projection (fg.Linear, fg.attention): after
-    tracing, the Linear and attention forward and backward run through the C++ kernels, and the
-    gradients equal eager's bit for bit."""
-    if torch_ops._autograd_kernels() is None:
-        pytest.skip("this torch makes no custom_op autograd kernel the way torch_ops calls it")
-    torch.manual_seed(0)
-    lin = fg.Linear(16, 48)
-    x = _leaf(rng, (2, 11, 16), torch.float32, "cpu")
-
-    def loss(x):
-        b, l, _ = x.shape
-        qkv = lin(x).view(b, l, 3, 2, 8)
-        q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
-        return fg.attention(q, k, v, causal=True).sum()  # (the attention's do: a broadcast of ones)
 
     def step(f):
-        for p in lin.parameters():
+        for p in params:
             p.grad = None
-        f(x).backward()
-        return [p.grad.clone() for p in lin.parameters()]
+        f().backward()
+        return [p.grad.clone() for p in params]
 
     want = step(loss)
     compiled = torch.compile(loss, backend="aot_eager")
@@ -982,11 +942,40 @@ def test_compiled_attention_stays_in_cpp(rng):
     before = EXT.stats()
     got = step(compiled)
     after = EXT.stats()
-    assert after["kernel"] - before["kernel"] == 4, "Linear and attention, forward and backward, in C++"
-    assert after["autograd_cpp"] - before["autograd_cpp"] == 4
+    assert after["kernel"] - before["kernel"] == calls, f"{calls} op calls through the C++ kernels"
+    assert after["autograd_cpp"] - before["autograd_cpp"] == calls
     assert after["autograd_python"] == before["autograd_python"] and after["kernel_python"] == before["kernel_python"]
     for g, w_ in zip(got, want):
         _same(g, w_)
+
+
+@needs_kernels
+def test_compiled_graph_calls_stay_in_cpp(rng):
+    """A compiled training step over fg.LayerNorm, fg.LinearAct and fg.Linear (a .sum() loss: a
+    broadcast gradient of ones reaches the last op): its three forward and three backward calls
+    run in C++ after tracing, with eager's gradients."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(fg.LayerNorm(24), fg.LinearAct(24, 40, act="gelu_tanh"), fg.Linear(40, 24))
+    x = _leaf(rng, (6, 24), torch.float32, "cpu")
+    _compiled_step_in_cpp(lambda: model(x).sum(), list(model.parameters()), 6)
+
+
+@needs_kernels
+def test_compiled_attention_stays_in_cpp(rng):
+    """A compiled causal self-attention over a packed projection (fg.Linear, fg.attention; the
+    attention's do a broadcast of ones): the Linear and attention forward and backward run in C++
+    after tracing, with eager's gradients."""
+    torch.manual_seed(0)
+    lin = fg.Linear(16, 48)
+    x = _leaf(rng, (2, 11, 16), torch.float32, "cpu")
+
+    def loss():
+        b, l, _ = x.shape
+        qkv = lin(x).view(b, l, 3, 2, 8)
+        q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+        return fg.attention(q, k, v, causal=True).sum()
+
+    _compiled_step_in_cpp(loss, list(lin.parameters()), 4)
 
 
 @needs_kernels

@@ -787,7 +787,10 @@ typedef struct fg_batch_norm_options {
  * variance (N > 1 rows required). Evaluation: the running statistics normalize (both required).
  * y = (s − mean)·rstd·w + b; w, b: [C], f32 or x's dtype, absent = 1 / 0. mean, rstd: [C],
  * f32 (f64 for f64): what normalized, saved for the backward. The batch reduction is two-phase
- * (per-block partials, then a finish in a fixed order): deterministic. */
+ * (per-block partials, then a finish in a fixed order): deterministic. The variance is
+ * Σs²/N − mean² from the f64 sums of the split form below, so beside x's rounding it carries
+ * ≈ 2^-53·mean² (nothing next to f32's rounding; f64 data whose |mean| ≫ its spread loses
+ * about log10(mean²/var) of f64's digits). */
 FG_NODISCARD FG_API fg_status fg_batch_norm_forward(fg_context *ctx, const fg_batch_norm_options *opt,
                                                     const fg_tensor *x, const fg_tensor *r, const fg_tensor *w,
                                                     const fg_tensor *b, const fg_tensor *running_mean,

@@ -35,7 +35,8 @@
  *
  * The library is not linked: _torchext.py hands over the entry points of the libfastgrad that
  * ctypes loaded (one library, one error slot, wherever FASTGRAD_LIBRARY points). Contexts are
- * the extension's own, one per (thread, device), created on first use. CUDA code (the current
+ * the extension's own, one per (thread, device), created on first use (a thread's CUDA ones
+ * pass to the next thread when it ends: spare_cuda). CUDA code (the current
  * stream) is compiled only when torch has CUDA and its headers are found (FG_TORCHEXT_CUDA);
  * without it CUDA tensors go to the Python path.
  *
@@ -61,6 +62,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -112,9 +114,15 @@ struct Ctx {
 enum { MAX_PLANS = 512 }; /* per context; a cache that outgrows this starts again (as ops.py's) */
 enum { MAX_OPTIONS = 256 }; /* the largest options struct a key holds (_fastcall.c's bound) */
 
+/* CUDA contexts of threads that have ended, per device, for the next thread to take with their
+ * plans (a context is used by one thread at a time). Never freed: destroying a CUDA context
+ * frees device memory and synchronizes, and at the process's end the CUDA runtime may be gone
+ * before the destructors run; pooling bounds them by the threads alive at once instead. */
+std::mutex spare_mutex;
+std::vector<std::vector<Ctx>> *spare_cuda = new std::vector<std::vector<Ctx>>();
+
 /* The calling thread's contexts: the CPU one and one per CUDA device. A thread's CPU context
- * and plans are freed when it ends; CUDA ones are left to the process's end (the CUDA runtime
- * may be gone by the time the main thread's destructors run). */
+ * and plans are freed when it ends; its CUDA ones go to spare_cuda. */
 struct Contexts {
     Ctx cpu;
     std::vector<Ctx> cuda;
@@ -126,6 +134,14 @@ struct Contexts {
             api.plan_destroy(kv.second.plan);
         if (cpu.handle)
             api.context_destroy(cpu.handle);
+        std::lock_guard<std::mutex> lock(spare_mutex);
+        for (size_t dev = 0; dev < cuda.size(); dev++) {
+            if (!cuda[dev].handle)
+                continue;
+            if (spare_cuda->size() <= dev)
+                spare_cuda->resize(dev + 1);
+            (*spare_cuda)[dev].push_back(std::move(cuda[dev]));
+        }
     }
 };
 
@@ -136,7 +152,10 @@ thread_local Contexts contexts;
     TORCH_CHECK(false, "fastgrad: ", what, ": ", api.status_string(st), ": ", msg ? msg : "");
 }
 
-Ctx &context_for(const at::Tensor &ref)
+/* The thread's context for ref's device, set to torch's current stream there; a failure (no
+ * CUDA backend in the library, a stream it cannot take) is returned as the library's status, so
+ * the caller hands the call to the Python path as any other refusal. */
+fg_status context_for(const at::Tensor &ref, Ctx **out)
 {
     fg_context_desc d{};
     Ctx *c;
@@ -145,6 +164,13 @@ Ctx &context_for(const at::Tensor &ref)
         if ((int)contexts.cuda.size() <= dev)
             contexts.cuda.resize(dev + 1);
         c = &contexts.cuda[dev];
+        if (!c->handle) {
+            std::lock_guard<std::mutex> lock(spare_mutex);
+            if ((int)spare_cuda->size() > dev && !(*spare_cuda)[dev].empty()) {
+                *c = std::move((*spare_cuda)[dev].back());
+                (*spare_cuda)[dev].pop_back();
+            }
+        }
         d.backend = FG_BACKEND_CUDA;
         d.device = dev;
     } else {
@@ -154,7 +180,7 @@ Ctx &context_for(const at::Tensor &ref)
     if (!c->handle) {
         fg_status st = api.context_create(&d, &c->handle);
         if (st != FG_OK)
-            fail("context_create", st, api.last_error());
+            return st;
     }
 #ifdef FG_TORCHEXT_CUDA
     if (ref.is_cuda()) {
@@ -162,12 +188,13 @@ Ctx &context_for(const at::Tensor &ref)
         if (s != c->stream) {
             fg_status st = api.context_set_stream(c->handle, s);
             if (st != FG_OK)
-                fail("context_set_stream", st, api.last_error());
+                return st;
             c->stream = s;
         }
     }
 #endif
-    return *c;
+    *out = c;
+    return FG_OK;
 }
 
 int dtype_code(at::ScalarType s)
@@ -262,7 +289,10 @@ fg_status run(fg_op op, const at::Tensor *const *operands, int n, uint32_t flags
     }
     uint32_t hdr[4] = {(uint32_t)op, (uint32_t)accumulate, flags, (uint32_t)(bits & (~bits + 1))};
     std::memcpy(key, hdr, sizeof hdr);
-    Ctx &c = context_for(ref);
+    Ctx *cp = nullptr;
+    if (fg_status st = context_for(ref, &cp); st != FG_OK)
+        return st;
+    Ctx &c = *cp;
     std::string k(key, kn);
     auto it = c.plans.find(k);
     if (it == c.plans.end()) {

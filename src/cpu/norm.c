@@ -196,15 +196,16 @@ static void col_blocks(int64_t rows, int64_t cols, int64_t *nb, int64_t *rb) {
     *nb = rows > 0 ? (rows + h - 1) / h : 0;
 }
 
-/* out[j] (+)= Σ_b part[b·stride + j] in block order, stored as dtype t, j < n */
-static void finish_cols(const fg_context *ctx, const double *part, int64_t nb, int64_t stride, int64_t n, void *out,
-                        fg_dtype t, bool accumulate) {
+/* out[j] (+)= Σ_b part[b·stride + first + j] in block order, stored as dtype t, j < n (no block:
+   part may be NULL, and nothing is read from it) */
+static void finish_cols(const fg_context *ctx, const double *part, int64_t first, int64_t nb, int64_t stride, int64_t n,
+                        void *out, fg_dtype t, bool accumulate) {
     if (!out) return;
     const int team = fg_cpu_team(ctx, n * (nb + 1), 1 << 15);
 #pragma omp parallel for schedule(static) num_threads(team) if (team > 1)
     for (int64_t j = 0; j < n; j++) {
         double v = 0.0;
-        for (int64_t b = 0; b < nb; b++) v += part[b * stride + j];
+        for (int64_t b = 0; b < nb; b++) v += part[b * stride + first + j];
         if (accumulate) v += fg_load_f64(out, t, j);
         fg_store_f64(out, t, j, v);
     }
@@ -517,8 +518,8 @@ static fg_status rows_backward(fg_context *ctx, fg_norm_call *c, bool run) {
         }
     }
     if (sums) {
-        finish_cols(ctx, part, nb, 2 * c->cols, c->cols, c->dw, c->dw_dtype, c->accumulate);
-        finish_cols(ctx, part + c->cols, nb, 2 * c->cols, c->cols, c->db, c->db_dtype, c->accumulate);
+        finish_cols(ctx, part, 0, nb, 2 * c->cols, c->cols, c->dw, c->dw_dtype, c->accumulate);
+        finish_cols(ctx, part, c->cols, nb, 2 * c->cols, c->cols, c->db, c->db_dtype, c->accumulate);
     }
     fg_record_kernel(ctx, c->name);
     return FG_OK;
@@ -1397,8 +1398,8 @@ static fg_status revin_backward(fg_context *ctx, fg_norm_call *c, bool run) {
         }
     }
     if (sums) {
-        finish_cols(ctx, part, nb, 2 * C, C, c->dw, c->dw_dtype, c->accumulate);
-        finish_cols(ctx, part + C, nb, 2 * C, C, c->db, c->db_dtype, c->accumulate);
+        finish_cols(ctx, part, 0, nb, 2 * C, C, c->dw, c->dw_dtype, c->accumulate);
+        finish_cols(ctx, part, C, nb, 2 * C, C, c->db, c->db_dtype, c->accumulate);
     }
     fg_record_kernel(ctx, c->name);
     return FG_OK;

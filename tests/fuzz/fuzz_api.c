@@ -287,7 +287,8 @@ static void read_operand(rd *r, operand *o, const char *name, bool optional, fg_
     static const int32_t odd_rank[7] = {9, -1, 100, INT32_MIN, 1, 2, 3};
     o->t.rank = rb <= 8 ? rb : odd_rank[rb - 9];
     const uint8_t db = u8(r);
-    const bool is_int = name && (strcmp(name, "target") == 0 || strcmp(name, "lengths") == 0);
+    const bool is_int = name && (strcmp(name, "target") == 0 || strcmp(name, "lengths") == 0 ||
+                                 strcmp(name, "starts") == 0);
     o->t.dtype = db < 224 ? (is_int ? idt : main) : (fg_dtype)((int)(db & 15) - 2);
     const int nd = o->t.rank < 0 ? 0 : o->t.rank > FG_MAX_RANK ? FG_MAX_RANK : o->t.rank;
     for (int i = 0; i < nd; i++) o->t.shape[i] = dim_value(u8(r));
@@ -387,6 +388,8 @@ typedef union options {
     fg_dropout_options drop;
     fg_revin_options revin;
     fg_attention_options attn;
+    fg_patch_options patch;
+    fg_regression_loss_options loss;
     uint8_t bytes[256];
 } options;
 
@@ -456,6 +459,16 @@ static void read_options(rd *r, const fg_op_info *info, options *o, const void *
         o->attn.causal = (int)(u8(r) % 4) - 1;
         o->attn.dropout_p = f & 2 ? scalar(r) : 0;
         o->attn.seed = u8(r), o->attn.offset = f & 4 ? UINT64_MAX - u8(r) : u8(r);
+    } else if (strcmp(info->options_type, "fg_patch_options") == 0) {
+        o->patch.patch_len = dim_value(u8(r));
+        o->patch.stride = dim_value(u8(r));
+        o->patch.pad_end = dim_value(u8(r));
+    } else if (strcmp(info->options_type, "fg_regression_loss_options") == 0) {
+        const uint8_t f = u8(r);
+        o->loss.kind = (fg_loss_kind)((int)(u8(r) % 5) - 1);
+        o->loss.reduction = (fg_reduction)((int)(u8(r) % 5) - 1);
+        o->loss.delta = f & 1 ? scalar(r) : 0;
+        o->loss.grad_scale = f & 2 ? scalar(r) : 0;
     }
 }
 
@@ -508,7 +521,13 @@ static fg_status call_one(fg_context *ctx, fg_op op, int variant, const operand 
     const fg_dropout_options *dp = optp ? &opt->drop : NULL;
     const fg_revin_options *ro = optp ? &opt->revin : NULL;
     const fg_attention_options *ato = optp ? &opt->attn : NULL;
+    const fg_patch_options *po = optp ? &opt->patch : NULL;
+    const fg_regression_loss_options *lso = optp ? &opt->loss : NULL;
     switch (op) {
+    case FG_OP_PATCH_FORWARD: return fg_patch_forward(ctx, po, P[0], P[1]);
+    case FG_OP_PATCH_BACKWARD: return fg_patch_backward(ctx, po, P[0], P[1], acc);
+    case FG_OP_REGRESSION_LOSS: return fg_regression_loss(ctx, lso, P[0], P[1], P[2], P[3], acc);
+    case FG_OP_SERIES_WINDOWS: return fg_series_windows(ctx, P[0], P[1], P[2]);
     case FG_OP_ATTENTION_FORWARD: return fg_attention_forward(ctx, ato, P[0], P[1], P[2], P[3], P[4], P[5], P[6], P[7]);
     case FG_OP_ATTENTION_BACKWARD:
         return fg_attention_backward(ctx, ato, P[0], P[1], P[2], P[3], P[4], P[5], P[6], P[7], P[8], P[9], P[10], P[11],
@@ -622,7 +641,9 @@ static void op_call(rd *r, bool use_plan) {
     operand ops[FG_MAX_OPERANDS];
     memset(ops, 0, sizeof ops);
     for (int i = 0; i < n; i++) {
-        read_operand(r, &ops[i], known ? info.operands[i].name : NULL, known && info.operands[i].optional, main, idt);
+        /* (the regression loss's target is a float tensor: no integer default for it) */
+        read_operand(r, &ops[i], known && op != FG_OP_REGRESSION_LOSS ? info.operands[i].name : NULL,
+                     known && info.operands[i].optional, main, idt);
         ops[i].output = known && info.operands[i].role == FG_ROLE_OUTPUT;
         /* linear_act's backward may overwrite its saved operand (consume) */
         if (op == FG_OP_LINEAR_ACT_BACKWARD && i == 1) ops[i].output = true;

@@ -6,8 +6,10 @@ Beside them, valid calls that reach the compute paths behind options, which muta
 too rarely (an option flag shifts every byte after it): the log-prob options one by one
 (temperature, softcap, ignore_index, smoothing, z-loss, grad scale, small tiles) in every
 dtype with its accumulator-typed rows, each activation with the saved pre and the saved
-slope through every one-call variant, each elementwise kind, and the encoder layer's training
-forward and backward in four norm kinds and dtypes."""
+slope through every one-call variant, each elementwise kind, the encoder layer's training
+forward and backward in four norm kinds and dtypes, and one valid call of every later op
+(normalization, dropout, RevIN, attention, series, the vocabulary shards) in f32 through both
+doors and in bf16 / f64 through the one-call function, each with its options."""
 import os
 import sys
 
@@ -25,7 +27,7 @@ def operand(dims, absent=False, dtype=None):
     return bytes([0, len(dims), 0 if dtype is None else 226 + dtype]) + bytes(dims) + bytes([0])
 
 
-EW = bytes([4, 0, S["0.5"], S["2"], 0, 0])       # full options, kind 0, scalars
+EW = bytes([4, 1, S["0.5"], S["2"], 0, 0])       # full options, kind 0 (byte 1), scalars
 EW_AXPBY = bytes([4, 2, S["0.5"], S["2"], 0, 0])  # kind 1 (axpby)
 LOGP = bytes([4, 0, 0, 1])                       # full, no flags, ignore 0-1, reduction mean
 LOGP_NONE = bytes([4, 0, 0, 3])                  # reduction none
@@ -46,7 +48,7 @@ OPS = {
     11: (EW, [[N, K], [N, K]]),
     12: (EW, [[N, K], [N, K], [N, K]]),
     13: (EW, [[N, K], [N, K], None, [N, K]]),
-    14: (EW, [[N, K], [N, K], [N, K], None, [N, K], [ONE, K], None]),
+    14: (EW, [[N, K], [N, K], [N, K], None, [N, K], [N, K], None]),
     15: (LOGP, [[N, K], [M, K], [M], [N], [N], [N], [N]]),
     16: (LOGP, [[N], [N], [N], [N, K], [M, K], [M], [N], [N], [N], [N, K], [M, K], [M]]),
     17: (LOGP, [[N, K], [M, K], [M], [N], [N], [ONE], [N], [N, K], [M, K], [M]]),
@@ -123,6 +125,66 @@ def option_seeds(seeds):
                 seeds[f"op{op:02d}_{dn}_binary{kind}"] = op_call(2, op, dt, opts, OPS[op][1], variant=2 * kind)
 
 
+# ops 20-40: (options, operand dims, operands in the accumulator type, operands always f64).
+# Shapes from the pool: rows N 3, width K 4, channels C = B 2 where BatchNorm's sums [2C + 1] must
+# be M 5, heads [B 2, H 2, L 3, hd 4], series length BIG 17; integer operands take the call's
+# integer dtype and the zero fill (targets 0, lengths 0, window starts 0).
+NORM = bytes([4, 0, 1, 0, 0])                      # LayerNorm, no dropout
+NORM_DROP = bytes([4, 2, 1, S["0.25"], 7, 3])      # LayerNorm, residual dropout 0.25
+BN = bytes([4, 0, 1, 0])                           # training
+DROP = bytes([4, S["0.25"], 5, 1])
+REVIN = bytes([4, 0, 1])
+ATTN = bytes([4, 0, 2, 0, 0])                      # causal
+PATCH = bytes([4, M, SIX, ZERO])                   # S 5, stride 6, no padding: 17 steps -> 3 patches
+LOSS = bytes([4, 3, 3, 1, S["0.5"], S["2"]])        # Huber δ 0.5, mean, grad scale 2
+SHARD = bytes([4, 128, 0, 1, 8])                   # vocabulary slice [0, 5) of 9
+FAMILY = {
+    20: (NORM_DROP, [[N, K], [N, K], [K], [K], [N, K], [N, K], [N], [N]], (6, 7), ()),
+    21: (NORM, [[N, K], [N, K], [N, K], [K], [N], [N], [N, K], [N, K], [K], [K]], (4, 5), ()),
+    22: (BN, [[N, K], [N, K], [K], [K], [K], [K], [N, K], [N, K], [K], [K]], (8, 9), ()),
+    23: (BN, [[N, K], [N, K], [K], [K], [K], [N, K], [N, K], [K], [K]], (3, 4), ()),
+    24: (BN, [[N, B], [N, B], [N, B], [M]], (), (3,)),
+    25: (BN, [[N, B], [M], [B], [B], [B], [B], [N, B], [B], [B]], (7, 8), (1,)),
+    26: (BN, [[N, B], [N, B], [B], [B], [M]], (2, 3), (4,)),
+    27: (BN, [[N, B], [N, B], [B], [B], [B], [M], [N, B], [N, B], [B], [B]], (3, 4), (5,)),
+    28: (DROP, [[N, K], [N, K]], (), ()),
+    29: (DROP, [[N, K], [N, K]], (), ()),
+    30: (REVIN, [[B, N, K], [B, K], [B, K]], (1, 2), ()),
+    31: (REVIN, [[B, N, K], [K], [K], [B, K], [B, K], [B, N, K]], (3, 4), ()),
+    32: (REVIN, [[B, N, K], [B, N, K], [K], [K], [B, K], [B, K], [B, N, K], [K], [K]], (4, 5, 7), ()),
+    33: (ATTN, [[B, B, N, K]] * 3 + [[B], [B, B, N, N], [B, B, N, K], [B, B, N], [B, B, N, N]], (6,), ()),
+    34: (ATTN, [[B, B, N, K], [B, B, N, N]] + [[B, B, N, K]] * 3 + [[B], [B, B, N, N], [B, B, N, K], [B, B, N]]
+         + [[B, B, N, K]] * 3 + [[B, B, N, N]], (8,), ()),
+    35: (PATCH, [[B, BIG], [B, N, M]], (), ()),
+    36: (PATCH, [[B, N, M], [B, BIG]], (), ()),
+    37: (LOSS, [[N, K], [N, K], [ONE], [N, K]], (2,), ()),
+    38: (NOOPT, [[BIG, N], [B], [B, SIX, N]], (), ()),
+    39: (SHARD, [[N, K], [M, K], [M], [N], [N], [N], [N]], (4, 5, 6), ()),
+    40: (SHARD, [[N], [B, N], [B, N], [B, N], [N], [N], [N]], (1, 2, 3, 4, 5, 6), ()),
+}
+
+
+ACCUMULATE = (21, 23, 27, 29, 32, 34, 36, 37)  # the backward ops, which take accumulate = 1
+
+
+def family_seeds(seeds):
+    for op, (opts, dims, acc_ops, f64_ops) in FAMILY.items():
+        for dt, dn, kinds in ((F32, "f32", (0, 2)), (BF16, "bf16", (2,)), (F64, "f64", (2,))):
+            acc = F64 if dt == F64 else F32
+            typed = {i: acc for i in acc_ops}
+            typed.update({i: F64 for i in f64_ops})
+            for kind in kinds:
+                door = "plan" if kind == 0 else "call"
+                seeds[f"op{op:02d}_{door}_{dn}"] = op_call(kind, op, dt, opts, dims, acc=int(op in ACCUMULATE),
+                                                           typed=typed)
+        if op == 32:  # no time steps: the column sums finish with no block (a fuzz finding)
+            empty = [[d[0], ZERO, d[2]] if len(d) == 3 else d for d in dims]
+            seeds["op32_call_f64_no_steps"] = op_call(2, op, F64, opts, empty, acc=1, typed={i: F64 for i in acc_ops})
+        if op in (33, 34):  # without the lengths and score operands (the plain path)
+            plain = [None if i in ((3, 4, 7) if op == 33 else (1, 5, 6, 12)) else d for i, d in enumerate(dims)]
+            seeds[f"op{op:02d}_call_f32_plain"] = op_call(2, op, F32, opts, plain, typed={i: F32 for i in acc_ops})
+
+
 def encoder_seeds(seeds):
     """The encoder layer (kind byte 248): sizes, a training forward and its backward, d_model 4,
     2 heads, d_ff 6, B 2, L 3, every operand its descriptor's shape (mode byte 0)."""
@@ -153,11 +215,12 @@ def main():
         seeds[f"op{op:02d}_call_f32"] = op_call(2, op, 0, opts, dims, acc=op % 2)
     for op in (1, 5, 12, 16, 19):
         opts, dims = OPS[op]
-        seeds[f"op{op:02d}_plan_bf16"] = op_call(0, op, 2, opts, dims)
-        seeds[f"op{op:02d}_call_f64"] = op_call(2, op, 3, opts, dims, acc=1)
+        seeds[f"op{op:02d}_plan_bf16"] = op_call(0, op, 2, opts, dims, typed={i: F32 for i in LOGP_ROWS.get(op, ())})
+        seeds[f"op{op:02d}_call_f64"] = op_call(2, op, 3, opts, dims, acc=1, typed={i: F64 for i in LOGP_ROWS.get(op, ())})
     seeds["op13_call_axpby"] = op_call(2, 13, 0, EW_AXPBY, OPS[13][1], variant=2)
     seeds["op17_call_none"] = op_call(2, 17, 0, LOGP_NONE, OPS[17][1][:5] + [[N]] + OPS[17][1][6:])
     option_seeds(seeds)
+    family_seeds(seeds)
     # adamw: ctx lr b1 b2 eps wd step gs count lb, then operands list by list, fill
     for lb, name in ((0, "f32"), (1 | 4, "f16_master"), (2, "bf16"), (2 | 64, "bf16_moments")):
         nl = 5 if lb & 4 else 4

@@ -763,6 +763,8 @@ static const problem cases[] = {
     {2, 2, 64, 4, F, T, F, T, F, 0, 0, F, F, "short", "short"},        /* hd 4, four vectors */
     {3, 3, 64, 8, T, T, T, T, T, 0.1, 0, F, F, "short", "short"},      /* a lane a key: four slots */
     {3, 3, 48, 7, F, T, T, T, T, 0.1, 0.4, T, T, "short", "short"},    /* a lane a key: odd hd */
+    {4, 16, 42, 8, F, F, T, T, T, 0, 0, F, F, "short", "short"},       /* PatchTST d_model 128: the CPU's hd-8 path */
+    {3, 2, 50, 8, T, T, T, T, T, 0, 0.3, T, T, "short", "short"},      /* hd 8, causal, lengths, packed */
     {3, 5, 33, 20, T, T, T, T, T, 0.1, 0, F, T, "short", "short"},     /* thread a row, every option */
     {5, 7, 42, 16, F, T, F, T, T, 0, 0, F, F, "short", "short"},       /* a block's heads past B·H */
     {3, 2, 127, 16, T, T, F, F, F, 0, 0, F, F, "short", "short"},

@@ -6,6 +6,7 @@
  * loaded side by side with dlopen and called in turn, so that a busy neighbour slows every build
  * alike. Prints each build's median ms per call and a hash of every output (two builds with the
  * same sums in the same order print the same hashes).
+ * Other shapes at build time: -DPROBE_B=256 -DPROBE_H=16 -DPROBE_HD=8 (PatchTST at d_model 128).
  * Build: cc -O2 tools/attn_probe.c -Iinclude -ldl -o attn_probe
  * Run:   ./attn_probe THREADS REPS LIB.so [LIB.so ...] (THREADS 1: the thread's CPU time is timed)
  */
@@ -19,7 +20,16 @@
 #include <string.h>
 #include <time.h>
 
-enum { B = 896, H = 4, L = 42, HD = 4, D = H * HD, MAXLIB = 4, MAXREP = 1000 };
+#ifndef PROBE_B
+#define PROBE_B 896
+#endif
+#ifndef PROBE_H
+#define PROBE_H 4
+#endif
+#ifndef PROBE_HD
+#define PROBE_HD 4
+#endif
+enum { B = PROBE_B, H = PROBE_H, L = 42, HD = PROBE_HD, D = H * HD, MAXLIB = 4, MAXREP = 1000 };
 
 typedef fg_status (*ctx_create_fn)(const fg_context_desc *, fg_context **);
 typedef fg_status (*fwd_fn)(fg_context *, const fg_attention_options *, const fg_tensor *, const fg_tensor *,

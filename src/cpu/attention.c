@@ -184,10 +184,10 @@ FG_INLINE void st_row_f64(void *dst, fg_dtype t, int64_t off, int64_t st, const 
 
 /* ------------------------------------------------------------------ the short-head fast path */
 
-/* PatchTST's heads (f32, hd = 4, L <= 64, no dropout, unit rows): the same per-row algorithm as
- * attention_rows.h, written for AVX-512 with a row's ≤ 4 key vectors held in registers from the
- * scores to P·V (one pass instead of a loop each), and the four hd sums of P·V, dq reduced
- * together (one transposing tree instead of four). The rows go in small groups, so that their
+/* PatchTST's heads (f32, hd = 4 or 8, L <= 64, no dropout, unit rows): the same per-row algorithm
+ * as attention_rows.h, written for AVX-512 with a row's ≤ 4 key vectors held in registers from the
+ * scores to P·V (one pass instead of a loop each), and the hd sums of P·V, dq reduced four at a
+ * time (one transposing tree instead of four). The rows go in small groups, so that their
  * chains overlap and the horizontal steps and the dKᵀ/dVᵀ updates are shared, each row's sums kept
  * in its own order. Kᵀ and Vᵀ (dKᵀ, dVᵀ) sit in the thread's slice with Lp = NV·16 keys a row.
  * Chosen at run time where the CPU has AVX-512 and the views have unit rows; the sums' order is
@@ -236,14 +236,17 @@ AVX512_FN void load_t16(const float *src, int64_t sl, int64_t j0, int64_t len, f
     _mm512_storeu_ps(dst + 3 * Lp + j0, _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t1), _mm512_castps_pd(t3))));
 }
 
-/* Kᵀ and Vᵀ of head (b, h) into kt, vt ([4][Lp]): keys [0, len), zero past them. */
-AVX512_FN void load_kv4(const fg_attn_call *c, int64_t b, int64_t h, int64_t len, int64_t Lp, float *kt, float *vt) {
+/* Kᵀ and Vᵀ of head (b, h) into kt, vt ([HD][Lp]): keys [0, len), zero past them; four components
+   at a time. */
+AVX512_FN void load_kv(const fg_attn_call *c, int64_t b, int64_t h, int64_t len, int64_t Lp, float *kt, float *vt,
+                       const int HD) {
     const float *k = (const float *)c->k.data + b * c->k.sb + h * c->k.sh;
     const float *v = (const float *)c->v.data + b * c->v.sb + h * c->v.sh;
-    for (int64_t j0 = 0; j0 < Lp; j0 += 16) {
-        load_t16(k, c->k.sl, j0, len, kt, Lp);
-        load_t16(v, c->v.sl, j0, len, vt, Lp);
-    }
+    for (int64_t j0 = 0; j0 < Lp; j0 += 16)
+        for (int x = 0; x < HD; x += 4) {
+            load_t16(k + x, c->k.sl, j0, len, kt + x * Lp, Lp);
+            load_t16(v + x, c->v.sl, j0, len, vt + x * Lp, Lp);
+        }
 }
 
 /* Rows [i, i + n) of a head's scores (L each, stride sl), asked for PF_ROWS rows before the group
@@ -281,11 +284,12 @@ AVX512_FN __m128 total4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
    rows' scores stay in registers together and their maxima and softmax sums are reduced by one
    transposing tree each, so the horizontal steps cost a quarter and the rows' chains overlap. A
    group past L repeats row L − 1 and stores nothing for it. */
-AVX512_FN void fwd_head4(const fg_attn_call *c, int64_t b, int64_t h, int64_t len, float *buf, const int NV) {
+AVX512_FN void fwd_head(const fg_attn_call *c, int64_t b, int64_t h, int64_t len, float *buf, const int NV,
+                        const int HD) {
     const fg_attn_problem *p = &c->p;
     const int64_t L = p->L, Lp = 16 * NV;
-    float *kt = buf, *vt = buf + 4 * Lp;
-    load_kv4(c, b, h, len, Lp, kt, vt);
+    float *kt = buf, *vt = buf + HD * Lp;
+    load_kv(c, b, h, len, Lp, kt, vt, HD);
     const __m512 scale = _mm512_set1_ps((float)c->scale), ninf = _mm512_set1_ps(-INFINITY);
     const float *q = (const float *)c->q.data + b * c->q.sb + h * c->q.sh;
     float *o = (float *)c->o.data + b * c->o.sb + h * c->o.sh;
@@ -302,16 +306,16 @@ AVX512_FN void fwd_head4(const fg_attn_call *c, int64_t b, int64_t h, int64_t le
             const int64_t i = i0 + r < L ? i0 + r : L - 1;
             const int64_t jend = p->causal ? (i + 1 < len ? i + 1 : len) : len;
             const float *qi = q + i * c->q.sl;
-            const __m512 q0 = _mm512_set1_ps(qi[0]), q1 = _mm512_set1_ps(qi[1]), q2 = _mm512_set1_ps(qi[2]),
-                         q3 = _mm512_set1_ps(qi[3]);
+            __m512 qb[8]; /* (in registers across the stores below, which may alias q for all the compiler knows) */
+            #pragma GCC unroll 8
+            for (int x = 0; x < HD; x++) qb[x] = _mm512_set1_ps(qi[x]);
             mx[r] = ninf;
             #pragma GCC unroll 4
             for (int v = 0; v < NV; v++) {
                 km[r][v] = keys_below(v, jend);
-                __m512 a = _mm512_mul_ps(q0, _mm512_loadu_ps(kt + 16 * v));
-                a = _mm512_fmadd_ps(q1, _mm512_loadu_ps(kt + Lp + 16 * v), a);
-                a = _mm512_fmadd_ps(q2, _mm512_loadu_ps(kt + 2 * Lp + 16 * v), a);
-                a = _mm512_fmadd_ps(q3, _mm512_loadu_ps(kt + 3 * Lp + 16 * v), a);
+                __m512 a = _mm512_mul_ps(qb[0], _mm512_loadu_ps(kt + 16 * v));
+                #pragma GCC unroll 8
+                for (int x = 1; x < HD; x++) a = _mm512_fmadd_ps(qb[x], _mm512_loadu_ps(kt + x * Lp + 16 * v), a);
                 a = si ? _mm512_fmadd_ps(a, scale, _mm512_maskz_loadu_ps(km[r][v], si + i * c->scores_in.sl + 16 * v))
                        : _mm512_mul_ps(a, scale);
                 s[r][v] = _mm512_mask_mov_ps(ninf, km[r][v], a);
@@ -322,11 +326,11 @@ AVX512_FN void fwd_head4(const fg_attn_call *c, int64_t b, int64_t h, int64_t le
         float m[4];
         _mm_storeu_ps(m, max4(mx[0], mx[1], mx[2], mx[3]));
         __m512 sum[4];
-        __m128 acc[4];
+        __m128 acc[4][2]; /* o's HD sums, four a vector */
         bool none[4];
         #pragma GCC unroll 4
         for (int r = 0; r < 4; r++) {
-            sum[r] = _mm512_setzero_ps(), acc[r] = _mm_setzero_ps(), none[r] = false;
+            sum[r] = _mm512_setzero_ps(), acc[r][0] = acc[r][1] = _mm_setzero_ps(), none[r] = false;
             if (m[r] == -INFINITY) { /* every score −∞ or NaN: NaN makes the row NaN; else no key, o = 0 */
                 __mmask16 nan = 0;
                 #pragma GCC unroll 4
@@ -338,17 +342,18 @@ AVX512_FN void fwd_head4(const fg_attn_call *c, int64_t b, int64_t h, int64_t le
                 m[r] = NAN;
             }
             const __m512 mv = _mm512_set1_ps(m[r]);
-            __m512 a0 = sum[r], a1 = sum[r], a2 = sum[r], a3 = sum[r];
+            __m512 a[8];
+            #pragma GCC unroll 8
+            for (int x = 0; x < HD; x++) a[x] = sum[r];
             #pragma GCC unroll 4
             for (int v = 0; v < NV; v++) {
                 const __m512 e = _mm512_maskz_mov_ps(km[r][v], fg_z_exp_neg(_mm512_sub_ps(s[r][v], mv)));
                 sum[r] = _mm512_add_ps(sum[r], e);
-                a0 = _mm512_fmadd_ps(e, _mm512_loadu_ps(vt + 16 * v), a0);
-                a1 = _mm512_fmadd_ps(e, _mm512_loadu_ps(vt + Lp + 16 * v), a1);
-                a2 = _mm512_fmadd_ps(e, _mm512_loadu_ps(vt + 2 * Lp + 16 * v), a2);
-                a3 = _mm512_fmadd_ps(e, _mm512_loadu_ps(vt + 3 * Lp + 16 * v), a3);
+                #pragma GCC unroll 8
+                for (int x = 0; x < HD; x++) a[x] = _mm512_fmadd_ps(e, _mm512_loadu_ps(vt + x * Lp + 16 * v), a[x]);
             }
-            acc[r] = sum4(a0, a1, a2, a3);
+            #pragma GCC unroll 2
+            for (int x = 0; x < HD; x += 4) acc[r][x / 4] = sum4(a[x], a[x + 1], a[x + 2], a[x + 3]);
         }
         const __m128 tot4 = total4(sum[0], sum[1], sum[2], sum[3]);
         float tot[4], inv[4];
@@ -358,29 +363,28 @@ AVX512_FN void fwd_head4(const fg_attn_call *c, int64_t b, int64_t h, int64_t le
         for (int r = 0; r < 4; r++) {
             if (i0 + r == L) break;
             float *oi = o + (i0 + r) * c->o.sl;
-            if (none[r]) {
-                _mm_storeu_ps(oi, _mm_setzero_ps());
-                lse[i0 + r] = -INFINITY;
-            } else {
-                _mm_storeu_ps(oi, _mm_mul_ps(acc[r], _mm_set1_ps(inv[r])));
-                lse[i0 + r] = m[r] + logf(tot[r]);
-            }
+            #pragma GCC unroll 2
+            for (int x = 0; x < HD; x += 4)
+                _mm_storeu_ps(oi + x, none[r] ? _mm_setzero_ps() : _mm_mul_ps(acc[r][x / 4], _mm_set1_ps(inv[r])));
+            lse[i0 + r] = none[r] ? -INFINITY : m[r] + logf(tot[r]);
         }
     }
 }
 
-/* Rows in groups of BWD_ROWS, the key vectors outside: a key vector's dKᵀ and dVᵀ are loaded once a
-   group, take the group's terms in row order in registers and are stored once; each row's four dq
-   lane sums stay in registers across the key vectors. Three rows' sums, the eight dK/dV vectors and
-   the temporaries fit the 32 registers (four rows spill); the sums' order is the row-by-row one. A
-   group past L repeats row L − 1 with no keys. */
+/* Rows in groups of ROWS, the key vectors outside: a key vector's dKᵀ and dVᵀ are loaded once a
+   group, take the group's terms in row order in registers and are stored once; each row's HD dq
+   lane sums stay in registers across the key vectors. At hd 4, three rows' sums, the eight dK/dV
+   vectors and the temporaries fit the 32 registers (four rows spill); at hd 8 one row's (dK, dV
+   and dq: 24 vectors). The sums' order is the row-by-row one. A group past L repeats row L − 1
+   with no keys. */
 #define BWD_ROWS 3
-AVX512_FN void bwd_head4(const fg_attn_call *c, int64_t b, int64_t h, int64_t len, float *buf, const int NV) {
+AVX512_FN void bwd_head(const fg_attn_call *c, int64_t b, int64_t h, int64_t len, float *buf, const int NV,
+                        const int HD, const int ROWS) {
     const fg_attn_problem *p = &c->p;
     const int64_t L = p->L, Lp = 16 * NV;
-    float *kt = buf, *vt = kt + 4 * Lp, *dkt = vt + 4 * Lp, *dvt = dkt + 4 * Lp;
-    load_kv4(c, b, h, len, Lp, kt, vt);
-    for (int64_t e = 0; e < 4 * Lp; e += 16) {
+    float *kt = buf, *vt = kt + HD * Lp, *dkt = vt + HD * Lp, *dvt = dkt + HD * Lp;
+    load_kv(c, b, h, len, Lp, kt, vt, HD);
+    for (int64_t e = 0; e < HD * Lp; e += 16) {
         _mm512_storeu_ps(dkt + e, _mm512_setzero_ps());
         _mm512_storeu_ps(dvt + e, _mm512_setzero_ps());
     }
@@ -394,16 +398,16 @@ AVX512_FN void bwd_head4(const fg_attn_call *c, int64_t b, int64_t h, int64_t le
     float *dsi = c->dscores_in.data ? (float *)c->dscores_in.data + b * c->dscores_in.sb + h * c->dscores_in.sh : NULL;
     float *dq = c->dq.data ? (float *)c->dq.data + b * c->dq.sb + h * c->dq.sh : NULL;
     const float *lse = (const float *)c->lse + (b * p->H + h) * L;
-    for (int64_t i0 = 0; i0 < L; i0 += BWD_ROWS) {
-        if (si) prefetch_rows(si, c->scores_in.sl, i0 + PF_ROWS, BWD_ROWS, L);
-        if (g) prefetch_rows(g, c->dscores.sl, i0 + PF_ROWS, BWD_ROWS, L);
-        if (dsi) prefetch_rows(dsi, c->dscores_in.sl, i0 + PF_ROWS, BWD_ROWS, L);
+    for (int64_t i0 = 0; i0 < L; i0 += ROWS) {
+        if (si) prefetch_rows(si, c->scores_in.sl, i0 + PF_ROWS, ROWS, L);
+        if (g) prefetch_rows(g, c->dscores.sl, i0 + PF_ROWS, ROWS, L);
+        if (dsi) prefetch_rows(dsi, c->dscores_in.sl, i0 + PF_ROWS, ROWS, L);
         const float *qi[BWD_ROWS], *di[BWD_ROWS];
-        __m512 lv[BWD_ROWS], Dv[BWD_ROWS], g4[BWD_ROWS][4];
+        __m512 lv[BWD_ROWS], Dv[BWD_ROWS], g4[BWD_ROWS * 4]; /* row r's dq sums at r·HD (ROWS·HD <= 12) */
         __mmask16 km[BWD_ROWS][4];
         int64_t ir[BWD_ROWS];
         #pragma GCC unroll 4
-        for (int r = 0; r < BWD_ROWS; r++) {
+        for (int r = 0; r < ROWS; r++) {
             const int64_t i = i0 + r < L ? i0 + r : L - 1;
             const int64_t jend = p->causal ? (i + 1 < len ? i + 1 : len) : len;
             const float l = lse[i];
@@ -413,34 +417,31 @@ AVX512_FN void bwd_head4(const fg_attn_call *c, int64_t b, int64_t h, int64_t le
             ir[r] = i, qi[r] = q + i * c->q.sl, di[r] = dO + i * c->d_o.sl;
             const float *oi = o + i * c->o.sl;
             float D = 0;
-            #pragma GCC unroll 4
-            for (int x = 0; x < 4; x++) D += di[r][x] * oi[x];
+            #pragma GCC unroll 8
+            for (int x = 0; x < HD; x++) D += di[r][x] * oi[x];
             lv[r] = _mm512_set1_ps(l), Dv[r] = _mm512_set1_ps(D);
-            #pragma GCC unroll 4
-            for (int x = 0; x < 4; x++) g4[r][x] = _mm512_setzero_ps();
+            #pragma GCC unroll 8
+            for (int x = 0; x < HD; x++) g4[r * HD + x] = _mm512_setzero_ps();
         }
         #pragma GCC unroll 4
         for (int v = 0; v < NV; v++) {
             const float *k0 = kt + 16 * v, *v0 = vt + 16 * v;
             float *dk0 = dkt + 16 * v, *dv0 = dvt + 16 * v;
-            __m512 dk[4], dv[4];
+            __m512 dk[8], dv[8];
+            #pragma GCC unroll 8
+            for (int x = 0; x < HD; x++) dk[x] = _mm512_loadu_ps(dk0 + x * Lp), dv[x] = _mm512_loadu_ps(dv0 + x * Lp);
             #pragma GCC unroll 4
-            for (int x = 0; x < 4; x++) dk[x] = _mm512_loadu_ps(dk0 + x * Lp), dv[x] = _mm512_loadu_ps(dv0 + x * Lp);
-            #pragma GCC unroll 4
-            for (int r = 0; r < BWD_ROWS; r++) {
+            for (int r = 0; r < ROWS; r++) {
                 const __mmask16 m = km[r][v];
-                const __m512 q0 = _mm512_set1_ps(qi[r][0]), q1 = _mm512_set1_ps(qi[r][1]), q2 = _mm512_set1_ps(qi[r][2]),
-                             q3 = _mm512_set1_ps(qi[r][3]);
-                const __m512 d0 = _mm512_set1_ps(di[r][0]), d1 = _mm512_set1_ps(di[r][1]), d2 = _mm512_set1_ps(di[r][2]),
-                             d3 = _mm512_set1_ps(di[r][3]);
-                __m512 a = _mm512_mul_ps(q0, _mm512_loadu_ps(k0));
-                a = _mm512_fmadd_ps(q1, _mm512_loadu_ps(k0 + Lp), a);
-                a = _mm512_fmadd_ps(q2, _mm512_loadu_ps(k0 + 2 * Lp), a);
-                a = _mm512_fmadd_ps(q3, _mm512_loadu_ps(k0 + 3 * Lp), a);
-                __m512 e = _mm512_mul_ps(d0, _mm512_loadu_ps(v0));
-                e = _mm512_fmadd_ps(d1, _mm512_loadu_ps(v0 + Lp), e);
-                e = _mm512_fmadd_ps(d2, _mm512_loadu_ps(v0 + 2 * Lp), e);
-                e = _mm512_fmadd_ps(d3, _mm512_loadu_ps(v0 + 3 * Lp), e);
+                __m512 qb[8], db[8]; /* (once a row: the stores below may alias q and do for the compiler) */
+                #pragma GCC unroll 8
+                for (int x = 0; x < HD; x++) qb[x] = _mm512_set1_ps(qi[r][x]), db[x] = _mm512_set1_ps(di[r][x]);
+                __m512 a = _mm512_mul_ps(qb[0], _mm512_loadu_ps(k0));
+                #pragma GCC unroll 8
+                for (int x = 1; x < HD; x++) a = _mm512_fmadd_ps(qb[x], _mm512_loadu_ps(k0 + x * Lp), a);
+                __m512 e = _mm512_mul_ps(db[0], _mm512_loadu_ps(v0));
+                #pragma GCC unroll 8
+                for (int x = 1; x < HD; x++) e = _mm512_fmadd_ps(db[x], _mm512_loadu_ps(v0 + x * Lp), e);
                 a = si ? _mm512_fmadd_ps(a, scale, _mm512_maskz_loadu_ps(m, si + ir[r] * c->scores_in.sl + 16 * v))
                        : _mm512_mul_ps(a, scale);
                 const __m512 pr = _mm512_maskz_mov_ps(m, fg_z_exp_neg(_mm512_sub_ps(a, lv[r])));
@@ -453,28 +454,26 @@ AVX512_FN void bwd_head4(const fg_attn_call *c, int64_t b, int64_t h, int64_t le
                 }
                 /* dKᵀ, dVᵀ += this row's terms, the rows in order (keys past jend get nothing, not
                    0·q); dq's lanes */
-                dk[0] = _mm512_mask3_fmadd_ps(d, q0, dk[0], m);
-                dk[1] = _mm512_mask3_fmadd_ps(d, q1, dk[1], m);
-                dk[2] = _mm512_mask3_fmadd_ps(d, q2, dk[2], m);
-                dk[3] = _mm512_mask3_fmadd_ps(d, q3, dk[3], m);
-                dv[0] = _mm512_mask3_fmadd_ps(pr, d0, dv[0], m);
-                dv[1] = _mm512_mask3_fmadd_ps(pr, d1, dv[1], m);
-                dv[2] = _mm512_mask3_fmadd_ps(pr, d2, dv[2], m);
-                dv[3] = _mm512_mask3_fmadd_ps(pr, d3, dv[3], m);
-                g4[r][0] = _mm512_mask3_fmadd_ps(d, _mm512_loadu_ps(k0), g4[r][0], m);
-                g4[r][1] = _mm512_mask3_fmadd_ps(d, _mm512_loadu_ps(k0 + Lp), g4[r][1], m);
-                g4[r][2] = _mm512_mask3_fmadd_ps(d, _mm512_loadu_ps(k0 + 2 * Lp), g4[r][2], m);
-                g4[r][3] = _mm512_mask3_fmadd_ps(d, _mm512_loadu_ps(k0 + 3 * Lp), g4[r][3], m);
+                #pragma GCC unroll 8
+                for (int x = 0; x < HD; x++) dk[x] = _mm512_mask3_fmadd_ps(d, qb[x], dk[x], m);
+                #pragma GCC unroll 8
+                for (int x = 0; x < HD; x++) dv[x] = _mm512_mask3_fmadd_ps(pr, db[x], dv[x], m);
+                #pragma GCC unroll 8
+                for (int x = 0; x < HD; x++) g4[r * HD + x] = _mm512_mask3_fmadd_ps(d, _mm512_loadu_ps(k0 + x * Lp), g4[r * HD + x], m);
             }
-            #pragma GCC unroll 4
-            for (int x = 0; x < 4; x++) _mm512_storeu_ps(dk0 + x * Lp, dk[x]), _mm512_storeu_ps(dv0 + x * Lp, dv[x]);
+            #pragma GCC unroll 8
+            for (int x = 0; x < HD; x++) _mm512_storeu_ps(dk0 + x * Lp, dk[x]), _mm512_storeu_ps(dv0 + x * Lp, dv[x]);
         }
         #pragma GCC unroll 4
-        for (int r = 0; r < BWD_ROWS; r++) {
+        for (int r = 0; r < ROWS; r++) {
             if (!dq || i0 + r == L) break;
             float *w = dq + ir[r] * c->dq.sl;
-            const __m128 dq4 = _mm_mul_ps(sum4(g4[r][0], g4[r][1], g4[r][2], g4[r][3]), _mm512_castps512_ps128(scale));
-            _mm_storeu_ps(w, acc ? _mm_add_ps(_mm_loadu_ps(w), dq4) : dq4);
+            #pragma GCC unroll 2
+            for (int x = 0; x < HD; x += 4) {
+                const __m128 dq4 =
+                    _mm_mul_ps(sum4(g4[r * HD + x], g4[r * HD + x + 1], g4[r * HD + x + 2], g4[r * HD + x + 3]), _mm512_castps512_ps128(scale));
+                _mm_storeu_ps(w + x, acc ? _mm_add_ps(_mm_loadu_ps(w + x), dq4) : dq4);
+            }
         }
     }
     float *dk = c->dk.data ? (float *)c->dk.data + b * c->dk.sb + h * c->dk.sh : NULL;
@@ -483,39 +482,52 @@ AVX512_FN void bwd_head4(const fg_attn_call *c, int64_t b, int64_t h, int64_t le
     for (int64_t j = 0; j < L; j++) {
         if (dk) {
             float *r = dk + j * c->dk.sl;
-            #pragma GCC unroll 4
-            for (int x = 0; x < 4; x++) r[x] = acc ? r[x] + dkt[x * Lp + j] * sc : dkt[x * Lp + j] * sc;
+            #pragma GCC unroll 8
+            for (int x = 0; x < HD; x++) r[x] = acc ? r[x] + dkt[x * Lp + j] * sc : dkt[x * Lp + j] * sc;
         }
         if (dv) {
             float *r = dv + j * c->dv.sl;
-            #pragma GCC unroll 4
-            for (int x = 0; x < 4; x++) r[x] = acc ? r[x] + dvt[x * Lp + j] : dvt[x * Lp + j];
+            #pragma GCC unroll 8
+            for (int x = 0; x < HD; x++) r[x] = acc ? r[x] + dvt[x * Lp + j] : dvt[x * Lp + j];
         }
     }
 }
 
-AVX512_KERNEL static void fast_unit(const fg_attn_call *c, int64_t b, int64_t h, int64_t len, float *buf) {
+/* Each (NV, HD) its own instance (the loops over keys and head dims unroll), hd 4 and hd 8 in
+   functions of their own: inlined into one function, the hd-4 backward lost speed to the larger
+   body's register allocation (decision 186). */
+#define FAST_CASES(F, HD, ...)                                                                                         \
+    switch (nv) {                                                                                                      \
+    case 1: F(c, b, h, len, buf, 1, HD, ##__VA_ARGS__); break;                                                       \
+    case 2: F(c, b, h, len, buf, 2, HD, ##__VA_ARGS__); break;                                                       \
+    case 3: F(c, b, h, len, buf, 3, HD, ##__VA_ARGS__); break;                                                       \
+    default: F(c, b, h, len, buf, 4, HD, ##__VA_ARGS__); break;                                                      \
+    }
+AVX512_KERNEL __attribute__((noinline)) static void fast_unit4(const fg_attn_call *c, int64_t b, int64_t h, int64_t len,
+                                                               float *buf) {
     const int nv = (int)((c->p.L + 15) / 16);
-    if (c->p.forward) switch (nv) {
-        case 1: fwd_head4(c, b, h, len, buf, 1); break;
-        case 2: fwd_head4(c, b, h, len, buf, 2); break;
-        case 3: fwd_head4(c, b, h, len, buf, 3); break;
-        default: fwd_head4(c, b, h, len, buf, 4); break;
-        }
-    else switch (nv) {
-        case 1: bwd_head4(c, b, h, len, buf, 1); break;
-        case 2: bwd_head4(c, b, h, len, buf, 2); break;
-        case 3: bwd_head4(c, b, h, len, buf, 3); break;
-        default: bwd_head4(c, b, h, len, buf, 4); break;
-        }
+    if (c->p.forward) FAST_CASES(fwd_head, 4)
+    else FAST_CASES(bwd_head, 4, BWD_ROWS)
+}
+AVX512_KERNEL __attribute__((noinline)) static void fast_unit8(const fg_attn_call *c, int64_t b, int64_t h, int64_t len,
+                                                               float *buf) {
+    const int nv = (int)((c->p.L + 15) / 16);
+    if (c->p.forward) FAST_CASES(fwd_head, 8)
+    else FAST_CASES(bwd_head, 8, 1)
+}
+#undef FAST_CASES
+static void fast_unit(const fg_attn_call *c, int64_t b, int64_t h, int64_t len, float *buf) {
+    if (c->p.hd == 4) fast_unit4(c, b, h, len, buf);
+    else fast_unit8(c, b, h, len, buf);
 }
 
 static bool unit_x(const fg_attn_view *v) { return !v->data || v->sx == 1; }
 
-/* The fast path's case: f32 throughout, hd = 4, L <= 64, no dropout, every view with unit rows. */
+/* The fast path's case: f32 throughout, hd = 4 or 8, L <= 64, no dropout, every view with unit rows. */
 static bool fast_case(const fg_attn_call *c) {
     const fg_attn_problem *p = &c->p;
-    if (p->dtype != FG_F32 || p->sdtype != FG_F32 || p->acc != FG_F32 || p->hd != 4 || p->L > 64 || p->L < 1 || p->dropout)
+    if (p->dtype != FG_F32 || p->sdtype != FG_F32 || p->acc != FG_F32 || (p->hd != 4 && p->hd != 8) || p->L > 64 ||
+        p->L < 1 || p->dropout)
         return false;
     const fg_attn_view *v[12] = {&c->q, &c->k, &c->v, &c->o, &c->scores_in, &c->scores_out,
                                  &c->d_o, &c->dscores, &c->dq, &c->dk, &c->dv, &c->dscores_in};

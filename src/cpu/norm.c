@@ -1407,7 +1407,22 @@ static fg_status revin_backward(fg_context *ctx, fg_norm_call *c, bool run) {
 
 /* ------------------------------------------------------------------ entry */
 
+/* A step over rows of no column: nothing in them to read or write, only BatchNorm's count N and,
+   in a row norm's forward, each row's statistics. A [2^31, 0] view is valid and holds nothing;
+   walking its rows would still take seconds (a fuzz finding: batch_norm_stats of [3e9, 0]). */
+static bool nothing_to_walk(const fg_norm_call *c) {
+    if (c->cols != 0) return false;
+    if (c->step == FG_NORM_STEP_ROWS_FORWARD) return !c->mean && !c->rstd;
+    return c->step != FG_NORM_STEP_DROPOUT; /* (dropout walks elements) */
+}
+
 fg_status fg_cpu_norm(fg_context *ctx, fg_norm_call *c, bool run) {
+    if (run && nothing_to_walk(c)) {
+        if ((c->step == FG_NORM_STEP_BN_STATS || c->step == FG_NORM_STEP_BN_BACKWARD_STATS) && c->sums)
+            c->sums[0] = (double)c->rows; /* {Σ [0], Σ [0], N} */
+        fg_record_kernel(ctx, c->name);
+        return FG_OK;
+    }
     switch (c->step) {
     case FG_NORM_STEP_ROWS_FORWARD: return rows_forward(ctx, c, run);
     case FG_NORM_STEP_ROWS_BACKWARD: return rows_backward(ctx, c, run);

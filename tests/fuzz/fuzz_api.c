@@ -372,6 +372,14 @@ static bool any_big(const operand *ops, int n) {
     return false;
 }
 
+/* Attention's work grows as B·H·L² whatever its operands' bytes (q [1, 1, 4096, 1] is 16 KB):
+ * past 2^22 scores a call takes seconds under the sanitizers, which libFuzzer reports as a slow
+ * unit (seen: an encoder layer at L 4096, 11 s). Such calls are not run. */
+#define MAX_SCORES ((double)(1 << 22))
+static bool too_many_scores(double B, double H, double L) {
+    return B > 0 && H > 0 && L > 0 && B * H * L * L > MAX_SCORES;
+}
+
 static void mark_outputs(const operand *ops, int n) {
     for (int i = 0; i < n; i++)
         if (ops[i].output) mark_view(&ops[i]);
@@ -653,7 +661,10 @@ static void op_call(rd *r, bool use_plan) {
     arenas_fill((uint8_t[]){0x00, 0x3C, 0xFF, 0x41}[u8(r) & 3]);
     resolve(ops, n);
     mark_outputs(ops, n);
-    const bool runnable = !any_big(ops, n);
+    const operand *q = op == FG_OP_ATTENTION_FORWARD ? &ops[0] : op == FG_OP_ATTENTION_BACKWARD ? &ops[2] : NULL;
+    const bool runnable = !any_big(ops, n) &&
+                          !(q && !q->absent && q->t.rank == 4 &&
+                            too_many_scores((double)q->t.shape[0], (double)q->t.shape[1], (double)q->t.shape[2]));
     if (getenv("FUZZ_TRACE")) { /* replaying a finding: what the call is */
         dprintf(saved_err, "%s op %d acc %d flags %u align %u variant %d\n", use_plan ? "plan" : "one-call", (int)op,
                 acc, flags, alignment, variant);
@@ -861,12 +872,17 @@ static void encoder_call(rd *r) {
     const fg_dtype dt = mains[(k3 >> 4) & 3];
     const int64_t B = dim_value(u8(r)), L = dim_value(u8(r));
     const bool desc_null = (k3 & 0xC0) == 0xC0;
+    if (getenv("FUZZ_TRACE")) /* replaying a finding: the layer */
+        dprintf(saved_err, "encoder d_model %lld heads %lld d_ff %lld B %lld L %lld dtype %d train %d save %d\n",
+                (long long)d.d_model, (long long)d.heads, (long long)d.d_ff, (long long)B, (long long)L, (int)dt,
+                run.train, (int)d.save);
     size_t cache_bytes = 0, ws_bytes = 0;
     plant_stale_error();
     redirect_fds();
     fg_status s = fg_encoder_layer_sizes(desc_null ? NULL : &d, dt, B, L, &cache_bytes, &ws_bytes);
     check_status("encoder_layer_sizes", s);
     if (s != FG_OK || cache_bytes > ((size_t)1 << 20) || ws_bytes > ((size_t)1 << 20)) return;
+    if (too_many_scores((double)B, (double)d.heads, (double)L)) return;
     /* operands: x, lengths, scores_in, y, scores_out, the parameters */
     const int64_t dm = d.d_model, df = d.d_ff, H = d.heads;
     const int64_t x_shape[3] = {B, L, dm}, s_shape[4] = {B, H, L, L}, len_shape[1] = {B};

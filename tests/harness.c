@@ -345,6 +345,29 @@ void th_verify(const char *what, th_operand *o, const double *ref, double tol, c
     th_verify_slack(what, o, ref, NULL, tol, label);
 }
 
+/* The dtype's smallest normal */
+static double tiny_of(fg_dtype t) {
+    return t == FG_F16 ? 6.103515625e-05 : t == FG_F64 ? 2.2250738585072014e-308 : 1.1754943508222875e-38;
+}
+
+void th_check_elements(const char *what, const th_operand *o, const double *got, const double *ref,
+                       const double *slack, double tol, const char *label) {
+    if (!(o->buf.dtype == FG_F16 || o->buf.dtype == FG_BF16) || o->n <= 0) return;
+    const double tiny = tiny_of(o->buf.dtype);
+    double mean = 0;
+    for (int64_t i = 0; i < o->n; i++) mean += fabs(ref[i]);
+    mean /= (double)o->n;
+    if (mean < tiny) mean = tiny;
+    int64_t bad = -1, count = 0;
+    for (int64_t i = 0; i < o->n; i++)
+        if (!(fabs(got[i] - ref[i]) <= 4 * tol * (fabs(ref[i]) + mean) + (slack ? slack[i] : 0))) {
+            if (bad < 0) bad = i;
+            count++;
+        }
+    TH_CHECK(bad < 0, "%s %s: %lld elements off by more than 4·tol·(|ref| + mean|ref|), first %lld: got %.6g ref %.6g",
+             what, label, (long long)count, (long long)bad, bad >= 0 ? got[bad] : 0.0, bad >= 0 ? ref[bad] : 0.0);
+}
+
 void th_verify_slack(const char *what, th_operand *o, const double *ref, const double *slack, double tol,
                      const char *label) {
     double *got = malloc((size_t)(o->n ? o->n : 1) * sizeof(double));
@@ -354,8 +377,7 @@ void th_verify_slack(const char *what, th_operand *o, const double *ref, const d
        where the format's spacing is fixed (f16: 6e-8), not relative: there the error is
        measured against that normal, as the format's resolution allows (seen: one f16 element of
        8.1e-7, off by 2.3e-8, in a 1 × 1 × 1 layer on the CPU). */
-    const double tiny = o->buf.dtype == FG_F16 ? 6.103515625e-05 : o->buf.dtype == FG_F64 ? 2.2250738585072014e-308
-                                                                                          : 1.1754943508222875e-38;
+    const double tiny = tiny_of(o->buf.dtype);
     double ref_norm = 0;
     for (int64_t i = 0; i < o->n; i++) ref_norm += ref[i] * ref[i];
     ref_norm = sqrt(ref_norm);
@@ -370,20 +392,7 @@ void th_verify_slack(const char *what, th_operand *o, const double *ref, const d
        low-precision intermediates (logits rounded to bf16: up to 2^-8 of each; dw summed in
        its own dtype between tiles), seen up to 1.3% of |ref| at tol 1e-2. A dropped term or a
        garbage element is off by far more. */
-    if ((o->buf.dtype == FG_F16 || o->buf.dtype == FG_BF16) && o->n > 0) {
-        double mean = 0;
-        for (int64_t i = 0; i < o->n; i++) mean += fabs(ref[i]);
-        mean /= (double)o->n;
-        if (mean < tiny) mean = tiny;
-        int64_t bad = -1, count = 0;
-        for (int64_t i = 0; i < o->n; i++)
-            if (!(fabs(got[i] - ref[i]) <= 4 * tol * (fabs(ref[i]) + mean) + (slack ? slack[i] : 0))) {
-                if (bad < 0) bad = i;
-                count++;
-            }
-        TH_CHECK(bad < 0, "%s %s: %lld elements off by more than 4·tol·(|ref| + mean|ref|), first %lld: got %.6g ref %.6g",
-                 what, label, (long long)count, (long long)bad, bad >= 0 ? got[bad] : 0.0, bad >= 0 ? ref[bad] : 0.0);
-    }
+    th_check_elements(what, o, got, ref, slack, tol, label);
     if (!(err <= tol) && o->n > 0) { /* where it is worst, to tell a bug from a tail */
         int64_t worst = 0;
         double ref_max = 0;

@@ -127,6 +127,11 @@ double th_unit(fg_dtype dt, double v);
 void th_verify_slack(const char *what, th_operand *o, const double *ref, const double *slack, double tol,
                      const char *label);
 
+/* th_verify's per-element rule for f16 / bf16 outputs (nothing for f32 / f64) on values got
+ * already read back: |got − ref| <= 4·tol·(|ref| + mean |ref|) + slack (slack NULL: none). */
+void th_check_elements(const char *what, const th_operand *o, const double *got, const double *ref,
+                       const double *slack, double tol, const char *label);
+
 /* Runs `call`, expecting status `want`, `needle` in fg_last_error(), and the storage of
  * operand `out` bit-for-bit untouched. */
 #define TH_EXPECT_BAD(want, needle, out, call)                                                               \

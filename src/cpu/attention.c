@@ -379,7 +379,8 @@ AVX512_FN void fwd_head(const fg_attn_call *c, int64_t b, int64_t h, int64_t len
    with no keys. */
 #define BWD_ROWS 3
 AVX512_FN void bwd_head(const fg_attn_call *c, int64_t b, int64_t h, int64_t len, float *buf, const int NV,
-                        const int HD, const int ROWS) {
+                        const int HD) {
+    const int ROWS = HD == 4 ? BWD_ROWS : 1;
     const fg_attn_problem *p = &c->p;
     const int64_t L = p->L, Lp = 16 * NV;
     float *kt = buf, *vt = kt + HD * Lp, *dkt = vt + HD * Lp, *dvt = dkt + HD * Lp;
@@ -496,24 +497,24 @@ AVX512_FN void bwd_head(const fg_attn_call *c, int64_t b, int64_t h, int64_t len
 /* Each (NV, HD) its own instance (the loops over keys and head dims unroll), hd 4 and hd 8 in
    functions of their own: inlined into one function, the hd-4 backward lost speed to the larger
    body's register allocation (decision 186). */
-#define FAST_CASES(F, HD, ...)                                                                                         \
+#define FAST_CASES(F, HD)                                                                                              \
     switch (nv) {                                                                                                      \
-    case 1: F(c, b, h, len, buf, 1, HD, ##__VA_ARGS__); break;                                                       \
-    case 2: F(c, b, h, len, buf, 2, HD, ##__VA_ARGS__); break;                                                       \
-    case 3: F(c, b, h, len, buf, 3, HD, ##__VA_ARGS__); break;                                                       \
-    default: F(c, b, h, len, buf, 4, HD, ##__VA_ARGS__); break;                                                      \
+    case 1: F(c, b, h, len, buf, 1, HD); break;                                                                      \
+    case 2: F(c, b, h, len, buf, 2, HD); break;                                                                      \
+    case 3: F(c, b, h, len, buf, 3, HD); break;                                                                      \
+    default: F(c, b, h, len, buf, 4, HD); break;                                                                     \
     }
 AVX512_KERNEL __attribute__((noinline)) static void fast_unit4(const fg_attn_call *c, int64_t b, int64_t h, int64_t len,
                                                                float *buf) {
     const int nv = (int)((c->p.L + 15) / 16);
     if (c->p.forward) FAST_CASES(fwd_head, 4)
-    else FAST_CASES(bwd_head, 4, BWD_ROWS)
+    else FAST_CASES(bwd_head, 4)
 }
 AVX512_KERNEL __attribute__((noinline)) static void fast_unit8(const fg_attn_call *c, int64_t b, int64_t h, int64_t len,
                                                                float *buf) {
     const int nv = (int)((c->p.L + 15) / 16);
     if (c->p.forward) FAST_CASES(fwd_head, 8)
-    else FAST_CASES(bwd_head, 8, 1)
+    else FAST_CASES(bwd_head, 8)
 }
 #undef FAST_CASES
 static void fast_unit(const fg_attn_call *c, int64_t b, int64_t h, int64_t len, float *buf) {

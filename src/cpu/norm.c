@@ -1407,17 +1407,12 @@ static fg_status revin_backward(fg_context *ctx, fg_norm_call *c, bool run) {
 
 /* ------------------------------------------------------------------ entry */
 
-/* A step over rows of no column: nothing in them to read or write, only BatchNorm's count N and,
-   in a row norm's forward, each row's statistics. A [2^31, 0] view is valid and holds nothing;
-   walking its rows would still take seconds (a fuzz finding: batch_norm_stats of [3e9, 0]). */
-static bool nothing_to_walk(const fg_norm_call *c) {
-    if (c->cols != 0) return false;
-    if (c->step == FG_NORM_STEP_ROWS_FORWARD) return !c->mean && !c->rstd;
-    return c->step != FG_NORM_STEP_DROPOUT; /* (dropout walks elements) */
-}
-
 fg_status fg_cpu_norm(fg_context *ctx, fg_norm_call *c, bool run) {
-    if (run && nothing_to_walk(c)) {
+    /* BatchNorm or RevIN over no channel (the row norms refuse D = 0; dropout walks elements):
+       nothing in the rows to read or write but BatchNorm's count N. A [2^31, 0] view is valid
+       and holds nothing, yet walking its rows took seconds (a fuzz finding: batch_norm_stats of
+       [3e9, 0]). */
+    if (run && c->cols == 0 && c->step != FG_NORM_STEP_DROPOUT) {
         if ((c->step == FG_NORM_STEP_BN_STATS || c->step == FG_NORM_STEP_BN_BACKWARD_STATS) && c->sums)
             c->sums[0] = (double)c->rows; /* {Σ [0], Σ [0], N} */
         fg_record_kernel(ctx, c->name);

@@ -274,8 +274,9 @@ static void mark_view(const operand *o) {
     }
 }
 
-/* Reads one operand's descriptor. main: the call's float dtype; idt: its integer one. */
-static void read_operand(rd *r, operand *o, const char *name, bool optional, fg_dtype main, fg_dtype idt) {
+/* Reads one operand's descriptor. main: the call's float dtype; idt: its integer one, the
+ * default of an operand of integer ids (is_int). */
+static void read_operand(rd *r, operand *o, bool is_int, bool optional, fg_dtype main, fg_dtype idt) {
     memset(o, 0, sizeof *o);
     o->arena = -1;
     const uint8_t mode = u8(r);
@@ -287,8 +288,6 @@ static void read_operand(rd *r, operand *o, const char *name, bool optional, fg_
     static const int32_t odd_rank[7] = {9, -1, 100, INT32_MIN, 1, 2, 3};
     o->t.rank = rb <= 8 ? rb : odd_rank[rb - 9];
     const uint8_t db = u8(r);
-    const bool is_int = name && (strcmp(name, "target") == 0 || strcmp(name, "lengths") == 0 ||
-                                 strcmp(name, "starts") == 0);
     o->t.dtype = db < 224 ? (is_int ? idt : main) : (fg_dtype)((int)(db & 15) - 2);
     const int nd = o->t.rank < 0 ? 0 : o->t.rank > FG_MAX_RANK ? FG_MAX_RANK : o->t.rank;
     for (int i = 0; i < nd; i++) o->t.shape[i] = dim_value(u8(r));
@@ -649,9 +648,12 @@ static void op_call(rd *r, bool use_plan) {
     operand ops[FG_MAX_OPERANDS];
     memset(ops, 0, sizeof ops);
     for (int i = 0; i < n; i++) {
-        /* (the regression loss's target is a float tensor: no integer default for it) */
-        read_operand(r, &ops[i], known && op != FG_OP_REGRESSION_LOSS ? info.operands[i].name : NULL,
-                     known && info.operands[i].optional, main, idt);
+        /* integer ids: class targets (the regression loss's target is a float tensor), key-padding
+           lengths, window starts */
+        const char *nm = known ? info.operands[i].name : "";
+        const bool ids = (strcmp(nm, "target") == 0 && op != FG_OP_REGRESSION_LOSS) || strcmp(nm, "lengths") == 0 ||
+                         strcmp(nm, "starts") == 0;
+        read_operand(r, &ops[i], ids, known && info.operands[i].optional, main, idt);
         ops[i].output = known && info.operands[i].role == FG_ROLE_OUTPUT;
         /* linear_act's backward may overwrite its saved operand (consume) */
         if (op == FG_OP_LINEAR_ACT_BACKWARD && i == 1) ops[i].output = true;
@@ -787,7 +789,7 @@ static void adamw_call(rd *r) {
         for (int i = 0; i < nt; i++) {
             /* moments (lists 2, 3): f32, or with bit 6 the params' dtype */
             fg_dtype want = l == 0 ? pt : l == 1 ? ((lb & 32) ? FG_F32 : pt) : (l < 4 && (lb & 64)) ? pt : FG_F32;
-            read_operand(r, &ops[l * 5 + i], "p", false, want, FG_I32);
+            read_operand(r, &ops[l * 5 + i], false, false, want, FG_I32);
             ops[l * 5 + i].null_ptr = false;
             ops[l * 5 + i].output = l != 1;
         }
@@ -824,7 +826,7 @@ static fg_tensor *enc_slot(fg_encoder_layer_params *p, int i) { return &((fg_ten
 static void enc_operand(rd *r, operand *o, int rank, const int64_t *shape, fg_dtype dt, bool out) {
     const uint8_t mode = u8(r);
     if (mode >= 232) {
-        read_operand(r, o, "p", false, dt, FG_I32);
+        read_operand(r, o, false, false, dt, FG_I32);
     } else {
         memset(o, 0, sizeof *o);
         o->arena = -1;

@@ -543,14 +543,16 @@ fg_status fg_cpu_norm(fg_context *ctx, fg_norm_call *c, bool run);
 /* The kernels of the attention family (src/ops/attention.c): the CPU backend's rows, and on
  * CUDA the whole-sequence kernels (sixteen lanes a head, a lane a key, for L <= 64, hd <= 8; a
  * thread a query row for L <= 64, hd <= 32; a warp a query row up to L = 128), the tensor-core flash kernels (f16 / bf16, hd 32 / 64 / 128, unit-stride
- * rows) and the tiled SIMT kernels (everything else). */
+ * rows), cuDNN's fused attention where it is built and takes the problem, and the tiled SIMT
+ * kernels (everything else). */
 typedef enum fg_attn_kernel {
     FG_ATTN_CPU,
     FG_ATTN_SHORT,
     FG_ATTN_FLASH,
     FG_ATTN_TILED,
     FG_ATTN_SHORT_ROWS,
-    FG_ATTN_SHORT_KEYS
+    FG_ATTN_SHORT_KEYS,
+    FG_ATTN_CUDNN
 } fg_attn_kernel;
 
 /* An attention problem as its plan sees it (no pointers): what the backend's plan hook picks

@@ -1,0 +1,248 @@
+/*
+ * attention_cudnn.cpp — the CUDA backend's attention through cuDNN's fused scaled dot-product
+ * attention (the cudnn-frontend graph API, vendored in third_party/cudnn_frontend), for the
+ * problems where it beats the own flash kernels: f16 / bf16, head dims a multiple of 8 up to 128,
+ * unit-stride rows, longer than the short kernels' 64 keys, no score operands, no key-padding
+ * lengths, no dropout, every gradient wanted and written (not accumulated). cuDNN's kernels are
+ * Hopper wgmma kernels the library's mma.sync flash kernels trail by about 3× at GPT-2's shape
+ * (decision 184); the backward runs cuDNN's deterministic algorithm, so a run's bits repeat.
+ *
+ * Graphs depend on the operands' strides, which a plan does not know: the plan builds one for
+ * the contiguous layout to learn the workspace (cuDNN's need does not depend on strides), and a
+ * run looks its graph up in the context's cache, keyed by the problem and every operand's
+ * strides, building it on a miss. lse is cuDNN's "Stats" (the natural-log sum of exp of the
+ * scaled scores, f32 [B, H, L]), the same quantity the other paths write.
+ * Built only with FG_HAVE_CUDNN (CMake found cuDNN 9); otherwise the hooks below say no.
+ */
+#include "cuda_internal.h"
+
+#include <string.h>
+
+#ifdef FG_HAVE_CUDNN
+#include <cudnn_frontend.h>
+
+#include <memory>
+#include <string>
+#include <unordered_map>
+
+namespace fe = cudnn_frontend;
+
+namespace {
+
+enum : int64_t { Q_UID = 1, K_UID, V_UID, O_UID, STATS_UID, DO_UID, DQ_UID, DK_UID, DV_UID };
+
+struct graph_entry {
+    std::shared_ptr<fe::graph::Graph> graph;
+    int64_t workspace;
+};
+
+/* The context's cuDNN state: its handle (on the context's device) and the graphs built. */
+struct cudnn_state {
+    cudnnHandle_t handle = nullptr;
+    std::unordered_map<std::string, graph_entry> graphs;
+};
+
+/* The operands' strides in the graph's order (q, k, v, o; backward: do, dq, dk, dv). */
+struct layout {
+    int64_t s[8][4];
+    int n;
+};
+
+layout contiguous(const fg_attn_problem *p) {
+    layout l;
+    l.n = p->forward ? 4 : 8;
+    for (int i = 0; i < l.n; i++) {
+        l.s[i][0] = p->H * p->L * p->hd, l.s[i][1] = p->L * p->hd, l.s[i][2] = p->hd, l.s[i][3] = 1;
+    }
+    return l;
+}
+
+layout of_call(const fg_attn_call *c) {
+    const fg_attn_view *v[8] = {&c->q, &c->k, &c->v, &c->o, &c->d_o, &c->dq, &c->dk, &c->dv};
+    layout l;
+    l.n = c->p.forward ? 4 : 8;
+    for (int i = 0; i < l.n; i++) {
+        l.s[i][0] = v[i]->sb, l.s[i][1] = v[i]->sh, l.s[i][2] = v[i]->sl, l.s[i][3] = v[i]->sx;
+    }
+    return l;
+}
+
+std::string key_of(const fg_attn_problem *p, float scale, const layout &l) {
+    int64_t head[8] = {p->forward, (int64_t)p->dtype, p->B, p->H, p->L, p->hd, p->causal, 0};
+    memcpy(&head[7], &scale, sizeof scale);
+    std::string k((const char *)head, sizeof head);
+    k.append((const char *)l.s, sizeof(int64_t) * 4 * (size_t)l.n);
+    return k;
+}
+
+std::shared_ptr<fe::graph::Tensor_attributes> operand(const std::shared_ptr<fe::graph::Graph> &g, const char *name,
+                                                      int64_t uid, const fg_attn_problem *p, const int64_t *s) {
+    return g->tensor(fe::graph::Tensor_attributes()
+                         .set_name(name)
+                         .set_uid(uid)
+                         .set_dim({p->B, p->H, p->L, p->hd})
+                         .set_stride({s[0], s[1], s[2], s[3]}));
+}
+
+void place(const std::shared_ptr<fe::graph::Tensor_attributes> &t, int64_t uid, const fg_attn_problem *p,
+           const int64_t *s) {
+    t->set_output(true).set_uid(uid).set_dim({p->B, p->H, p->L, p->hd}).set_stride({s[0], s[1], s[2], s[3]});
+}
+
+/* Builds the graph of a problem at a layout; FG_OK and the entry, or the library's error. */
+fg_status build(cudnnHandle_t h, const fg_attn_problem *p, float scale, const layout &l, graph_entry *out) {
+    const char *op = p->forward ? "attention_forward" : "attention_backward";
+    auto g = std::make_shared<fe::graph::Graph>();
+    g->set_io_data_type(p->dtype == FG_BF16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF)
+        .set_intermediate_data_type(fe::DataType_t::FLOAT)
+        .set_compute_data_type(fe::DataType_t::FLOAT);
+    auto Q = operand(g, "q", Q_UID, p, l.s[0]);
+    auto K = operand(g, "k", K_UID, p, l.s[1]);
+    auto V = operand(g, "v", V_UID, p, l.s[2]);
+    const std::vector<int64_t> sdim = {p->B, p->H, p->L, 1}, sstride = {p->H * p->L, p->L, 1, 1};
+    if (p->forward) {
+        auto o = fe::graph::SDPA_attributes().set_name("sdpa").set_generate_stats(true).set_attn_scale(scale);
+        if (p->causal)
+            o.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
+        auto [O, Stats] = g->sdpa(Q, K, V, o);
+        place(O, O_UID, p, l.s[3]);
+        Stats->set_output(true).set_uid(STATS_UID).set_data_type(fe::DataType_t::FLOAT).set_dim(sdim).set_stride(sstride);
+    } else {
+        auto O = operand(g, "o", O_UID, p, l.s[3]);
+        auto dO = operand(g, "do", DO_UID, p, l.s[4]);
+        auto Stats = g->tensor(fe::graph::Tensor_attributes()
+                                   .set_name("lse")
+                                   .set_uid(STATS_UID)
+                                   .set_dim(sdim)
+                                   .set_stride(sstride)
+                                   .set_data_type(fe::DataType_t::FLOAT));
+        auto o = fe::graph::SDPA_backward_attributes()
+                     .set_name("sdpa_backward")
+                     .set_attn_scale(scale)
+                     .set_deterministic_algorithm(true);
+        if (p->causal)
+            o.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
+        auto [dQ, dK, dV] = g->sdpa_backward(Q, K, V, O, dO, Stats, o);
+        place(dQ, DQ_UID, p, l.s[5]);
+        place(dK, DK_UID, p, l.s[6]);
+        place(dV, DV_UID, p, l.s[7]);
+    }
+    auto st = g->build(h, {fe::HeurMode_t::A});
+    if (!st.is_good())
+        return fg_fail(FG_ERR_UNSUPPORTED, "%s: cuDNN's fused attention does not take it: %s", op,
+                       st.get_message().c_str());
+    int64_t ws = 0;
+    st = g->get_workspace_size(ws);
+    if (!st.is_good()) return fg_fail(FG_ERR_BACKEND, "%s: cuDNN: %s", op, st.get_message().c_str());
+    out->graph = g;
+    out->workspace = ws;
+    return FG_OK;
+}
+
+cudnn_state *state_of(fg_context *ctx, fg_status *err) {
+    struct fg_cuda_state *cs = ctx->cuda;
+    if (!cs->cudnn) {
+        cudnnHandle_t h = nullptr;
+        if (cudnnCreate(&h) != CUDNN_STATUS_SUCCESS) {
+            *err = fg_fail(FG_ERR_BACKEND, "attention: cudnnCreate failed");
+            return nullptr;
+        }
+        cudnn_state *s = new (std::nothrow) cudnn_state;
+        if (!s) {
+            cudnnDestroy(h);
+            *err = fg_fail(FG_ERR_OUT_OF_MEMORY, "attention: out of host memory");
+            return nullptr;
+        }
+        s->handle = h;
+        cs->cudnn = s;
+    }
+    return (cudnn_state *)cs->cudnn;
+}
+
+} // namespace
+
+extern "C" bool fg_cuda_attn_cudnn_fits(const fg_context *ctx, const fg_attn_problem *p) {
+    if (p->dtype != FG_F16 && p->dtype != FG_BF16) return false;
+    if (p->hd % 8 != 0 || p->hd > 128 || p->L <= 64 || p->B < 1 || p->H < 1) return false;
+    if (!p->unit_rows || (p->align && p->align < 16)) return false;
+    if (p->has_lengths || p->has_scores_in || p->has_scores_out || p->has_dscores || p->dropout) return false;
+    if (!p->forward && (!p->want_dq || !p->want_dk || !p->want_dv || p->want_dscores_in || p->accumulate))
+        return false;
+    return ctx->arch >= 80;
+}
+
+extern "C" fg_status fg_cuda_attn_cudnn_plan(fg_context *ctx, const fg_attn_problem *p, size_t *workspace) {
+    fg_device_guard guard(ctx->device);
+    fg_status err = FG_OK;
+    cudnn_state *s = state_of(ctx, &err);
+    if (!s) return err;
+    graph_entry e;
+    FG_TRY(build(s->handle, p, 1.0f, contiguous(p), &e));
+    *workspace = (size_t)e.workspace;
+    return FG_OK;
+}
+
+extern "C" fg_status fg_cuda_attn_cudnn(fg_context *ctx, const fg_attn_call *c) {
+    const fg_attn_problem *p = &c->p;
+    const char *op = p->forward ? "attention_forward" : "attention_backward";
+    fg_device_guard guard(ctx->device);
+    fg_status err = FG_OK;
+    cudnn_state *s = state_of(ctx, &err);
+    if (!s) return err;
+    const layout l = of_call(c);
+    const float scale = (float)c->scale;
+    const std::string key = key_of(p, scale, l);
+    auto it = s->graphs.find(key);
+    if (it == s->graphs.end()) {
+        graph_entry e;
+        FG_TRY(build(s->handle, p, scale, l, &e));
+        if (s->graphs.size() >= 256) s->graphs.clear(); /* a bound, as the plan caches have */
+        it = s->graphs.emplace(key, e).first;
+    }
+    if ((size_t)it->second.workspace > c->ws_bytes)
+        return fg_fail(FG_ERR_WORKSPACE, "%s: workspace of %zu bytes given, cuDNN's graph needs %lld", op, c->ws_bytes,
+                       (long long)it->second.workspace);
+    if (cudnnSetStream(s->handle, ctx->cuda->stream) != CUDNN_STATUS_SUCCESS)
+        return fg_fail(FG_ERR_BACKEND, "%s: cudnnSetStream failed", op);
+    std::unordered_map<fe::graph::Tensor_attributes::uid_t, void *> pack = {
+        {Q_UID, c->q.data}, {K_UID, c->k.data}, {V_UID, c->v.data}, {O_UID, c->o.data}, {STATS_UID, c->lse}};
+    if (!p->forward) {
+        pack[DO_UID] = c->d_o.data;
+        pack[DQ_UID] = c->dq.data;
+        pack[DK_UID] = c->dk.data;
+        pack[DV_UID] = c->dv.data;
+    }
+    auto st = it->second.graph->execute(s->handle, pack, c->ws);
+    if (!st.is_good()) return fg_fail(FG_ERR_BACKEND, "%s: cuDNN: %s", op, st.get_message().c_str());
+    return FG_OK;
+}
+
+extern "C" void fg_cuda_cudnn_free(struct fg_cuda_state *cs) {
+    cudnn_state *s = (cudnn_state *)cs->cudnn;
+    if (!s) return;
+    s->graphs.clear();
+    cudnnDestroy(s->handle);
+    delete s;
+    cs->cudnn = nullptr;
+}
+
+#else /* no cuDNN in this build */
+
+extern "C" bool fg_cuda_attn_cudnn_fits(const fg_context *ctx, const fg_attn_problem *p) {
+    (void)ctx, (void)p;
+    return false;
+}
+
+extern "C" fg_status fg_cuda_attn_cudnn_plan(fg_context *ctx, const fg_attn_problem *p, size_t *workspace) {
+    (void)ctx, (void)p, (void)workspace;
+    return fg_fail(FG_ERR_UNSUPPORTED, "attention: this build has no cuDNN");
+}
+
+extern "C" fg_status fg_cuda_attn_cudnn(fg_context *ctx, const fg_attn_call *c) {
+    (void)ctx, (void)c;
+    return fg_fail(FG_ERR_UNSUPPORTED, "attention: this build has no cuDNN");
+}
+
+extern "C" void fg_cuda_cudnn_free(struct fg_cuda_state *cs) { (void)cs; }
+
+#endif

@@ -1,11 +1,14 @@
 /*
- * attention_cudnn.cpp — the CUDA backend's attention through cuDNN's fused scaled dot-product
- * attention (the cudnn-frontend graph API, vendored in third_party/cudnn_frontend), for the
- * problems where it beats the own flash kernels: f16 / bf16, head dims a multiple of 8 up to 128,
- * unit-stride rows, longer than the short kernels' 64 keys, no score operands, no key-padding
- * lengths, no dropout, every gradient wanted and written (not accumulated). cuDNN's kernels are
- * Hopper wgmma kernels the library's mma.sync flash kernels trail by about 3× at GPT-2's shape
- * (decision 184); the backward runs cuDNN's deterministic algorithm, so a run's bits repeat.
+ * attention_cudnn.cpp — the CUDA backend's attention forward through cuDNN's fused scaled
+ * dot-product attention (the cudnn-frontend graph API, vendored in third_party/cudnn_frontend),
+ * for the problems where it beats the own flash kernels: f16 / bf16, head dims a multiple of 8
+ * from 8 to 128, unit-stride rows, longer than the short kernels' 64 keys, no score operands, no
+ * key-padding lengths, no dropout. cuDNN's kernels are Hopper wgmma kernels the library's
+ * mma.sync flash kernels trail by about 3× at GPT-2's shape (decision 184).
+ * The backward stays on the own kernels: cuDNN's deterministic backward (v1.16.1) asks for a
+ * B·H·L²·2-byte workspace (the [L, L] buffer this family avoids), and its other one sums dQ with
+ * atomics, which the library's determinism contract admits only behind a plan preference (not
+ * there yet). The graph code below takes both directions for that day.
  *
  * Graphs depend on the operands' strides, which a plan does not know: the plan builds one for
  * the contiguous layout to learn the workspace (cuDNN's need does not depend on strides), and a
@@ -21,6 +24,7 @@
 #ifdef FG_HAVE_CUDNN
 #include <cudnn_frontend.h>
 
+#include <exception>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -39,7 +43,8 @@ struct graph_entry {
 /* The context's cuDNN state: its handle (on the context's device) and the graphs built. */
 struct cudnn_state {
     cudnnHandle_t handle = nullptr;
-    std::unordered_map<std::string, graph_entry> graphs;
+    std::unordered_map<std::string, graph_entry> graphs; /* never evicted: a graph's kernels may
+                                                            still be queued on the stream */
 };
 
 /* The operands' strides in the graph's order (q, k, v, o; backward: do, dq, dk, dv). */
@@ -162,8 +167,9 @@ cudnn_state *state_of(fg_context *ctx, fg_status *err) {
 } // namespace
 
 extern "C" bool fg_cuda_attn_cudnn_fits(const fg_context *ctx, const fg_attn_problem *p) {
+    if (!p->forward) return false; /* (the file's comment says why) */
     if (p->dtype != FG_F16 && p->dtype != FG_BF16) return false;
-    if (p->hd % 8 != 0 || p->hd > 128 || p->L <= 64 || p->B < 1 || p->H < 1) return false;
+    if (p->hd < 8 || p->hd % 8 != 0 || p->hd > 128 || p->L <= 64 || p->B < 1 || p->H < 1) return false;
     if (!p->unit_rows || (p->align && p->align < 16)) return false;
     if (p->has_lengths || p->has_scores_in || p->has_scores_out || p->has_dscores || p->dropout) return false;
     if (!p->forward && (!p->want_dq || !p->want_dk || !p->want_dv || p->want_dscores_in || p->accumulate))
@@ -171,18 +177,18 @@ extern "C" bool fg_cuda_attn_cudnn_fits(const fg_context *ctx, const fg_attn_pro
     return ctx->arch >= 80;
 }
 
-extern "C" fg_status fg_cuda_attn_cudnn_plan(fg_context *ctx, const fg_attn_problem *p, size_t *workspace) {
+static fg_status plan_inner(fg_context *ctx, const fg_attn_problem *p, size_t *workspace) {
     fg_device_guard guard(ctx->device);
     fg_status err = FG_OK;
     cudnn_state *s = state_of(ctx, &err);
     if (!s) return err;
     graph_entry e;
     FG_TRY(build(s->handle, p, 1.0f, contiguous(p), &e));
-    *workspace = (size_t)e.workspace;
+    *workspace = e.workspace ? (size_t)e.workspace + 256 : 0; /* (room to align the caller's pointer) */
     return FG_OK;
 }
 
-extern "C" fg_status fg_cuda_attn_cudnn(fg_context *ctx, const fg_attn_call *c) {
+static fg_status run_inner(fg_context *ctx, const fg_attn_call *c) {
     const fg_attn_problem *p = &c->p;
     const char *op = p->forward ? "attention_forward" : "attention_backward";
     fg_device_guard guard(ctx->device);
@@ -190,18 +196,28 @@ extern "C" fg_status fg_cuda_attn_cudnn(fg_context *ctx, const fg_attn_call *c) 
     cudnn_state *s = state_of(ctx, &err);
     if (!s) return err;
     const layout l = of_call(c);
+    for (int i = 0; i < l.n; i++)
+        for (int d = 0; d < 3; d++)
+            if (l.s[i][d] == 0)
+                return fg_fail(FG_ERR_UNSUPPORTED, "%s: cuDNN's attention takes no broadcast (zero-stride) operand", op);
     const float scale = (float)c->scale;
     const std::string key = key_of(p, scale, l);
     auto it = s->graphs.find(key);
     if (it == s->graphs.end()) {
         graph_entry e;
         FG_TRY(build(s->handle, p, scale, l, &e));
-        if (s->graphs.size() >= 256) s->graphs.clear(); /* a bound, as the plan caches have */
         it = s->graphs.emplace(key, e).first;
     }
-    if ((size_t)it->second.workspace > c->ws_bytes)
-        return fg_fail(FG_ERR_WORKSPACE, "%s: workspace of %zu bytes given, cuDNN's graph needs %lld", op, c->ws_bytes,
-                       (long long)it->second.workspace);
+    void *ws = c->ws;
+    size_t ws_bytes = c->ws_bytes;
+    if (it->second.workspace > 0) { /* aligned up to 256 bytes */
+        const uintptr_t at = ((uintptr_t)ws + 255) & ~(uintptr_t)255;
+        ws_bytes = ws && ws_bytes >= at - (uintptr_t)ws ? ws_bytes - (at - (uintptr_t)ws) : 0;
+        ws = (void *)at;
+    }
+    if ((size_t)it->second.workspace > ws_bytes)
+        return fg_fail(FG_ERR_WORKSPACE, "%s: workspace of %zu bytes given, cuDNN's graph needs %lld (+ 256)", op,
+                       c->ws_bytes, (long long)it->second.workspace);
     if (cudnnSetStream(s->handle, ctx->cuda->stream) != CUDNN_STATUS_SUCCESS)
         return fg_fail(FG_ERR_BACKEND, "%s: cudnnSetStream failed", op);
     std::unordered_map<fe::graph::Tensor_attributes::uid_t, void *> pack = {
@@ -212,9 +228,30 @@ extern "C" fg_status fg_cuda_attn_cudnn(fg_context *ctx, const fg_attn_call *c) 
         pack[DK_UID] = c->dk.data;
         pack[DV_UID] = c->dv.data;
     }
-    auto st = it->second.graph->execute(s->handle, pack, c->ws);
+    auto st = it->second.graph->execute(s->handle, pack, it->second.workspace > 0 ? ws : nullptr);
     if (!st.is_good()) return fg_fail(FG_ERR_BACKEND, "%s: cuDNN: %s", op, st.get_message().c_str());
     return FG_OK;
+}
+
+/* (no C++ exception crosses into the C library) */
+extern "C" fg_status fg_cuda_attn_cudnn_plan(fg_context *ctx, const fg_attn_problem *p, size_t *workspace) {
+    try {
+        return plan_inner(ctx, p, workspace);
+    } catch (const std::exception &e) {
+        return fg_fail(FG_ERR_BACKEND, "attention: cuDNN: %s", e.what());
+    } catch (...) {
+        return fg_fail(FG_ERR_BACKEND, "attention: cuDNN: an exception");
+    }
+}
+
+extern "C" fg_status fg_cuda_attn_cudnn(fg_context *ctx, const fg_attn_call *c) {
+    try {
+        return run_inner(ctx, c);
+    } catch (const std::exception &e) {
+        return fg_fail(FG_ERR_BACKEND, "attention: cuDNN: %s", e.what());
+    } catch (...) {
+        return fg_fail(FG_ERR_BACKEND, "attention: cuDNN: an exception");
+    }
 }
 
 extern "C" void fg_cuda_cudnn_free(struct fg_cuda_state *cs) {

@@ -607,7 +607,9 @@ typedef struct fg_attn_call {
     size_t ws_bytes;
 } fg_attn_call;
 
-fg_status fg_cpu_attn_plan(fg_context *ctx, const fg_attn_problem *p, fg_attn_path *path);
+/* The plan hook gets the problem and its call without data (the operands' strides and the
+   resolved options, as the run will see them), and writes the path. */
+fg_status fg_cpu_attn_plan(fg_context *ctx, const fg_attn_problem *p, const fg_attn_call *layout, fg_attn_path *path);
 fg_status fg_cpu_attn(fg_context *ctx, const fg_attn_call *c);
 
 /* ------------------------------------------------------------------ series steps */
@@ -693,7 +695,7 @@ typedef struct fg_backend_ops {
     fg_status (*act_plan)(fg_context *ctx, const fg_act_problem *p, fg_act_path *path);
     fg_status (*act)(fg_context *ctx, const fg_act_call *c);
     fg_status (*norm)(fg_context *ctx, fg_norm_call *c, bool run); /* plans (run = false) or runs a step */
-    fg_status (*attn_plan)(fg_context *ctx, const fg_attn_problem *p, fg_attn_path *path);
+    fg_status (*attn_plan)(fg_context *ctx, const fg_attn_problem *p, const fg_attn_call *layout, fg_attn_path *path);
     fg_status (*attn)(fg_context *ctx, const fg_attn_call *c); /* runs the plan's path */
     fg_status (*series)(fg_context *ctx, fg_series_call *c, bool run); /* plans (run = false) or runs a step */
 } fg_backend_ops;

@@ -1335,7 +1335,8 @@ cudaError_t fg_cuda_attn_rowdot(const attn_params &a, fg_dtype dtype, cudaStream
     return cudaGetLastError();
 }
 
-extern "C" fg_status fg_cuda_attn_plan(fg_context *ctx, const fg_attn_problem *p, fg_attn_path *path) {
+extern "C" fg_status fg_cuda_attn_plan(fg_context *ctx, const fg_attn_problem *p, const fg_attn_call *layout,
+                                       fg_attn_path *path) {
     memset(path, 0, sizeof *path);
     const char *op = p->forward ? "attention_forward" : "attention_backward";
     if (p->dtype == FG_F64)
@@ -1380,7 +1381,7 @@ extern "C" fg_status fg_cuda_attn_plan(fg_context *ctx, const fg_attn_problem *p
     }
     if (fg_cuda_attn_cudnn_fits(ctx, p)) {
         size_t ws = 0;
-        if (fg_cuda_attn_cudnn_plan(ctx, p, &ws) == FG_OK) {
+        if (fg_cuda_attn_cudnn_plan(ctx, layout, &ws) == FG_OK) {
             path->kernel = FG_ATTN_CUDNN;
             path->group = (int)p->hd;
             path->workspace = ws;

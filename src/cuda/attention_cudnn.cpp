@@ -10,10 +10,10 @@
  * atomics, which the library's determinism contract admits only behind a plan preference (not
  * there yet). The graph code below takes both directions for that day.
  *
- * Graphs depend on the operands' strides, which a plan does not know: the plan builds one for
- * the contiguous layout to learn the workspace (cuDNN's need does not depend on strides), and a
- * run looks its graph up in the context's cache, keyed by the problem and every operand's
- * strides, building it on a miss. lse is cuDNN's "Stats" (the natural-log sum of exp of the
+ * Graphs depend on the operands' strides and the scale: the plan builds the run's own graph from
+ * its descriptor and caches it in the context, keyed by the problem, the scale and every
+ * operand's strides; a run looks it up (building it only when the plan was made in another
+ * context). lse is cuDNN's "Stats" (the natural-log sum of exp of the
  * scaled scores, f32 [B, H, L]), the same quantity the other paths write.
  * Built only with FG_HAVE_CUDNN (CMake found cuDNN 9); otherwise the hooks below say no.
  */
@@ -52,15 +52,6 @@ struct layout {
     int64_t s[8][4];
     int n;
 };
-
-layout contiguous(const fg_attn_problem *p) {
-    layout l;
-    l.n = p->forward ? 4 : 8;
-    for (int i = 0; i < l.n; i++) {
-        l.s[i][0] = p->H * p->L * p->hd, l.s[i][1] = p->L * p->hd, l.s[i][2] = p->hd, l.s[i][3] = 1;
-    }
-    return l;
-}
 
 layout of_call(const fg_attn_call *c) {
     const fg_attn_view *v[8] = {&c->q, &c->k, &c->v, &c->o, &c->d_o, &c->dq, &c->dk, &c->dv};
@@ -177,21 +168,10 @@ extern "C" bool fg_cuda_attn_cudnn_fits(const fg_context *ctx, const fg_attn_pro
     return ctx->arch >= 80;
 }
 
-static fg_status plan_inner(fg_context *ctx, const fg_attn_problem *p, size_t *workspace) {
-    fg_device_guard guard(ctx->device);
-    fg_status err = FG_OK;
-    cudnn_state *s = state_of(ctx, &err);
-    if (!s) return err;
-    graph_entry e;
-    FG_TRY(build(s->handle, p, 1.0f, contiguous(p), &e));
-    *workspace = e.workspace ? (size_t)e.workspace + 256 : 0; /* (room to align the caller's pointer) */
-    return FG_OK;
-}
-
-static fg_status run_inner(fg_context *ctx, const fg_attn_call *c) {
+/* The graph of a run, from its call (planning: without data); cached in the context. */
+static fg_status graph_for(fg_context *ctx, const fg_attn_call *c, cudnn_state **sp, graph_entry **ep) {
     const fg_attn_problem *p = &c->p;
     const char *op = p->forward ? "attention_forward" : "attention_backward";
-    fg_device_guard guard(ctx->device);
     fg_status err = FG_OK;
     cudnn_state *s = state_of(ctx, &err);
     if (!s) return err;
@@ -208,16 +188,39 @@ static fg_status run_inner(fg_context *ctx, const fg_attn_call *c) {
         FG_TRY(build(s->handle, p, scale, l, &e));
         it = s->graphs.emplace(key, e).first;
     }
+    *sp = s;
+    *ep = &it->second;
+    return FG_OK;
+}
+
+/* Planning builds the run's own graph (the operands' strides and the scale are the plan's), so a
+   run finds it cached and a plan cuDNN refuses falls to the own kernels at planning. */
+static fg_status plan_inner(fg_context *ctx, const fg_attn_call *layout, size_t *workspace) {
+    fg_device_guard guard(ctx->device);
+    cudnn_state *s;
+    graph_entry *e;
+    FG_TRY(graph_for(ctx, layout, &s, &e));
+    *workspace = e->workspace ? (size_t)e->workspace + 256 : 0; /* (room to align the caller's pointer) */
+    return FG_OK;
+}
+
+static fg_status run_inner(fg_context *ctx, const fg_attn_call *c) {
+    const fg_attn_problem *p = &c->p;
+    const char *op = p->forward ? "attention_forward" : "attention_backward";
+    fg_device_guard guard(ctx->device);
+    cudnn_state *s;
+    graph_entry *e;
+    FG_TRY(graph_for(ctx, c, &s, &e)); /* (cached by the plan; built here only in another context) */
     void *ws = c->ws;
     size_t ws_bytes = c->ws_bytes;
-    if (it->second.workspace > 0) { /* aligned up to 256 bytes */
+    if (e->workspace > 0) { /* aligned up to 256 bytes */
         const uintptr_t at = ((uintptr_t)ws + 255) & ~(uintptr_t)255;
         ws_bytes = ws && ws_bytes >= at - (uintptr_t)ws ? ws_bytes - (at - (uintptr_t)ws) : 0;
         ws = (void *)at;
     }
-    if ((size_t)it->second.workspace > ws_bytes)
+    if ((size_t)e->workspace > ws_bytes)
         return fg_fail(FG_ERR_WORKSPACE, "%s: workspace of %zu bytes given, cuDNN's graph needs %lld (+ 256)", op,
-                       c->ws_bytes, (long long)it->second.workspace);
+                       c->ws_bytes, (long long)e->workspace);
     if (cudnnSetStream(s->handle, ctx->cuda->stream) != CUDNN_STATUS_SUCCESS)
         return fg_fail(FG_ERR_BACKEND, "%s: cudnnSetStream failed", op);
     std::unordered_map<fe::graph::Tensor_attributes::uid_t, void *> pack = {
@@ -228,15 +231,15 @@ static fg_status run_inner(fg_context *ctx, const fg_attn_call *c) {
         pack[DK_UID] = c->dk.data;
         pack[DV_UID] = c->dv.data;
     }
-    auto st = it->second.graph->execute(s->handle, pack, it->second.workspace > 0 ? ws : nullptr);
+    auto st = e->graph->execute(s->handle, pack, e->workspace > 0 ? ws : nullptr);
     if (!st.is_good()) return fg_fail(FG_ERR_BACKEND, "%s: cuDNN: %s", op, st.get_message().c_str());
     return FG_OK;
 }
 
 /* (no C++ exception crosses into the C library) */
-extern "C" fg_status fg_cuda_attn_cudnn_plan(fg_context *ctx, const fg_attn_problem *p, size_t *workspace) {
+extern "C" fg_status fg_cuda_attn_cudnn_plan(fg_context *ctx, const fg_attn_call *layout, size_t *workspace) {
     try {
-        return plan_inner(ctx, p, workspace);
+        return plan_inner(ctx, layout, workspace);
     } catch (const std::exception &e) {
         return fg_fail(FG_ERR_BACKEND, "attention: cuDNN: %s", e.what());
     } catch (...) {
@@ -270,8 +273,8 @@ extern "C" bool fg_cuda_attn_cudnn_fits(const fg_context *ctx, const fg_attn_pro
     return false;
 }
 
-extern "C" fg_status fg_cuda_attn_cudnn_plan(fg_context *ctx, const fg_attn_problem *p, size_t *workspace) {
-    (void)ctx, (void)p, (void)workspace;
+extern "C" fg_status fg_cuda_attn_cudnn_plan(fg_context *ctx, const fg_attn_call *layout, size_t *workspace) {
+    (void)ctx, (void)layout, (void)workspace;
     return fg_fail(FG_ERR_UNSUPPORTED, "attention: this build has no cuDNN");
 }
 

@@ -36,11 +36,19 @@ fi
 note "build: ok ($(grep -c 'Building' "$LOG/build.log") steps; $(grep -o 'cuDNN attention [A-Z]*' "$LOG/build.log" | head -1))"
 
 status=0
+# With cuDNN built in, the attention cases that allow it must take it (FG_REQUIRE_CUDNN), and
+# test_attention runs once more without it (FASTGRAD_NO_CUDNN) so the flash forward stays tested.
+cudnn=0
+grep -q 'cuDNN attention ON' "$LOG/build.log" && cudnn=1
 drivers=$(cd tests && ls test_*.c | sed 's/^test_//; s/\.c$//')   # every driver, as ctest has them
-for t in ${TESTS-$drivers header_cxx}; do
+runs="${TESTS-$drivers header_cxx}"
+[ $cudnn = 1 ] && [[ " $runs " == *" attention "* ]] && runs="$runs attention_nocudnn"
+for t in $runs; do
   bin=$build/tests/test_$t
   [ "$t" = header_cxx ] && bin=$build/tests/test_header_cxx
-  env FG_TEST_LARGE=1 FG_REQUIRE_CUDA=1 $bin > "$LOG/test_$t.log" 2>&1
+  [ "$t" = attention_nocudnn ] && bin=$build/tests/test_attention
+  env FG_TEST_LARGE=1 FG_REQUIRE_CUDA=1 FG_REQUIRE_CUDNN=$([ "$t" = attention_nocudnn ] && echo 0 || echo $cudnn) FASTGRAD_NO_CUDNN=$([ "$t" = attention_nocudnn ] && echo 1 || echo 0) \
+    $bin > "$LOG/test_$t.log" 2>&1
   rc=$?
   [ $rc -eq 0 ] || status=1
   line=$(grep -E "checks,|header OK" "$LOG/test_$t.log" | tail -1)

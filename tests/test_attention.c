@@ -373,8 +373,13 @@ static fg_status run_backward(fg_context *ctx, const problem *p, inputs *in, out
 }
 
 /* Whether a plan's kernel name holds one of want's '|'-separated substrings ("flash|cudnn": the
-   flash kernels, or cuDNN's fused attention in a build with it). */
+   flash kernels, or cuDNN's fused attention in a build with it). FG_REQUIRE_CUDNN=1 (gpu-check,
+   a build with cuDNN) demands cuDNN wherever want names it, so a cuDNN path that stopped taking
+   its problems cannot pass unseen behind the own kernels. */
 static bool names_one_of(const char *name, const char *want) {
+    static int require = -1;
+    if (require < 0) require = getenv("FG_REQUIRE_CUDNN") && strcmp(getenv("FG_REQUIRE_CUDNN"), "1") == 0;
+    if (require && strstr(want, "cudnn")) return strstr(name, "cudnn") != NULL;
     char buf[64];
     snprintf(buf, sizeof buf, "%s", want);
     for (char *s = strtok(buf, "|"); s; s = strtok(NULL, "|"))
@@ -786,6 +791,7 @@ static const problem cases[] = {
     {2, 1, 300, 64, F, T, F, F, F, 0, 0, T, F, "flash", "tiled"},
     {1, 1, 1030, 64, T, F, F, F, F, 0, 0, F, F, "flash|cudnn", "tiled"},
     {1, 2, 200, 128, F, F, F, F, F, 0, 0, F, F, "flash|cudnn", "tiled"},
+    {2, 3, 130, 64, T, F, F, F, F, 0, 0, T, F, "flash|cudnn", "tiled"}, /* packed, causal, B and H > 1 */
     {1, 1, 150, 48, T, T, F, F, F, 0, 0, F, F, "tiled", "tiled"},
     {1, 2, 160, 32, T, F, T, T, T, 0.1, 0, F, F, "tiled", "tiled"},
     {2, 2, 100, 96, F, F, F, F, F, 0, 0, F, F, "tiled|cudnn", "tiled"}, /* cuDNN's forward where built */

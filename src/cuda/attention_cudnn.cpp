@@ -5,7 +5,7 @@
  * from 8 to 128, unit-stride rows, longer than the short kernels' 64 keys, no score operands, no
  * key-padding lengths, no dropout. cuDNN's kernels are Hopper wgmma kernels the library's
  * mma.sync flash kernels trail at GPT-2's shape (decision 184 has the figures).
- * The backward stays on the own kernels: cuDNN's deterministic backward (v1.16.1) asks for a
+ * The backward stays on the own kernels: cuDNN's deterministic backward (frontend v1.16) asks for a
  * B·H·L²·2-byte workspace (the [L, L] buffer this family avoids), and its other one sums dQ with
  * atomics, which the library's determinism contract admits only behind a plan preference (not
  * there yet). The graph code below takes both directions for that day.
@@ -16,9 +16,12 @@
  * context). lse is cuDNN's "Stats" (the natural-log sum of exp of the
  * scaled scores, f32 [B, H, L]), the same quantity the other paths write.
  * Built only with FG_HAVE_CUDNN (CMake found cuDNN 9); otherwise the hooks below say no.
+ * FASTGRAD_NO_CUDNN=1 in the environment keeps every problem on the own kernels (gpu-check runs the
+ * flash forward so).
  */
 #include "cuda_internal.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #ifdef FG_HAVE_CUDNN
@@ -36,7 +39,7 @@ namespace {
 enum : int64_t { Q_UID = 1, K_UID, V_UID, O_UID, STATS_UID, DO_UID, DQ_UID, DK_UID, DV_UID };
 
 struct graph_entry {
-    std::shared_ptr<fe::graph::Graph> graph;
+    std::shared_ptr<fe::graph::Graph> graph; /* null: cuDNN refused the problem (cached too) */
     int64_t workspace;
 };
 
@@ -47,7 +50,9 @@ struct cudnn_state {
                                                             still be queued on the stream */
 };
 
-/* The operands' strides in the graph's order (q, k, v, o; backward: do, dq, dk, dv). */
+/* The operands' strides in the graph's order (q, k, v, o; backward: do, dq, dk, dv). A dim of
+   extent 1 gets a stride of its own (outside every other dim's extent): a run's stride there is
+   free (the plan's check ignores it), so neither the graph nor its cache key may depend on it. */
 struct layout {
     int64_t s[8][4];
     int n;
@@ -55,10 +60,16 @@ struct layout {
 
 layout of_call(const fg_attn_call *c) {
     const fg_attn_view *v[8] = {&c->q, &c->k, &c->v, &c->o, &c->d_o, &c->dq, &c->dk, &c->dv};
+    const int64_t ext[4] = {c->p.B, c->p.H, c->p.L, c->p.hd};
     layout l;
     l.n = c->p.forward ? 4 : 8;
     for (int i = 0; i < l.n; i++) {
         l.s[i][0] = v[i]->sb, l.s[i][1] = v[i]->sh, l.s[i][2] = v[i]->sl, l.s[i][3] = v[i]->sx;
+        int64_t outer = 1;
+        for (int d = 0; d < 4; d++)
+            if (ext[d] > 1 && l.s[i][d] * ext[d] > outer) outer = l.s[i][d] * ext[d];
+        for (int d = 0; d < 4; d++)
+            if (ext[d] == 1) l.s[i][d] = outer;
     }
     return l;
 }
@@ -124,9 +135,11 @@ fg_status build(cudnnHandle_t h, const fg_attn_problem *p, float scale, const la
         place(dV, DV_UID, p, l.s[7]);
     }
     auto st = g->build(h, {fe::HeurMode_t::A});
-    if (!st.is_good())
+    if (!st.is_good()) {
+        cudaGetLastError(); /* (a failed build may leave an error a later launch check would report) */
         return fg_fail(FG_ERR_UNSUPPORTED, "%s: cuDNN's fused attention does not take it: %s", op,
                        st.get_message().c_str());
+    }
     int64_t ws = 0;
     st = g->get_workspace_size(ws);
     if (!st.is_good()) return fg_fail(FG_ERR_BACKEND, "%s: cuDNN: %s", op, st.get_message().c_str());
@@ -157,8 +170,17 @@ cudnn_state *state_of(fg_context *ctx, fg_status *err) {
 
 } // namespace
 
+/* FASTGRAD_NO_CUDNN=1 in the environment keeps the attention on the own kernels (read once). */
+static bool cudnn_allowed() {
+    static const bool allowed = [] {
+        const char *e = getenv("FASTGRAD_NO_CUDNN");
+        return !(e && strcmp(e, "1") == 0);
+    }();
+    return allowed;
+}
+
 extern "C" bool fg_cuda_attn_cudnn_fits(const fg_context *ctx, const fg_attn_problem *p) {
-    if (!p->forward) return false; /* (the file's comment says why) */
+    if (!p->forward || !cudnn_allowed()) return false; /* (the file's comment says why) */
     if (p->dtype != FG_F16 && p->dtype != FG_BF16) return false;
     if (p->hd < 8 || p->hd % 8 != 0 || p->hd > 128 || p->L <= 64 || p->B < 1 || p->H < 1) return false;
     if (!p->unit_rows || (p->align && p->align < 16)) return false;
@@ -184,10 +206,16 @@ static fg_status graph_for(fg_context *ctx, const fg_attn_call *c, cudnn_state *
     const std::string key = key_of(p, scale, l);
     auto it = s->graphs.find(key);
     if (it == s->graphs.end()) {
-        graph_entry e;
-        FG_TRY(build(s->handle, p, scale, l, &e));
+        /* a refusal is kept too: the one-call functions plan every call, and a build costs
+           milliseconds of host time (and, under stream capture, calls the capture may not take) */
+        graph_entry e{nullptr, 0};
+        const fg_status st = build(s->handle, p, scale, l, &e);
+        if (st != FG_OK && st != FG_ERR_UNSUPPORTED) return st;
         it = s->graphs.emplace(key, e).first;
+        if (st != FG_OK) return st;
     }
+    if (!it->second.graph)
+        return fg_fail(FG_ERR_UNSUPPORTED, "%s: cuDNN's fused attention did not take this problem when first asked", op);
     *sp = s;
     *ep = &it->second;
     return FG_OK;

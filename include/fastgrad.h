@@ -149,6 +149,10 @@ FG_API int fg_backend_available(fg_backend backend);
 FG_NODISCARD FG_API fg_status fg_context_create(const fg_context_desc *desc, fg_context **out);
 /* Frees the context and its own workspace (stream-ordered). NULL is a no-op. */
 FG_API void fg_context_destroy(fg_context *ctx);
+/* CUDA: the stream (a cudaStream_t; NULL: the legacy default stream) the context's ops are
+ * enqueued on from now. The new stream is ordered after the work the context queued on the old
+ * one (an event, no host wait), except when it is being captured into a CUDA graph, where that
+ * order is the caller's (as for any captured launch). A CPU context takes only NULL. */
 FG_NODISCARD FG_API fg_status fg_context_set_stream(fg_context *ctx, void *stream);
 /* Waits for the context's stream and reports what the device found since the last
  * check: FG_ERR_DEVICE_VALUE with the first offending index in fg_last_error(), or

@@ -659,3 +659,37 @@ def _cuda_graph_steps(model, ref, opt, opt_ref, batches, static_x, static_t, ste
         assert not torch.equal(p, b), n  # the replay updated it
         close(p, pr, f"parameter {n} after the captured step", 1e-6, 1e-7)
         close(opt.state[p]["exp_avg_sq"], opt_ref.state[pr]["exp_avg_sq"], f"exp_avg_sq {n}", 1e-6, 1e-12)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_cuda_graph_torch_default_capture_stream():
+    """PyTorch's documented pattern: warm up on a side stream, then capture with torch.cuda.graph
+    on its own capture stream (no stream= given), which the contexts then move to inside the
+    capture: fg_context_set_stream must not order a capturing stream after the old one (the
+    capture would refuse the event). Replays give the eager step's loss and gradients."""
+    dev = "cuda"
+    model, x, t = block_and_inputs(dev, p=0.0, dtype=torch.float32)
+    ref = copy.deepcopy(model)
+    batches = [(torch.randn_like(x), torch.randint(0, 11, t.shape, device=dev)) for _ in range(5)]
+    static_x, static_t = x.clone(), t.clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for xb, tb in batches[:2]:
+            model(xb, tb).backward()
+            ref(xb, tb).backward()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    model.zero_grad(set_to_none=True)
+    with torch.cuda.graph(g):
+        static_loss = model(static_x, static_t)
+        static_loss.backward()
+    for xb, tb in batches[2:]:
+        static_x.copy_(xb), static_t.copy_(tb)
+        g.replay()
+        ref.zero_grad(set_to_none=True)
+        loss = ref(xb, tb)
+        loss.backward()
+        close(static_loss, loss, "replayed loss", 1e-6, 1e-6)
+        for (n, p), (_, pr) in zip(model.named_parameters(), ref.named_parameters()):
+            close(p.grad, pr.grad, f"replayed grad {n}", 1e-6, 1e-6)

@@ -74,7 +74,16 @@ extern "C" fg_status fg_cuda_set_stream(fg_context *ctx, void *stream) {
     cudaStream_t old = ctx->cuda->stream, s = (cudaStream_t)stream;
     if (old == s) return FG_OK;
     /* The own workspace and the flag were last used on the old stream: order the new
-       stream after it, without blocking the host. */
+       stream after it, without blocking the host. A stream being captured into a CUDA graph
+       cannot wait on work outside the capture (cudaErrorStreamCaptureIsolation); there the
+       replays' order against the old stream is the caller's, as for every captured launch
+       (torch.cuda.graph synchronizes the device before it begins a capture). */
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    if (s && cudaStreamIsCapturing(s, &cap) == cudaSuccess && cap == cudaStreamCaptureStatusActive) {
+        ctx->cuda->stream = s;
+        return FG_OK;
+    }
+    cudaGetLastError(); /* (a failed query: the ordering below reports what it finds) */
     cudaEvent_t ev;
     cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
     if (e == cudaSuccess) e = cudaEventRecord(ev, old);

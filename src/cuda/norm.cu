@@ -625,11 +625,16 @@ __device__ __forceinline__ void fwd_lean_body(const rows_args &a, float *red) {
     }
 }
 
-template <typename T, int VEC, int NV, int GB>
-__global__ void __launch_bounds__(GB) rows_fwd_lean(const rows_args a) {
+/* The forward keeps a row's loads in flight and little else, so its speed is the bytes in flight
+   an SM: the short splits (NV·VEC <= 16) have their registers capped for FWD_LEAN_THREADS resident
+   threads (left to itself the compiler gave the bf16 256 × 2 instance 46 registers: five blocks an
+   SM). AFF (LayerNorm with w and b) is an instance of its own, so the run-time options of the
+   other body do not raise its registers. */
+constexpr int FWD_LEAN_THREADS = 1536;
+template <typename T, int VEC, int NV, int GB, bool AFF>
+__global__ void __launch_bounds__(GB, NV * VEC <= 16 ? FWD_LEAN_THREADS / GB : 1) rows_fwd_lean(const rows_args a) {
     __shared__ float red[2 * RED_REGION];
-    if (!a.rms && a.w && a.b) fwd_lean_body<T, VEC, NV, GB, true>(a, red);
-    else fwd_lean_body<T, VEC, NV, GB, false>(a, red);
+    fwd_lean_body<T, VEC, NV, GB, AFF>(a, red);
 }
 
 /* The lean backward's body; AFF: LayerNorm with w and its saved mean and rstd (the common case,
@@ -1543,27 +1548,29 @@ static int occupancy(const void *kernel, int block, size_t smem) {
     return n;
 }
 
-template <typename T, int NV> static const void *lean_of(int G, bool backward) {
+template <typename T, int NV, int G> static const void *lean_at(bool backward, bool aff) {
     constexpr int V = 16 / sizeof(T);
-    if (backward)
-        return G == 128   ? (const void *)rows_bwd_lean<T, V, NV, 128>
-               : G == 256 ? (const void *)rows_bwd_lean<T, V, NV, 256>
-                          : (const void *)rows_bwd_lean<T, V, NV, 512>;
-    return G == 128   ? (const void *)rows_fwd_lean<T, V, NV, 128>
-           : G == 256 ? (const void *)rows_fwd_lean<T, V, NV, 256>
-                      : (const void *)rows_fwd_lean<T, V, NV, 512>;
+    if (backward) return (const void *)rows_bwd_lean<T, V, NV, G>;
+    return aff ? (const void *)rows_fwd_lean<T, V, NV, G, true> : (const void *)rows_fwd_lean<T, V, NV, G, false>;
 }
 
-/* The lean kernel of a split: nv vectors a thread, G threads a row (128, 256 or 512). */
-template <typename T> static const void *lean_kernel(int nv, int G, bool backward) {
+template <typename T, int NV> static const void *lean_of(int G, bool backward, bool aff) {
+    return G == 128   ? lean_at<T, NV, 128>(backward, aff)
+           : G == 256 ? lean_at<T, NV, 256>(backward, aff)
+                      : lean_at<T, NV, 512>(backward, aff);
+}
+
+/* The lean kernel of a split: nv vectors a thread, G threads a row (128, 256 or 512); aff: the
+   forward's LayerNorm-with-w-and-b instance (the backward picks its body itself). */
+template <typename T> static const void *lean_kernel(int nv, int G, bool backward, bool aff) {
     constexpr int V = 16 / sizeof(T), S = ROW_ELEMS_SHORT / V, L = ROW_ELEMS / V;
-    return nv == S ? lean_of<T, S>(G, backward) : lean_of<T, L>(G, backward);
+    return nv == S ? lean_of<T, S>(G, backward, aff) : lean_of<T, L>(G, backward, aff);
 }
 
 static const void *lean_any(fg_dtype dt, int nv, int G, bool backward) {
-    return dt == FG_F32 ? lean_kernel<float>(nv, G, backward)
-           : dt == FG_F16 ? lean_kernel<__half>(nv, G, backward)
-                          : lean_kernel<__nv_bfloat16>(nv, G, backward);
+    return dt == FG_F32 ? lean_kernel<float>(nv, G, backward, false)
+           : dt == FG_F16 ? lean_kernel<__half>(nv, G, backward, false)
+                          : lean_kernel<__nv_bfloat16>(nv, G, backward, false);
 }
 
 /* (the ring's instances without the residual's gradient dr apart: its dropout's generator would
@@ -1667,7 +1674,7 @@ static fg_status done(fg_context *ctx, const char *label, bool run) {
 template <typename T> static cudaError_t launch_rows(const rows_path &p, const rows_args &a, cudaStream_t s, bool backward) {
     constexpr int V = 16 / sizeof(T);
     if (p.lean || p.reg) {
-        auto kernel = (void (*)(rows_args))(p.lean ? lean_kernel<T>(p.nv, p.G, backward)
+        auto kernel = (void (*)(rows_args))(p.lean ? lean_kernel<T>(p.nv, p.G, backward, !a.rms && a.w && a.b)
                                             : backward ? bwd_reg_kernel<T>(p.nv, p.ring, a.dr != NULL)
                                                        : (const void *)fwd_reg_kernel<T>(p.nv, a.r != NULL, p.ring));
         if (p.smem > 46 * 1024) {

@@ -24,31 +24,20 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --f
 note "gpu: $(head -1 "$LOG/gpu.txt")"
 
 build=build-gpu
-# (FASTGRAD_CUDNN=ON by default here: a GPU host without cuDNN fails the build rather than test
-#  less; FASTGRAD_CUDNN=AUTO in the environment lets it through)
 if ! { cmake -S . -B $build -G Ninja -DCMAKE_BUILD_TYPE=Release -DFASTGRAD_CUDA=ON \
-         -DFASTGRAD_CUDNN="${FASTGRAD_CUDNN:-ON}" \
          -DFASTGRAD_CUDA_ARCHS="${FASTGRAD_CUDA_ARCHS:-90a}" && ninja -C $build; } > "$LOG/build.log" 2>&1; then
   tail -30 "$LOG/build.log"
   echo "SUMMARY: build FAILED (log in $LOG/build.log)"
   exit 1
 fi
-note "build: ok ($(grep -c 'Building' "$LOG/build.log") steps; $(grep -o 'cuDNN attention [A-Z]*' "$LOG/build.log" | head -1))"
+note "build: ok ($(grep -c 'Building' "$LOG/build.log") steps)"
 
 status=0
-# With cuDNN built in, the attention cases that allow it must take it (FG_REQUIRE_CUDNN), and
-# test_attention runs once more without it (FASTGRAD_NO_CUDNN) so the flash forward stays tested.
-cudnn=0
-grep -q 'cuDNN attention ON' "$LOG/build.log" && cudnn=1
 drivers=$(cd tests && ls test_*.c | sed 's/^test_//; s/\.c$//')   # every driver, as ctest has them
-runs="${TESTS-$drivers header_cxx}"
-[ $cudnn = 1 ] && [[ " $runs " == *" attention "* ]] && runs="$runs attention_nocudnn"
-for t in $runs; do
+for t in ${TESTS-$drivers header_cxx}; do
   bin=$build/tests/test_$t
   [ "$t" = header_cxx ] && bin=$build/tests/test_header_cxx
-  [ "$t" = attention_nocudnn ] && bin=$build/tests/test_attention
-  env FG_TEST_LARGE=1 FG_REQUIRE_CUDA=1 FG_REQUIRE_CUDNN=$([ "$t" = attention_nocudnn ] && echo 0 || echo $cudnn) FASTGRAD_NO_CUDNN=$([ "$t" = attention_nocudnn ] && echo 1 || echo 0) \
-    $bin > "$LOG/test_$t.log" 2>&1
+  env FG_TEST_LARGE=1 FG_REQUIRE_CUDA=1 $bin > "$LOG/test_$t.log" 2>&1
   rc=$?
   [ $rc -eq 0 ] || status=1
   line=$(grep -E "checks,|header OK" "$LOG/test_$t.log" | tail -1)

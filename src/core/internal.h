@@ -543,16 +543,14 @@ fg_status fg_cpu_norm(fg_context *ctx, fg_norm_call *c, bool run);
 /* The kernels of the attention family (src/ops/attention.c): the CPU backend's rows, and on
  * CUDA the whole-sequence kernels (sixteen lanes a head, a lane a key, for L <= 64, hd <= 8; a
  * thread a query row for L <= 64, hd <= 32; a warp a query row up to L = 128), the tensor-core flash kernels (f16 / bf16, hd 32 / 64 / 128, unit-stride
- * rows), cuDNN's fused attention where it is built and takes the problem, and the tiled SIMT
- * kernels (everything else). */
+ * rows) and the tiled SIMT kernels (everything else). */
 typedef enum fg_attn_kernel {
     FG_ATTN_CPU,
     FG_ATTN_SHORT,
     FG_ATTN_FLASH,
     FG_ATTN_TILED,
     FG_ATTN_SHORT_ROWS,
-    FG_ATTN_SHORT_KEYS,
-    FG_ATTN_CUDNN
+    FG_ATTN_SHORT_KEYS
 } fg_attn_kernel;
 
 /* An attention problem as its plan sees it (no pointers): what the backend's plan hook picks
@@ -607,9 +605,7 @@ typedef struct fg_attn_call {
     size_t ws_bytes;
 } fg_attn_call;
 
-/* The plan hook gets the problem and its call without data (the operands' strides and the
-   resolved options, as the run will see them), and writes the path. */
-fg_status fg_cpu_attn_plan(fg_context *ctx, const fg_attn_problem *p, const fg_attn_call *layout, fg_attn_path *path);
+fg_status fg_cpu_attn_plan(fg_context *ctx, const fg_attn_problem *p, fg_attn_path *path);
 fg_status fg_cpu_attn(fg_context *ctx, const fg_attn_call *c);
 
 /* ------------------------------------------------------------------ series steps */
@@ -695,7 +691,7 @@ typedef struct fg_backend_ops {
     fg_status (*act_plan)(fg_context *ctx, const fg_act_problem *p, fg_act_path *path);
     fg_status (*act)(fg_context *ctx, const fg_act_call *c);
     fg_status (*norm)(fg_context *ctx, fg_norm_call *c, bool run); /* plans (run = false) or runs a step */
-    fg_status (*attn_plan)(fg_context *ctx, const fg_attn_problem *p, const fg_attn_call *layout, fg_attn_path *path);
+    fg_status (*attn_plan)(fg_context *ctx, const fg_attn_problem *p, fg_attn_path *path);
     fg_status (*attn)(fg_context *ctx, const fg_attn_call *c); /* runs the plan's path */
     fg_status (*series)(fg_context *ctx, fg_series_call *c, bool run); /* plans (run = false) or runs a step */
 } fg_backend_ops;

@@ -548,8 +548,7 @@ static size_t slice_bytes(const fg_attn_problem *p) {
     return (n * real + 63) & ~(size_t)63;
 }
 
-fg_status fg_cpu_attn_plan(fg_context *ctx, const fg_attn_problem *p, const fg_attn_call *layout, fg_attn_path *path) {
-    (void)layout;
+fg_status fg_cpu_attn_plan(fg_context *ctx, const fg_attn_problem *p, fg_attn_path *path) {
     memset(path, 0, sizeof *path);
     path->kernel = FG_ATTN_CPU;
     path->workspace = slice_bytes(p) * (size_t)fg_cpu_threads(ctx) + 64; /* + the slices' alignment */

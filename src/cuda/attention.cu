@@ -30,8 +30,6 @@
  *        the key tiles. Each recomputes P from lse: no [L, L] buffer and no float atomics.
  *  FLASH (attention_flash.cu): f16 / bf16, hd 32 / 64 / 128, unit-stride rows, no score
  *        operands: the same walk on tensor cores.
- *  CUDNN (attention_cudnn.cpp, builds with cuDNN): cuDNN's fused attention ahead of FLASH where
- *        it takes the problem (no score operands, lengths or dropout; every gradient written).
  * A key-padding length outside [0, L] makes every output of its sequence NaN (each block NaNs
  * what it owns) and raises FG_FLAG_BAD_LENGTH with the sequence; the CPU backend does the same.
  * exp and log are the f32 library ones (expf, logf): the SIMT paths are the f32 reference on
@@ -1335,8 +1333,7 @@ cudaError_t fg_cuda_attn_rowdot(const attn_params &a, fg_dtype dtype, cudaStream
     return cudaGetLastError();
 }
 
-extern "C" fg_status fg_cuda_attn_plan(fg_context *ctx, const fg_attn_problem *p, const fg_attn_call *layout,
-                                       fg_attn_path *path) {
+extern "C" fg_status fg_cuda_attn_plan(fg_context *ctx, const fg_attn_problem *p, fg_attn_path *path) {
     memset(path, 0, sizeof *path);
     const char *op = p->forward ? "attention_forward" : "attention_backward";
     if (p->dtype == FG_F64)
@@ -1378,18 +1375,6 @@ extern "C" fg_status fg_cuda_attn_plan(fg_context *ctx, const fg_attn_problem *p
         path->group = group | rows << 16;
         snprintf(path->name, sizeof path->name, "attn_short_%s<%s>", p->forward ? "fwd" : "bwd", dt);
         return FG_OK;
-    }
-    if (fg_cuda_attn_cudnn_fits(ctx, p)) {
-        size_t ws = 0;
-        if (fg_cuda_attn_cudnn_plan(ctx, layout, &ws) == FG_OK) {
-            path->kernel = FG_ATTN_CUDNN;
-            path->group = (int)p->hd;
-            path->workspace = ws;
-            snprintf(path->name, sizeof path->name, "cudnn_sdpa_%s<%s,%d>", p->forward ? "fwd" : "bwd", dt,
-                     (int)p->hd);
-            return FG_OK;
-        }
-        fg_clear_error(); /* cuDNN refused it: the own kernels take it, and its message is not this plan's */
     }
     if (!p->forward) path->workspace = (size_t)(p->B * p->H * p->L) * sizeof(float) + 256;
     if (flash) {
@@ -1447,7 +1432,7 @@ extern "C" fg_status fg_cuda_attn(fg_context *ctx, const fg_attn_call *c) {
     if (!p->forward) {
         const size_t need = (size_t)(p->B * p->H * p->L) * sizeof(float);
         if (c->path.kernel != FG_ATTN_SHORT && c->path.kernel != FG_ATTN_SHORT_ROWS &&
-            c->path.kernel != FG_ATTN_SHORT_KEYS && c->path.kernel != FG_ATTN_CUDNN) {
+            c->path.kernel != FG_ATTN_SHORT_KEYS) {
             if (!c->ws || c->ws_bytes < need)
                 return fg_fail(FG_ERR_WORKSPACE, "attention_backward: workspace of %zu bytes given, %zu needed",
                                c->ws_bytes, need);
@@ -1457,10 +1442,7 @@ extern "C" fg_status fg_cuda_attn(fg_context *ctx, const fg_attn_call *c) {
     if ((int64_t)p->B * p->H * p->L == 0) return FG_OK;
     const bool s32 = p->sdtype == FG_F32;
     cudaError_t e = cudaErrorInvalidValue;
-    if (c->path.kernel == FG_ATTN_CUDNN) {
-        FG_TRY(fg_cuda_attn_cudnn(ctx, c));
-        e = cudaSuccess;
-    } else if (c->path.kernel == FG_ATTN_FLASH) {
+    if (c->path.kernel == FG_ATTN_FLASH) {
         e = fg_cuda_attn_flash(a, p->forward, p->dtype, st);
     } else if (c->path.kernel == FG_ATTN_SHORT_KEYS) {
         e = fg_cuda_attn_keys(a, p->forward, p->dtype, s32, c->path.group & 0xffff, c->path.group >> 16, st);

@@ -62,7 +62,6 @@ extern "C" void fg_cuda_context_destroy(fg_context *ctx) {
     cudaStreamSynchronize(st->stream);
     cudaFree(st->flag);
     for (int i = 0; i < FG_LT_CACHE; i++) fg_lt_entry_clear(&st->cache[i]);
-    fg_cuda_cudnn_free(st);
     cublasLtDestroy(st->lt);
     cudaGetLastError();
     free(st);

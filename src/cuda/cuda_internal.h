@@ -124,7 +124,6 @@ struct fg_cuda_state {
     cublasLtHandle_t lt;
     unsigned long long *flag; /* device: [0] error code, [1] ~smallest offending index (internal.h) */
     fg_lt_entry cache[FG_LT_CACHE];
-    void *cudnn; /* attention_cudnn.cpp's state (its handle and graphs), made on first use */
 };
 
 #ifdef __cplusplus
@@ -191,16 +190,8 @@ extern "C" fg_status fg_cuda_norm(fg_context *ctx, fg_norm_call *c, bool run);
 
 /* The attention family (src/cuda/attention.cu): the plan hook picks the path (short sequences,
  * tensor cores, tiled) and names its kernels; the run launches them and records those names. */
-extern "C" fg_status fg_cuda_attn_plan(fg_context *ctx, const fg_attn_problem *p, const fg_attn_call *layout,
-                                       fg_attn_path *path);
+extern "C" fg_status fg_cuda_attn_plan(fg_context *ctx, const fg_attn_problem *p, fg_attn_path *path);
 extern "C" fg_status fg_cuda_attn(fg_context *ctx, const fg_attn_call *c);
-/* cuDNN's fused attention (attention_cudnn.cpp; every hook says no in a build without cuDNN):
-   whether a problem is one it takes, its plan (the workspace), a run, and the context's state
-   freed. */
-extern "C" bool fg_cuda_attn_cudnn_fits(const fg_context *ctx, const fg_attn_problem *p);
-extern "C" fg_status fg_cuda_attn_cudnn_plan(fg_context *ctx, const fg_attn_call *layout, size_t *workspace);
-extern "C" fg_status fg_cuda_attn_cudnn(fg_context *ctx, const fg_attn_call *c);
-extern "C" void fg_cuda_cudnn_free(struct fg_cuda_state *cs);
 
 /* Whether the device is a 9.0 one (Hopper: what the sm_90a kernels run on). */
 static inline bool fg_cuda_is_sm90(int device) {

@@ -141,44 +141,14 @@ static double resolved_scale(const fg_attention_options *o, int64_t hd) {
     return hd > 0 ? 1.0 / sqrt((double)hd) : 1.0;
 }
 
-/* The call of a plan's problem over the operands ops (planning: the descriptor's, whose data are
-   NULL and whose strides are the run's). */
-static void fill_call(fg_attn_call *c, const attn_priv *ap, const fg_plan_desc *d, const fg_tensor *ops) {
-    const fg_attention_options *o = attn_opts(d);
-    memset(c, 0, sizeof *c);
-    c->p = ap->p;
-    c->path = ap->path;
-    c->scale = resolved_scale(o, ap->p.hd);
-    c->dropout_p = o->dropout_p;
-    c->keep_threshold = (float)(ceil(o->dropout_p * 16777216.0) / 16777216.0);
-    c->keep_scale = 1.0 / (1.0 - o->dropout_p);
-    c->seed = o->seed, c->offset = o->offset;
-    if (ap->p.forward) {
-        view_of(&c->q, &ops[AF_Q]), view_of(&c->k, &ops[AF_K]), view_of(&c->v, &ops[AF_V]);
-        view_of(&c->scores_in, &ops[AF_SIN]), view_of(&c->o, &ops[AF_O]), view_of(&c->scores_out, &ops[AF_SOUT]);
-        c->lengths = has(&ops[AF_LEN]) ? ops[AF_LEN].data : NULL;
-        c->lse = ops[AF_LSE].data;
-    } else {
-        view_of(&c->d_o, &ops[AB_DO]), view_of(&c->dscores, &ops[AB_DSC]);
-        view_of(&c->q, &ops[AB_Q]), view_of(&c->k, &ops[AB_K]), view_of(&c->v, &ops[AB_V]);
-        view_of(&c->scores_in, &ops[AB_SIN]), view_of(&c->o, &ops[AB_O]);
-        view_of(&c->dq, &ops[AB_DQ]), view_of(&c->dk, &ops[AB_DK]), view_of(&c->dv, &ops[AB_DV]);
-        view_of(&c->dscores_in, &ops[AB_DSIN]);
-        c->lengths = has(&ops[AB_LEN]) ? ops[AB_LEN].data : NULL;
-        c->lse = ops[AB_LSE].data;
-    }
-}
-
 static fg_status driver(fg_context *ctx, const fg_plan_desc *d, const fg_tensor *ops, void *priv, fg_kernel_info *info,
                         void *ws, size_t ws_bytes, bool run) {
     attn_priv *ap = priv;
     const char *name = ap->p.forward ? "attention_forward" : "attention_backward";
     if (!ctx->be->attn_plan || !ctx->be->attn)
         return fg_fail(FG_ERR_UNSUPPORTED, "%s: the %s backend has no attention kernels", name, ctx->be->name);
-    fg_attn_call c;
     if (!run) {
-        fill_call(&c, ap, d, d->operands); /* the layout and the options, no data */
-        FG_TRY(ctx->be->attn_plan(ctx, &ap->p, &c, &ap->path));
+        FG_TRY(ctx->be->attn_plan(ctx, &ap->p, &ap->path));
         snprintf(info->name, sizeof info->name, "%s", ap->path.name);
         info->workspace_bytes = ap->path.workspace;
         info->deterministic = true;
@@ -188,8 +158,31 @@ static fg_status driver(fg_context *ctx, const fg_plan_desc *d, const fg_tensor 
     if (ws_bytes < ap->path.workspace)
         return fg_fail(FG_ERR_WORKSPACE, "%s: workspace of %zu bytes given, %zu needed", name, ws_bytes,
                        ap->path.workspace);
-    fill_call(&c, ap, d, ops);
+    const fg_attention_options *o = attn_opts(d);
+    fg_attn_call c;
+    memset(&c, 0, sizeof c);
+    c.p = ap->p;
+    c.path = ap->path;
+    c.scale = resolved_scale(o, ap->p.hd);
+    c.dropout_p = o->dropout_p;
+    c.keep_threshold = (float)(ceil(o->dropout_p * 16777216.0) / 16777216.0);
+    c.keep_scale = 1.0 / (1.0 - o->dropout_p);
+    c.seed = o->seed, c.offset = o->offset;
     c.ws = ws, c.ws_bytes = ws_bytes;
+    if (ap->p.forward) {
+        view_of(&c.q, &ops[AF_Q]), view_of(&c.k, &ops[AF_K]), view_of(&c.v, &ops[AF_V]);
+        view_of(&c.scores_in, &ops[AF_SIN]), view_of(&c.o, &ops[AF_O]), view_of(&c.scores_out, &ops[AF_SOUT]);
+        c.lengths = has(&ops[AF_LEN]) ? ops[AF_LEN].data : NULL;
+        c.lse = ops[AF_LSE].data;
+    } else {
+        view_of(&c.d_o, &ops[AB_DO]), view_of(&c.dscores, &ops[AB_DSC]);
+        view_of(&c.q, &ops[AB_Q]), view_of(&c.k, &ops[AB_K]), view_of(&c.v, &ops[AB_V]);
+        view_of(&c.scores_in, &ops[AB_SIN]), view_of(&c.o, &ops[AB_O]);
+        view_of(&c.dq, &ops[AB_DQ]), view_of(&c.dk, &ops[AB_DK]), view_of(&c.dv, &ops[AB_DV]);
+        view_of(&c.dscores_in, &ops[AB_DSIN]);
+        c.lengths = has(&ops[AB_LEN]) ? ops[AB_LEN].data : NULL;
+        c.lse = ops[AB_LSE].data;
+    }
     return ctx->be->attn(ctx, &c);
 }
 

@@ -50,6 +50,7 @@ import traceback
 from dataclasses import dataclass, replace
 
 import torch
+import torch._inductor.config  # (the header reports its size_asserts)
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -559,16 +560,6 @@ def targets_table(steps, host, adam, explain, device, out):
 
 # ------------------------------------------------------------------ main
 
-def _size_asserts():
-    """Whether inductor checks each fallback op's outputs (TORCHINDUCTOR_SIZE_ASSERTS, default on): the
-    compiled fastgrad graph makes hundreds of these checks a step, torch's own graph few."""
-    try:
-        import torch._inductor.config as ic
-        return bool(ic.size_asserts)
-    except Exception:  # no inductor in this torch
-        return True
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cuda")
@@ -610,7 +601,9 @@ def main():
                f"torch's cross-entropy on {'f32' if c.ce_f32 else str(dtype).replace('torch.', '')} logits"
                f"{' (--small)' if args.small else ''}{' (--quick)' if args.quick else ''}, "
                f"{torch.get_num_threads()} CPU thread(s)"
-               f"{'' if _size_asserts() else ', inductor size asserts off (TORCHINDUCTOR_SIZE_ASSERTS=0: every compiled row)'}\n")
+               # (inductor checks each fallback op's outputs unless TORCHINDUCTOR_SIZE_ASSERTS=0: the compiled
+               # fastgrad graph makes hundreds of these checks a step, torch's own graph few)
+               f"{'' if torch._inductor.config.size_asserts else ', inductor size asserts off (every compiled row)'}\n")
     if device.type == "cuda":
         out.append(f"Timing: CUDA events, median of {args.reps} steps after {args.warmup} warm-up steps "
                    f"(besides the {args.loss_steps} loss steps, which include compilation); TF32 on for f32. "

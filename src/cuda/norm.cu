@@ -627,9 +627,8 @@ __device__ __forceinline__ void fwd_lean_body(const rows_args &a, float *red) {
 
 /* The forward keeps a row's loads in flight and little else, so its speed is the bytes in flight
    an SM: the short splits (NV·VEC <= 16) have their registers capped for FWD_LEAN_THREADS resident
-   threads (left to itself the compiler gave the bf16 256 × 2 instance 46 registers: five blocks an
-   SM). AFF (LayerNorm with w and b) is an instance of its own, so the run-time options of the
-   other body do not raise its registers. */
+   threads (decision 187). AFF (LayerNorm with w and b) is an instance of its own, so the run-time
+   options of the other body do not raise its registers. */
 constexpr int FWD_LEAN_THREADS = 1536;
 template <typename T, int VEC, int NV, int GB, bool AFF>
 __global__ void __launch_bounds__(GB, NV * VEC <= 16 ? FWD_LEAN_THREADS / GB : 1) rows_fwd_lean(const rows_args a) {
@@ -1567,10 +1566,11 @@ template <typename T> static const void *lean_kernel(int nv, int G, bool backwar
     return nv == S ? lean_of<T, S>(G, backward, aff) : lean_of<T, L>(G, backward, aff);
 }
 
-static const void *lean_any(fg_dtype dt, int nv, int G, bool backward) {
-    return dt == FG_F32 ? lean_kernel<float>(nv, G, backward, false)
-           : dt == FG_F16 ? lean_kernel<__half>(nv, G, backward, false)
-                          : lean_kernel<__nv_bfloat16>(nv, G, backward, false);
+/* The lean backward of a split, for its occupancy (the plan's persistent grid). */
+static const void *lean_bwd_any(fg_dtype dt, int nv, int G) {
+    return dt == FG_F32 ? lean_kernel<float>(nv, G, true, false)
+           : dt == FG_F16 ? lean_kernel<__half>(nv, G, true, false)
+                          : lean_kernel<__nv_bfloat16>(nv, G, true, false);
 }
 
 /* (the ring's instances without the residual's gradient dr apart: its dropout's generator would
@@ -1619,7 +1619,7 @@ static rows_path plan_rows(const fg_context *ctx, const fg_norm_call *c, bool ba
         if (p.lean) {
             p.ring = false;
             p.smem = 0;
-            resident = backward ? sms * occupancy(lean_any(c->dtype, p.nv, p.G, true), p.block, 0) : blocks;
+            resident = backward ? sms * occupancy(lean_bwd_any(c->dtype, p.nv, p.G), p.block, 0) : blocks;
         } else if (!backward) {
             p.ring = shortsplit && fwd_ring_bytes(p.nv, c->r != NULL, p.block) <= FWD_RING_MAX;
             p.smem = p.ring ? fwd_ring_bytes(p.nv, c->r != NULL, p.block) : 0;

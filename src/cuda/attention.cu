@@ -1378,14 +1378,16 @@ extern "C" fg_status fg_cuda_attn_plan(fg_context *ctx, const fg_attn_problem *p
     }
     if (!p->forward) path->workspace = (size_t)(p->B * p->H * p->L) * sizeof(float) + 256;
     if (flash) {
+        const bool w9 = fg_cuda_attn_flash_w9(p, ctx->device);
+        const char *f = w9 ? "flash90" : "flash";
         path->kernel = FG_ATTN_FLASH;
-        path->group = (int)p->hd;
-        if (p->forward) snprintf(path->name, sizeof path->name, "attn_flash_fwd<%s,%d>", dt, (int)p->hd);
+        path->group = (int)p->hd | (w9 ? 1 << 16 : 0);
+        if (p->forward) snprintf(path->name, sizeof path->name, "attn_%s_fwd<%s,%d>", f, dt, (int)p->hd);
         else if (p->want_dk || p->want_dv)
-            snprintf(path->name, sizeof path->name, "attn_rowdot<%s> ; attn_flash_dkdv<%s,%d> ; attn_flash_dq<%s,%d>",
-                     dt, dt, (int)p->hd, dt, (int)p->hd);
+            snprintf(path->name, sizeof path->name, "attn_rowdot<%s> ; attn_%s_dkdv<%s,%d> ; attn_%s_dq<%s,%d>", dt,
+                     f, dt, (int)p->hd, f, dt, (int)p->hd);
         else
-            snprintf(path->name, sizeof path->name, "attn_rowdot<%s> ; attn_flash_dq<%s,%d>", dt, dt, (int)p->hd);
+            snprintf(path->name, sizeof path->name, "attn_rowdot<%s> ; attn_%s_dq<%s,%d>", dt, f, dt, (int)p->hd);
         return FG_OK;
     }
     if ((size_t)limit < tiled_fwd_smem((int)p->hd) || (size_t)limit < tiled_bwd_smem((int)p->hd))
@@ -1443,7 +1445,7 @@ extern "C" fg_status fg_cuda_attn(fg_context *ctx, const fg_attn_call *c) {
     const bool s32 = p->sdtype == FG_F32;
     cudaError_t e = cudaErrorInvalidValue;
     if (c->path.kernel == FG_ATTN_FLASH) {
-        e = fg_cuda_attn_flash(a, p->forward, p->dtype, st);
+        e = fg_cuda_attn_flash(a, p->forward, p->dtype, (c->path.group >> 16) & 1, st);
     } else if (c->path.kernel == FG_ATTN_SHORT_KEYS) {
         e = fg_cuda_attn_keys(a, p->forward, p->dtype, s32, c->path.group & 0xffff, c->path.group >> 16, st);
     } else if (p->dtype == FG_F32) {

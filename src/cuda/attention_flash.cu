@@ -27,6 +27,7 @@
  */
 #include "attention.cuh"
 #include "mma.cuh"
+#include "sm90.cuh"
 
 namespace {
 
@@ -93,13 +94,86 @@ __device__ __forceinline__ void ld_bt(const T *s, int lds, int k0, int n0, uint3
     ldsm4t(smem_at(p), b0[0], b0[1], b1[0], b1[1]);
 }
 
+/* ---- the sm_90a form (W9, hd 64): the same blocks with warpgroup MMA. A block is one warpgroup;
+   every tile is 64 rows × 64 elements, rows of 128 bytes whose 16-byte chunks are swizzled (chunk c
+   of row r at c ^ (r % 8), the tile 1024-byte aligned), as wgmma's 128-byte-swizzled descriptors
+   read them: a tile is a K-major operand (q, k, v, do rows as a product's A or B over hd) or,
+   through the MN-major descriptor, the B of the P·v-type products (keys or queries as K). */
+constexpr int W9_TILE = 64 * 64; /* elements of a tile */
+
+template <typename T>
+__device__ __forceinline__ void load_sw(const attn_view &v, int64_t b, int64_t h, int r0, int L, T *dst) {
+    const uint32_t base = smem_at(dst);
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const int e = threadIdx.x + FW * 32 * k, r = e >> 3, c = e & 7;
+        const bool valid = r0 + r < L;
+        const T *src = at<T>(v, b, h, valid ? r0 + r : 0, 0) + c * 8;
+        copy16(base + r * 128 + ((c ^ (r & 7)) << 4), src, valid);
+    }
+}
+
+template <typename T, int HD, bool W9>
+__device__ __forceinline__ void load_tile(const attn_view &v, int64_t b, int64_t h, int r0, int L, int rows, T *dst) {
+    if constexpr (W9) load_sw<T>(v, b, h, r0, L, dst);
+    else load_rows<T, HD>(v, b, h, r0, L, rows, dst);
+}
+
+/* the block's tiles: W9's 1024-byte aligned, the others at the start of dynamic shared memory */
+template <bool W9> __device__ __forceinline__ unsigned char *tiles_base(unsigned char *raw) {
+    if constexpr (W9) return (unsigned char *)(((uintptr_t)raw + 1023) & ~(uintptr_t)1023);
+    else return raw;
+}
+
+/* s (the m64n64 accumulator) += A · Bᵀ over hd 64, A and B K-major tiles; issued, not waited */
+template <typename T> __device__ __forceinline__ void w9_abt(float (*s)[4], const T *A, const T *B) {
+#ifdef __CUDA_ARCH_FEAT_SM90_ALL
+    const uint64_t da = wgmma_desc_sw128(A), db = wgmma_desc_sw128(B);
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) wgmma_run<64, T, 0, 0>(&s[0][0], da + 2 * kk, db + 2 * kk, 1);
+#endif
+}
+
+/* acc += A · B over 64 rows of K: A in registers (af[kk] packs the source accumulator's columns
+   16kk … 16kk + 15), B a tile [K rows][64] read MN-major; issued, not waited */
+template <typename T> __device__ __forceinline__ void w9_ab(float (*acc)[4], const uint32_t (*af)[4], const T *B) {
+#ifdef __CUDA_ARCH_FEAT_SM90_ALL
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++)
+        wgmma_rs64<T, 1>(&acc[0][0], af[kk], wgmma_desc_mn_sw128(B + kk * 16 * 64, 64 * 128), 1);
+#endif
+}
+
+/* before a batch of products: the registers they read are written; the shared tiles the block
+   wrote by cp.async are visible to the MMA's (async) proxy */
+__device__ __forceinline__ void w9_begin() {
+#ifdef __CUDA_ARCH_FEAT_SM90_ALL
+    wgmma_fence();
+#endif
+}
+__device__ __forceinline__ void w9_tiles_visible() {
+#ifdef __CUDA_ARCH_FEAT_SM90_ALL
+    tma_store_fence();
+#endif
+}
+/* the batch done: its accumulators are read only after this */
+__device__ __forceinline__ void w9_end(float (*x)[4], float (*y)[4]) {
+#ifdef __CUDA_ARCH_FEAT_SM90_ALL
+    wgmma_commit();
+    wgmma_wait<0>();
+    acc_fence(&x[0][0], 32);
+    if (y) acc_fence(&y[0][0], 32);
+#endif
+}
+
 /* ================================================================== forward */
 
-template <typename T, int HD>
+template <typename T, int HD, bool W9>
 __global__ void __launch_bounds__(FW * 32) flash_fwd_kernel(attn_params a) {
-    constexpr int LDS = HD + 8, NT = FBK / 8, DT = HD / 8;
+    static_assert(!W9 || HD == 64, "the sm_90a form takes hd 64");
+    constexpr int LDS = HD + 8, NT = FBK / 8, DT = HD / 8, QT = W9 ? W9_TILE : FBQ * LDS, KT = W9 ? W9_TILE : FBK * LDS;
     extern __shared__ __align__(16) unsigned char smraw[];
-    T *Qs = reinterpret_cast<T *>(smraw), *Ks = Qs + FBQ * LDS, *Vs = Ks + 2 * FBK * LDS;
+    T *Qs = reinterpret_cast<T *>(tiles_base<W9>(smraw)), *Ks = Qs + QT, *Vs = Ks + 2 * KT;
     const int L = a.L, nqb = (L + FBQ - 1) / FBQ;
     const int64_t n = blockIdx.x / nqb, b = n / a.H, h = n % a.H;
     const int qb = nqb - 1 - (int)(blockIdx.x % nqb); /* the longest causal blocks first */
@@ -120,10 +194,10 @@ __global__ void __launch_bounds__(FW * 32) flash_fwd_kernel(attn_params a) {
     const int last = min(q0 + FBQ, L) - 1;
     const int jmax = a.causal ? min(last + 1, len) : len;
     const int ntiles = (jmax + FBK - 1) / FBK;
-    load_rows<T, HD>(a.q, b, h, q0, L, FBQ, Qs);
+    load_tile<T, HD, W9>(a.q, b, h, q0, L, FBQ, Qs);
     if (ntiles > 0) {
-        load_rows<T, HD>(a.k, b, h, 0, len, FBK, Ks);
-        load_rows<T, HD>(a.v, b, h, 0, len, FBK, Vs);
+        load_tile<T, HD, W9>(a.k, b, h, 0, len, FBK, Ks);
+        load_tile<T, HD, W9>(a.v, b, h, 0, len, FBK, Vs);
     }
     copy_commit();
     if (ntiles == 0) copy_wait<0>();
@@ -136,28 +210,35 @@ __global__ void __launch_bounds__(FW * 32) flash_fwd_kernel(attn_params a) {
     for (int tile = 0; tile < ntiles; tile++) {
         const int j0 = tile * FBK, buf = tile & 1;
         if (tile + 1 < ntiles) {
-            load_rows<T, HD>(a.k, b, h, j0 + FBK, len, FBK, Ks + (buf ^ 1) * FBK * LDS);
-            load_rows<T, HD>(a.v, b, h, j0 + FBK, len, FBK, Vs + (buf ^ 1) * FBK * LDS);
+            load_tile<T, HD, W9>(a.k, b, h, j0 + FBK, len, FBK, Ks + (buf ^ 1) * KT);
+            load_tile<T, HD, W9>(a.v, b, h, j0 + FBK, len, FBK, Vs + (buf ^ 1) * KT);
             copy_commit();
             copy_wait<1>();
         } else {
             copy_wait<0>();
         }
+        if constexpr (W9) w9_tiles_visible();
         __syncthreads();
-        const T *K = Ks + buf * FBK * LDS, *V = Vs + buf * FBK * LDS;
+        const T *K = Ks + buf * KT, *V = Vs + buf * KT;
         float s[NT][4];
 #pragma unroll
         for (int x = 0; x < NT; x++) s[x][0] = s[x][1] = s[x][2] = s[x][3] = 0.f;
+        if constexpr (W9) {
+            w9_begin();
+            w9_abt<T>(s, Qs, K);
+            w9_end(s, nullptr);
+        } else {
 #pragma unroll
-        for (int kk = 0; kk < HD / 16; kk++) {
-            uint32_t af[4];
-            ld_a(Qs, LDS, 16 * w, 16 * kk, af);
+            for (int kk = 0; kk < HD / 16; kk++) {
+                uint32_t af[4];
+                ld_a(Qs, LDS, 16 * w, 16 * kk, af);
 #pragma unroll
-            for (int np = 0; np < NT / 2; np++) {
-                uint32_t b0[2], b1[2];
-                ld_b(K, LDS, 16 * np, 16 * kk, b0, b1);
-                mma16816<T>(s[2 * np], af, b0);
-                mma16816<T>(s[2 * np + 1], af, b1);
+                for (int np = 0; np < NT / 2; np++) {
+                    uint32_t b0[2], b1[2];
+                    ld_b(K, LDS, 16 * np, 16 * kk, b0, b1);
+                    mma16816<T>(s[2 * np], af, b0);
+                    mma16816<T>(s[2 * np + 1], af, b1);
+                }
             }
         }
         /* scale to log2 units and mask: causal, padding, keys past L */
@@ -207,16 +288,22 @@ __global__ void __launch_bounds__(FW * 32) flash_fwd_kernel(attn_params a) {
             oacc[x][0] *= alpha[0], oacc[x][1] *= alpha[0];
             oacc[x][2] *= alpha[1], oacc[x][3] *= alpha[1];
         }
+        if constexpr (W9) {
+            w9_begin();
+            w9_ab<T>(oacc, pf, V);
+            w9_end(oacc, nullptr);
+        } else {
 #pragma unroll
-        for (int kk = 0; kk < NT / 2; kk++) {
-            /* A of keys 16kk … 16kk + 15: tiles 2kk (a0 a1) and 2kk + 1 (a2 a3) */
-            const uint32_t af[4] = {pf[kk][0], pf[kk][1], pf[kk][2], pf[kk][3]};
+            for (int kk = 0; kk < NT / 2; kk++) {
+                /* A of keys 16kk … 16kk + 15: tiles 2kk (a0 a1) and 2kk + 1 (a2 a3) */
+                const uint32_t af[4] = {pf[kk][0], pf[kk][1], pf[kk][2], pf[kk][3]};
 #pragma unroll
-            for (int dp = 0; dp < DT / 2; dp++) {
-                uint32_t b0[2], b1[2];
-                ld_bt(V, LDS, 16 * kk, 16 * dp, b0, b1);
-                mma16816<T>(oacc[2 * dp], af, b0);
-                mma16816<T>(oacc[2 * dp + 1], af, b1);
+                for (int dp = 0; dp < DT / 2; dp++) {
+                    uint32_t b0[2], b1[2];
+                    ld_bt(V, LDS, 16 * kk, 16 * dp, b0, b1);
+                    mma16816<T>(oacc[2 * dp], af, b0);
+                    mma16816<T>(oacc[2 * dp + 1], af, b1);
+                }
             }
         }
         __syncthreads(); /* the buffer is refilled two tiles on */
@@ -248,12 +335,14 @@ template <int HD> struct bwd_shape {
     static constexpr int BQ = HD == 128 ? 32 : 64; /* query rows a tile (dk, dv) */
 };
 
-template <typename T, int HD>
+template <typename T, int HD, bool W9>
 __global__ void __launch_bounds__(FW * 32) flash_dkdv_kernel(attn_params a) {
+    static_assert(!W9 || (HD == 64 && bwd_shape<HD>::BQ == 64), "the sm_90a form takes hd 64");
     constexpr int LDS = HD + 8, BQ = bwd_shape<HD>::BQ, NT = BQ / 8, DT = HD / 8;
+    constexpr int KT = W9 ? W9_TILE : FBK * LDS, QT = W9 ? W9_TILE : BQ * LDS;
     extern __shared__ __align__(16) unsigned char smraw[];
-    T *Ks = reinterpret_cast<T *>(smraw), *Vs = Ks + FBK * LDS, *Qs = Vs + FBK * LDS, *dOs = Qs + 2 * BQ * LDS;
-    float *lses = reinterpret_cast<float *>(dOs + 2 * BQ * LDS), *Ds = lses + 2 * BQ;
+    T *Ks = reinterpret_cast<T *>(tiles_base<W9>(smraw)), *Vs = Ks + KT, *Qs = Vs + KT, *dOs = Qs + 2 * QT;
+    float *lses = reinterpret_cast<float *>(dOs + 2 * QT), *Ds = lses + 2 * BQ;
     const int L = a.L, nkb = (L + FBK - 1) / FBK;
     const int64_t n = blockIdx.x / nkb, b = n / a.H, h = n % a.H;
     const int j0 = (int)(blockIdx.x % nkb) * FBK;
@@ -271,11 +360,11 @@ __global__ void __launch_bounds__(FW * 32) flash_dkdv_kernel(attn_params a) {
     }
     const int qstart = j0 >= len ? L : (a.causal ? j0 / BQ * BQ : 0);
     const int ntiles = (L - qstart + BQ - 1) / BQ;
-    load_rows<T, HD>(a.k, b, h, j0, len, FBK, Ks);
-    load_rows<T, HD>(a.v, b, h, j0, len, FBK, Vs);
+    load_tile<T, HD, W9>(a.k, b, h, j0, len, FBK, Ks);
+    load_tile<T, HD, W9>(a.v, b, h, j0, len, FBK, Vs);
     auto load_q = [&](int i0, int buf) {
-        load_rows<T, HD>(a.q, b, h, i0, L, BQ, Qs + buf * BQ * LDS);
-        load_rows<T, HD>(a.dout, b, h, i0, L, BQ, dOs + buf * BQ * LDS);
+        load_tile<T, HD, W9>(a.q, b, h, i0, L, BQ, Qs + buf * QT);
+        load_tile<T, HD, W9>(a.dout, b, h, i0, L, BQ, dOs + buf * QT);
         for (int r = threadIdx.x; r < BQ; r += FW * 32) {
             const int i = i0 + r;
             lses[buf * BQ + r] = i < L ? a.lse[n * L + i] * LOG2E : NEG_INF;
@@ -302,28 +391,36 @@ __global__ void __launch_bounds__(FW * 32) flash_dkdv_kernel(attn_params a) {
         } else {
             copy_wait<0>();
         }
+        if constexpr (W9) w9_tiles_visible();
         __syncthreads();
-        const T *Q = Qs + buf * BQ * LDS, *dO = dOs + buf * BQ * LDS;
+        const T *Q = Qs + buf * QT, *dO = dOs + buf * QT;
         const float *lse = lses + buf * BQ, *D = Ds + buf * BQ;
         float s[NT][4], dp[NT][4];
 #pragma unroll
         for (int x = 0; x < NT; x++)
 #pragma unroll
             for (int e = 0; e < 4; e++) s[x][e] = dp[x][e] = 0.f;
+        if constexpr (W9) {
+            w9_begin();
+            w9_abt<T>(s, Ks, Q);
+            w9_abt<T>(dp, Vs, dO);
+            w9_end(s, dp);
+        } else {
 #pragma unroll
-        for (int kk = 0; kk < HD / 16; kk++) {
-            uint32_t ak[4], av[4];
-            ld_a(Ks, LDS, 16 * w, 16 * kk, ak);
-            ld_a(Vs, LDS, 16 * w, 16 * kk, av);
+            for (int kk = 0; kk < HD / 16; kk++) {
+                uint32_t ak[4], av[4];
+                ld_a(Ks, LDS, 16 * w, 16 * kk, ak);
+                ld_a(Vs, LDS, 16 * w, 16 * kk, av);
 #pragma unroll
-            for (int np = 0; np < NT / 2; np++) {
-                uint32_t b0[2], b1[2];
-                ld_b(Q, LDS, 16 * np, 16 * kk, b0, b1);
-                mma16816<T>(s[2 * np], ak, b0);
-                mma16816<T>(s[2 * np + 1], ak, b1);
-                ld_b(dO, LDS, 16 * np, 16 * kk, b0, b1);
-                mma16816<T>(dp[2 * np], av, b0);
-                mma16816<T>(dp[2 * np + 1], av, b1);
+                for (int np = 0; np < NT / 2; np++) {
+                    uint32_t b0[2], b1[2];
+                    ld_b(Q, LDS, 16 * np, 16 * kk, b0, b1);
+                    mma16816<T>(s[2 * np], ak, b0);
+                    mma16816<T>(s[2 * np + 1], ak, b1);
+                    ld_b(dO, LDS, 16 * np, 16 * kk, b0, b1);
+                    mma16816<T>(dp[2 * np], av, b0);
+                    mma16816<T>(dp[2 * np + 1], av, b1);
+                }
             }
         }
         /* element (key j: row, query i: column) */
@@ -346,19 +443,26 @@ __global__ void __launch_bounds__(FW * 32) flash_dkdv_kernel(attn_params a) {
             df[x / 2][(x & 1) * 2 + 0] = pack2<T>(ds[0], ds[1]);
             df[x / 2][(x & 1) * 2 + 1] = pack2<T>(ds[2], ds[3]);
         }
+        if constexpr (W9) {
+            w9_begin();
+            w9_ab<T>(dv, pf, dO);
+            w9_ab<T>(dk, df, Q);
+            w9_end(dv, dk);
+        } else {
 #pragma unroll
-        for (int kk = 0; kk < NT / 2; kk++) {
-            const uint32_t ap[4] = {pf[kk][0], pf[kk][1], pf[kk][2], pf[kk][3]};
-            const uint32_t ad[4] = {df[kk][0], df[kk][1], df[kk][2], df[kk][3]};
+            for (int kk = 0; kk < NT / 2; kk++) {
+                const uint32_t ap[4] = {pf[kk][0], pf[kk][1], pf[kk][2], pf[kk][3]};
+                const uint32_t ad[4] = {df[kk][0], df[kk][1], df[kk][2], df[kk][3]};
 #pragma unroll
-            for (int dq2 = 0; dq2 < DT / 2; dq2++) {
-                uint32_t b0[2], b1[2];
-                ld_bt(dO, LDS, 16 * kk, 16 * dq2, b0, b1);
-                mma16816<T>(dv[2 * dq2], ap, b0);
-                mma16816<T>(dv[2 * dq2 + 1], ap, b1);
-                ld_bt(Q, LDS, 16 * kk, 16 * dq2, b0, b1);
-                mma16816<T>(dk[2 * dq2], ad, b0);
-                mma16816<T>(dk[2 * dq2 + 1], ad, b1);
+                for (int dq2 = 0; dq2 < DT / 2; dq2++) {
+                    uint32_t b0[2], b1[2];
+                    ld_bt(dO, LDS, 16 * kk, 16 * dq2, b0, b1);
+                    mma16816<T>(dv[2 * dq2], ap, b0);
+                    mma16816<T>(dv[2 * dq2 + 1], ap, b1);
+                    ld_bt(Q, LDS, 16 * kk, 16 * dq2, b0, b1);
+                    mma16816<T>(dk[2 * dq2], ad, b0);
+                    mma16816<T>(dk[2 * dq2 + 1], ad, b1);
+                }
             }
         }
     }
@@ -387,11 +491,12 @@ __global__ void __launch_bounds__(FW * 32) flash_dkdv_kernel(attn_params a) {
 
 /* ================================================================== backward: dq */
 
-template <typename T, int HD>
+template <typename T, int HD, bool W9>
 __global__ void __launch_bounds__(FW * 32) flash_dq_kernel(attn_params a) {
-    constexpr int LDS = HD + 8, NT = FBK / 8, DT = HD / 8;
+    static_assert(!W9 || HD == 64, "the sm_90a form takes hd 64");
+    constexpr int LDS = HD + 8, NT = FBK / 8, DT = HD / 8, QT = W9 ? W9_TILE : FBQ * LDS, KT = W9 ? W9_TILE : FBK * LDS;
     extern __shared__ __align__(16) unsigned char smraw[];
-    T *Qs = reinterpret_cast<T *>(smraw), *dOs = Qs + FBQ * LDS, *Ks = dOs + FBQ * LDS, *Vs = Ks + 2 * FBK * LDS;
+    T *Qs = reinterpret_cast<T *>(tiles_base<W9>(smraw)), *dOs = Qs + QT, *Ks = dOs + QT, *Vs = Ks + 2 * KT;
     const int L = a.L, nqb = (L + FBQ - 1) / FBQ;
     const int64_t n = blockIdx.x / nqb, b = n / a.H, h = n % a.H;
     const int q0 = (nqb - 1 - (int)(blockIdx.x % nqb)) * FBQ;
@@ -410,11 +515,11 @@ __global__ void __launch_bounds__(FW * 32) flash_dq_kernel(attn_params a) {
     const int last = min(q0 + FBQ, L) - 1;
     const int jmax = a.causal ? min(last + 1, len) : len;
     const int ntiles = (jmax + FBK - 1) / FBK;
-    load_rows<T, HD>(a.q, b, h, q0, L, FBQ, Qs);
-    load_rows<T, HD>(a.dout, b, h, q0, L, FBQ, dOs);
+    load_tile<T, HD, W9>(a.q, b, h, q0, L, FBQ, Qs);
+    load_tile<T, HD, W9>(a.dout, b, h, q0, L, FBQ, dOs);
     if (ntiles > 0) {
-        load_rows<T, HD>(a.k, b, h, 0, len, FBK, Ks);
-        load_rows<T, HD>(a.v, b, h, 0, len, FBK, Vs);
+        load_tile<T, HD, W9>(a.k, b, h, 0, len, FBK, Ks);
+        load_tile<T, HD, W9>(a.v, b, h, 0, len, FBK, Vs);
     }
     copy_commit();
     if (ntiles == 0) copy_wait<0>();
@@ -430,34 +535,42 @@ __global__ void __launch_bounds__(FW * 32) flash_dq_kernel(attn_params a) {
     for (int tile = 0; tile < ntiles; tile++) {
         const int j0 = tile * FBK, buf = tile & 1;
         if (tile + 1 < ntiles) {
-            load_rows<T, HD>(a.k, b, h, j0 + FBK, len, FBK, Ks + (buf ^ 1) * FBK * LDS);
-            load_rows<T, HD>(a.v, b, h, j0 + FBK, len, FBK, Vs + (buf ^ 1) * FBK * LDS);
+            load_tile<T, HD, W9>(a.k, b, h, j0 + FBK, len, FBK, Ks + (buf ^ 1) * KT);
+            load_tile<T, HD, W9>(a.v, b, h, j0 + FBK, len, FBK, Vs + (buf ^ 1) * KT);
             copy_commit();
             copy_wait<1>();
         } else {
             copy_wait<0>();
         }
+        if constexpr (W9) w9_tiles_visible();
         __syncthreads();
-        const T *K = Ks + buf * FBK * LDS, *V = Vs + buf * FBK * LDS;
+        const T *K = Ks + buf * KT, *V = Vs + buf * KT;
         float s[NT][4], dp[NT][4];
 #pragma unroll
         for (int x = 0; x < NT; x++)
 #pragma unroll
             for (int e = 0; e < 4; e++) s[x][e] = dp[x][e] = 0.f;
+        if constexpr (W9) {
+            w9_begin();
+            w9_abt<T>(s, Qs, K);
+            w9_abt<T>(dp, dOs, V);
+            w9_end(s, dp);
+        } else {
 #pragma unroll
-        for (int kk = 0; kk < HD / 16; kk++) {
-            uint32_t aq[4], ao[4];
-            ld_a(Qs, LDS, 16 * w, 16 * kk, aq);
-            ld_a(dOs, LDS, 16 * w, 16 * kk, ao);
+            for (int kk = 0; kk < HD / 16; kk++) {
+                uint32_t aq[4], ao[4];
+                ld_a(Qs, LDS, 16 * w, 16 * kk, aq);
+                ld_a(dOs, LDS, 16 * w, 16 * kk, ao);
 #pragma unroll
-            for (int np = 0; np < NT / 2; np++) {
-                uint32_t b0[2], b1[2];
-                ld_b(K, LDS, 16 * np, 16 * kk, b0, b1);
-                mma16816<T>(s[2 * np], aq, b0);
-                mma16816<T>(s[2 * np + 1], aq, b1);
-                ld_b(V, LDS, 16 * np, 16 * kk, b0, b1);
-                mma16816<T>(dp[2 * np], ao, b0);
-                mma16816<T>(dp[2 * np + 1], ao, b1);
+                for (int np = 0; np < NT / 2; np++) {
+                    uint32_t b0[2], b1[2];
+                    ld_b(K, LDS, 16 * np, 16 * kk, b0, b1);
+                    mma16816<T>(s[2 * np], aq, b0);
+                    mma16816<T>(s[2 * np + 1], aq, b1);
+                    ld_b(V, LDS, 16 * np, 16 * kk, b0, b1);
+                    mma16816<T>(dp[2 * np], ao, b0);
+                    mma16816<T>(dp[2 * np + 1], ao, b1);
+                }
             }
         }
         uint32_t df[NT / 2][4];
@@ -475,15 +588,21 @@ __global__ void __launch_bounds__(FW * 32) flash_dq_kernel(attn_params a) {
             df[x / 2][(x & 1) * 2 + 0] = pack2<T>(ds[0], ds[1]);
             df[x / 2][(x & 1) * 2 + 1] = pack2<T>(ds[2], ds[3]);
         }
+        if constexpr (W9) {
+            w9_begin();
+            w9_ab<T>(dq, df, K);
+            w9_end(dq, nullptr);
+        } else {
 #pragma unroll
-        for (int kk = 0; kk < NT / 2; kk++) {
-            const uint32_t ad[4] = {df[kk][0], df[kk][1], df[kk][2], df[kk][3]};
+            for (int kk = 0; kk < NT / 2; kk++) {
+                const uint32_t ad[4] = {df[kk][0], df[kk][1], df[kk][2], df[kk][3]};
 #pragma unroll
-            for (int dp2 = 0; dp2 < DT / 2; dp2++) {
-                uint32_t b0[2], b1[2];
-                ld_bt(K, LDS, 16 * kk, 16 * dp2, b0, b1);
-                mma16816<T>(dq[2 * dp2], ad, b0);
-                mma16816<T>(dq[2 * dp2 + 1], ad, b1);
+                for (int dp2 = 0; dp2 < DT / 2; dp2++) {
+                    uint32_t b0[2], b1[2];
+                    ld_bt(K, LDS, 16 * kk, 16 * dp2, b0, b1);
+                    mma16816<T>(dq[2 * dp2], ad, b0);
+                    mma16816<T>(dq[2 * dp2 + 1], ad, b1);
+                }
             }
         }
         __syncthreads();
@@ -505,42 +624,56 @@ __global__ void __launch_bounds__(FW * 32) flash_dq_kernel(attn_params a) {
 
 /* ================================================================== launch */
 
-template <typename T, int HD> constexpr size_t fwd_smem() { return sizeof(T) * (size_t)(FBQ + 4 * FBK) * (HD + 8); }
-template <typename T, int HD> constexpr size_t dkdv_smem() {
-    return sizeof(T) * (size_t)(2 * FBK + 4 * bwd_shape<HD>::BQ) * (HD + 8) + sizeof(float) * 4 * bwd_shape<HD>::BQ;
+/* dynamic shared memory: the tiles (W9: 64 × 64 each, plus the alignment to 1024 bytes) and the
+   dk / dv block's lse and D rows */
+template <typename T, int HD, bool W9> constexpr size_t tile_bytes(int rows) {
+    return W9 ? sizeof(T) * (size_t)W9_TILE : sizeof(T) * (size_t)rows * (HD + 8);
 }
-template <typename T, int HD> constexpr size_t dq_smem() { return sizeof(T) * (size_t)(2 * FBQ + 4 * FBK) * (HD + 8); }
+template <typename T, int HD, bool W9> constexpr size_t fwd_smem() {
+    return tile_bytes<T, HD, W9>(FBQ) + 4 * tile_bytes<T, HD, W9>(FBK) + (W9 ? 1024 : 0);
+}
+template <typename T, int HD, bool W9> constexpr size_t dkdv_smem() {
+    return 2 * tile_bytes<T, HD, W9>(FBK) + 4 * tile_bytes<T, HD, W9>(bwd_shape<HD>::BQ) +
+           sizeof(float) * 4 * bwd_shape<HD>::BQ + (W9 ? 1024 : 0);
+}
+template <typename T, int HD, bool W9> constexpr size_t dq_smem() {
+    return 2 * tile_bytes<T, HD, W9>(FBQ) + 4 * tile_bytes<T, HD, W9>(FBK) + (W9 ? 1024 : 0);
+}
 
 template <typename K> static cudaError_t allow(K kernel, size_t bytes) {
     if (bytes <= 48 * 1024) return cudaSuccess;
     return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
 }
 
-template <typename T, int HD> static cudaError_t run(const attn_params &a, bool forward, cudaStream_t st) {
+template <typename T, int HD, bool W9> static cudaError_t run(const attn_params &a, bool forward, cudaStream_t st) {
     const int64_t heads = (int64_t)a.B * a.H;
     const unsigned qblocks = (unsigned)(heads * ((a.L + FBQ - 1) / FBQ));
     cudaError_t e;
     if (forward) {
-        if ((e = allow(flash_fwd_kernel<T, HD>, fwd_smem<T, HD>())) != cudaSuccess) return e;
-        flash_fwd_kernel<T, HD><<<qblocks, FW * 32, fwd_smem<T, HD>(), st>>>(a);
+        if ((e = allow(flash_fwd_kernel<T, HD, W9>, fwd_smem<T, HD, W9>())) != cudaSuccess) return e;
+        flash_fwd_kernel<T, HD, W9><<<qblocks, FW * 32, fwd_smem<T, HD, W9>(), st>>>(a);
         return cudaGetLastError();
     }
     if (a.dk.p || a.dv.p) {
-        if ((e = allow(flash_dkdv_kernel<T, HD>, dkdv_smem<T, HD>())) != cudaSuccess) return e;
+        if ((e = allow(flash_dkdv_kernel<T, HD, W9>, dkdv_smem<T, HD, W9>())) != cudaSuccess) return e;
         const unsigned kblocks = (unsigned)(heads * ((a.L + FBK - 1) / FBK));
-        flash_dkdv_kernel<T, HD><<<kblocks, FW * 32, dkdv_smem<T, HD>(), st>>>(a);
+        flash_dkdv_kernel<T, HD, W9><<<kblocks, FW * 32, dkdv_smem<T, HD, W9>(), st>>>(a);
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
     }
-    if ((e = allow(flash_dq_kernel<T, HD>, dq_smem<T, HD>())) != cudaSuccess) return e;
-    flash_dq_kernel<T, HD><<<qblocks, FW * 32, dq_smem<T, HD>(), st>>>(a);
+    if ((e = allow(flash_dq_kernel<T, HD, W9>, dq_smem<T, HD, W9>())) != cudaSuccess) return e;
+    flash_dq_kernel<T, HD, W9><<<qblocks, FW * 32, dq_smem<T, HD, W9>(), st>>>(a);
     return cudaGetLastError();
 }
 
-template <typename T> static cudaError_t run_hd(const attn_params &a, bool forward, cudaStream_t st) {
+template <typename T> static cudaError_t run_hd(const attn_params &a, bool forward, bool w9, cudaStream_t st) {
     switch (a.hd) {
-    case 32: return run<T, 32>(a, forward, st);
-    case 64: return run<T, 64>(a, forward, st);
-    case 128: return run<T, 128>(a, forward, st);
+    case 32: return run<T, 32, false>(a, forward, st);
+#ifdef FG_CUDA_HAVE_SM90A
+    case 64: return w9 ? run<T, 64, true>(a, forward, st) : run<T, 64, false>(a, forward, st);
+#else
+    case 64: return w9 ? cudaErrorInvalidValue : run<T, 64, false>(a, forward, st);
+#endif
+    case 128: return run<T, 128, false>(a, forward, st);
     default: return cudaErrorInvalidValue;
     }
 }
@@ -555,10 +688,19 @@ bool fg_cuda_attn_flash_fits(const fg_attn_problem *p) {
     return true;
 }
 
-cudaError_t fg_cuda_attn_flash(const attn_params &a, bool forward, fg_dtype dtype, cudaStream_t st) {
+bool fg_cuda_attn_flash_w9(const fg_attn_problem *p, int device) {
+#ifdef FG_CUDA_HAVE_SM90A
+    return p->hd == 64 && fg_cuda_is_sm90(device);
+#else
+    (void)p, (void)device;
+    return false;
+#endif
+}
+
+cudaError_t fg_cuda_attn_flash(const attn_params &a, bool forward, fg_dtype dtype, bool w9, cudaStream_t st) {
     if (!forward) { /* D = Σ do·o: attention.cu's row kernel */
         cudaError_t e = fg_cuda_attn_rowdot(a, dtype, st);
         if (e != cudaSuccess) return e;
     }
-    return dtype == FG_BF16 ? run_hd<__nv_bfloat16>(a, forward, st) : run_hd<__half>(a, forward, st);
+    return dtype == FG_BF16 ? run_hd<__nv_bfloat16>(a, forward, w9, st) : run_hd<__half>(a, forward, w9, st);
 }

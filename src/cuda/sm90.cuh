@@ -2,7 +2,8 @@
  * sm90.cuh — Hopper's (sm_90a) asynchronous machinery for the own GEMM kernels: mbarriers,
  * the tensor memory accelerator's 2-D tile loads and stores (cp.async.bulk.tensor) and their
  * host-side tensor maps, and warpgroup MMA (wgmma m64nNk16 for N 64 / 128 / 256, f32
- * accumulators, operands in shared memory through 128-byte-swizzled descriptors).
+ * accumulators, operands in shared memory through 128-byte-swizzled descriptors; m64n64k16 with
+ * A in registers for the attention kernels' P·V-type products).
  * Why: the own kernels put work cuBLASLt cannot take (an activation and its slope in the
  * epilogue, g formed beside the product) under asynchronous products; these thin inline-PTX
  * wrappers are all they need, without a template library. Only the sm_90a target assembles
@@ -173,6 +174,24 @@ __device__ __forceinline__ void wgmma_run(float *d, uint64_t da, uint64_t db, in
     else if constexpr (N == 128) FG_WGMMA("m64n128k16", "f16", FG_WGMMA_R128, "%66", "%64, %65, p, 1, 1, %67, %68", FG_WGMMA_D128);
     else if constexpr (bf) FG_WGMMA("m64n256k16", "bf16", FG_WGMMA_R256, "%130", "%128, %129, p, 1, 1, %131, %132", FG_WGMMA_D256);
     else FG_WGMMA("m64n256k16", "f16", FG_WGMMA_R256, "%130", "%128, %129, p, 1, 1, %131, %132", FG_WGMMA_D256);
+}
+
+/* D[64 × 64] (+)= A[64 × 16] · B[16 × 64] with A in registers: four 32-bit registers a thread,
+   warp w's rows 16w … 16w + 15 in mma.m16n8k16's A layout (a0 (row g, k 2t..2t+1), a1 (g + 8),
+   a2 (g, k + 8), a3 (g + 8, k + 8)) — what an m64n64 accumulator's columns 16j … 16j + 15 give
+   when packed in pairs. TB: 1 when B's tile is MN-major. */
+template <typename T, int TB>
+__device__ __forceinline__ void wgmma_rs64(float *d, const uint32_t *a, uint64_t db, int accumulate) {
+    constexpr bool bf = std::is_same<T, __nv_bfloat16>::value;
+    static_assert(bf || std::is_same<T, __half>::value, "wgmma_rs64: f16 or bf16");
+#define FG_WGMMA_RS(TY)                                                                                         \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\nwgmma.mma_async.sync.aligned.m64n64k16.f32." TY  \
+                 "." TY " " FG_WGMMA_R64 ", {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"                      \
+                 : FG_WGMMA_D64                                                                                 \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate), "n"(TB))
+    if constexpr (bf) FG_WGMMA_RS("bf16");
+    else FG_WGMMA_RS("f16");
+#undef FG_WGMMA_RS
 }
 
 #endif

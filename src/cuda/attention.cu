@@ -923,7 +923,7 @@ __global__ void __launch_bounds__(TW * 32, 4) tiled_fwd_kernel(attn_params a, in
     }
 }
 
-/* D[n·L + i] = Σ_d do·o, a warp a row (the backward's first kernel, also the flash path's). */
+/* D[n·L + i] = Σ_d do·o, a warp a row (the tiled backward's first kernel). */
 template <typename T>
 __global__ void rowdot_kernel(attn_params a) {
     const int64_t rows = (int64_t)a.B * a.H * a.L;
@@ -1324,15 +1324,6 @@ static const char *dname(fg_dtype t) { return fg_dtype_name(t); }
 
 } // namespace
 
-cudaError_t fg_cuda_attn_rowdot(const attn_params &a, fg_dtype dtype, cudaStream_t st) {
-    const int64_t rows = (int64_t)a.B * a.H * a.L;
-    const unsigned blocks = (unsigned)cdiv(rows, 8);
-    if (dtype == FG_BF16) rowdot_kernel<__nv_bfloat16><<<blocks, 256, 0, st>>>(a);
-    else if (dtype == FG_F16) rowdot_kernel<__half><<<blocks, 256, 0, st>>>(a);
-    else rowdot_kernel<float><<<blocks, 256, 0, st>>>(a);
-    return cudaGetLastError();
-}
-
 extern "C" fg_status fg_cuda_attn_plan(fg_context *ctx, const fg_attn_problem *p, fg_attn_path *path) {
     memset(path, 0, sizeof *path);
     const char *op = p->forward ? "attention_forward" : "attention_backward";
@@ -1384,10 +1375,11 @@ extern "C" fg_status fg_cuda_attn_plan(fg_context *ctx, const fg_attn_problem *p
         path->group = (int)p->hd | (w9 ? 1 << 16 : 0);
         if (p->forward) snprintf(path->name, sizeof path->name, "attn_%s_fwd<%s,%d>", f, dt, (int)p->hd);
         else if (p->want_dk || p->want_dv)
-            snprintf(path->name, sizeof path->name, "attn_rowdot<%s> ; attn_%s_dkdv<%s,%d> ; attn_%s_dq<%s,%d>", dt,
-                     f, dt, (int)p->hd, f, dt, (int)p->hd);
+            snprintf(path->name, sizeof path->name, "attn_flash_rowdot<%s,%d> ; attn_%s_dkdv<%s,%d> ; attn_%s_dq<%s,%d>",
+                     dt, (int)p->hd, f, dt, (int)p->hd, f, dt, (int)p->hd);
         else
-            snprintf(path->name, sizeof path->name, "attn_rowdot<%s> ; attn_%s_dq<%s,%d>", dt, f, dt, (int)p->hd);
+            snprintf(path->name, sizeof path->name, "attn_flash_rowdot<%s,%d> ; attn_%s_dq<%s,%d>", dt, (int)p->hd, f, dt,
+                     (int)p->hd);
         return FG_OK;
     }
     if ((size_t)limit < tiled_fwd_smem((int)p->hd) || (size_t)limit < tiled_bwd_smem((int)p->hd))

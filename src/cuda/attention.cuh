@@ -123,12 +123,11 @@ __device__ __forceinline__ float warp_sum(float x) {
 }
 
 /* The tensor-core path (attention_flash.cu): whether it takes a problem, whether it runs its
-   sm_90a (warpgroup MMA) form on the device, and its run (the backward starts with
-   fg_cuda_attn_rowdot's D = Σ do·o into a.D). */
+   sm_90a (warpgroup MMA) form on the device, and its run (the backward starts with D = Σ do·o
+   into a.D). */
 bool fg_cuda_attn_flash_fits(const fg_attn_problem *p);
 bool fg_cuda_attn_flash_w9(const fg_attn_problem *p, int device);
 cudaError_t fg_cuda_attn_flash(const attn_params &a, bool forward, fg_dtype dtype, bool w9, cudaStream_t st);
-cudaError_t fg_cuda_attn_rowdot(const attn_params &a, fg_dtype dtype, cudaStream_t st);
 
 /* The key-lane kernels for short sequences (attention_keys.cu; L <= 64, hd <= 8): whether they
    take a problem (then its key slots a lane and padded head dim), and their run. */

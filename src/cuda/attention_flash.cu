@@ -9,7 +9,7 @@
  *           and sum are kept per row (in log2 units), P̃ (dropped out) is rounded to the dtype
  *           and fed to P̃·v straight from S's accumulator layout. Blocks of a causal head are
  *           issued longest first.
- *  backward D = Σ do·o per row (attention.cu's row kernel), then two kernels that each own what
+ *  backward D = Σ do·o per row (a 16-byte vector a thread), then two kernels that each own what
  *           they write, so no float atomics and the same bits every run:
  *           dk, dv  a block owns 64 keys (a warp 16) and walks the query tiles that see them:
  *                   Sᵀ = k·qᵀ and dPᵀ = v·doᵀ, Pᵀ from lse, dSᵀ = Pᵀ ⊙ (dPᵀ − D),
@@ -28,6 +28,8 @@
 #include "attention.cuh"
 #include "mma.cuh"
 #include "sm90.cuh"
+
+#include <type_traits>
 
 namespace {
 
@@ -125,12 +127,13 @@ template <bool W9> __device__ __forceinline__ unsigned char *tiles_base(unsigned
     else return raw;
 }
 
-/* s (the m64n64 accumulator) += A · Bᵀ over hd 64, A and B K-major tiles; issued, not waited */
+/* s (the m64n64 accumulator) = A · Bᵀ over hd 64, A and B K-major tiles (s's values before are
+   not read); issued, not waited */
 template <typename T> __device__ __forceinline__ void w9_abt(float (*s)[4], const T *A, const T *B) {
 #ifdef __CUDA_ARCH_FEAT_SM90_ALL
     const uint64_t da = wgmma_desc_sw128(A), db = wgmma_desc_sw128(B);
 #pragma unroll
-    for (int kk = 0; kk < 4; kk++) wgmma_run<64, T, 0, 0>(&s[0][0], da + 2 * kk, db + 2 * kk, 1);
+    for (int kk = 0; kk < 4; kk++) wgmma_run<64, T, 0, 0>(&s[0][0], da + 2 * kk, db + 2 * kk, kk > 0);
 #endif
 }
 
@@ -221,8 +224,9 @@ __global__ void __launch_bounds__(FW * 32) flash_fwd_kernel(attn_params a) {
         __syncthreads();
         const T *K = Ks + buf * KT, *V = Vs + buf * KT;
         float s[NT][4];
+        if constexpr (!W9)
 #pragma unroll
-        for (int x = 0; x < NT; x++) s[x][0] = s[x][1] = s[x][2] = s[x][3] = 0.f;
+            for (int x = 0; x < NT; x++) s[x][0] = s[x][1] = s[x][2] = s[x][3] = 0.f;
         if constexpr (W9) {
             w9_begin();
             w9_abt<T>(s, Qs, K);
@@ -243,46 +247,55 @@ __global__ void __launch_bounds__(FW * 32) flash_fwd_kernel(attn_params a) {
         }
         /* scale to log2 units and mask: causal, padding, keys past L */
         const bool edge = j0 + FBK > jmax || (a.causal && j0 + FBK - 1 > q0 + 16 * w);
-        float mt[2] = {NEG_INF, NEG_INF};
-#pragma unroll
-        for (int x = 0; x < NT; x++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float v = s[x][e] * c;
-                if (edge) {
-                    const int i = e < 2 ? i_lo : i_hi, j = j0 + 8 * x + 2 * t4 + (e & 1);
-                    if (j >= (a.causal ? min(i + 1, len) : len)) v = NEG_INF;
-                }
-                s[x][e] = v;
-                mt[e / 2] = fmaxf(mt[e / 2], v);
-            }
-        float alpha[2], mref[2];
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            mt[r] = fmaxf(mt[r], __shfl_xor_sync(0xffffffffu, mt[r], 1));
-            mt[r] = fmaxf(mt[r], __shfl_xor_sync(0xffffffffu, mt[r], 2));
-            const float mn = fmaxf(m2[r], mt[r]);
-            mref[r] = mn == NEG_INF ? 0.f : mn; /* no key yet: every p is 0 */
-            alpha[r] = m2[r] == NEG_INF ? 0.f : ex2(m2[r] - mref[r]);
-            m2[r] = mn;
-            l[r] *= alpha[r];
-        }
+        float alpha[2];
         uint32_t pf[NT / 2][4];
+        /* P̃ of the tile, the running max and sum; GENERAL: with the mask and dropout (a tile on a
+           causal or length edge, or dropout on), else the same without their per-element work */
+        auto softmax_tile = [&](auto general) {
+            constexpr bool GENERAL = decltype(general)::value;
+            float mt[2] = {NEG_INF, NEG_INF}, mref[2];
 #pragma unroll
-        for (int x = 0; x < NT; x++) {
-            float p[4];
+            for (int x = 0; x < NT; x++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                p[e] = ex2(s[x][e] - mref[e / 2]);
-                l[e / 2] += p[e];
-                if (a.dropout) {
-                    const int i = e < 2 ? i_lo : i_hi, j = j0 + 8 * x + 2 * t4 + (e & 1);
-                    p[e] *= keep_factor(a, n, i, j);
+                for (int e = 0; e < 4; e++) {
+                    float v = s[x][e] * c;
+                    if constexpr (GENERAL) {
+                        const int i = e < 2 ? i_lo : i_hi, j = j0 + 8 * x + 2 * t4 + (e & 1);
+                        if (edge && j >= (a.causal ? min(i + 1, len) : len)) v = NEG_INF;
+                    }
+                    s[x][e] = v;
+                    mt[e / 2] = fmaxf(mt[e / 2], v);
                 }
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                mt[r] = fmaxf(mt[r], __shfl_xor_sync(0xffffffffu, mt[r], 1));
+                mt[r] = fmaxf(mt[r], __shfl_xor_sync(0xffffffffu, mt[r], 2));
+                const float mn = fmaxf(m2[r], mt[r]);
+                mref[r] = mn == NEG_INF ? 0.f : mn; /* no key yet: every p is 0 */
+                alpha[r] = m2[r] == NEG_INF ? 0.f : ex2(m2[r] - mref[r]);
+                m2[r] = mn;
+                l[r] *= alpha[r];
             }
-            pf[x / 2][(x & 1) * 2 + 0] = pack2<T>(p[0], p[1]);
-            pf[x / 2][(x & 1) * 2 + 1] = pack2<T>(p[2], p[3]);
-        }
+#pragma unroll
+            for (int x = 0; x < NT; x++) {
+                float p[4];
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    p[e] = ex2(s[x][e] - mref[e / 2]);
+                    l[e / 2] += p[e];
+                    if constexpr (GENERAL) {
+                        if (a.dropout) {
+                            const int i = e < 2 ? i_lo : i_hi, j = j0 + 8 * x + 2 * t4 + (e & 1);
+                            p[e] *= keep_factor(a, n, i, j);
+                        }
+                    }
+                }
+                pf[x / 2][(x & 1) * 2 + 0] = pack2<T>(p[0], p[1]);
+                pf[x / 2][(x & 1) * 2 + 1] = pack2<T>(p[2], p[3]);
+            }
+        };
+        if (edge || a.dropout) softmax_tile(std::true_type{});
+        else softmax_tile(std::false_type{});
 #pragma unroll
         for (int x = 0; x < DT; x++) {
             oacc[x][0] *= alpha[0], oacc[x][1] *= alpha[0];
@@ -396,10 +409,11 @@ __global__ void __launch_bounds__(FW * 32) flash_dkdv_kernel(attn_params a) {
         const T *Q = Qs + buf * QT, *dO = dOs + buf * QT;
         const float *lse = lses + buf * BQ, *D = Ds + buf * BQ;
         float s[NT][4], dp[NT][4];
+        if constexpr (!W9)
 #pragma unroll
-        for (int x = 0; x < NT; x++)
+            for (int x = 0; x < NT; x++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) s[x][e] = dp[x][e] = 0.f;
+                for (int e = 0; e < 4; e++) s[x][e] = dp[x][e] = 0.f;
         if constexpr (W9) {
             w9_begin();
             w9_abt<T>(s, Ks, Q);
@@ -423,26 +437,39 @@ __global__ void __launch_bounds__(FW * 32) flash_dkdv_kernel(attn_params a) {
                 }
             }
         }
-        /* element (key j: row, query i: column) */
+        /* element (key j: row, query i: column); GENERAL: with the mask and dropout, else a tile
+           every pair of which is visible, without dropout */
         uint32_t pf[NT / 2][4], df[NT / 2][4];
+        auto grad_tile = [&](auto general) {
+            constexpr bool GENERAL = decltype(general)::value;
 #pragma unroll
-        for (int x = 0; x < NT; x++) {
-            float pt[4], ds[4];
+            for (int x = 0; x < NT; x++) {
+                float pt[4], ds[4];
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int j = e < 2 ? j_lo : j_hi, r = 8 * x + 2 * t4 + (e & 1), i = i0 + r;
-                const float lr = lse[r];
-                const bool vis = i < L && lr != NEG_INF && j < (a.causal ? min(i + 1, len) : len);
-                const float p = vis ? ex2(s[x][e] * c - lr) : 0.f;
-                const float kd = vis ? keep_factor(a, n, i, j) : 0.f;
-                pt[e] = p * kd;
-                ds[e] = p * (dp[x][e] * kd - D[r]);
+                for (int e = 0; e < 4; e++) {
+                    const int r = 8 * x + 2 * t4 + (e & 1);
+                    if constexpr (GENERAL) {
+                        const int j = e < 2 ? j_lo : j_hi, i = i0 + r;
+                        const float lr = lse[r];
+                        const bool vis = i < L && lr != NEG_INF && j < (a.causal ? min(i + 1, len) : len);
+                        const float p = vis ? ex2(s[x][e] * c - lr) : 0.f;
+                        const float kd = vis ? keep_factor(a, n, i, j) : 0.f;
+                        pt[e] = p * kd;
+                        ds[e] = p * (dp[x][e] * kd - D[r]);
+                    } else {
+                        pt[e] = ex2(s[x][e] * c - lse[r]);
+                        ds[e] = pt[e] * (dp[x][e] - D[r]);
+                    }
+                }
+                pf[x / 2][(x & 1) * 2 + 0] = pack2<T>(pt[0], pt[1]);
+                pf[x / 2][(x & 1) * 2 + 1] = pack2<T>(pt[2], pt[3]);
+                df[x / 2][(x & 1) * 2 + 0] = pack2<T>(ds[0], ds[1]);
+                df[x / 2][(x & 1) * 2 + 1] = pack2<T>(ds[2], ds[3]);
             }
-            pf[x / 2][(x & 1) * 2 + 0] = pack2<T>(pt[0], pt[1]);
-            pf[x / 2][(x & 1) * 2 + 1] = pack2<T>(pt[2], pt[3]);
-            df[x / 2][(x & 1) * 2 + 0] = pack2<T>(ds[0], ds[1]);
-            df[x / 2][(x & 1) * 2 + 1] = pack2<T>(ds[2], ds[3]);
-        }
+        };
+        const bool inside = i0 + BQ <= L && j0 + FBK <= len && (!a.causal || j0 + FBK - 1 <= i0);
+        if (inside && !a.dropout) grad_tile(std::false_type{});
+        else grad_tile(std::true_type{});
         if constexpr (W9) {
             w9_begin();
             w9_ab<T>(dv, pf, dO);
@@ -546,10 +573,11 @@ __global__ void __launch_bounds__(FW * 32) flash_dq_kernel(attn_params a) {
         __syncthreads();
         const T *K = Ks + buf * KT, *V = Vs + buf * KT;
         float s[NT][4], dp[NT][4];
+        if constexpr (!W9)
 #pragma unroll
-        for (int x = 0; x < NT; x++)
+            for (int x = 0; x < NT; x++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) s[x][e] = dp[x][e] = 0.f;
+                for (int e = 0; e < 4; e++) s[x][e] = dp[x][e] = 0.f;
         if constexpr (W9) {
             w9_begin();
             w9_abt<T>(s, Qs, K);
@@ -573,21 +601,34 @@ __global__ void __launch_bounds__(FW * 32) flash_dq_kernel(attn_params a) {
                 }
             }
         }
+        /* GENERAL: with the mask and dropout, else a tile every pair of which is visible, without
+           dropout */
         uint32_t df[NT / 2][4];
+        auto grad_tile = [&](auto general) {
+            constexpr bool GENERAL = decltype(general)::value;
 #pragma unroll
-        for (int x = 0; x < NT; x++) {
-            float ds[4];
+            for (int x = 0; x < NT; x++) {
+                float ds[4];
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int r = e / 2, i = r ? i_hi : i_lo, j = j0 + 8 * x + 2 * t4 + (e & 1);
-                const bool vis = i < L && lse2[r] != NEG_INF && j < jend[r];
-                const float p = vis ? ex2(s[x][e] * c - lse2[r]) : 0.f;
-                const float kd = vis ? keep_factor(a, n, i, j) : 0.f;
-                ds[e] = p * (dp[x][e] * kd - Dr[r]);
+                for (int e = 0; e < 4; e++) {
+                    const int r = e / 2;
+                    if constexpr (GENERAL) {
+                        const int i = r ? i_hi : i_lo, j = j0 + 8 * x + 2 * t4 + (e & 1);
+                        const bool vis = i < L && lse2[r] != NEG_INF && j < jend[r];
+                        const float p = vis ? ex2(s[x][e] * c - lse2[r]) : 0.f;
+                        const float kd = vis ? keep_factor(a, n, i, j) : 0.f;
+                        ds[e] = p * (dp[x][e] * kd - Dr[r]);
+                    } else {
+                        ds[e] = ex2(s[x][e] * c - lse2[r]) * (dp[x][e] - Dr[r]);
+                    }
+                }
+                df[x / 2][(x & 1) * 2 + 0] = pack2<T>(ds[0], ds[1]);
+                df[x / 2][(x & 1) * 2 + 1] = pack2<T>(ds[2], ds[3]);
             }
-            df[x / 2][(x & 1) * 2 + 0] = pack2<T>(ds[0], ds[1]);
-            df[x / 2][(x & 1) * 2 + 1] = pack2<T>(ds[2], ds[3]);
-        }
+        };
+        const bool inside = q0 + FBQ <= L && j0 + FBK <= len && (!a.causal || j0 + FBK - 1 <= q0);
+        if (inside && !a.dropout) grad_tile(std::false_type{});
+        else grad_tile(std::true_type{});
         if constexpr (W9) {
             w9_begin();
             w9_ab<T>(dq, df, K);
@@ -620,6 +661,31 @@ __global__ void __launch_bounds__(FW * 32) flash_dq_kernel(attn_params a) {
             from_acc2<T>(v0, v1, orow + d);
         }
     }
+}
+
+/* ================================================================== backward: D */
+
+/* D[n·L + i] = Σ_d do·o for the flash path's rows (unit stride, 16-byte aligned): a thread 8
+   elements (one 16-byte load of each), HD / 8 threads a row, their sums joined by shuffles */
+template <typename T, int HD>
+__global__ void __launch_bounds__(256) flash_rowdot_kernel(attn_params a) {
+    constexpr int TPR = HD / 8;
+    const int64_t rows = (int64_t)a.B * a.H * a.L;
+    const int64_t row = ((int64_t)blockIdx.x * 256 + threadIdx.x) / TPR;
+    const int c = (int)(threadIdx.x % TPR);
+    float x = 0.f;
+    if (row < rows) {
+        const int64_t n = row / a.L, b = n / a.H, h = n - b * a.H;
+        const int i = (int)(row - n * a.L);
+        const uint4 u = __ldg(reinterpret_cast<const uint4 *>(at<T>(a.dout, b, h, i, 8 * c)));
+        const uint4 w = __ldg(reinterpret_cast<const uint4 *>(at<T>(a.o, b, h, i, 8 * c)));
+        const T *pu = reinterpret_cast<const T *>(&u), *pw = reinterpret_cast<const T *>(&w);
+#pragma unroll
+        for (int e = 0; e < 8; e++) x += to_acc(pu[e]) * to_acc(pw[e]);
+    }
+#pragma unroll
+    for (int o = TPR / 2; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    if (row < rows && c == 0) a.D[row] = x;
 }
 
 /* ================================================================== launch */
@@ -678,6 +744,18 @@ template <typename T> static cudaError_t run_hd(const attn_params &a, bool forwa
     }
 }
 
+template <typename T> static cudaError_t rowdot_hd(const attn_params &a, cudaStream_t st) {
+    const int64_t threads = (int64_t)a.B * a.H * a.L * (a.hd / 8);
+    const unsigned blocks = (unsigned)((threads + 255) / 256);
+    switch (a.hd) {
+    case 32: flash_rowdot_kernel<T, 32><<<blocks, 256, 0, st>>>(a); break;
+    case 64: flash_rowdot_kernel<T, 64><<<blocks, 256, 0, st>>>(a); break;
+    case 128: flash_rowdot_kernel<T, 128><<<blocks, 256, 0, st>>>(a); break;
+    default: return cudaErrorInvalidValue;
+    }
+    return cudaGetLastError();
+}
+
 } // namespace
 
 bool fg_cuda_attn_flash_fits(const fg_attn_problem *p) {
@@ -698,8 +776,8 @@ bool fg_cuda_attn_flash_w9(const fg_attn_problem *p, int device) {
 }
 
 cudaError_t fg_cuda_attn_flash(const attn_params &a, bool forward, fg_dtype dtype, bool w9, cudaStream_t st) {
-    if (!forward) { /* D = Σ do·o: attention.cu's row kernel */
-        cudaError_t e = fg_cuda_attn_rowdot(a, dtype, st);
+    if (!forward) { /* D = Σ do·o */
+        cudaError_t e = dtype == FG_BF16 ? rowdot_hd<__nv_bfloat16>(a, st) : rowdot_hd<__half>(a, st);
         if (e != cudaSuccess) return e;
     }
     return dtype == FG_BF16 ? run_hd<__nv_bfloat16>(a, forward, w9, st) : run_hd<__half>(a, forward, w9, st);

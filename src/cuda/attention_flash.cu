@@ -103,15 +103,18 @@ __device__ __forceinline__ void ld_bt(const T *s, int lds, int k0, int n0, uint3
    through the MN-major descriptor, the B of the P·v-type products (keys or queries as K). */
 constexpr int W9_TILE = 64 * 64; /* elements of a tile */
 
+/* a thread copies chunk c = tid % 8 of rows tid / 8 + 16k (k < 4): one row address, then a
+   fixed step (rows r + 16k share r's swizzle) */
 template <typename T>
 __device__ __forceinline__ void load_sw(const attn_view &v, int64_t b, int64_t h, int r0, int L, T *dst) {
-    const uint32_t base = smem_at(dst);
+    const int r = threadIdx.x >> 3, c = threadIdx.x & 7;
+    const uint32_t sdst = smem_at(dst) + r * 128 + ((c ^ (r & 7)) << 4);
+    const T *base = at<T>(v, b, h, 0, 0) + 8 * c, *p = base + (int64_t)(r0 + r) * v.sl;
+    const int64_t step = 16 * v.sl;
 #pragma unroll
     for (int k = 0; k < 4; k++) {
-        const int e = threadIdx.x + FW * 32 * k, r = e >> 3, c = e & 7;
-        const bool valid = r0 + r < L;
-        const T *src = at<T>(v, b, h, valid ? r0 + r : 0, 0) + c * 8;
-        copy16(base + r * 128 + ((c ^ (r & 7)) << 4), src, valid);
+        const bool valid = r0 + r + 16 * k < L;
+        copy16(sdst + 2048 * k, valid ? p + k * step : base, valid);
     }
 }
 
@@ -250,7 +253,9 @@ __global__ void __launch_bounds__(FW * 32) flash_fwd_kernel(attn_params a) {
         float alpha[2];
         uint32_t pf[NT / 2][4];
         /* P̃ of the tile, the running max and sum; GENERAL: with the mask and dropout (a tile on a
-           causal or length edge, or dropout on), else the same without their per-element work */
+           causal or length edge, or dropout on) and any scale, else without their per-element work
+           and, the scale positive, the max taken before scaling (the same by monotonic rounding)
+           and the scaling fused into the exponent's argument */
         auto softmax_tile = [&](auto general) {
             constexpr bool GENERAL = decltype(general)::value;
             float mt[2] = {NEG_INF, NEG_INF}, mref[2];
@@ -258,14 +263,15 @@ __global__ void __launch_bounds__(FW * 32) flash_fwd_kernel(attn_params a) {
             for (int x = 0; x < NT; x++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    float v = s[x][e] * c;
                     if constexpr (GENERAL) {
+                        float v = s[x][e] * c;
                         const int i = e < 2 ? i_lo : i_hi, j = j0 + 8 * x + 2 * t4 + (e & 1);
                         if (edge && j >= (a.causal ? min(i + 1, len) : len)) v = NEG_INF;
+                        s[x][e] = v;
                     }
-                    s[x][e] = v;
-                    mt[e / 2] = fmaxf(mt[e / 2], v);
+                    mt[e / 2] = fmaxf(mt[e / 2], s[x][e]);
                 }
+            if constexpr (!GENERAL) mt[0] *= c, mt[1] *= c;
 #pragma unroll
             for (int r = 0; r < 2; r++) {
                 mt[r] = fmaxf(mt[r], __shfl_xor_sync(0xffffffffu, mt[r], 1));
@@ -281,7 +287,8 @@ __global__ void __launch_bounds__(FW * 32) flash_fwd_kernel(attn_params a) {
                 float p[4];
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    p[e] = ex2(s[x][e] - mref[e / 2]);
+                    if constexpr (GENERAL) p[e] = ex2(s[x][e] - mref[e / 2]);
+                    else p[e] = ex2(fmaf(s[x][e], c, -mref[e / 2]));
                     l[e / 2] += p[e];
                     if constexpr (GENERAL) {
                         if (a.dropout) {
@@ -294,7 +301,7 @@ __global__ void __launch_bounds__(FW * 32) flash_fwd_kernel(attn_params a) {
                 pf[x / 2][(x & 1) * 2 + 1] = pack2<T>(p[2], p[3]);
             }
         };
-        if (edge || a.dropout) softmax_tile(std::true_type{});
+        if (edge || a.dropout || !(c > 0.f)) softmax_tile(std::true_type{});
         else softmax_tile(std::false_type{});
 #pragma unroll
         for (int x = 0; x < DT; x++) {
@@ -349,7 +356,7 @@ template <int HD> struct bwd_shape {
 };
 
 template <typename T, int HD, bool W9>
-__global__ void __launch_bounds__(FW * 32) flash_dkdv_kernel(attn_params a) {
+__global__ void __launch_bounds__(FW * 32, W9 ? 3 : 1) flash_dkdv_kernel(attn_params a) { /* W9: 3 blocks an SM */
     static_assert(!W9 || (HD == 64 && bwd_shape<HD>::BQ == 64), "the sm_90a form takes hd 64");
     constexpr int LDS = HD + 8, BQ = bwd_shape<HD>::BQ, NT = BQ / 8, DT = HD / 8;
     constexpr int KT = W9 ? W9_TILE : FBK * LDS, QT = W9 ? W9_TILE : BQ * LDS;
@@ -452,12 +459,12 @@ __global__ void __launch_bounds__(FW * 32) flash_dkdv_kernel(attn_params a) {
                         const int j = e < 2 ? j_lo : j_hi, i = i0 + r;
                         const float lr = lse[r];
                         const bool vis = i < L && lr != NEG_INF && j < (a.causal ? min(i + 1, len) : len);
-                        const float p = vis ? ex2(s[x][e] * c - lr) : 0.f;
+                        const float p = vis ? ex2(fmaf(s[x][e], c, -lr)) : 0.f;
                         const float kd = vis ? keep_factor(a, n, i, j) : 0.f;
                         pt[e] = p * kd;
                         ds[e] = p * (dp[x][e] * kd - D[r]);
                     } else {
-                        pt[e] = ex2(s[x][e] * c - lse[r]);
+                        pt[e] = ex2(fmaf(s[x][e], c, -lse[r]));
                         ds[e] = pt[e] * (dp[x][e] - D[r]);
                     }
                 }
@@ -615,11 +622,11 @@ __global__ void __launch_bounds__(FW * 32) flash_dq_kernel(attn_params a) {
                     if constexpr (GENERAL) {
                         const int i = r ? i_hi : i_lo, j = j0 + 8 * x + 2 * t4 + (e & 1);
                         const bool vis = i < L && lse2[r] != NEG_INF && j < jend[r];
-                        const float p = vis ? ex2(s[x][e] * c - lse2[r]) : 0.f;
+                        const float p = vis ? ex2(fmaf(s[x][e], c, -lse2[r])) : 0.f;
                         const float kd = vis ? keep_factor(a, n, i, j) : 0.f;
                         ds[e] = p * (dp[x][e] * kd - Dr[r]);
                     } else {
-                        ds[e] = ex2(s[x][e] * c - lse2[r]) * (dp[x][e] - Dr[r]);
+                        ds[e] = ex2(fmaf(s[x][e], c, -lse2[r])) * (dp[x][e] - Dr[r]);
                     }
                 }
                 df[x / 2][(x & 1) * 2 + 0] = pack2<T>(ds[0], ds[1]);

@@ -1,8 +1,8 @@
 /*
  * attention_flash.cu — the attention family's tensor-core path (f16 / bf16, head dims 32, 64 and
  * 128, rows with a unit head-dim stride and 16-byte aligned, no score operands): the tiled online
- * softmax of FlashAttention-2 on mma.sync m16n8k16 (f32 accumulators), for GPT-style sequences
- * of any length.
+ * softmax of FlashAttention-2 on mma.sync m16n8k16 or, on sm_90 at hd 64, wgmma m64n64k16 (f32
+ * accumulators), for GPT-style sequences of any length.
  *
  *  forward  a block takes 64 query rows of one head (a warp 16); key tiles of 64 stream through
  *           shared memory by cp.async, two stages; S = q·kᵀ stays in registers, the running max
@@ -24,6 +24,10 @@
  * as it stands, and ldmatrix gives B from row-major k (keys × d: plain) or v / q / do / k used as
  * the k-dimension rows (trans). Shared rows are padded by 16 bytes: ldmatrix without bank
  * conflicts.
+ * On sm_90 at hd 64 the same kernels run their products as warpgroup MMA (the W9 form, see
+ * below): a block is one warpgroup, its accumulators in the layout above, the tiles swizzled for
+ * wgmma's descriptors. Tiles whose every (query, key) pair is visible, without dropout, take a
+ * path without the per-element mask and dropout work.
  */
 #include "attention.cuh"
 #include "mma.cuh"

@@ -1,13 +1,14 @@
 /*
- * sm90.cuh — Hopper's (sm_90a) asynchronous machinery for the own GEMM kernels: mbarriers,
- * the tensor memory accelerator's 2-D tile loads and stores (cp.async.bulk.tensor) and their
- * host-side tensor maps, and warpgroup MMA (wgmma m64nNk16 for N 64 / 128 / 256, f32
- * accumulators, operands in shared memory through 128-byte-swizzled descriptors; m64n64k16 with
- * A in registers for the attention kernels' P·V-type products).
+ * sm90.cuh — Hopper's (sm_90a) asynchronous machinery for the own GEMM and flash attention
+ * kernels: mbarriers, the tensor memory accelerator's 2-D tile loads and stores
+ * (cp.async.bulk.tensor) and their host-side tensor maps, and warpgroup MMA (wgmma m64nNk16 for
+ * N 64 / 128 / 256, f32 accumulators, operands in shared memory through 128-byte-swizzled
+ * descriptors; m64n64k16 with A in registers for the attention kernels' P·V-type products).
  * Why: the own kernels put work cuBLASLt cannot take (an activation and its slope in the
- * epilogue, g formed beside the product) under asynchronous products; these thin inline-PTX
- * wrappers are all they need, without a template library. Only the sm_90a target assembles
- * wgmma; callers guard with __CUDA_ARCH_FEAT_SM90_ALL.
+ * epilogue, g formed beside the product; attention's online softmax between its products)
+ * under asynchronous products; these thin inline-PTX wrappers are all they need, without a
+ * template library. Only the sm_90a target assembles wgmma; callers guard with
+ * __CUDA_ARCH_FEAT_SM90_ALL.
  */
 #ifndef FG_CUDA_SM90_CUH
 #define FG_CUDA_SM90_CUH

@@ -222,28 +222,31 @@ static void act_kernels(void) {
         grads_finite("linear_act bwd90", &l, true);
         drop_layer(&l);
     }
-    {   /* the own sm_90a GEMM's epilogues at their smallest (one wave of 128 × 256 tiles, 6.6e9
-           multiply-adds): the forward keeping pre, dx's product forming g (silu), the slope form */
-        layer l = make_layer(FG_BF16, 4224, 1536, 1024);
-        launched("gemm90 forward", fg_linear_act_forward(ctx, FG_ACT_GELU_TANH, &l.x.t, &l.w.t, &l.b.t, &l.y.t, &l.pre.t),
+    {   /* the own sm_90a GEMM's epilogues near their smallest (linear_act_gemm.cu's size rule: a
+           reduction of 4096 or more, ≥ 6e9 multiply-adds, whole waves of 128 × 256 tiles: 33 × 4 =
+           132, one wave on a 132-SM H100 / H200): the forward keeping pre and the slope form
+           reduce over 4096 inputs, dx's product forming g (silu) over 4096 outputs */
+        layer f = make_layer(FG_BF16, 4224, 4096, 1024), l = make_layer(FG_BF16, 4224, 1024, 4096);
+        launched("gemm90 forward", fg_linear_act_forward(ctx, FG_ACT_GELU_TANH, &f.x.t, &f.w.t, &f.b.t, &f.y.t, &f.pre.t),
                  "linear_act_gemm90_");
-        written("gemm90 forward", &l.y), written("gemm90 forward pre", &l.pre);
+        written("gemm90 forward", &f.y), written("gemm90 forward pre", &f.pre);
+        launched("gemm90 slope forward", fg_linear_act_forward_slope(ctx, FG_ACT_GELU_TANH, &f.x.t, &f.w.t, &f.b.t, &f.y.t,
+                                                                     &f.pre.t), "linear_act_gemm90_");
+        written("gemm90 slope forward", &f.pre);
+        th_randomize(&l.pre); /* a kept pre (or slope): the forward's output elsewhere */
         launched("gemm90 dx forming g", fg_linear_act_backward(ctx, FG_ACT_SILU, &l.dy.t, &l.pre.t, &l.x.t, &l.w.t, &l.b.t,
                                                                &l.dx.t, &l.dw.t, &l.db.t, 0), "gemm90_dx_formed_g");
         grads_finite("gemm90 dx forming g", &l, true);
-        launched("gemm90 slope forward", fg_linear_act_forward_slope(ctx, FG_ACT_GELU_TANH, &l.x.t, &l.w.t, &l.b.t, &l.y.t,
-                                                                     &l.pre.t), "linear_act_gemm90_");
-        written("gemm90 slope forward", &l.pre);
         th_poison(&l.dx.buf), th_poison(&l.dw.buf), th_poison(&l.db.buf);
         launched("gemm90 slope backward", fg_linear_act_backward_slope(ctx, FG_ACT_GELU_TANH, &l.dy.t, &l.pre.t, &l.x.t,
                                                                        &l.w.t, &l.b.t, &l.dx.t, &l.dw.t, &l.db.t, 0),
                  "gemm90_dx_formed_g");
         grads_finite("gemm90 slope backward", &l, true);
-        drop_layer(&l);
+        drop_layer(&f), drop_layer(&l);
     }
-    {   /* its plain INPUT and WEIGHT products, taken for a reduction of 16384 or more: Linear's dx
-           and dw with 13 × 12 output tiles (two buffers viewed both ways) */
-        const int64_t R = 16384, M = 1664, K = 3072;
+    {   /* its plain INPUT and WEIGHT products, taken for a reduction of 16384 or more (gemm.cu):
+           Linear's dx and dw with 11 × 12 output tiles, one wave (two buffers viewed both ways) */
+        const int64_t R = 16384, M = 1408, K = 3072;
         int64_t rm[2] = {R, M}, mr[2] = {M, R}, rk[2] = {R, K}, mk[2] = {M, K};
         th_operand a = make(FG_BF16, 2, rm, 0), b = make(FG_BF16, 2, rk, 0), c = out(FG_BF16, 2, mk, 0);
         for (int64_t i = 0; i < b.n; i++) b.v[i] *= 1.0 / 64; /* sums of 16384 terms stay small */

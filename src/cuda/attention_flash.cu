@@ -176,6 +176,43 @@ __device__ __forceinline__ void w9_end(float (*x)[4], float (*y)[4]) {
 #endif
 }
 
+/* s = A1 · B1ᵀ and dp = A2 · B2ᵀ over hd, the backward's two score-shaped products (dk / dv:
+   k·qᵀ and v·doᵀ; dq: q·kᵀ and do·vᵀ): A1 and A2 the block's row tiles (this warp's 16 rows of
+   them for mma.sync, the warpgroup's 64 for W9), B1 and B2 tiles of NT·8 rows */
+template <typename T, int HD, int NT, bool W9>
+__device__ __forceinline__ void score_pair(float (*s)[4], float (*dp)[4], const T *A1, const T *B1, const T *A2,
+                                           const T *B2) {
+    if constexpr (W9) {
+        w9_begin();
+        w9_abt<T>(s, A1, B1);
+        w9_abt<T>(dp, A2, B2);
+        w9_end(s, dp);
+    } else {
+        constexpr int LDS = HD + 8;
+        const int w = threadIdx.x / 32;
+#pragma unroll
+        for (int x = 0; x < NT; x++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[x][e] = dp[x][e] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++) {
+            uint32_t a1[4], a2[4];
+            ld_a(A1, LDS, 16 * w, 16 * kk, a1);
+            ld_a(A2, LDS, 16 * w, 16 * kk, a2);
+#pragma unroll
+            for (int np = 0; np < NT / 2; np++) {
+                uint32_t b0[2], b1[2];
+                ld_b(B1, LDS, 16 * np, 16 * kk, b0, b1);
+                mma16816<T>(s[2 * np], a1, b0);
+                mma16816<T>(s[2 * np + 1], a1, b1);
+                ld_b(B2, LDS, 16 * np, 16 * kk, b0, b1);
+                mma16816<T>(dp[2 * np], a2, b0);
+                mma16816<T>(dp[2 * np + 1], a2, b1);
+            }
+        }
+    }
+}
+
 /* ================================================================== forward */
 
 template <typename T, int HD, bool W9>
@@ -420,34 +457,7 @@ __global__ void __launch_bounds__(FW * 32, W9 ? 3 : 1) flash_dkdv_kernel(attn_pa
         const T *Q = Qs + buf * QT, *dO = dOs + buf * QT;
         const float *lse = lses + buf * BQ, *D = Ds + buf * BQ;
         float s[NT][4], dp[NT][4];
-        if constexpr (!W9)
-#pragma unroll
-            for (int x = 0; x < NT; x++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) s[x][e] = dp[x][e] = 0.f;
-        if constexpr (W9) {
-            w9_begin();
-            w9_abt<T>(s, Ks, Q);
-            w9_abt<T>(dp, Vs, dO);
-            w9_end(s, dp);
-        } else {
-#pragma unroll
-            for (int kk = 0; kk < HD / 16; kk++) {
-                uint32_t ak[4], av[4];
-                ld_a(Ks, LDS, 16 * w, 16 * kk, ak);
-                ld_a(Vs, LDS, 16 * w, 16 * kk, av);
-#pragma unroll
-                for (int np = 0; np < NT / 2; np++) {
-                    uint32_t b0[2], b1[2];
-                    ld_b(Q, LDS, 16 * np, 16 * kk, b0, b1);
-                    mma16816<T>(s[2 * np], ak, b0);
-                    mma16816<T>(s[2 * np + 1], ak, b1);
-                    ld_b(dO, LDS, 16 * np, 16 * kk, b0, b1);
-                    mma16816<T>(dp[2 * np], av, b0);
-                    mma16816<T>(dp[2 * np + 1], av, b1);
-                }
-            }
-        }
+        score_pair<T, HD, NT, W9>(s, dp, Ks, Q, Vs, dO);
         /* element (key j: row, query i: column); GENERAL: with the mask and dropout, else a tile
            every pair of which is visible, without dropout */
         uint32_t pf[NT / 2][4], df[NT / 2][4];
@@ -584,34 +594,7 @@ __global__ void __launch_bounds__(FW * 32) flash_dq_kernel(attn_params a) {
         __syncthreads();
         const T *K = Ks + buf * KT, *V = Vs + buf * KT;
         float s[NT][4], dp[NT][4];
-        if constexpr (!W9)
-#pragma unroll
-            for (int x = 0; x < NT; x++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) s[x][e] = dp[x][e] = 0.f;
-        if constexpr (W9) {
-            w9_begin();
-            w9_abt<T>(s, Qs, K);
-            w9_abt<T>(dp, dOs, V);
-            w9_end(s, dp);
-        } else {
-#pragma unroll
-            for (int kk = 0; kk < HD / 16; kk++) {
-                uint32_t aq[4], ao[4];
-                ld_a(Qs, LDS, 16 * w, 16 * kk, aq);
-                ld_a(dOs, LDS, 16 * w, 16 * kk, ao);
-#pragma unroll
-                for (int np = 0; np < NT / 2; np++) {
-                    uint32_t b0[2], b1[2];
-                    ld_b(K, LDS, 16 * np, 16 * kk, b0, b1);
-                    mma16816<T>(s[2 * np], aq, b0);
-                    mma16816<T>(s[2 * np + 1], aq, b1);
-                    ld_b(V, LDS, 16 * np, 16 * kk, b0, b1);
-                    mma16816<T>(dp[2 * np], ao, b0);
-                    mma16816<T>(dp[2 * np + 1], ao, b1);
-                }
-            }
-        }
+        score_pair<T, HD, NT, W9>(s, dp, Qs, K, dOs, V);
         /* GENERAL: with the mask and dropout, else a tile every pair of which is visible, without
            dropout */
         uint32_t df[NT / 2][4];

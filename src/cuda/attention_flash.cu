@@ -154,13 +154,15 @@ template <typename T> __device__ __forceinline__ void w9_ab(float (*acc)[4], con
 #endif
 }
 
-/* before a batch of products: the registers they read are written; the shared tiles the block
-   wrote by cp.async are visible to the MMA's (async) proxy */
+/* before a batch of products: the registers they read are written */
 __device__ __forceinline__ void w9_begin() {
 #ifdef __CUDA_ARCH_FEAT_SM90_ALL
     wgmma_fence();
 #endif
 }
+/* each thread after its cp.async copies landed, before the barrier: the tiles it wrote are
+   visible to the MMA's (async) proxy (fence.proxy.async.shared::cta, sm90.cuh's name for it
+   coming from the TMA stores) */
 __device__ __forceinline__ void w9_tiles_visible() {
 #ifdef __CUDA_ARCH_FEAT_SM90_ALL
     tma_store_fence();

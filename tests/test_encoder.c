@@ -80,22 +80,29 @@ static void linear(const double *x, const double *W, const double *b, int64_t n,
         }
 }
 
-/* dx [n, k] (+)= dy [n, m]·W; dW [m, k] += dyᵀ·x; db [m] += Σ dy */
-static void linear_bw(const double *dy, const double *x, const double *W, int64_t n, int64_t k, int64_t m, double *dx,
-                      bool dx_add, double *dW, double *db, double *dWa, double *dba) {
+/* dx [n, k] (+)= dy [n, m]·W; dW [m, k] += dyᵀ·x; db [m] += Σ dy; dxa, dWa, dba (+)= the same sums
+ * of magnitudes, with dya (when given) as dy's magnitudes (the size of its terms) */
+static void linear_bw(const double *dy, const double *dya, const double *x, const double *W, int64_t n, int64_t k,
+                      int64_t m, double *dx, double *dxa, bool dx_add, double *dW, double *db, double *dWa,
+                      double *dba) {
     if (dx)
         for (int64_t i = 0; i < n; i++)
             for (int64_t t = 0; t < k; t++) {
-                double s = dx_add ? dx[i * k + t] : 0.0;
-                for (int64_t j = 0; j < m; j++) s += dy[i * m + j] * W[j * k + t];
+                double s = dx_add ? dx[i * k + t] : 0.0, sa = 0;
+                for (int64_t j = 0; j < m; j++) {
+                    s += dy[i * m + j] * W[j * k + t];
+                    sa += (dya ? dya[i * m + j] : fabs(dy[i * m + j])) * fabs(W[j * k + t]);
+                }
                 dx[i * k + t] = s;
+                if (dxa) dxa[i * k + t] = (dx_add ? dxa[i * k + t] : 0) + sa;
             }
     for (int64_t i = 0; i < n; i++)
         for (int64_t j = 0; j < m; j++) {
-            if (db) db[j] += dy[i * m + j], dba[j] += fabs(dy[i * m + j]);
+            const double a = dya ? dya[i * m + j] : fabs(dy[i * m + j]);
+            if (db) db[j] += dy[i * m + j], dba[j] += a;
             if (dW)
                 for (int64_t t = 0; t < k; t++)
-                    dW[j * k + t] += dy[i * m + j] * x[i * k + t], dWa[j * k + t] += fabs(dy[i * m + j] * x[i * k + t]);
+                    dW[j * k + t] += dy[i * m + j] * x[i * k + t], dWa[j * k + t] += a * fabs(x[i * k + t]);
         }
 }
 
@@ -149,9 +156,11 @@ static void rownorm(bool rms, double eps, const double *x, const double *w, cons
     }
 }
 
-/* dx = the row norm's input gradient (+ ds), dw += Σ dy·x̂, db += Σ dy */
+/* dx = the row norm's input gradient (+ ds), dw += Σ dy·x̂, db += Σ dy; dxa (when given) = the
+ * magnitude of dx's terms: a row's error spreads over the row, elements near zero included */
 static void rownorm_bw(bool rms, double eps, const double *x, const double *w, const double *dy, const double *ds,
-                       int64_t n, int64_t D, double *dx, double *dw, double *db, double *dwa, double *dba) {
+                       int64_t n, int64_t D, double *dx, double *dxa, double *dw, double *db, double *dwa,
+                       double *dba) {
     double *xh = dalloc(D), *gg = dalloc(D);
     for (int64_t i = 0; i < n; i++) {
         const double *r = x + i * D;
@@ -166,8 +175,12 @@ static void rownorm_bw(bool rms, double eps, const double *x, const double *w, c
             if (db) db[j] += dy[i * D + j], dba[j] += fabs(dy[i * D + j]);
         }
         mg /= (double)D, mgx /= (double)D;
-        for (int64_t j = 0; j < D; j++)
+        for (int64_t j = 0; j < D; j++) {
             dx[i * D + j] = rstd * (gg[j] - (rms ? 0 : mg) - xh[j] * mgx) + (ds ? ds[i * D + j] : 0);
+            if (dxa)
+                dxa[i * D + j] = rstd * (fabs(gg[j]) + (rms ? 0 : fabs(mg)) + fabs(xh[j] * mgx)) +
+                                 (ds ? fabs(ds[i * D + j]) : 0);
+        }
     }
     free(xh);
     free(gg);
@@ -195,7 +208,7 @@ static void batchnorm(bool train, double eps, double mom, const double *x, const
 }
 
 static void batchnorm_bw(double eps, const double *x, const double *w, const double *dy, int64_t N, int64_t C,
-                         double *dx, double *dw, double *db, double *dwa, double *dba) {
+                         double *dx, double *dxa, double *dw, double *db, double *dwa, double *dba) {
     for (int64_t c = 0; c < C; c++) {
         double mean = 0, q = 0, sdy = 0, sdx = 0, ady = 0, adx = 0;
         for (int64_t i = 0; i < N; i++) mean += x[i * C + c];
@@ -212,6 +225,9 @@ static void batchnorm_bw(double eps, const double *x, const double *w, const dou
         for (int64_t i = 0; i < N; i++) {
             const double xh = (x[i * C + c] - mean) * rstd;
             dx[i * C + c] = wc * rstd * (dy[i * C + c] - sdy / (double)N - xh * sdx / (double)N);
+            if (dxa)
+                dxa[i * C + c] =
+                    fabs(wc) * rstd * (fabs(dy[i * C + c]) + fabs(sdy / (double)N) + fabs(xh * sdx / (double)N));
         }
     }
 }
@@ -224,6 +240,7 @@ typedef struct ref {
     double *rs[4];   /* running stats after the forward: mean1, var1, mean2, var2 */
     /* the backward */
     double *dy, *dsout, *dx, *dsin, *grad[NP];
+    double *dxa; /* the magnitude of dx's terms: the scale of each element's rounding error */
     double *gabs[NP]; /* Σ |terms| of each gradient's sum: the scale its rounding error has */
 } ref;
 
@@ -331,6 +348,9 @@ static void ref_backward(const cfg *c, fg_dtype dt, const hostp *P, ref *r) {
     for (int i = 0; i < NP; i++) memset(A[i], 0, sizeof(double) * (size_t)P->n[i]);
     double *dg = dalloc(T * d), *dh = dalloc(T * d), *da = dalloc(T * d), *dof = dalloc(T * d);
     double *df = dalloc(T * f), *du = dalloc(T * d), *dq = dalloc(T * d), *dk = dalloc(T * d), *dv = dalloc(T * d);
+    /* the magnitudes of dq / dk / dv's terms: their sums cancel (Σ_j ds = 0 per row; dof sums to 0
+     * over tokens through a BatchNorm), so their errors scale with these, not with their values */
+    double *dqa = dalloc(T * d), *dka = dalloc(T * d), *dva = dalloc(T * d);
     double *n2b = c->affine ? G[N2B] : NULL, *n1b = c->affine ? G[N1B] : NULL;
     double *gn2w = c->affine ? G[N2W] : NULL, *gn1w = c->affine ? G[N1W] : NULL;
     /* the FFN block's output */
@@ -338,31 +358,31 @@ static void ref_backward(const cfg *c, fg_dtype dt, const hostp *P, ref *r) {
         for (int64_t i = 0; i < T * d; i++) dg[i] = mult(p, c->seed, o4 + 3, i) * r->dy[i];
         rd(dt, dg, T * d);
     } else {
-        if (bn) batchnorm_bw(eps, r->s2, n2w, r->dy, T, d, dh, gn2w, n2b, A[N2W], A[N2B]);
-        else rownorm_bw(false, eps, r->s2, n2w, r->dy, NULL, T, d, dh, gn2w, n2b, A[N2W], A[N2B]);
+        if (bn) batchnorm_bw(eps, r->s2, n2w, r->dy, T, d, dh, NULL, gn2w, n2b, A[N2W], A[N2B]);
+        else rownorm_bw(false, eps, r->s2, n2w, r->dy, NULL, T, d, dh, NULL, gn2w, n2b, A[N2W], A[N2B]);
         for (int64_t i = 0; i < T * d; i++) dg[i] = mult(p, c->seed, o4 + 3, i) * dh[i];
         rd(dt, dh, T * d), rd(dt, dg, T * d);
     }
-    linear_bw(dg, r->ft, v[W2], T, f, d, df, false, G[W2], c->bias ? G[B2] : NULL, A[W2], A[B2]);
+    linear_bw(dg, NULL, r->ft, v[W2], T, f, d, df, NULL, false, G[W2], c->bias ? G[B2] : NULL, A[W2], A[B2]);
     rd(dt, df, T * f);
     for (int64_t i = 0; i < T * f; i++) df[i] *= mult(pf, c->seed, o4 + 2, i) * act_d(c->act, r->pre_r[i]);
     const double *fin = pre ? r->u2 : r->h;
-    linear_bw(df, fin, v[W1], T, d, f, pre ? du : dh, !pre, G[W1], c->bias ? G[B1] : NULL, A[W1], A[B1]);
+    linear_bw(df, NULL, fin, v[W1], T, d, f, pre ? du : dh, NULL, !pre, G[W1], c->bias ? G[B1] : NULL, A[W1], A[B1]);
     /* the attention block's output */
     if (pre) {
         rd(dt, du, T * d);
-        rownorm_bw(rms, eps, r->h, n2w, du, r->dy, T, d, dh, gn2w, n2b, A[N2W], A[N2B]);
+        rownorm_bw(rms, eps, r->h, n2w, du, r->dy, T, d, dh, NULL, gn2w, n2b, A[N2W], A[N2B]);
         for (int64_t i = 0; i < T * d; i++) da[i] = mult(p1, c->seed, o4 + 1, i) * dh[i];
         rd(dt, dh, T * d);
     } else {
         rd(dt, dh, T * d);
-        if (bn) batchnorm_bw(eps, r->s1, n1w, dh, T, d, r->dx, gn1w, n1b, A[N1W], A[N1B]);
-        else rownorm_bw(false, eps, r->s1, n1w, dh, NULL, T, d, r->dx, gn1w, n1b, A[N1W], A[N1B]);
+        if (bn) batchnorm_bw(eps, r->s1, n1w, dh, T, d, r->dx, r->dxa, gn1w, n1b, A[N1W], A[N1B]);
+        else rownorm_bw(false, eps, r->s1, n1w, dh, NULL, T, d, r->dx, r->dxa, gn1w, n1b, A[N1W], A[N1B]);
         for (int64_t i = 0; i < T * d; i++) da[i] = mult(p1, c->seed, o4 + 1, i) * r->dx[i];
         rd(dt, r->dx, T * d);
     }
     rd(dt, da, T * d);
-    linear_bw(da, r->o, v[WO], T, d, d, dof, false, G[WO], c->bias ? G[BO] : NULL, A[WO], A[BO]);
+    linear_bw(da, NULL, r->o, v[WO], T, d, d, dof, NULL, false, G[WO], c->bias ? G[BO] : NULL, A[WO], A[BO]);
     rd(dt, dof, T * d);
     /* attention */
     const double sc = scale_of(c);
@@ -371,33 +391,45 @@ static void ref_backward(const cfg *c, fg_dtype dt, const hostp *P, ref *r) {
             for (int64_t i = 0; i < L; i++) {
                 const int64_t row = ((b * H + hh) * L + i) * L;
                 const double *Pr = r->Pr + row;
-                double D = 0;
-                for (int64_t t = 0; t < hd; t++) D += dof[(b * L + i) * d + hh * hd + t] * r->o[(b * L + i) * d + hh * hd + t];
+                double D = 0, Da = 0;
+                for (int64_t t = 0; t < hd; t++) {
+                    const int64_t e = (b * L + i) * d + hh * hd + t;
+                    D += dof[e] * r->o[e], Da += fabs(dof[e] * r->o[e]);
+                }
                 for (int64_t j = 0; j < L; j++) {
                     const double m = mult(pa, c->seed, o4 + 0, row + j);
-                    double dp = 0;
-                    for (int64_t t = 0; t < hd; t++)
-                        dp += dof[(b * L + i) * d + hh * hd + t] * r->v[(b * L + j) * d + hh * hd + t];
+                    double dp = 0, dpa = 0;
+                    for (int64_t t = 0; t < hd; t++) {
+                        const double e = dof[(b * L + i) * d + hh * hd + t] * r->v[(b * L + j) * d + hh * hd + t];
+                        dp += e, dpa += fabs(e);
+                    }
                     double ds = masked(c, r, b, i, j) ? 0 : Pr[j] * (dp * m - D) + (c->dscores ? r->dsout[row + j] : 0);
+                    const double dsa = masked(c, r, b, i, j)
+                                           ? 0
+                                           : Pr[j] * (dpa * m + Da) + (c->dscores ? fabs(r->dsout[row + j]) : 0);
                     if (c->resid) r->dsin[row + j] = ds;
                     for (int64_t t = 0; t < hd; t++) {
                         dq[(b * L + i) * d + hh * hd + t] += sc * ds * r->k[(b * L + j) * d + hh * hd + t];
                         dk[(b * L + j) * d + hh * hd + t] += sc * ds * r->q[(b * L + i) * d + hh * hd + t];
                         dv[(b * L + j) * d + hh * hd + t] += Pr[j] * m * dof[(b * L + i) * d + hh * hd + t];
+                        dqa[(b * L + i) * d + hh * hd + t] += fabs(sc) * dsa * fabs(r->k[(b * L + j) * d + hh * hd + t]);
+                        dka[(b * L + j) * d + hh * hd + t] += fabs(sc) * dsa * fabs(r->q[(b * L + i) * d + hh * hd + t]);
+                        dva[(b * L + j) * d + hh * hd + t] += Pr[j] * m * fabs(dof[(b * L + i) * d + hh * hd + t]);
                     }
                 }
             }
     rd(dt, dq, T * d), rd(dt, dk, T * d), rd(dt, dv, T * d);
     const double *qin = pre ? r->u1 : r->x;
-    double *dqin = pre ? du : r->dx;
-    linear_bw(dq, qin, v[WQ], T, d, d, dqin, !pre, G[WQ], c->bias ? G[BQ] : NULL, A[WQ], A[BQ]);
-    linear_bw(dk, qin, v[WK], T, d, d, dqin, true, G[WK], c->bias ? G[BK] : NULL, A[WK], A[BK]);
-    linear_bw(dv, qin, v[WV], T, d, d, dqin, true, G[WV], c->bias ? G[BV] : NULL, A[WV], A[BV]);
+    double *dqin = pre ? du : r->dx, *dqina = pre ? NULL : r->dxa;
+    linear_bw(dq, dqa, qin, v[WQ], T, d, d, dqin, dqina, !pre, G[WQ], c->bias ? G[BQ] : NULL, A[WQ], A[BQ]);
+    linear_bw(dk, dka, qin, v[WK], T, d, d, dqin, dqina, true, G[WK], c->bias ? G[BK] : NULL, A[WK], A[BK]);
+    linear_bw(dv, dva, qin, v[WV], T, d, d, dqin, dqina, true, G[WV], c->bias ? G[BV] : NULL, A[WV], A[BV]);
     if (pre) {
         rd(dt, du, T * d);
-        rownorm_bw(rms, eps, r->x, n1w, du, dh, T, d, r->dx, gn1w, n1b, A[N1W], A[N1B]);
+        rownorm_bw(rms, eps, r->x, n1w, du, dh, T, d, r->dx, r->dxa, gn1w, n1b, A[N1W], A[N1B]);
     }
     free(dg), free(dh), free(da), free(dof), free(df), free(du), free(dq), free(dk), free(dv);
+    free(dqa), free(dka), free(dva);
 }
 
 /* ------------------------------------------------------------------ the library side */
@@ -488,7 +520,7 @@ static void setup(const cfg *c, fg_backend be, fg_dtype dt, hostp *P, ref *r, de
     D->ctx = th_context(be, false);
     memset(r, 0, sizeof *r);
     double **bufs[] = {&r->x, &r->u1, &r->q, &r->k, &r->v, &r->o, &r->a, &r->s1, &r->h, &r->u2, &r->s2, &r->g, &r->y,
-                       &r->dy, &r->dx};
+                       &r->dy, &r->dx, &r->dxa};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) *bufs[i] = dalloc(T * d);
     r->pre = dalloc(T * f), r->pre_r = dalloc(T * f), r->f = dalloc(T * f), r->ft = dalloc(T * f);
     const int64_t nS = B * H * L * L;
@@ -587,7 +619,7 @@ static void teardown(hostp *P, ref *r, dev *D) {
     }
     th_free(&D->cache), th_free(&D->ws);
     fg_context_destroy(D->ctx);
-    double *bufs[] = {r->x, r->u1, r->q, r->k, r->v, r->o, r->a, r->s1, r->h, r->u2, r->s2, r->g, r->y, r->dy, r->dx,
+    double *bufs[] = {r->x, r->u1, r->q, r->k, r->v, r->o, r->a, r->s1, r->h, r->u2, r->s2, r->g, r->y, r->dy, r->dx, r->dxa,
                       r->pre, r->pre_r, r->f, r->ft, r->S, r->Pr, r->sin, r->dsout, r->dsin};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     for (int i = 0; i < 4; i++) free(r->rs[i]);
@@ -624,13 +656,27 @@ static void verify_scores(const char *what, th_operand *o, const double *ref, in
     free(got), free(a), free(b);
 }
 
+/* dx against its reference; for f16 / bf16 each element is allowed 4·tol of its terms' magnitude
+ * (mag: r->dxa, plus |base| when accumulating) where that exceeds |ref|. */
+static void verify_dx(dev *D, const double *want, const double *mag, const double *base, int64_t n, double tol,
+                      const char *label) {
+    double *slack = dalloc(n);
+    for (int64_t i = 0; i < n; i++) {
+        const double m = mag[i] + (base ? fabs(base[i]) : 0) - fabs(want[i]);
+        slack[i] = m > 0 ? 4 * tol * m : 0;
+    }
+    th_verify_slack("dx", &D->dx, want, slack, tol, label);
+    free(slack);
+}
+
 static const char *const pname[NP] = {"w_q", "b_q", "w_k", "b_k", "w_v", "b_v", "w_o", "b_o", "w_1", "b_1",
                                       "w_2", "b_2", "norm1_w", "norm1_b", "norm2_w", "norm2_b",
                                       "running_mean1", "running_var1", "running_mean2", "running_var2"};
 
 /* A gradient that is a sum over tokens against its reference: ‖got − ref‖ <= tol·max(‖ref‖, ‖abs‖)
  * with abs the sum of the terms' magnitudes (a sum's rounding error scales with it, not with the
- * sum: the bias gradients upstream of a BatchNorm, or b_k's, cancel to zero exactly); for f16 /
+ * sum: the bias gradients upstream of a BatchNorm, b_k's, and b_v's through a BatchNorm cancel to
+ * zero exactly; dq, dk and dv enter with their own terms' magnitudes, for the same reason); for f16 /
  * bf16 also every element, |got − ref| <= 4·tol·(abs + mean abs) (th_verify's per-element rule
  * with the same scale). */
 static void verify_sum(const char *what, const double *got, const double *ref, const double *abs, int64_t n,
@@ -725,7 +771,7 @@ static void run_case(const cfg *c, fg_backend be, fg_dtype dt, bool extras) {
     }
     ref_backward(c, dt, &P, &r);
     TH_OK(dev_backward(&D, 0));
-    th_verify("dx", &D.dx, r.dx, tol, label);
+    verify_dx(&D, r.dx, r.dxa, NULL, T * d, tol, label);
     if (c->resid) th_verify("dscores_in", &D.dsin, r.dsin, dt == FG_BF16 ? 1e-2 : tol, label);
     verify_grads(c, &D, &r, tol, label, NULL, NULL, NULL);
     if (extras) {
@@ -766,7 +812,7 @@ static void run_case(const cfg *c, fg_backend be, fg_dtype dt, bool extras) {
         snprintf(lab2, sizeof lab2, "%s accumulate", label);
         double *want = dalloc(T * d > nS ? T * d : nS);
         for (int64_t i = 0; i < T * d; i++) want[i] = r.dx[i] + bdx[i];
-        th_verify("dx", &D.dx, want, tol, lab2);
+        verify_dx(&D, want, r.dxa, bdx, T * d, tol, lab2);
         if (c->resid) {
             for (int64_t i = 0; i < nS; i++) want[i] = r.dsin[i] + bds[i];
             th_verify("dscores_in", &D.dsin, want, dt == FG_BF16 ? 1e-2 : tol, lab2);

@@ -58,7 +58,8 @@ def err_terms(out, ref, terms):
     accurate relative to them."""
     if not np.all(np.isfinite(out)):
         return np.inf
-    return np.linalg.norm(np.asarray(out, np.float64) - ref) / max(np.linalg.norm(ref), np.linalg.norm(terms))
+    num, den = np.linalg.norm(np.asarray(out, np.float64) - ref), max(np.linalg.norm(ref), np.linalg.norm(terms))
+    return num / den if den > 0 else num
 
 
 # ------------------------------------------------------------------ row norms
@@ -130,11 +131,13 @@ def test_norm_forward_backward(rng, kind, dt, shape, fused):
     assert err(dx, dref) <= tol(dt)
     if fused:
         assert err(dr, dref * mask(p, seed, offset, x.size, dt == np.float64).reshape(shape)) <= tol(dt)
-    assert relerr(dw, (dyv * xh).reshape(-1, d).sum(0)) <= tol(dt)
-    assert relerr(db, dyv.reshape(-1, d).sum(0)) <= tol(dt)
+    # dw and db are sums over the rows: relative to their terms' magnitudes (a few rows can cancel)
+    dw_ref, dw_terms = (dyv * xh).reshape(-1, d).sum(0), np.abs(dyv * xh).reshape(-1, d).sum(0)
+    assert err_terms(dw, dw_ref, dw_terms) <= tol(dt)
+    assert err_terms(db, dyv.reshape(-1, d).sum(0), np.abs(dyv).reshape(-1, d).sum(0)) <= tol(dt)
     # recomputed statistics give the same gradients
     dx2, _, dw2, _ = fg.norm_backward(dy, xs, w, None, None, ds if fused else None, kind, 1e-5, p, seed, offset)
-    assert err(dx2, dref) <= tol(dt) and relerr(dw2, (dyv * xh).reshape(-1, d).sum(0)) <= tol(dt)
+    assert err(dx2, dref) <= tol(dt) and err_terms(dw2, dw_ref, dw_terms) <= tol(dt)
 
 
 @pytest.mark.parametrize("kind", ["layer", "rms"])
@@ -233,7 +236,9 @@ def test_batch_norm_training_and_eval(rng, dt, shape):
     g = dyv * w.astype(np.float64)
     dref = (g - g.mean(0) - xh * (g * xh).mean(0)) / np.sqrt(vr + 1e-5)
     assert err_terms(dx, dref.reshape(shape), (g / np.sqrt(vr + 1e-5)).reshape(shape)) <= tol_s
-    assert relerr(dw, (dyv * xh).sum(0)) <= tol_s and relerr(db, dyv.sum(0)) <= tol(dt)
+    # dw and db are sums over the rows: relative to their terms' magnitudes (two rows can cancel)
+    assert err_terms(dw, (dyv * xh).sum(0), np.abs(dyv * xh).sum(0)) <= tol_s
+    assert err_terms(db, dyv.sum(0), np.abs(dyv).sum(0)) <= tol(dt)
     dxe, _, _, _ = fg.batch_norm_backward(dy, x, w, me, re, training=False, need=(True, False, False, False))
     assert relerr(dxe, (dyv * w.astype(np.float64) / np.sqrt(rv.astype(np.float64) + 1e-5)).reshape(shape)) <= tol(dt)
 

@@ -21,8 +21,8 @@
 
 /* 64 bytes of lanes and their masks (GCC / Clang vector types: one text for every x86 level the
    clones compile, and for other targets). The helpers taking and returning them are always
-   inlined, so the ABI note GCC gives for 64-byte vector arguments does not apply. */
-#if defined(__GNUC__) && !defined(__clang__)
+   inlined, so the ABI note GCC and Clang give for 64-byte vector arguments does not apply. */
+#if defined(__GNUC__)
 #pragma GCC diagnostic ignored "-Wpsabi"
 #endif
 typedef float vec_f32 __attribute__((vector_size(64)));

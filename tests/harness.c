@@ -368,6 +368,12 @@ void th_check_elements(const char *what, const th_operand *o, const double *got,
              what, label, (long long)count, (long long)bad, bad >= 0 ? got[bad] : 0.0, bad >= 0 ? ref[bad] : 0.0);
 }
 
+void th_margin(const char *what, const char *label, double err, double tol) {
+    static int verbose = -1; /* FG_TEST_VERBOSE=1: every check's error against its tolerance (margins) */
+    if (verbose < 0) verbose = getenv("FG_TEST_VERBOSE") != NULL;
+    if (verbose) printf("  %s %s: relerr %.3g (tol %.3g)\n", what, label, err, tol);
+}
+
 void th_verify_slack(const char *what, th_operand *o, const double *ref, const double *slack, double tol,
                      const char *label) {
     double *got = malloc((size_t)(o->n ? o->n : 1) * sizeof(double));
@@ -382,9 +388,7 @@ void th_verify_slack(const char *what, th_operand *o, const double *ref, const d
     for (int64_t i = 0; i < o->n; i++) ref_norm += ref[i] * ref[i];
     ref_norm = sqrt(ref_norm);
     if (isfinite(err) && o->n > 0 && ref_norm > 0 && ref_norm < tiny) err *= ref_norm / tiny;
-    static int verbose = -1; /* FG_TEST_VERBOSE=1: every check's error against its tolerance (margins) */
-    if (verbose < 0) verbose = getenv("FG_TEST_VERBOSE") != NULL;
-    if (verbose) printf("  %s %s: relerr %.3g (tol %.3g)\n", what, label, err, tol);
+    th_margin(what, label, err, tol);
     TH_CHECK(err <= tol, "%s %s: relerr %.3g > tol %.3g", what, label, err, tol);
     /* f16 / bf16: besides the norm, every element (one wrong element in 10^4 hides in the
        norm): |out − ref| <= 4·tol·(|ref| + mean |ref|). The mean term covers elements near zero

@@ -127,6 +127,10 @@ double th_unit(fg_dtype dt, double v);
 void th_verify_slack(const char *what, th_operand *o, const double *ref, const double *slack, double tol,
                      const char *label);
 
+/* Under FG_TEST_VERBOSE, one check's error against its tolerance, in the one format
+ * tools/seed-sweep.sh reads; th_verify prints its own, a driver's own checks call this. */
+void th_margin(const char *what, const char *label, double err, double tol);
+
 /* th_verify's per-element rule for f16 / bf16 outputs (nothing for f32 / f64) on values got
  * already read back: |got − ref| <= 4·tol·(|ref| + mean |ref|) + slack (slack NULL: none). */
 void th_check_elements(const char *what, const th_operand *o, const double *got, const double *ref,

@@ -231,9 +231,7 @@ static void verify(const char *what, arr *a, const double *ref, fg_dtype dt, con
     if (mean < tiny) mean = tiny;
     double err = den > 0 ? sqrt(num / den) : sqrt(num);
     if (nan_at >= 0) err = INFINITY;
-    static int verbose = -1;
-    if (verbose < 0) verbose = getenv("FG_TEST_VERBOSE") != NULL;
-    if (verbose) printf("  %s %s: relerr %.3g (tol %.3g)\n", what, label, err, tol);
+    th_margin(what, label, err, tol);
     TH_CHECK(inf_bad < 0, "%s %s: element %lld is %g where the reference is -inf (masked)", what, label,
              (long long)inf_bad, inf_bad >= 0 ? got[inf_bad] : 0.0);
     TH_CHECK(err <= tol, "%s %s: relerr %.3g > tol %.3g%s", what, label, err, tol,

@@ -688,7 +688,7 @@ static void verify_sum(const char *what, const double *got, const double *ref, c
         e += (got[i] - ref[i]) * (got[i] - ref[i]), rn += ref[i] * ref[i], an += abs[i] * abs[i], mean += abs[i];
     }
     const double scale = sqrt(rn > an ? rn : an), err = nan ? INFINITY : scale > 0 ? sqrt(e) / scale : sqrt(e);
-    if (getenv("FG_TEST_VERBOSE")) printf("  %s %s: relerr %.3g (tol %.3g)\n", what, label, err, tol);
+    th_margin(what, label, err, tol);
     TH_CHECK(err <= tol, "%s %s: error %.3g of the sum's scale > tol %.3g", what, label, err, tol);
     if (dt != FG_F16 && dt != FG_BF16) return;
     mean /= (double)(n > 0 ? n : 1);

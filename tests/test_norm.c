@@ -61,7 +61,7 @@ static void verify_sums(const char *what, th_operand *o, const double *ref, cons
         if ((o->buf.dtype == FG_F16 || o->buf.dtype == FG_BF16) && bad < 0 && !(fabs(d) <= 4 * tol * scale)) bad = g;
     }
     const double err = den > 0 ? sqrt(num / den) : sqrt(num);
-    if (getenv("FG_TEST_VERBOSE")) printf("  %s %s: relerr %.3g (tol %.3g)\n", what, label, err, tol);
+    th_margin(what, label, err, tol);
     TH_CHECK(err <= tol, "%s %s: error %.3g of the terms' scale > tol %.3g", what, label, err, tol);
     TH_CHECK(bad < 0, "%s %s: element %lld got %.6g ref %.6g, off by more than 4·tol of its scale", what, label,
              (long long)bad, bad >= 0 ? got[bad] : 0.0, bad >= 0 ? ref[bad] : 0.0);
@@ -81,7 +81,7 @@ static void verify_past(const char *what, th_operand *o, const double *ref, cons
         den += ref[i] * ref[i];
     }
     const double err = den > 0 ? sqrt(num / den) : sqrt(num);
-    if (getenv("FG_TEST_VERBOSE")) printf("  %s %s: relerr %.3g (tol %.3g)\n", what, label, err, tol);
+    th_margin(what, label, err, tol);
     TH_CHECK(err <= tol, "%s %s: relerr %.3g past the algorithm's slack > tol %.3g", what, label, err, tol);
     th_check_elements(what, o, got, ref, slack, tol, label);
     free(got);

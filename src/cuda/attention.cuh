@@ -107,6 +107,49 @@ struct keep_row {
     }
 };
 
+/* keep_factor of one word of a Philox block (dropout_word_u's uniform against the threshold) */
+__device__ __forceinline__ float keep_of_word(const attn_params &a, uint32_t w) {
+    return (float)(w >> 8) * (1.0f / 16777216.0f) >= a.keep_threshold ? a.keep_scale : 0.f;
+}
+
+/* The flash kernels' dropout factors with one Philox block a lane instead of one an element, for
+   L % 4 == 0 (a block's four keys then lie in one row of one (query, key-group)); the same values
+   as keep_factor. Called by the whole warp. Rows form (forward, dq: queries i_lo and i_lo + 8 as the
+   accumulator's rows, keys jb + 2·t4 and + 1 as its columns, jb a multiple of 8): lanes t4 and
+   t4 ^ 1 share their blocks; the even one draws row i_lo's, the odd one row i_hi's, and each hands
+   the other the two words it needs. kf: (i_lo, j), (i_lo, j + 1), (i_hi, j), (i_hi, j + 1). */
+__device__ __forceinline__ void keep_rows2(const attn_params &a, int64_t n, int i_lo, int jb, int t4, float kf[4]) {
+    const int odd = t4 & 1;
+    const uint64_t q = (((uint64_t)n * (uint64_t)a.L + (uint64_t)(i_lo + 8 * odd)) * (uint64_t)a.L +
+                        (uint64_t)(jb + 4 * (t4 >> 1))) >> 2;
+    const fg_philox4 r = dropout_block(a.seed, a.offset, q);
+    const uint32_t s0 = __shfl_xor_sync(0xffffffffu, odd ? r.v[0] : r.v[2], 1);
+    const uint32_t s1 = __shfl_xor_sync(0xffffffffu, odd ? r.v[1] : r.v[3], 1);
+    kf[0] = keep_of_word(a, odd ? s0 : r.v[0]), kf[1] = keep_of_word(a, odd ? s1 : r.v[1]);
+    kf[2] = keep_of_word(a, odd ? r.v[2] : s0), kf[3] = keep_of_word(a, odd ? r.v[3] : s1);
+}
+
+/* Keys form (dk / dv: keys j_lo = jg + u and j_lo + 8 as the rows, jg a multiple of 4 and u =
+   (lane / 4) % 4; queries ib + 2·t4 and + 1 as the columns): the four lanes u = 0 … 3 of a t4 share
+   four blocks, element e = 2·(key row) + (query parity) of each; lane u draws block u and, in
+   rounds k = 1 … 3, lane u reads word u of block u ^ k from lane u ^ k. kf: (i, j_lo),
+   (i + 1, j_lo), (i, j_hi), (i + 1, j_hi). */
+__device__ __forceinline__ void keep_keys4(const attn_params &a, int64_t n, int jg, int ib, int lane, float kf[4]) {
+    const int t4 = lane & 3, u = (lane >> 2) & 3;
+    const uint64_t q = (((uint64_t)n * (uint64_t)a.L + (uint64_t)(ib + 2 * t4 + (u & 1))) * (uint64_t)a.L +
+                        (uint64_t)(jg + 8 * (u >> 1))) >> 2;
+    const fg_philox4 r = dropout_block(a.seed, a.offset, q);
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const int wsel = u ^ k; /* the word the reader u ^ k wants of this lane's block, and the element this lane fills */
+        const uint32_t mine = wsel == 0 ? r.v[0] : wsel == 1 ? r.v[1] : wsel == 2 ? r.v[2] : r.v[3];
+        const float f = keep_of_word(a, k ? __shfl_xor_sync(0xffffffffu, mine, 4 * k) : mine);
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            if (e == wsel) kf[e] = f;
+    }
+}
+
 /* max that keeps a NaN (fmaxf drops it: a NaN score must make its row NaN, as on the CPU) */
 __device__ __forceinline__ float nan_max(float a, float b) { return (a > b || a != a) ? a : b; }
 

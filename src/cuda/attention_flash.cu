@@ -215,9 +215,38 @@ __device__ __forceinline__ void score_pair(float (*s)[4], float (*dp)[4], const 
     }
 }
 
+/* ---- dropout factors of a tile's column group, 1 without dropout (DROP: the kernel instance
+   for a.dropout, so the others carry none of its registers): attention.cuh's lane-shared
+   draws where L % 4 == 0, keep_factor an element otherwise (the same values). Called by the whole
+   warp. Rows form (forward, dq): queries i_lo, i_lo + 8, keys jb + 2·t4 (+ 1). */
+template <bool DROP>
+__device__ __forceinline__ void drop_rows(const attn_params &a, int64_t n, int i_lo, int jb, int t4, float kf[4]) {
+    if (!DROP) {
+        kf[0] = kf[1] = kf[2] = kf[3] = 1.f;
+    } else if (a.L % 4 == 0) {
+        keep_rows2(a, n, i_lo, jb, t4, kf);
+    } else {
+#pragma unroll
+        for (int e = 0; e < 4; e++) kf[e] = keep_factor(a, n, e < 2 ? i_lo : i_lo + 8, jb + 2 * t4 + (e & 1));
+    }
+}
+/* keys form (dk, dv): keys j_lo, j_lo + 8 (j_lo = a multiple of 4 + (lane / 4) % 4), queries ib +
+   2·(lane % 4) (+ 1) */
+template <bool DROP>
+__device__ __forceinline__ void drop_keys(const attn_params &a, int64_t n, int j_lo, int ib, int lane, float kf[4]) {
+    if (!DROP) {
+        kf[0] = kf[1] = kf[2] = kf[3] = 1.f;
+    } else if (a.L % 4 == 0) {
+        keep_keys4(a, n, j_lo - ((lane >> 2) & 3), ib, lane, kf);
+    } else {
+#pragma unroll
+        for (int e = 0; e < 4; e++) kf[e] = keep_factor(a, n, ib + 2 * (lane & 3) + (e & 1), e < 2 ? j_lo : j_lo + 8);
+    }
+}
+
 /* ================================================================== forward */
 
-template <typename T, int HD, bool W9>
+template <typename T, int HD, bool W9, bool DROP>
 __global__ void __launch_bounds__(FW * 32) flash_fwd_kernel(attn_params a) {
     static_assert(!W9 || HD == 64, "the sm_90a form takes hd 64");
     constexpr int LDS = HD + 8, NT = FBK / 8, DT = HD / 8, QT = W9 ? W9_TILE : FBQ * LDS, KT = W9 ? W9_TILE : FBK * LDS;
@@ -327,24 +356,20 @@ __global__ void __launch_bounds__(FW * 32) flash_fwd_kernel(attn_params a) {
             }
 #pragma unroll
             for (int x = 0; x < NT; x++) {
-                float p[4];
+                float p[4], kf[4];
+                if constexpr (GENERAL && DROP) drop_rows<DROP>(a, n, i_lo, j0 + 8 * x, t4, kf);
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     if constexpr (GENERAL) p[e] = ex2(s[x][e] - mref[e / 2]);
                     else p[e] = ex2(fmaf(s[x][e], c, -mref[e / 2]));
                     l[e / 2] += p[e];
-                    if constexpr (GENERAL) {
-                        if (a.dropout) {
-                            const int i = e < 2 ? i_lo : i_hi, j = j0 + 8 * x + 2 * t4 + (e & 1);
-                            p[e] *= keep_factor(a, n, i, j);
-                        }
-                    }
+                    if constexpr (GENERAL && DROP) p[e] *= kf[e];
                 }
                 pf[x / 2][(x & 1) * 2 + 0] = pack2<T>(p[0], p[1]);
                 pf[x / 2][(x & 1) * 2 + 1] = pack2<T>(p[2], p[3]);
             }
         };
-        if (edge || a.dropout || !(c > 0.f)) softmax_tile(std::true_type{});
+        if (edge || DROP || !(c > 0.f)) softmax_tile(std::true_type{});
         else softmax_tile(std::false_type{});
 #pragma unroll
         for (int x = 0; x < DT; x++) {
@@ -398,7 +423,7 @@ template <int HD> struct bwd_shape {
     static constexpr int BQ = HD == 128 ? 32 : 64; /* query rows a tile (dk, dv) */
 };
 
-template <typename T, int HD, bool W9>
+template <typename T, int HD, bool W9, bool DROP>
 __global__ void __launch_bounds__(FW * 32, W9 ? 3 : 1) flash_dkdv_kernel(attn_params a) { /* W9: 3 blocks an SM */
     static_assert(!W9 || (HD == 64 && bwd_shape<HD>::BQ == 64), "the sm_90a form takes hd 64");
     constexpr int LDS = HD + 8, BQ = bwd_shape<HD>::BQ, NT = BQ / 8, DT = HD / 8;
@@ -467,7 +492,8 @@ __global__ void __launch_bounds__(FW * 32, W9 ? 3 : 1) flash_dkdv_kernel(attn_pa
             constexpr bool GENERAL = decltype(general)::value;
 #pragma unroll
             for (int x = 0; x < NT; x++) {
-                float pt[4], ds[4];
+                float pt[4], ds[4], kf[4];
+                if constexpr (GENERAL && DROP) drop_keys<DROP>(a, n, j_lo, i0 + 8 * x, lane, kf);
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int r = 8 * x + 2 * t4 + (e & 1);
@@ -476,7 +502,7 @@ __global__ void __launch_bounds__(FW * 32, W9 ? 3 : 1) flash_dkdv_kernel(attn_pa
                         const float lr = lse[r];
                         const bool vis = i < L && lr != NEG_INF && j < (a.causal ? min(i + 1, len) : len);
                         const float p = vis ? ex2(fmaf(s[x][e], c, -lr)) : 0.f;
-                        const float kd = vis ? keep_factor(a, n, i, j) : 0.f;
+                        const float kd = vis ? (DROP ? kf[e] : keep_factor(a, n, i, j)) : 0.f;
                         pt[e] = p * kd;
                         ds[e] = p * (dp[x][e] * kd - D[r]);
                     } else {
@@ -491,7 +517,7 @@ __global__ void __launch_bounds__(FW * 32, W9 ? 3 : 1) flash_dkdv_kernel(attn_pa
             }
         };
         const bool inside = i0 + BQ <= L && j0 + FBK <= len && (!a.causal || j0 + FBK - 1 <= i0);
-        if (inside && !a.dropout) grad_tile(std::false_type{});
+        if (inside && !DROP) grad_tile(std::false_type{});
         else grad_tile(std::true_type{});
         if constexpr (W9) {
             w9_begin();
@@ -541,7 +567,7 @@ __global__ void __launch_bounds__(FW * 32, W9 ? 3 : 1) flash_dkdv_kernel(attn_pa
 
 /* ================================================================== backward: dq */
 
-template <typename T, int HD, bool W9>
+template <typename T, int HD, bool W9, bool DROP>
 __global__ void __launch_bounds__(FW * 32) flash_dq_kernel(attn_params a) {
     static_assert(!W9 || HD == 64, "the sm_90a form takes hd 64");
     constexpr int LDS = HD + 8, NT = FBK / 8, DT = HD / 8, QT = W9 ? W9_TILE : FBQ * LDS, KT = W9 ? W9_TILE : FBK * LDS;
@@ -604,7 +630,8 @@ __global__ void __launch_bounds__(FW * 32) flash_dq_kernel(attn_params a) {
             constexpr bool GENERAL = decltype(general)::value;
 #pragma unroll
             for (int x = 0; x < NT; x++) {
-                float ds[4];
+                float ds[4], kf[4];
+                if constexpr (GENERAL && DROP) drop_rows<DROP>(a, n, i_lo, j0 + 8 * x, t4, kf);
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int r = e / 2;
@@ -612,7 +639,7 @@ __global__ void __launch_bounds__(FW * 32) flash_dq_kernel(attn_params a) {
                         const int i = r ? i_hi : i_lo, j = j0 + 8 * x + 2 * t4 + (e & 1);
                         const bool vis = i < L && lse2[r] != NEG_INF && j < jend[r];
                         const float p = vis ? ex2(fmaf(s[x][e], c, -lse2[r])) : 0.f;
-                        const float kd = vis ? keep_factor(a, n, i, j) : 0.f;
+                        const float kd = vis ? (DROP ? kf[e] : 1.f) : 0.f;
                         ds[e] = p * (dp[x][e] * kd - Dr[r]);
                     } else {
                         ds[e] = ex2(fmaf(s[x][e], c, -lse2[r])) * (dp[x][e] - Dr[r]);
@@ -623,7 +650,7 @@ __global__ void __launch_bounds__(FW * 32) flash_dq_kernel(attn_params a) {
             }
         };
         const bool inside = q0 + FBQ <= L && j0 + FBK <= len && (!a.causal || j0 + FBK - 1 <= q0);
-        if (inside && !a.dropout) grad_tile(std::false_type{});
+        if (inside && !DROP) grad_tile(std::false_type{});
         else grad_tile(std::true_type{});
         if constexpr (W9) {
             w9_begin();
@@ -707,24 +734,28 @@ template <typename K> static cudaError_t allow(K kernel, size_t bytes) {
     return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
 }
 
-template <typename T, int HD, bool W9> static cudaError_t run(const attn_params &a, bool forward, cudaStream_t st) {
+template <typename T, int HD, bool W9, bool DROP> static cudaError_t run_drop(const attn_params &a, bool forward, cudaStream_t st) {
     const int64_t heads = (int64_t)a.B * a.H;
     const unsigned qblocks = (unsigned)(heads * ((a.L + FBQ - 1) / FBQ));
     cudaError_t e;
     if (forward) {
-        if ((e = allow(flash_fwd_kernel<T, HD, W9>, fwd_smem<T, HD, W9>())) != cudaSuccess) return e;
-        flash_fwd_kernel<T, HD, W9><<<qblocks, FW * 32, fwd_smem<T, HD, W9>(), st>>>(a);
+        if ((e = allow(flash_fwd_kernel<T, HD, W9, DROP>, fwd_smem<T, HD, W9>())) != cudaSuccess) return e;
+        flash_fwd_kernel<T, HD, W9, DROP><<<qblocks, FW * 32, fwd_smem<T, HD, W9>(), st>>>(a);
         return cudaGetLastError();
     }
     if (a.dk.p || a.dv.p) {
-        if ((e = allow(flash_dkdv_kernel<T, HD, W9>, dkdv_smem<T, HD, W9>())) != cudaSuccess) return e;
+        if ((e = allow(flash_dkdv_kernel<T, HD, W9, DROP>, dkdv_smem<T, HD, W9>())) != cudaSuccess) return e;
         const unsigned kblocks = (unsigned)(heads * ((a.L + FBK - 1) / FBK));
-        flash_dkdv_kernel<T, HD, W9><<<kblocks, FW * 32, dkdv_smem<T, HD, W9>(), st>>>(a);
+        flash_dkdv_kernel<T, HD, W9, DROP><<<kblocks, FW * 32, dkdv_smem<T, HD, W9>(), st>>>(a);
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
     }
-    if ((e = allow(flash_dq_kernel<T, HD, W9>, dq_smem<T, HD, W9>())) != cudaSuccess) return e;
-    flash_dq_kernel<T, HD, W9><<<qblocks, FW * 32, dq_smem<T, HD, W9>(), st>>>(a);
+    if ((e = allow(flash_dq_kernel<T, HD, W9, DROP>, dq_smem<T, HD, W9>())) != cudaSuccess) return e;
+    flash_dq_kernel<T, HD, W9, DROP><<<qblocks, FW * 32, dq_smem<T, HD, W9>(), st>>>(a);
     return cudaGetLastError();
+}
+
+template <typename T, int HD, bool W9> static cudaError_t run(const attn_params &a, bool forward, cudaStream_t st) {
+    return a.dropout ? run_drop<T, HD, W9, true>(a, forward, st) : run_drop<T, HD, W9, false>(a, forward, st);
 }
 
 template <typename T> static cudaError_t run_hd(const attn_params &a, bool forward, bool w9, cudaStream_t st) {

@@ -771,6 +771,9 @@ static const problem cases[] = {
     {2, 3, 100, 64, F, T, F, F, F, 0, 0, F, F, "flash", "short"},      /* flash from L > 64 */
     {1, 2, 129, 32, T, F, F, F, F, 0, 0, F, F, "flash", "tiled"},
     {2, 2, 257, 64, T, T, F, F, F, 0.15, 0, T, F, "flash", "tiled"},  /* flash with dropout */
+    {2, 2, 256, 64, T, T, F, F, F, 0.15, 0, F, F, "flash", "tiled"},  /* dropout, L % 4 == 0: lane-shared draws */
+    {1, 3, 196, 128, F, F, F, F, F, 0.2, 0, T, F, "flash", "tiled"},  /* the same at hd 128, a ragged tile */
+    {2, 1, 132, 32, T, F, F, F, F, 0.1, 0.3, F, F, "flash", "tiled"}, /* the same at hd 32 */
     {2, 1, 300, 64, F, T, F, F, F, 0, 0, T, F, "flash", "tiled"},
     {1, 1, 1030, 64, T, F, F, F, F, 0, 0, F, F, "flash", "tiled"},
     {1, 2, 200, 128, F, F, F, F, F, 0, 0, F, F, "flash", "tiled"},

@@ -161,6 +161,11 @@ FG_NODISCARD FG_API fg_status fg_context_check(fg_context *ctx);
 /* Hands the context a caller-owned workspace for the one-call functions; the context
  * then never allocates. NULL/0 returns to the context's own, grown on demand. */
 FG_NODISCARD FG_API fg_status fg_context_set_workspace(fg_context *ctx, void *ptr, size_t bytes);
+/* The bytes of workspace the context holds now: its own (grown by the one-call functions and the
+ * composed ops, such as the encoder layer's parts, and kept until fg_context_destroy; on CUDA
+ * allocated with cudaMallocAsync, outside any framework's allocator, so a framework's memory
+ * statistics do not see it) or the caller's given by fg_context_set_workspace. */
+FG_NODISCARD FG_API fg_status fg_context_workspace_size(const fg_context *ctx, size_t *bytes);
 /* The kernels the last op run on this context launched, in order ("gemm90_dx ; act_grad"):
  * the names fg_plan_info.kernel is made of. Valid until the next op on the context. */
 FG_API const char *fg_context_last_kernels(const fg_context *ctx);

@@ -282,8 +282,14 @@ static void messages_cleared(void) {
     float src[4] = {1, 2, 3, 4}, dst[4];
     stale();
     EXPECT(FG_OK, fg_context_set_workspace(ctx, ws, sizeof ws));
+    size_t held = 0;
+    stale();
+    EXPECT(FG_OK, fg_context_workspace_size(ctx, &held));
+    TH_CHECK(held == sizeof ws, "context_workspace_size: %zu bytes held, the caller gave %zu", held, sizeof ws);
     stale();
     EXPECT(FG_OK, fg_context_set_workspace(ctx, NULL, 0));
+    EXPECT(FG_OK, fg_context_workspace_size(ctx, &held));
+    TH_CHECK(held == 0, "context_workspace_size: %zu bytes held after handing the caller's back", held);
     stale();
     EXPECT(FG_OK, fg_context_set_stream(ctx, NULL));
     stale();

@@ -391,6 +391,9 @@ static int others(other_row *rows) {
     static float ws[64] __attribute__((aligned(256)));
     ROW("fg_context_set_workspace", "ptr not 256-byte aligned", fg_context_set_workspace(ctx, ws + 1, 64));
     ROW("fg_context_check", "ctx NULL", fg_context_check(NULL));
+    size_t held;
+    ROW("fg_context_workspace_size", "ctx NULL", fg_context_workspace_size(NULL, &held));
+    ROW("fg_context_workspace_size", "bytes NULL", fg_context_workspace_size(ctx, NULL));
     float src[8] = {0}, dst[8];
     ROW("fg_convert", "n < 0", fg_convert(src, FG_F32, dst, FG_F32, -1));
     ROW("fg_convert", "n = 2^62 (bytes overflow)", fg_convert(src, FG_F32, dst, FG_F32, (int64_t)1 << 62));

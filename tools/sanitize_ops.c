@@ -464,7 +464,7 @@ static void norm_kernels(void) {
 /* Each path forward and backward: whole sequences (a lane a key: L <= 64, hd <= 8; a thread a row:
  * L <= 64, hd <= 32; a warp a
  * row: L <= 128, hd <= 64; here f32 with causal masking and dropout), the flash kernels (bf16, L past 128: the row dot, dK / dV, dQ;
- * at hd 64 their sm_90a form, at hd 128 the mma.sync one),
+ * at hd 64 their sm_90a form, at hd 128 the mma.sync one; without and with dropout),
  * the tiled kernels (f32 past 128 keys; the backward with dK / dV and with dQ alone). */
 static void attention_kernels(void) {
     struct { fg_dtype dt; int64_t L, hd; int causal; double p; const char *fwd, *bwd, *bwd_dq; } cases[] = {
@@ -473,6 +473,10 @@ static void attention_kernels(void) {
         {FG_F32, 100, 16, 1, 0.1, "attn_short_fwd<f32>", "attn_short_bwd<f32>", NULL},
         {FG_BF16, 200, 64, 1, 0, "attn_flash90_fwd<bf16,64>", "attn_flash90_dkdv<bf16,64>", "attn_flash90_dq<bf16,64>"},
         {FG_BF16, 200, 128, 1, 0, "attn_flash_fwd<bf16,128>", "attn_flash_dkdv<bf16,128>", NULL},
+        /* their dropout instances: lanes sharing a Philox block (L % 4 == 0), and a draw an element */
+        {FG_BF16, 200, 64, 1, 0.1, "attn_flash90_fwd<bf16,64>", "attn_flash90_dkdv<bf16,64>", "attn_flash90_dq<bf16,64>"},
+        {FG_BF16, 200, 128, 0, 0.1, "attn_flash_fwd<bf16,128>", "attn_flash_dkdv<bf16,128>", NULL},
+        {FG_BF16, 201, 64, 1, 0.1, "attn_flash90_fwd<bf16,64>", "attn_flash90_dkdv<bf16,64>", NULL},
         {FG_F32, 200, 16, 0, 0.1, "attn_tiled_fwd<f32>", "attn_tiled_dkdv<f32>", "attn_tiled_dq<f32>"},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {

@@ -16,7 +16,7 @@ from .ops import (adamw_step, attention_backward, attention_forward, attention_o
                   linear_forward, linear_logp_backward, linear_logp_forward, linear_logp_shard_combine,
                   linear_logp_shard_forward, logp_options, matmul_backward_input,
                   matmul_backward_other, matmul_forward, outer_backward_input, outer_backward_other, outer_forward,
-                  plan_info, set_allow_tf32, unary_backward, unary_forward)
+                  plan_info, release_workspace, set_allow_tf32, unary_backward, unary_forward, workspace_bytes)
 from .encoder import encoder_desc, encoder_layer_backward, encoder_layer_forward, encoder_layer_sizes
 from .norm import (batch_norm_apply, batch_norm_backward, batch_norm_backward_apply, batch_norm_backward_stats,
                    batch_norm_forward, batch_norm_stats, dropout_backward, dropout_forward, layer_norm_forward,

@@ -522,6 +522,10 @@ lib.fg_context_check.restype = _c
 lib.fg_context_check.argtypes = [ctypes.c_void_p]
 lib.fg_context_last_kernels.restype = ctypes.c_char_p
 lib.fg_context_last_kernels.argtypes = [ctypes.c_void_p]
+lib.fg_context_set_workspace.restype = _c
+lib.fg_context_set_workspace.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+lib.fg_context_workspace_size.restype = _c
+lib.fg_context_workspace_size.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)]
 lib.fg_plan_create.restype = _c
 lib.fg_plan_create.argtypes = [ctypes.c_void_p, ctypes.POINTER(PlanDesc), ctypes.POINTER(ctypes.c_void_p)]
 lib.fg_plan_destroy.restype = None
@@ -589,6 +593,13 @@ class Context:
     def last_kernels(self):
         """The kernels the last op on this context launched, in order ("gemm ; act_grad")."""
         return (lib.fg_context_last_kernels(self.handle) or b"").decode()
+
+    def workspace_bytes(self):
+        """The bytes of workspace the context holds now (its own, kept between calls: on CUDA
+        outside torch's allocator, so torch.cuda's memory statistics do not count it)."""
+        n = ctypes.c_size_t()
+        check(lib.fg_context_workspace_size(self.handle, ctypes.byref(n)))
+        return n.value
 
     def __del__(self):
         try:

@@ -310,6 +310,28 @@ def last_kernels(device=None):
     return _lib.context(_lib.BACKEND_CUDA, index or 0).last_kernels()
 
 
+def workspace_bytes(device=None):
+    """The bytes of workspace this thread's context for `device` (None or a CPU device: the CPU
+    context) holds now: its own, grown by the composed ops (the encoder layer's parts) and kept
+    between calls. On CUDA it is allocated outside torch's caching allocator, so a peak taken
+    from torch.cuda.max_memory_allocated() leaves it out: add it."""
+    if device is None or (torch is not None and isinstance(device, torch.device) and device.type == "cpu"):
+        return _lib.context(_lib.BACKEND_CPU, 0).workspace_bytes()
+    index = device.index if isinstance(device, torch.device) else int(device)
+    return _lib.context(_lib.BACKEND_CUDA, index or 0).workspace_bytes()
+
+
+def release_workspace(device=None):
+    """Frees the workspace this thread's context for `device` holds (it grows again on demand)."""
+    if device is None or (torch is not None and isinstance(device, torch.device) and device.type == "cpu"):
+        ctx = _lib.context(_lib.BACKEND_CPU, 0)
+    else:
+        index = device.index if isinstance(device, torch.device) else int(device)
+        ctx = _lib.context(_lib.BACKEND_CUDA, index or 0)
+        ctx.set_stream(_cuda_stream(index or 0))
+    _lib.check(_lib.lib.fg_context_set_workspace(ctx.handle, None, 0))
+
+
 # ------------------------------------------------------------------ Linear
 
 def linear_forward(x, w, b=None, out=None):

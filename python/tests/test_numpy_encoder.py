@@ -209,6 +209,26 @@ def test_save_less_same_gradients(rng):
         assert relerr(g2[k], g1[k]) <= 1e-13, k
 
 
+def test_context_workspace_is_reported(rng):
+    """An evaluation forward without a cache keeps the layer's temporaries in the context's own
+    workspace, which a framework's memory statistics do not see: fg.workspace_bytes() reports it,
+    at least the [B·L, d_ff] FFN hidden it held."""
+    b, l, d, h, dff = 3, 7, 16, 4, 48
+    p = params_of(rng, d, dff, "pre_layer", False)
+    x = data(rng, (b, l, d))
+    before = fg.workspace_bytes()
+    layer_call(p, x, h, dff, "pre_layer", "gelu", train=False)
+    held = fg.workspace_bytes()
+    assert held >= b * l * dff * x.itemsize, (before, held)
+    big = data(rng, (40 * b, l, d))
+    layer_call(p, big, h, dff, "pre_layer", "gelu", train=False)
+    assert fg.workspace_bytes() >= 40 * b * l * dff * x.itemsize > held, "grown for the larger batch"
+    fg.release_workspace()
+    assert fg.workspace_bytes() == 0, "released"
+    layer_call(p, x, h, dff, "pre_layer", "gelu", train=False)
+    assert b * l * dff * x.itemsize <= fg.workspace_bytes() < 40 * b * l * dff * x.itemsize, "grown again, to this call's need"
+
+
 def test_refusals_name_the_argument_and_write_nothing(rng):
     d, h, dff = 8, 2, 16
     p = params_of(rng, d, dff, "pre_layer", False)

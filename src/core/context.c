@@ -175,6 +175,14 @@ fg_status fg_context_set_workspace(fg_context *ctx, void *ptr, size_t bytes) {
     return FG_OK;
 }
 
+fg_status fg_context_workspace_size(const fg_context *ctx, size_t *bytes) {
+    if (!ctx) return fg_fail(FG_ERR_NULL_POINTER, "context_workspace_size: ctx is NULL");
+    if (!bytes) return fg_fail(FG_ERR_NULL_POINTER, "context_workspace_size: bytes is NULL");
+    *bytes = ctx->workspace_bytes;
+    fg_clear_error();
+    return FG_OK;
+}
+
 fg_status fg_context_workspace(fg_context *ctx, size_t bytes, void **ptr) {
     if (bytes <= ctx->workspace_bytes) {
         *ptr = ctx->workspace;

@@ -12,8 +12,10 @@ stays direct). Eager fg.linear / fg.Linear and fg.linear_act / fg.LinearAct run 
 C++ extension when it is built (_torchext.cpp: the same kernels and plans, their autograd in C++)
 and LinearFunction / LinearActFunction otherwise.
 """
+import ctypes
 import math
 
+import numpy as np
 import torch
 
 from . import _lib, _torchext, ops
@@ -257,6 +259,13 @@ def axpby(a, b, alpha, beta):
 
 # ------------------------------------------------------------------ AdamW
 
+def _data_column(arr):
+    """The data pointers of a ctypes fg_tensor array as a writable numpy column over its memory."""
+    width = ctypes.sizeof(_lib.Tensor)
+    assert width % 8 == 0 and _lib.Tensor.data.offset % 8 == 0
+    return np.frombuffer(arr, dtype=np.uint64).reshape(len(arr), width // 8)[:, _lib.Tensor.data.offset // 8]
+
+
 class AdamW(torch.optim.Optimizer):
     """torch.optim.AdamW on one fused fastgrad launch per (device, dtype) group.
 
@@ -330,7 +339,8 @@ class AdamW(torch.optim.Optimizer):
                                   grad_scale=grad_scale)
             if len(buckets) == 1 and len(ps) == len(group["params"]):
                 self._plans[id(group)] = dict(group=group, params=list(ps), ptrs=tuple(p.data_ptr() for p in ps),
-                                              gdt=gdt, step=step, arrays=arrays)
+                                              gdt=gdt, step=step, arrays=arrays, gdata=_data_column(arrays[1]),
+                                              states=[self.state[p] for p in ps])
 
     def _step_planned(self, group, grad_scale):
         """The step of a group planned by its last one, when nothing it described has changed:
@@ -344,19 +354,19 @@ class AdamW(torch.optim.Optimizer):
             return False
         if plan["ptrs"] != tuple(p.data_ptr() for p in ps):
             return False
-        gdt, garr, keep = plan["gdt"], plan["arrays"][1], []
-        grads = [p.grad for p in ps]
-        for g in grads:
+        gdt, keep, gptrs = plan["gdt"], [], []
+        for p in ps:
+            g = p.grad
             if g is None or g.dtype != gdt or g.is_sparse:
                 return False
-        for i, g in enumerate(grads):
             if not g.is_contiguous():
                 g = g.contiguous()
                 keep.append(g)
-            garr[i].data = g.data_ptr() or None
+            gptrs.append(g.data_ptr())
+        plan["gdata"][:] = gptrs  # the kept grads list's data pointers, in one write
         step = plan["step"] + 1
-        for p in ps:
-            self.state[p]["step"] = step
+        for st in plan["states"]:
+            st["step"] = step
         plan["step"] = step
         beta1, beta2 = group["betas"]
         ops.adamw_step_arrays(ps[0], len(ps), *plan["arrays"], lr=group["lr"], beta1=beta1, beta2=beta2,

@@ -84,6 +84,16 @@ int64_t fg_extent_bytes(const fg_tensor *t);
  * reachable from the context's device. */
 fg_status fg_check_data(const fg_context *ctx, const char *op, const char *what,
                         const fg_tensor *t);
+/* fg_check_data for many tensors in one call (AdamW's hundreds): the device allocations already
+ * found to be on the context's device are remembered in `seen`, and a tensor starting inside one
+ * asks the driver nothing more. Zero-initialize `seen` per call; it holds nothing between calls. */
+#define FG_SEEN_RANGES 64
+typedef struct fg_seen_ranges {
+    uintptr_t lo[FG_SEEN_RANGES], hi[FG_SEEN_RANGES];
+    int n, next;
+} fg_seen_ranges;
+fg_status fg_check_data_seen(const fg_context *ctx, const char *op, const char *what, const fg_tensor *t,
+                             fg_seen_ranges *seen);
 /* An output must not overlap another operand. */
 fg_status fg_check_no_overlap(const char *op, const char *out_name, const fg_tensor *out,
                               const char *other_name, const fg_tensor *other);

@@ -11,6 +11,8 @@
 #ifdef FG_HAVE_CUDA
 fg_status fg_cuda_check_pointer(const fg_context *ctx, const char *op, const char *what,
                                 const void *ptr);
+/* Whether ptr lies in a device allocation on ctx's device; its range [lo, hi) when it does. */
+bool fg_cuda_device_range(const fg_context *ctx, const void *ptr, uintptr_t *lo, uintptr_t *hi);
 #endif
 
 void fg_tensor_strides(const fg_tensor *t, int64_t stride[FG_MAX_RANK]) {
@@ -176,6 +178,27 @@ fg_status fg_check_data(const fg_context *ctx, const char *op, const char *what,
     (void)ctx;
 #endif
     return FG_OK;
+}
+
+fg_status fg_check_data_seen(const fg_context *ctx, const char *op, const char *what, const fg_tensor *t,
+                             fg_seen_ranges *seen) {
+#ifdef FG_HAVE_CUDA
+    if (ctx->backend == FG_BACKEND_CUDA && fg_numel(t) > 0 && t->data &&
+        (uintptr_t)t->data % fg_dtype_size(t->dtype) == 0) {
+        const uintptr_t p = (uintptr_t)t->data;
+        for (int i = 0; i < seen->n; i++)
+            if (p >= seen->lo[i] && p < seen->hi[i]) return FG_OK;
+        uintptr_t lo = 0, hi = 0;
+        if (fg_cuda_device_range(ctx, t->data, &lo, &hi)) {
+            const int k = seen->n < FG_SEEN_RANGES ? seen->n++ : (seen->next++ % FG_SEEN_RANGES);
+            seen->lo[k] = lo, seen->hi[k] = hi;
+            return FG_OK;
+        }
+    }
+#else
+    (void)seen;
+#endif
+    return fg_check_data(ctx, op, what, t);
 }
 
 fg_status fg_check_no_overlap(const char *op, const char *out_name, const fg_tensor *out,

@@ -6,6 +6,7 @@
  */
 #include "cuda_internal.h"
 
+#include <cuda.h> /* the driver's pointer-attribute types (its entry point comes through the runtime) */
 #include <stdlib.h>
 #include <string.h>
 
@@ -130,6 +131,42 @@ extern "C" fg_status fg_cuda_workspace_grow(fg_context *ctx, size_t bytes) {
     ctx->workspace = p;
     ctx->workspace_bytes = bytes;
     return FG_OK;
+}
+
+/* cuPointerGetAttributes, found through the runtime (the library does not link libcuda): one
+   driver query gives a pointer's memory type, device and whole allocation, so a batch of checks
+   (fg_check_data_seen) asks once an allocation instead of once a tensor. NULL when absent. */
+typedef CUresult (*ptr_attrs_fn)(unsigned int, CUpointer_attribute *, void **, CUdeviceptr);
+
+static ptr_attrs_fn driver_ptr_attrs() {
+    static const ptr_attrs_fn fn = [] {
+        void *f = nullptr;
+        cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+        if (cudaGetDriverEntryPointByVersion("cuPointerGetAttributes", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+            q != cudaDriverEntryPointSuccess) {
+            cudaGetLastError();
+            f = nullptr;
+        }
+        return (ptr_attrs_fn)f;
+    }();
+    return fn;
+}
+
+extern "C" bool fg_cuda_device_range(const fg_context *ctx, const void *ptr, uintptr_t *lo, uintptr_t *hi) {
+    const ptr_attrs_fn fn = driver_ptr_attrs();
+    if (!fn || ctx->backend != FG_BACKEND_CUDA) return false;
+    CUpointer_attribute at[4] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                 CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, CU_POINTER_ATTRIBUTE_RANGE_SIZE};
+    unsigned int type = 0;
+    int ordinal = -1;
+    CUdeviceptr start = 0;
+    size_t size = 0;
+    void *data[4] = {&type, &ordinal, &start, &size};
+    if (fn(4, at, data, (CUdeviceptr)(uintptr_t)ptr) != CUDA_SUCCESS) return false;
+    const uintptr_t p = (uintptr_t)ptr, a = (uintptr_t)start;
+    if (type != CU_MEMORYTYPE_DEVICE || ordinal != ctx->device || size == 0 || p < a || p - a >= size) return false;
+    *lo = a, *hi = a + size;
+    return true;
 }
 
 extern "C" fg_status fg_cuda_check_pointer(const fg_context *ctx, const char *op, const char *what,

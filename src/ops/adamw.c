@@ -1,6 +1,7 @@
 /*
  * adamw.c — front door of the fused multi-tensor AdamW step: validates the
- * hyper-parameters and every tensor of every list (dtypes, sizes, contiguity, device,
+ * hyper-parameters and every tensor of every list (dtypes, sizes, contiguity, device — one
+ * driver query an allocation, not a tensor: a model's step hands over hundreds —,
  * no tensor overlapping another; the moments f32 or, as torch's fused AdamW keeps them for
  * bf16 / f16 parameters, the parameters' dtype), folds the bias corrections into two scalars, and
  * hands one flat list to the backend (src/cpu/adamw.c, src/cuda/adamw.cu).
@@ -24,7 +25,8 @@ static int by_address(const void *a, const void *b) {
 
 static const char *const list_names[5] = {"params", "grads", "exp_avg", "exp_avg_sq", "master"};
 
-static fg_status check_tensor(fg_context *ctx, const fg_tensor *t, int list, int i, int64_t n, fg_dtype want) {
+static fg_status check_tensor(fg_context *ctx, const fg_tensor *t, int list, int i, int64_t n, fg_dtype want,
+                              fg_seen_ranges *seen) {
     char what[48];
     snprintf(what, sizeof what, "%s[%d]", list_names[list], i);
     FG_TRY(fg_check_desc("adamw_step", what, t, 0, FG_MAX_RANK));
@@ -39,7 +41,7 @@ static fg_status check_tensor(fg_context *ctx, const fg_tensor *t, int list, int
         return fg_fail(FG_ERR_SHAPE, "adamw_step: %s has %lld elements but params[%d] has %lld", what,
                        (long long)fg_numel(t), i, (long long)n);
     if (!fg_is_contiguous(t)) return fg_fail(FG_ERR_UNSUPPORTED, "adamw_step: %s is not contiguous", what);
-    return fg_check_data(ctx, "adamw_step", what, t);
+    return fg_check_data_seen(ctx, "adamw_step", what, t, seen);
 }
 
 fg_status fg_adamw_step(fg_context *ctx, const fg_adamw_hparams *hp, int count, const fg_tensor *params,
@@ -89,15 +91,17 @@ fg_status fg_adamw_step(fg_context *ctx, const fg_adamw_hparams *hp, int count, 
     }
     fg_status s = FG_OK;
     int n_ext = 0;
+    fg_seen_ranges seen; /* the device allocations checked so far: one driver query each */
+    seen.n = seen.next = 0;
     for (int i = 0; i < count && s == FG_OK; i++) {
         /* params[i]'s descriptor is checked before its element count is read */
-        s = check_tensor(ctx, &params[i], 0, i, -1, pt);
+        s = check_tensor(ctx, &params[i], 0, i, -1, pt, &seen);
         if (s != FG_OK) break;
         const int64_t n = fg_numel(&params[i]);
-        if (s == FG_OK) s = check_tensor(ctx, &grads[i], 1, i, n, gt);
-        if (s == FG_OK) s = check_tensor(ctx, &exp_avg[i], 2, i, n, mt);
-        if (s == FG_OK) s = check_tensor(ctx, &exp_avg_sq[i], 3, i, n, mt);
-        if (s == FG_OK && has_master) s = check_tensor(ctx, &master[i], 4, i, n, FG_F32);
+        if (s == FG_OK) s = check_tensor(ctx, &grads[i], 1, i, n, gt, &seen);
+        if (s == FG_OK) s = check_tensor(ctx, &exp_avg[i], 2, i, n, mt, &seen);
+        if (s == FG_OK) s = check_tensor(ctx, &exp_avg_sq[i], 3, i, n, mt, &seen);
+        if (s == FG_OK && has_master) s = check_tensor(ctx, &master[i], 4, i, n, FG_F32, &seen);
         if (s != FG_OK) break;
         items[i] = (fg_adamw_item){params[i].data, grads[i].data, exp_avg[i].data, exp_avg_sq[i].data,
                                    has_master ? master[i].data : NULL, n};

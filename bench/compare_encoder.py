@@ -56,10 +56,10 @@ class Step:
         return (y,) + torch.autograd.grad(y, [x] + self.params, dy)
 
 
-def patchtst_case(n, dtype, dropout):
+def patchtst_case(n, dtype, dropout, save="all"):
     torch.manual_seed(0)
     ref = patchtst_ref.TSTEncoder(3, 128, 16, 256, dropout, 0.0, "gelu", True, "BatchNorm").cuda().to(dtype)
-    ours = fg.PatchTSTEncoder(3, 128, 16, 256, dropout, 0.0, "gelu", True, "BatchNorm").cuda().to(dtype)
+    ours = fg.PatchTSTEncoder(3, 128, 16, 256, dropout, 0.0, "gelu", True, "BatchNorm", save=save).cuda().to(dtype)
     ours.load_state_dict(ref.state_dict())
     ref_c = copy.deepcopy(ref)  # compile's own copy: its BatchNorm statistics move on their own
     ref.train(), ref_c.train(), ours.train()
@@ -74,11 +74,11 @@ def patchtst_case(n, dtype, dropout):
                 dtype=dtype, make=make, impls=impls)
 
 
-def gpt2_case(b, l, dtype, dropout):
+def gpt2_case(b, l, dtype, dropout, save="all"):
     torch.manual_seed(0)
     kw = dict(dim_feedforward=3072, dropout=dropout, activation="gelu", batch_first=True, norm_first=True)
     ref = torch.nn.TransformerEncoderLayer(768, 12, **kw).cuda().to(dtype)
-    ours = fg.TransformerEncoderLayer(768, 12, **kw).cuda().to(dtype)
+    ours = fg.TransformerEncoderLayer(768, 12, **kw, save=save).cuda().to(dtype)
     ours.load_state_dict(ref.state_dict())
     ref_c = copy.deepcopy(ref)
     mask = torch.nn.Transformer.generate_square_subsequent_mask(l, device="cuda", dtype=dtype)
@@ -206,6 +206,8 @@ def main():
     ap.add_argument("--only", choices=["all", "patchtst", "gpt2"], default="all")
     ap.add_argument("--patchtst-dropout", type=float, default=0.2)
     ap.add_argument("--gpt2-dropout", type=float, default=0.1)
+    ap.add_argument("--save", choices=["all", "less", "min"], default="all",
+                    help="fastgrad's saved-activation policy (the layers' save=): memory for time")
     ap.add_argument("--out", help="also write the table to this markdown file")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -215,9 +217,9 @@ def main():
     if args.only in ("all", "patchtst"):
         for n in ([4096] if args.quick else [4096, 10272]):
             for dtype in (torch.float32, torch.bfloat16):
-                cases.append(lambda n=n, dtype=dtype: patchtst_case(n, dtype, args.patchtst_dropout))
+                cases.append(lambda n=n, dtype=dtype: patchtst_case(n, dtype, args.patchtst_dropout, args.save))
     if args.only in ("all", "gpt2"):
-        cases.append(lambda: gpt2_case(8, 1024, torch.bfloat16, args.gpt2_dropout))
+        cases.append(lambda: gpt2_case(8, 1024, torch.bfloat16, args.gpt2_dropout, args.save))
     rows = []
     for make in cases:
         try:

@@ -1022,8 +1022,14 @@ typedef enum fg_encoder_norm {
 /* What the forward keeps for the backward (the cache); the rest the backward recomputes. */
 typedef enum fg_encoder_save {
     FG_ENCODER_SAVE_ALL = 0,    /* everything the backward reads                             */
-    FG_ENCODER_SAVE_LESS = 1    /* no FFN pre-activation [B·L, d_ff] (recomputed from N2's output
+    FG_ENCODER_SAVE_LESS = 1,   /* no FFN pre-activation [B·L, d_ff] (recomputed from N2's output
                                    by one GEMM in the backward): memory for time              */
+    FG_ENCODER_SAVE_MIN = 2     /* only qkv, o, lse, the residual streams and the statistics: the
+                                   norms' outputs, the FFN hidden and its pre-activation are
+                                   recomputed in the backward (one more FFN-up product and the
+                                   pre-norms' applications); the forward's temporaries live in
+                                   the caller's workspace (fg_encoder_layer_forward_ws), so a
+                                   training step holds at most cache + workspace              */
 } fg_encoder_save;
 
 /* The layer's descriptor. Zero-initialized fields are the defaults where a default is named. */
@@ -1076,7 +1082,9 @@ typedef struct fg_encoder_layer_run {
     uint64_t seed, offset;
 } fg_encoder_layer_run;
 
-/* The cache's and the backward's workspace's sizes in bytes for B sequences of L tokens of dtype.
+/* The cache's and the workspace's sizes in bytes for B sequences of L tokens of dtype (the
+ * workspace: the backward's; with FG_ENCODER_SAVE_MIN also the training forward's, the larger of
+ * the two).
  * The cache holds what the backward reads, laid out in one walk (the layout is internal and may
  * change between versions: treat it as opaque bytes, kept from a forward to its backward). */
 FG_NODISCARD FG_API fg_status fg_encoder_layer_sizes(const fg_encoder_layer_desc *desc, fg_dtype dtype,
@@ -1096,6 +1104,17 @@ FG_NODISCARD FG_API fg_status fg_encoder_layer_forward(fg_context *ctx, const fg
                                                        const fg_encoder_layer_params *params, const fg_tensor *y,
                                                        const fg_tensor *scores_out, void *cache,
                                                        size_t cache_bytes);
+/* The forward with a workspace of at least fg_encoder_layer_sizes' workspace_bytes (context memory,
+ * 16-byte aligned; its contents are not kept): where FG_ENCODER_SAVE_MIN's training forward places
+ * its temporaries (the norms' outputs, the FFN hidden). Other configurations ignore it (NULL allowed);
+ * fg_encoder_layer_forward refuses FG_ENCODER_SAVE_MIN in training (FG_ERR_NULL_POINTER: no
+ * workspace). */
+FG_NODISCARD FG_API fg_status fg_encoder_layer_forward_ws(fg_context *ctx, const fg_encoder_layer_desc *desc,
+                                                          const fg_encoder_layer_run *run, const fg_tensor *x,
+                                                          const fg_tensor *lengths, const fg_tensor *scores_in,
+                                                          const fg_encoder_layer_params *params, const fg_tensor *y,
+                                                          const fg_tensor *scores_out, void *cache, size_t cache_bytes,
+                                                          void *workspace, size_t workspace_bytes);
 
 /* The backward of a training forward with the same descriptor, run options, x, lengths,
  * scores_in, params and cache (unchanged since): from dy (and dscores_out, the gradient the

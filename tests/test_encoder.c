@@ -35,7 +35,8 @@ static double mult(double p, uint64_t seed, uint64_t offset, int64_t i) {
 typedef struct cfg {
     int64_t B, L, d, H, dff;
     int norm, act;
-    bool packed, bias, affine, causal, lengths, resid, dscores, train, save_less;
+    bool packed, bias, affine, causal, lengths, resid, dscores, train;
+    fg_encoder_save save;
     double p, p_ff, p_attn, eps, mom, scale;
     double p_proj; /* the projection's dropout, composed with p at site 1 */
     uint64_t seed, off;
@@ -509,7 +510,7 @@ static void desc_of(const cfg *c, fg_encoder_layer_desc *e) {
     e->norm_eps = c->eps, e->bn_momentum = c->mom, e->attn_scale = c->scale;
     e->causal = c->causal, e->residual_scores = c->resid;
     e->dropout = c->p, e->dropout_ffn = c->p_ff, e->dropout_attn = c->p_attn, e->dropout_proj = c->p_proj;
-    e->save = c->save_less ? FG_ENCODER_SAVE_LESS : FG_ENCODER_SAVE_ALL;
+    e->save = c->save;
 }
 
 /* Host data (r, P) and its device copies. */
@@ -626,7 +627,13 @@ static void teardown(hostp *P, ref *r, dev *D) {
     free(r->len);
 }
 
+/* SAVE_MIN's training forward takes the workspace (the _ws entry); the others the plain entry */
 static fg_status dev_forward(dev *D, bool with_cache) {
+    if (D->desc.save == FG_ENCODER_SAVE_MIN)
+        return fg_encoder_layer_forward_ws(D->ctx, &D->desc, &D->run, &D->x.t, D->has_len ? &D->len.t : NULL,
+                                           D->has_sin ? &D->sin.t : NULL, &D->params, &D->y.t,
+                                           D->has_sout ? &D->sout.t : NULL, with_cache ? D->cache.ptr : NULL,
+                                           with_cache ? D->cache_bytes : 0, D->ws.ptr, D->ws_bytes);
     return fg_encoder_layer_forward(D->ctx, &D->desc, &D->run, &D->x.t, D->has_len ? &D->len.t : NULL,
                                     D->has_sin ? &D->sin.t : NULL, &D->params, &D->y.t,
                                     D->has_sout ? &D->sout.t : NULL, with_cache ? D->cache.ptr : NULL,
@@ -740,7 +747,7 @@ static void label_of(const cfg *c, fg_backend be, fg_dtype dt, char *buf, size_t
              (long long)c->H, (long long)c->dff, c->norm, c->act, c->packed ? "packed" : "separate",
              c->bias ? "" : " nobias", c->affine ? "" : " noaffine", c->causal ? " causal" : "",
              c->lengths ? " lengths" : "", c->resid ? " resid" : "", c->dscores ? "+ds" : "", c->p, c->p_ff, c->p_attn,
-             c->train ? "" : " eval", c->save_less ? " save_less" : "");
+             c->train ? "" : " eval", c->save == FG_ENCODER_SAVE_LESS ? " save_less" : c->save == FG_ENCODER_SAVE_MIN ? " save_min" : "");
 }
 
 /* One case: forward against the reference (and, training, the backward), plus its variants. */
@@ -831,8 +838,9 @@ static void run_case(const cfg *c, fg_backend be, fg_dtype dt, bool extras) {
     teardown(&P, &r, &D);
 }
 
-/* SAVE_LESS: the same forward and backward bits as SAVE_ALL, from a smaller cache. */
-static void save_less_case(const cfg *c0, fg_backend be, fg_dtype dt) {
+/* SAVE_LESS and SAVE_MIN: the same forward and backward bits as SAVE_ALL, from a smaller cache. */
+static void save_case(const cfg *c0, fg_backend be, fg_dtype dt, fg_encoder_save lean) {
+    const char *mode = lean == FG_ENCODER_SAVE_MIN ? "SAVE_MIN" : "SAVE_LESS";
     char label[256];
     label_of(c0, be, dt, label, sizeof label);
     cfg c = *c0;
@@ -842,7 +850,7 @@ static void save_less_case(const cfg *c0, fg_backend be, fg_dtype dt) {
     void *snaps[2][NP + 2];
     size_t cb[2];
     for (int k = 0; k < 2; k++) {
-        c.save_less = k == 1;
+        c.save = k == 1 ? lean : FG_ENCODER_SAVE_ALL;
         uint64_t keep = th_rand_u64();
         (void)keep;
         /* the same random data for both: replay the generator from one seed */
@@ -863,7 +871,7 @@ static void save_less_case(const cfg *c0, fg_backend be, fg_dtype dt) {
         if (c.dscores) th_put(&D[1].dsout.buf, &D[1].dsout.t, D[0].dsout.v);
     }
     if (c.lengths) th_put_raw(&D[1].len.buf, r[0].len, sizeof(int64_t) * (size_t)c.B);
-    TH_CHECK(cb[1] < cb[0], "[%s] SAVE_LESS's cache (%zu bytes) is not smaller than SAVE_ALL's (%zu)", label, cb[1], cb[0]);
+    TH_CHECK(cb[1] < cb[0], "[%s] %s's cache (%zu bytes) is not smaller than SAVE_ALL's (%zu)", label, mode, cb[1], cb[0]);
     for (int k = 0; k < 2; k++) {
         TH_OK(dev_forward(&D[k], true));
         TH_OK(dev_backward(&D[k], 0));
@@ -871,12 +879,12 @@ static void save_less_case(const cfg *c0, fg_backend be, fg_dtype dt) {
         snaps[k][1] = th_snapshot(&D[k].dx.buf);
         for (int i = 0; i < NP; i++) snaps[k][2 + i] = D[k].gp[i].buf.ptr ? th_snapshot(&D[k].gp[i].buf) : NULL;
     }
-    TH_CHECK(memcmp(snaps[0][0], snaps[1][0], (size_t)D[0].y.buf.n * fg_dtype_size(dt)) == 0, "[%s] SAVE_LESS y differs", label);
-    TH_CHECK(memcmp(snaps[0][1], snaps[1][1], (size_t)D[0].dx.buf.n * fg_dtype_size(dt)) == 0, "[%s] SAVE_LESS dx differs", label);
+    TH_CHECK(memcmp(snaps[0][0], snaps[1][0], (size_t)D[0].y.buf.n * fg_dtype_size(dt)) == 0, "[%s] %s y differs", label, mode);
+    TH_CHECK(memcmp(snaps[0][1], snaps[1][1], (size_t)D[0].dx.buf.n * fg_dtype_size(dt)) == 0, "[%s] %s dx differs", label, mode);
     for (int i = 0; i < NP; i++)
         if (snaps[0][2 + i])
             TH_CHECK(memcmp(snaps[0][2 + i], snaps[1][2 + i], (size_t)D[0].gp[i].buf.n * fg_dtype_size(dt)) == 0,
-                     "[%s] SAVE_LESS d%s differs", label, pname[i]);
+                     "[%s] %s d%s differs", label, mode, pname[i]);
     for (int k = 0; k < 2; k++) {
         for (int i = 0; i < NP + 2; i++) free(snaps[k][i]);
         teardown(&P[k], &r[k], &D[k]);
@@ -994,6 +1002,30 @@ static void bad_cases(fg_backend be) {
     TH_EXPECT_BAD(FG_ERR_NULL_POINTER, "y is NULL", &D.x,
                   fg_encoder_layer_forward(D.ctx, &D.desc, &D.run, &D.x.t, NULL, &D.sin.t, &D.params, NULL, NULL,
                                            D.cache.ptr, D.cache_bytes));
+    {   /* SAVE_MIN's training forward places its temporaries in the caller's workspace */
+        fg_encoder_layer_desc m = D.desc;
+        m.save = FG_ENCODER_SAVE_MIN;
+        size_t cb = 0, wb = 0;
+        TH_OK(fg_encoder_layer_sizes(&m, FG_F32, c.B, c.L, &cb, &wb));
+        TH_CHECK(cb < D.cache_bytes && wb > 0, "SAVE_MIN: cache %zu (SAVE_ALL %zu), workspace %zu", cb, D.cache_bytes, wb);
+        TH_EXPECT_BAD(FG_ERR_NULL_POINTER, "fg_encoder_layer_forward_ws", y,
+                      fg_encoder_layer_forward(D.ctx, &m, &D.run, &D.x.t, NULL, &D.sin.t, &D.params, &D.y.t, NULL,
+                                               D.cache.ptr, D.cache_bytes));
+        TH_EXPECT_BAD(FG_ERR_NULL_POINTER, "workspace is NULL", y,
+                      fg_encoder_layer_forward_ws(D.ctx, &m, &D.run, &D.x.t, NULL, &D.sin.t, &D.params, &D.y.t, NULL,
+                                                  D.cache.ptr, D.cache_bytes, NULL, 0));
+        th_buf ws = th_alloc(be, FG_F32, (int64_t)(wb / 4 + 1));
+        TH_EXPECT_BAD(FG_ERR_WORKSPACE, "workspace holds", y,
+                      fg_encoder_layer_forward_ws(D.ctx, &m, &D.run, &D.x.t, NULL, &D.sin.t, &D.params, &D.y.t, NULL,
+                                                  D.cache.ptr, D.cache_bytes, ws.ptr, wb - 1));
+        TH_EXPECT_BAD(FG_ERR_MISALIGNED, "16-byte", y,
+                      fg_encoder_layer_forward_ws(D.ctx, &m, &D.run, &D.x.t, NULL, &D.sin.t, &D.params, &D.y.t, NULL,
+                                                  D.cache.ptr, D.cache_bytes, (char *)ws.ptr + 4, wb));
+        th_free(&ws);
+        TH_EXPECT_BAD(FG_ERR_ALIAS, "overlaps", y,
+                      fg_encoder_layer_forward_ws(D.ctx, &m, &D.run, &D.x.t, NULL, &D.sin.t, &D.params, &D.y.t, NULL,
+                                                  D.cache.ptr, D.cache_bytes, D.cache.ptr, D.cache_bytes));
+    }
     TH_EXPECT_BAD(FG_ERR_NULL_POINTER, "cache is NULL", y,
                   fg_encoder_layer_forward(D.ctx, &D.desc, &D.run, &D.x.t, NULL, &D.sin.t, &D.params, &D.y.t, NULL,
                                            NULL, 0));
@@ -1194,8 +1226,10 @@ int main(void) {
             c.scale = 0.3, c.eps = 1e-3, c.mom = 0.25;
             run_case(&c, be, FG_F16, false);
             c = base_cfg(norm);
-            c.save_less = false, c.p = 0.1, c.p_ff = 0.2, c.resid = true;
-            save_less_case(&c, be, FG_F32);
+            c.p = 0.1, c.p_ff = 0.2, c.resid = true;
+            save_case(&c, be, FG_F32, FG_ENCODER_SAVE_LESS);
+            save_case(&c, be, FG_F32, FG_ENCODER_SAVE_MIN);
+            save_case(&c, be, FG_BF16, FG_ENCODER_SAVE_MIN);
         }
         for (int act = 0; act < 4; act++) {
             static const int acts[4] = {FG_ACT_GELU, FG_ACT_GELU_TANH, FG_ACT_RELU, FG_ACT_SILU};

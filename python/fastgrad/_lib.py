@@ -135,7 +135,7 @@ UNARY = _enum("FG_UNARY_", ["scale", "pow", "leaky_relu", "elu", "clamp", "softc
 BINARY = _enum("FG_BINARY_", ["lerp", "axpby"])
 NORM = _enum("FG_NORM_", ["layer", "rms"])
 ENCODER_NORM = _enum("FG_ENCODER_", ["pre_layer", "pre_rms", "post_layer", "post_batch"])
-ENCODER_SAVE = _enum("FG_ENCODER_SAVE_", ["all", "less"])
+ENCODER_SAVE = _enum("FG_ENCODER_SAVE_", ["all", "less", "min"])
 
 _STATUS_NAMES = ["FG_OK", "FG_ERR_NULL_POINTER", "FG_ERR_INVALID_VALUE", "FG_ERR_SHAPE", "FG_ERR_DTYPE",
                  "FG_ERR_WRONG_DEVICE", "FG_ERR_MISALIGNED", "FG_ERR_WORKSPACE", "FG_ERR_OVERFLOW", "FG_ERR_ALIAS",
@@ -548,6 +548,10 @@ lib.fg_encoder_layer_forward.restype = _c
 lib.fg_encoder_layer_forward.argtypes = [ctypes.c_void_p, _P(EncoderLayerDesc), _P(EncoderLayerRun), _P(Tensor),
                                          _P(Tensor), _P(Tensor), _P(EncoderLayerParams), _P(Tensor), _P(Tensor),
                                          ctypes.c_void_p, ctypes.c_size_t]
+lib.fg_encoder_layer_forward_ws.restype = _c
+lib.fg_encoder_layer_forward_ws.argtypes = [ctypes.c_void_p, _P(EncoderLayerDesc), _P(EncoderLayerRun), _P(Tensor),
+                                            _P(Tensor), _P(Tensor), _P(EncoderLayerParams), _P(Tensor), _P(Tensor),
+                                            ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t]
 lib.fg_encoder_layer_backward.restype = _c
 lib.fg_encoder_layer_backward.argtypes = [ctypes.c_void_p, _P(EncoderLayerDesc), _P(EncoderLayerRun), _P(Tensor),
                                           _P(Tensor), _P(Tensor), _P(Tensor), _P(Tensor), _P(EncoderLayerParams),

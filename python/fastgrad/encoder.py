@@ -45,8 +45,9 @@ def encoder_desc(d_model, heads, d_ff, activation="gelu", norm="post_batch", nor
                  attn_scale=None, causal=False, residual_scores=False, dropout=0.0, dropout_ffn=0.0,
                  dropout_attn=0.0, save="all", dropout_proj=0.0):
     """The fg_encoder_layer_desc. activation: gelu, gelu_tanh, relu or silu; norm: pre_layer,
-    pre_rms, post_layer or post_batch; attn_scale None: 1/sqrt(d_model/heads); save: 'all' or
-    'less' (the FFN's pre-activation recomputed in the backward); dropout_proj: after the
+    pre_rms, post_layer or post_batch; attn_scale None: 1/sqrt(d_model/heads); save: 'all',
+    'less' (the FFN's pre-activation recomputed in the backward) or 'min' (the norms' outputs and
+    the FFN hidden too; the training forward's temporaries in a workspace); dropout_proj: after the
     attention's output projection, composed with the branch's dropout (PatchTST's to_out)."""
     if activation not in _ACTIVATIONS:
         raise ValueError(f"fastgrad: the encoder layer's activation must be one of {_ACTIVATIONS}, not {activation!r}")
@@ -132,14 +133,15 @@ def _run(train, seed, offset):
 
 
 def encoder_layer_forward(desc, x, params, lengths=None, scores_in=None, train=True, seed=0, offset=0,
-                          return_scores=False, scores_dtype=None, cache=None, out=None):
+                          return_scores=False, scores_dtype=None, cache=None, out=None, workspace=None):
     """(y, scores_out or None, cache or None) of one encoder layer on x [B, L, d] (contiguous).
     params: {name: array} by fg_encoder_layer_params' names (absent: None or left out); BatchNorm's
     running statistics are updated in place when train. lengths [B] int32/int64: keys at positions
     >= lengths[b] are masked. scores_in / return_scores: PatchTST's residual attention (the
     descriptor's residual_scores); the scores take scores_in's dtype, else scores_dtype (default
     x's). cache: a buffer of at least encoder_layer_sizes' cache_bytes, allocated when None and
-    train (an evaluation forward keeps none)."""
+    train (an evaluation forward keeps none). workspace: save "min"'s training forward places its
+    temporaries there (encoder_layer_sizes' workspace_bytes; allocated for the call when None)."""
     b, l = x.shape[0], x.shape[1]
     y = out if out is not None else _empty_like_family(x, tuple(x.shape))
     scores = None
@@ -151,10 +153,14 @@ def encoder_layer_forward(desc, x, params, lengths=None, scores_in=None, train=T
     ctx = _context(x)
     run = _run(train, seed, offset)
     p = _params(params)
-    _lib.check(_lib.lib.fg_encoder_layer_forward(
+    if train and desc.save == _lib.ENCODER_SAVE["min"] and workspace is None:
+        ws_bytes = encoder_layer_sizes(desc, x, b, l)[1]
+        workspace = _bytes(x, ws_bytes) if ws_bytes else None
+    _lib.check(_lib.lib.fg_encoder_layer_forward_ws(
         ctx.handle, ctypes.byref(desc), ctypes.byref(run), ctypes.byref(_describe(x, "x")),
         _tensor_ptr(lengths, "lengths"), _tensor_ptr(scores_in, "scores_in"), ctypes.byref(p),
-        ctypes.byref(_describe(y, "y")), _tensor_ptr(scores, "scores_out"), _ptr(cache), _nbytes(cache)))
+        ctypes.byref(_describe(y, "y")), _tensor_ptr(scores, "scores_out"), _ptr(cache), _nbytes(cache),
+        _ptr(workspace), _nbytes(workspace)))
     return y, scores, cache
 
 
@@ -426,7 +432,8 @@ if torch is not None:
         padding mask that pads the end of each sequence (it becomes lengths; checking it reads it on
         the host: pass lengths= [B] instead to skip that). Other masks are refused with a ValueError.
         save: 'all' keeps everything the backward reads, 'less' recomputes the FFN's
-        pre-activation."""
+        pre-activation, 'min' the norms' outputs and the FFN hidden too (the least memory: a
+        training step then holds the cache and one workspace; one more FFN-up product)."""
 
         def __init__(self, d_model, nhead, dim_feedforward=2048, dropout=0.1, activation="relu",
                      layer_norm_eps=1e-5, batch_first=True, norm_first=False, bias=True, device=None, dtype=None,

@@ -191,16 +191,22 @@ def test_cache_sizes():
     c_less, _ = fg.encoder_layer_sizes(desc_less, _lib.F32, b, l)
     assert c_all > 0 and ws_all >= 0
     assert c_all - c_less >= b * l * 256 * 4, "SAVE_LESS keeps no [B·L, d_ff] pre-activation"
+    c_min, ws_min = fg.encoder_layer_sizes(fg.encoder_desc(64, 4, 256, norm="pre_layer", save="min"), _lib.F32, b, l)
+    assert c_less - c_min >= b * l * (256 + 2 * 64) * 4, "SAVE_MIN keeps neither the FFN hidden nor u1, u2"
+    assert ws_min - ws_all >= b * l * 256 * 4, "SAVE_MIN's workspace holds the recomputed pre-activation too"
     assert fg.encoder_layer_sizes(desc_all, _lib.F32, 2 * b, l)[0] > c_all
 
 
-def test_save_less_same_gradients(rng):
+@pytest.mark.parametrize("save,norm", [("less", "post_layer"), ("min", "post_layer"), ("min", "pre_layer"),
+                                       ("min", "post_batch")])
+def test_saving_less_same_gradients(rng, save, norm):
+    """'less' and 'min' recompute what they do not keep with the forward's own calls: the same bits."""
     b, l, d, h, dff = 2, 6, 8, 2, 24
-    p = params_of(rng, d, dff, "post_layer", False)
+    p = params_of(rng, d, dff, norm, False)
     x, dy = data(rng, (b, l, d)), data(rng, (b, l, d))
     res = []
-    for save in ("all", "less"):
-        desc, y, _, cache = layer_call(p, x, h, dff, "post_layer", "gelu", save=save)
+    for mode in ("all", save):
+        desc, y, _, cache = layer_call(p, x, h, dff, norm, "gelu", save=mode)
         res.append((y,) + fg.encoder_layer_backward(desc, dy, x, p, cache))
     (y1, dx1, _, g1), (y2, dx2, _, g2) = res
     assert np.array_equal(y1, y2)

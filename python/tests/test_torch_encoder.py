@@ -62,7 +62,7 @@ def torch_layer(d, h, dff, act, norm_first, dropout=0.0, bias=True):
                                             bias=bias)
 
 
-def pair(rng, d, h, dff, act, norm_first, device, dtype, dropout=0.0, bias=True):
+def pair(rng, d, h, dff, act, norm_first, device, dtype, dropout=0.0, bias=True, save="all"):
     """(fastgrad layer in dtype, torch layer in f64) with the same weights: the torch layer's initial
     weights perturbed (norms and biases away from 1 / 0), rounded to dtype, loaded into both."""
     seeded(rng)
@@ -70,7 +70,7 @@ def pair(rng, d, h, dff, act, norm_first, device, dtype, dropout=0.0, bias=True)
     with torch.no_grad():
         for p in ref.parameters():
             p.add_(torch.from_numpy(rng.uniform(-0.2, 0.2, size=tuple(p.shape))).float())
-    ours = fg.TransformerEncoderLayer(d, h, dff, dropout, act, 1e-5, True, norm_first, bias)
+    ours = fg.TransformerEncoderLayer(d, h, dff, dropout, act, 1e-5, True, norm_first, bias, save=save)
     ours.load_state_dict(ref.state_dict())
     ours.to(device=device, dtype=dtype)
     ref.load_state_dict({k: v.to(dtype).double() for k, v in ours.state_dict().items()})
@@ -121,6 +121,17 @@ def compare(ours, ref, x, dy, dtype, **kw):
 @pytest.mark.parametrize("act", ["relu", "gelu", F.gelu])
 def test_layer_against_torch(rng, device, dtype, norm_first, act):
     ours, ref = pair(rng, 48, 4, 80, act, norm_first, device, dtype)
+    x, dy = inputs(rng, 3, 17, 48, device, dtype)
+    compare(ours, ref, x, dy, dtype)
+
+
+@pytest.mark.parametrize("device,dtype", CASES)
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("save", ["less", "min"])
+def test_layer_saving_less(rng, device, dtype, norm_first, save):
+    """save 'less' / 'min' (the forward's temporaries in a workspace, the backward recomputing them):
+    the same values and gradients as PyTorch's layer."""
+    ours, ref = pair(rng, 48, 4, 80, "gelu", norm_first, device, dtype, save=save)
     x, dy = inputs(rng, 3, 17, 48, device, dtype)
     compare(ours, ref, x, dy, dtype)
 

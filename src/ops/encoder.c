@@ -79,9 +79,9 @@ typedef struct layout_t {
     size_t bytes;
 } layout_t;
 
-/* The backward's workspace regions. */
+/* The workspace's regions. */
 typedef struct wlayout {
-    size_t ga, gb, gc, r;
+    size_t ga, gb, gc, r, r2;
     size_t bytes;
 } wlayout;
 
@@ -104,9 +104,11 @@ static bool place(size_t *off, int64_t count, size_t es, size_t *at) {
 }
 
 /* The cache, in one walk: what the forward writes and the backward reads. keep_pre: the FFN's
- * pre-activation (training with FG_ENCODER_SAVE_ALL). Row-norm statistics are per token,
- * BatchNorm's per channel. */
-static bool layout(const geom *g, bool keep_pre, layout_t *c) {
+ * pre-activation (training with FG_ENCODER_SAVE_ALL); lean (training with FG_ENCODER_SAVE_MIN):
+ * neither the pre-norms' outputs u1, u2 nor the FFN hidden f (the forward's temporaries in the
+ * workspace, recomputed by the backward). Row-norm statistics are per token, BatchNorm's per
+ * channel. */
+static bool layout(const geom *g, bool keep_pre, bool lean, layout_t *c) {
     size_t off = 0;
     bool ok = true;
     const int64_t T = g->T, d = g->d;
@@ -116,15 +118,16 @@ static bool layout(const geom *g, bool keep_pre, layout_t *c) {
     const int64_t nstat = g->bn ? d : T;
     const bool has_mean = g->bn || g->row_kind == FG_NORM_LAYER;
     c->u1 = c->s1 = c->u2 = c->s2 = c->pre = c->mean1 = c->mean2 = SIZE_MAX;
-    if (g->pre) ok = ok && place(&off, Td, g->es, &c->u1);
+    c->f = SIZE_MAX;
+    if (g->pre && !lean) ok = ok && place(&off, Td, g->es, &c->u1);
     ok = ok && place(&off, Td3, g->es, &c->qkv);
     ok = ok && place(&off, Td, g->es, &c->o);
     ok = ok && place(&off, BHL, g->as, &c->lse);
     if (!g->pre) ok = ok && place(&off, Td, g->es, &c->s1);
     ok = ok && place(&off, Td, g->es, &c->h);
-    if (g->pre) ok = ok && place(&off, Td, g->es, &c->u2);
-    else ok = ok && place(&off, Td, g->es, &c->s2);
-    ok = ok && place(&off, Tf, g->es, &c->f);
+    if (g->pre && !lean) ok = ok && place(&off, Td, g->es, &c->u2);
+    else if (!g->pre) ok = ok && place(&off, Td, g->es, &c->s2);
+    if (!lean) ok = ok && place(&off, Tf, g->es, &c->f);
     if (keep_pre) ok = ok && place(&off, Tf, g->es, &c->pre);
     if (has_mean) ok = ok && place(&off, nstat, g->as, &c->mean1);
     ok = ok && place(&off, nstat, g->as, &c->rstd1);
@@ -135,8 +138,11 @@ static bool layout(const geom *g, bool keep_pre, layout_t *c) {
 }
 
 /* The backward's workspace: three [T, d] gradients (two for post-norm) and one region that
- * holds the FFN hidden's gradient [T, d_ff] first and q, k, v's [3, T, d] later. */
-static bool wlayout_of(const geom *g, wlayout *w) {
+ * holds the FFN hidden's gradient [T, d_ff] first and q, k, v's [3, T, d] later. lean
+ * (FG_ENCODER_SAVE_MIN): also r2 [T, d_ff], the recomputed pre-activation (then the activation's
+ * gradient, formed in place); r first holds the recomputed FFN hidden. Its training forward places
+ * u1 and u2 in ga and f in r. */
+static bool wlayout_of(const geom *g, bool lean, wlayout *w) {
     size_t off = 0;
     int64_t Td, Td3, Tf;
     if (!mul_ok(g->T, g->d, &Td) || !mul_ok(Td, 3, &Td3) || !mul_ok(g->T, g->dff, &Tf)) return false;
@@ -144,6 +150,8 @@ static bool wlayout_of(const geom *g, wlayout *w) {
     w->gc = SIZE_MAX;
     if (g->pre) ok = ok && place(&off, Td, g->es, &w->gc);
     ok = ok && place(&off, Tf > Td3 ? Tf : Td3, g->es, &w->r);
+    w->r2 = SIZE_MAX;
+    if (lean) ok = ok && place(&off, Tf, g->es, &w->r2);
     w->bytes = (off + REGION_ALIGN - 1) / REGION_ALIGN * REGION_ALIGN;
     return ok && w->bytes >= off;
 }
@@ -184,9 +192,10 @@ static fg_status check_desc(const char *op, const fg_encoder_layer_desc *desc) {
     for (int i = 0; i < 4; i++)
         if (!(ps[i] >= 0 && ps[i] < 1))
             return fg_fail(FG_ERR_INVALID_VALUE, "%s: desc->%s (%g) must be in [0, 1)", op, pn[i], ps[i]);
-    if (e->save != FG_ENCODER_SAVE_ALL && e->save != FG_ENCODER_SAVE_LESS)
-        return fg_fail(FG_ERR_INVALID_VALUE, "%s: desc->save (%d) must be FG_ENCODER_SAVE_ALL or FG_ENCODER_SAVE_LESS",
-                       op, (int)e->save);
+    if (e->save != FG_ENCODER_SAVE_ALL && e->save != FG_ENCODER_SAVE_LESS && e->save != FG_ENCODER_SAVE_MIN)
+        return fg_fail(FG_ERR_INVALID_VALUE,
+                       "%s: desc->save (%d) must be FG_ENCODER_SAVE_ALL, FG_ENCODER_SAVE_LESS or FG_ENCODER_SAVE_MIN", op,
+                       (int)e->save);
     return FG_OK;
 }
 
@@ -511,12 +520,14 @@ static fg_tensor heads(const geom *g, void *p, int64_t col, int64_t width) {
 typedef struct layer {
     const fg_encoder_layer_desc *desc;
     geom g;
-    bool train, keep_pre;
+    bool train, keep_pre, lean;  /* lean: training with FG_ENCODER_SAVE_MIN */
     uint64_t seed, offset;
     const fg_tensor *x, *lengths, *scores_in;
     const fg_tensor *p[P_N];   /* the parameters, NULL when absent */
     layout_t c;
     void *cache;
+    wlayout w;    /* lean: the workspace's regions, ws its base (the forward's temporaries) */
+    void *ws;
 } layer;
 
 /* Site 1's rate: the branch's dropout after the projection's, as one mask (independent masks
@@ -578,10 +589,13 @@ static fg_status forward_walk(sub *e, const layer *l, void *base, const fg_tenso
     const int64_t T = g->T, d = g->d, dff = g->dff;
     const fg_encoder_layer_desc *desc = l->desc;
     const fg_tensor X = t2(dt, l->x->data, T, d), Y = t2(dt, y->data, T, d);
-    const fg_tensor U1 = t2(dt, at(base, c->u1), T, d), H_ = t2(dt, at(base, c->h), T, d);
-    const fg_tensor U2 = t2(dt, at(base, c->u2), T, d), S1 = t2(dt, at(base, c->s1), T, d);
+    /* lean: u1, then u2, in the workspace's ga; f in its r */
+    void *u1 = l->lean ? at(l->ws, l->w.ga) : at(base, c->u1), *u2 = l->lean ? at(l->ws, l->w.ga) : at(base, c->u2);
+    void *f = l->lean ? at(l->ws, l->w.r) : at(base, c->f), *pre = l->lean ? at(l->ws, l->w.r2) : at(base, c->pre);
+    const fg_tensor U1 = t2(dt, u1, T, d), H_ = t2(dt, at(base, c->h), T, d);
+    const fg_tensor U2 = t2(dt, u2, T, d), S1 = t2(dt, at(base, c->s1), T, d);
     const fg_tensor S2 = t2(dt, at(base, c->s2), T, d);
-    const fg_tensor F = t2(dt, at(base, c->f), T, dff), PRE = t2(dt, at(base, c->pre), T, dff);
+    const fg_tensor F = t2(dt, f, T, dff), PRE = t2(dt, pre, T, dff);
     const fg_tensor m1 = stat(l, base, c->mean1), r1 = stat(l, base, c->rstd1);
     const fg_tensor m2 = stat(l, base, c->mean2), r2 = stat(l, base, c->rstd2);
     const bool has_mean = c->mean1 != SIZE_MAX;
@@ -636,13 +650,14 @@ static fg_status forward_walk(sub *e, const layer *l, void *base, const fg_tenso
         FG_TRY(run_part(e, FG_OP_BATCH_NORM_FORWARD, &bo, a, 10, 0));
         ffn_in = &H_;
     }
-    /* the FFN: act(u·W1ᵀ + b1) (pre kept unless SAVE_LESS), dropout site 2, then W2 → y's memory */
+    /* the FFN: act(u·W1ᵀ + b1) (pre kept with SAVE_ALL; lean: written to the workspace, so that f has
+       the bits of the backward's recomputing call), dropout site 2, then W2 → y's memory */
     {
         fg_linear_act_options lo;
         memset(&lo, 0, sizeof lo);
         lo.act = desc->activation;
         lo.saved = FG_ACT_SAVED_PRE;
-        const fg_tensor *a[5] = {ffn_in, P[P_W1], P[P_B1], &F, l->keep_pre ? &PRE : NULL};
+        const fg_tensor *a[5] = {ffn_in, P[P_W1], P[P_B1], &F, l->keep_pre || l->lean ? &PRE : NULL};
         FG_TRY(run_part(e, FG_OP_LINEAR_ACT_FORWARD, &lo, a, 5, 0));
         const fg_dropout_options d2 = drop(l, 2, desc->dropout_ffn);
         FG_TRY(dropout_fwd(e, &d2, &F, &F));
@@ -683,7 +698,8 @@ fg_status fg_encoder_layer_sizes(const fg_encoder_layer_desc *desc, fg_dtype dty
     FG_TRY(geom_of(op, desc, dtype, B, L, &g));
     layout_t c;
     wlayout w;
-    if (!layout(&g, desc->save == FG_ENCODER_SAVE_ALL, &c) || !wlayout_of(&g, &w))
+    const bool lean = desc->save == FG_ENCODER_SAVE_MIN;
+    if (!layout(&g, desc->save == FG_ENCODER_SAVE_ALL, lean, &c) || !wlayout_of(&g, lean, &w))
         return fg_fail(FG_ERR_OVERFLOW, "%s: the cache or workspace of B=%lld, L=%lld overflows", op, (long long)B,
                        (long long)L);
     if (cache_bytes) *cache_bytes = g.T ? c.bytes : 0;
@@ -724,11 +740,12 @@ static fg_status resolve(fg_context *ctx, const char *op, const fg_encoder_layer
     return FG_OK;
 }
 
-fg_status fg_encoder_layer_forward(fg_context *ctx, const fg_encoder_layer_desc *desc, const fg_encoder_layer_run *run,
-                                   const fg_tensor *x, const fg_tensor *lengths, const fg_tensor *scores_in,
-                                   const fg_encoder_layer_params *params, const fg_tensor *y,
-                                   const fg_tensor *scores_out, void *cache, size_t cache_bytes) {
-    const char *op = "encoder_layer_forward";
+/* Both forward entries; with_ws: the _ws entry (workspace given, or NULL where not needed). */
+static fg_status forward_entry(const char *op, fg_context *ctx, const fg_encoder_layer_desc *desc,
+                               const fg_encoder_layer_run *run, const fg_tensor *x, const fg_tensor *lengths,
+                               const fg_tensor *scores_in, const fg_encoder_layer_params *params, const fg_tensor *y,
+                               const fg_tensor *scores_out, void *cache, size_t cache_bytes, void *workspace,
+                               size_t workspace_bytes, bool with_ws) {
     layer l;
     FG_TRY(resolve(ctx, op, desc, run, x, lengths, scores_in, params, &l));
     const geom *g = &l.g;
@@ -741,12 +758,19 @@ fg_status fg_encoder_layer_forward(fg_context *ctx, const fg_encoder_layer_desc 
         FG_TRY(check_scores(ctx, op, desc, g, s, sn, 2));
     }
     l.keep_pre = l.train && desc->save == FG_ENCODER_SAVE_ALL;
-    if (!layout(g, l.keep_pre, &l.c))
-        return fg_fail(FG_ERR_OVERFLOW, "%s: the cache of B=%lld, L=%lld overflows", op, (long long)g->B,
+    l.lean = l.train && desc->save == FG_ENCODER_SAVE_MIN;
+    if (!layout(g, l.keep_pre, l.lean, &l.c) || !wlayout_of(g, l.lean, &l.w))
+        return fg_fail(FG_ERR_OVERFLOW, "%s: the cache or workspace of B=%lld, L=%lld overflows", op, (long long)g->B,
                        (long long)g->L);
-    const size_t need = g->T ? l.c.bytes : 0;
+    const size_t need = g->T ? l.c.bytes : 0, wneed = g->T && l.lean ? l.w.bytes : 0;
     const bool own = !l.train && !cache; /* evaluation without a cache: the context's workspace */
     if (!own) FG_TRY(check_buffer(ctx, op, "cache", cache, cache_bytes, need));
+    if (l.lean && !with_ws)
+        return fg_fail(FG_ERR_NULL_POINTER,
+                       "%s: desc->save is FG_ENCODER_SAVE_MIN, whose training forward needs a workspace "
+                       "(fg_encoder_layer_forward_ws)", op);
+    if (l.lean) FG_TRY(check_buffer(ctx, op, "workspace", workspace, workspace_bytes, wneed));
+    l.ws = l.lean ? workspace : NULL;
     spans sp;
     sp.n = 0;
     add_tensor(&sp, "x", x, false);
@@ -756,6 +780,7 @@ fg_status fg_encoder_layer_forward(fg_context *ctx, const fg_encoder_layer_desc 
     add_tensor(&sp, "y", y, true);
     add_tensor(&sp, "scores_out", scores_out, true);
     if (!own) add_bytes(&sp, "cache", cache, need, true);
+    if (l.lean) add_bytes(&sp, "workspace", workspace, wneed, true);
     FG_TRY(check_spans(op, &sp));
     if (g->T == 0) {
         fg_clear_error();
@@ -787,6 +812,23 @@ fg_status fg_encoder_layer_forward(fg_context *ctx, const fg_encoder_layer_desc 
     FG_TRY(forward_walk(&e, &l, base, y, scores_out));
     fg_clear_error();
     return FG_OK;
+}
+
+fg_status fg_encoder_layer_forward(fg_context *ctx, const fg_encoder_layer_desc *desc, const fg_encoder_layer_run *run,
+                                   const fg_tensor *x, const fg_tensor *lengths, const fg_tensor *scores_in,
+                                   const fg_encoder_layer_params *params, const fg_tensor *y,
+                                   const fg_tensor *scores_out, void *cache, size_t cache_bytes) {
+    return forward_entry("encoder_layer_forward", ctx, desc, run, x, lengths, scores_in, params, y, scores_out, cache,
+                         cache_bytes, NULL, 0, false);
+}
+
+fg_status fg_encoder_layer_forward_ws(fg_context *ctx, const fg_encoder_layer_desc *desc,
+                                      const fg_encoder_layer_run *run, const fg_tensor *x, const fg_tensor *lengths,
+                                      const fg_tensor *scores_in, const fg_encoder_layer_params *params,
+                                      const fg_tensor *y, const fg_tensor *scores_out, void *cache, size_t cache_bytes,
+                                      void *workspace, size_t workspace_bytes) {
+    return forward_entry("encoder_layer_forward_ws", ctx, desc, run, x, lengths, scores_in, params, y, scores_out,
+                         cache, cache_bytes, workspace, workspace_bytes, true);
 }
 
 /* One call whose outputs are partly the layer's temporaries and partly the caller's gradients:
@@ -823,8 +865,9 @@ fg_status fg_encoder_layer_backward(fg_context *ctx, const fg_encoder_layer_desc
     }
     if (grads) FG_TRY(check_params(ctx, op, desc, g, grads, params, NULL));
     l.keep_pre = desc->save == FG_ENCODER_SAVE_ALL;
+    l.lean = desc->save == FG_ENCODER_SAVE_MIN;
     wlayout w;
-    if (!layout(g, l.keep_pre, &l.c) || !wlayout_of(g, &w))
+    if (!layout(g, l.keep_pre, l.lean, &l.c) || !wlayout_of(g, l.lean, &w))
         return fg_fail(FG_ERR_OVERFLOW, "%s: the cache or workspace of B=%lld, L=%lld overflows", op, (long long)g->B,
                        (long long)g->L);
     const size_t cneed = g->T ? l.c.bytes : 0, wneed = g->T ? w.bytes : 0;
@@ -865,10 +908,15 @@ fg_status fg_encoder_layer_backward(fg_context *ctx, const fg_encoder_layer_desc
     const fg_tensor *const *P = l.p;
     const fg_tensor X = t2(dt, x->data, T, d), DY = t2(dt, dy->data, T, d);
     const fg_tensor DX = dx ? t2(dt, dx->data, T, d) : t2(dt, NULL, 0, 0);
-    const fg_tensor U1 = t2(dt, at(base, c->u1), T, d), H_ = t2(dt, at(base, c->h), T, d);
-    const fg_tensor U2 = t2(dt, at(base, c->u2), T, d), S1 = t2(dt, at(base, c->s1), T, d);
+    /* lean: what the cache lacks is recomputed into the workspace, each where nothing live is:
+       u2 in gc (before N2's backward writes it), f in r (before the hidden's gradient), pre in r2
+       (the activation's gradient then formed in place), u1 in ga (after the projection's backward) */
+    void *u1 = l.lean ? at(workspace, w.ga) : at(base, c->u1), *u2 = l.lean ? at(workspace, w.gc) : at(base, c->u2);
+    void *f = l.lean ? at(workspace, w.r) : at(base, c->f), *pre = l.lean ? at(workspace, w.r2) : at(base, c->pre);
+    const fg_tensor U1 = t2(dt, u1, T, d), H_ = t2(dt, at(base, c->h), T, d);
+    const fg_tensor U2 = t2(dt, u2, T, d), S1 = t2(dt, at(base, c->s1), T, d);
     const fg_tensor S2 = t2(dt, at(base, c->s2), T, d);
-    const fg_tensor F = t2(dt, at(base, c->f), T, dff), PRE = t2(dt, at(base, c->pre), T, dff);
+    const fg_tensor F = t2(dt, f, T, dff), PRE = t2(dt, pre, T, dff);
     const fg_tensor m1 = stat(&l, base, c->mean1), r1 = stat(&l, base, c->rstd1);
     const fg_tensor m2 = stat(&l, base, c->mean2), r2 = stat(&l, base, c->rstd2);
     const bool has_mean = c->mean1 != SIZE_MAX;
@@ -881,7 +929,8 @@ fg_status fg_encoder_layer_backward(fg_context *ctx, const fg_encoder_layer_desc
     memset(&lo, 0, sizeof lo);
     lo.act = ds->activation;
     lo.saved = FG_ACT_SAVED_PRE;
-    const fg_tensor *saved = l.keep_pre ? &PRE : NULL;
+    lo.consume = l.lean ? 1 : 0; /* lean: pre is the workspace's, g is formed over it */
+    const fg_tensor *saved = l.keep_pre || l.lean ? &PRE : NULL;
     const fg_tensor *ffn_in = g->pre ? &U2 : &H_;
 
     /* Post-norm: the FFN block's norm N2 over s2 = h + dropout₃(g): dh (its residual part) → GA, dg → GB */
@@ -906,6 +955,20 @@ fg_status fg_encoder_layer_backward(fg_context *ctx, const fg_encoder_layer_desc
         dg = &DY;
     }
     /* g = f̃·W2ᵀ + b2; f̃ = dropout₂(act(u·W1ᵀ + b1)) */
+    if (l.lean) { /* u2 (pre-norm), then pre and f̃ by the forward's own calls */
+        if (g->pre) {
+            const fg_norm_options no = row_opts(&l, 1, 0.0);
+            const fg_tensor *a[8] = {&H_, NULL, P[P_N2W], P[P_N2B], &U2, NULL, NULL, NULL};
+            FG_TRY(run_part(&e, FG_OP_NORM_FORWARD, &no, a, 8, 0));
+        }
+        fg_linear_act_options fo;
+        memset(&fo, 0, sizeof fo);
+        fo.act = ds->activation;
+        fo.saved = FG_ACT_SAVED_PRE;
+        const fg_tensor *a[5] = {ffn_in, P[P_W1], P[P_B1], &F, &PRE};
+        FG_TRY(run_part(&e, FG_OP_LINEAR_ACT_FORWARD, &fo, a, 5, 0));
+        FG_TRY(dropout_fwd(&e, &d2, &F, &F));
+    }
     FG_TRY(lin_bw_w(&e, dg, &F, G[P_W2], U));
     FG_TRY(lin_bw_b(&e, dg, G[P_B2], U));
     FG_TRY(lin_bw_in(&e, dg, P[P_W2], &DF, 0));
@@ -968,6 +1031,11 @@ fg_status fg_encoder_layer_backward(fg_context *ctx, const fg_encoder_layer_desc
         FG_TRY(run_part(&e, FG_OP_ATTENTION_BACKWARD, &ao, a, 13, acc));
     }
     /* q, k, v = u·W_jᵀ + b_j: per j the weight and bias gradients, and du = Σ_j dqkv_j·W_j */
+    if (l.lean && g->pre) { /* u1 = N1(x) into ga: da there is spent */
+        const fg_norm_options no = row_opts(&l, 1, 0.0);
+        const fg_tensor *a[8] = {&X, NULL, P[P_N1W], P[P_N1B], &U1, NULL, NULL, NULL};
+        FG_TRY(run_part(&e, FG_OP_NORM_FORWARD, &no, a, 8, 0));
+    }
     const fg_tensor *qin = g->pre ? &U1 : &X;
     static const int wj[3] = {P_WQ, P_WK, P_WV}, bj[3] = {P_BQ, P_BK, P_BV};
     for (int j = 0; j < 3; j++) {

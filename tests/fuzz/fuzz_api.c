@@ -921,6 +921,11 @@ static void encoder_call(rd *r) {
     if (a_cache < 0 || a_ws < 0) return;
     for (size_t b = 0; b < cache_give; b++) arenas[a_cache].mark[b] = 1; /* the forward writes the cache */
     uint8_t *cache = (cut & 4) ? NULL : arenas[a_cache].mem + GUARD;
+    /* the _ws entry (SAVE_MIN's training forward writes its temporaries there) */
+    const bool with_ws = (cut & 32) != 0;
+    if (with_ws)
+        for (size_t b = 0; b < ws_give; b++) arenas[a_ws].mark[b] = 1;
+    uint8_t *ws = (cut & 64) ? NULL : arenas[a_ws].mem + GUARD;
     fg_encoder_layer_params P;
     memset(&P, 0, sizeof P);
     for (int i = 0; i < ENC_N; i++)
@@ -931,8 +936,12 @@ static void encoder_call(rd *r) {
     arenas_snapshot();
     plant_stale_error();
     redirect_fds();
-    s = fg_encoder_layer_forward(ctx, desc_null ? NULL : &d, (cut & 8) ? NULL : &run, X, len, sin,
-                                 (cut & 16) ? NULL : &P, Y, sout, cache, cache_give);
+    if (with_ws)
+        s = fg_encoder_layer_forward_ws(ctx, desc_null ? NULL : &d, (cut & 8) ? NULL : &run, X, len, sin,
+                                        (cut & 16) ? NULL : &P, Y, sout, cache, cache_give, ws, ws_give);
+    else
+        s = fg_encoder_layer_forward(ctx, desc_null ? NULL : &d, (cut & 8) ? NULL : &run, X, len, sin,
+                                     (cut & 16) ? NULL : &P, Y, sout, cache, cache_give);
     check_status("encoder_layer_forward", s);
     arenas_check("encoder_layer_forward", s == FG_OK);
     if (s != FG_OK || !run.train || !cache) return;

@@ -1097,7 +1097,8 @@ FG_NODISCARD FG_API fg_status fg_encoder_layer_sizes(const fg_encoder_layer_desc
  * src_key_padding_mask with padding at the end). scores_in: optional, only with residual_scores.
  * cache: device (context) memory of at least cache_bytes, 16-byte aligned; NULL allowed when
  * run->train = 0 (the forward then keeps its temporaries in the context's own workspace, grown
- * to hold them beside what its parts need). Every tensor is contiguous. */
+ * to hold them beside what its parts need; so does an evaluation with FG_ENCODER_SAVE_MIN, whose
+ * cache is sized for training and is not used). Every tensor is contiguous. */
 FG_NODISCARD FG_API fg_status fg_encoder_layer_forward(fg_context *ctx, const fg_encoder_layer_desc *desc,
                                                        const fg_encoder_layer_run *run, const fg_tensor *x,
                                                        const fg_tensor *lengths, const fg_tensor *scores_in,

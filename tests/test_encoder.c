@@ -885,7 +885,17 @@ static void save_case(const cfg *c0, fg_backend be, fg_dtype dt, fg_encoder_save
         if (snaps[0][2 + i])
             TH_CHECK(memcmp(snaps[0][2 + i], snaps[1][2 + i], (size_t)D[0].gp[i].buf.n * fg_dtype_size(dt)) == 0,
                      "[%s] %s d%s differs", label, mode, pname[i]);
+    /* evaluation, the cache given as fg_encoder_layer_sizes sized it for training */
+    void *ev[2];
     for (int k = 0; k < 2; k++) {
+        D[k].run.train = 0;
+        TH_OK(dev_forward(&D[k], true));
+        ev[k] = th_snapshot(&D[k].y.buf);
+    }
+    TH_CHECK(memcmp(ev[0], ev[1], (size_t)D[0].y.buf.n * fg_dtype_size(dt)) == 0, "[%s] %s evaluation y differs", label,
+             mode);
+    for (int k = 0; k < 2; k++) {
+        free(ev[k]);
         for (int i = 0; i < NP + 2; i++) free(snaps[k][i]);
         teardown(&P[k], &r[k], &D[k]);
     }

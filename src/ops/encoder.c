@@ -763,7 +763,9 @@ static fg_status forward_entry(const char *op, fg_context *ctx, const fg_encoder
         return fg_fail(FG_ERR_OVERFLOW, "%s: the cache or workspace of B=%lld, L=%lld overflows", op, (long long)g->B,
                        (long long)g->L);
     const size_t need = g->T ? l.c.bytes : 0, wneed = g->T && l.lean ? l.w.bytes : 0;
-    const bool own = !l.train && !cache; /* evaluation without a cache: the context's workspace */
+    /* evaluation without a cache, or with SAVE_MIN's (sized for what training keeps, not for the
+       temporaries): the temporaries in the context's workspace */
+    const bool own = !l.train && (!cache || desc->save == FG_ENCODER_SAVE_MIN);
     if (!own) FG_TRY(check_buffer(ctx, op, "cache", cache, cache_bytes, need));
     if (l.lean && !with_ws)
         return fg_fail(FG_ERR_NULL_POINTER,

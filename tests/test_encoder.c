@@ -1240,6 +1240,9 @@ int main(void) {
             save_case(&c, be, FG_F32, FG_ENCODER_SAVE_LESS);
             save_case(&c, be, FG_F32, FG_ENCODER_SAVE_MIN);
             save_case(&c, be, FG_BF16, FG_ENCODER_SAVE_MIN);
+            c = base_cfg(norm); /* SAVE_MIN against the reference, with the accumulate and rerun extras */
+            c.save = FG_ENCODER_SAVE_MIN, c.p = 0.1, c.p_ff = 0.2, c.p_attn = 0.1, c.resid = true, c.dscores = true;
+            run_case(&c, be, FG_F32, true);
         }
         for (int act = 0; act < 4; act++) {
             static const int acts[4] = {FG_ACT_GELU, FG_ACT_GELU_TANH, FG_ACT_RELU, FG_ACT_SILU};

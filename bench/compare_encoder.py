@@ -15,8 +15,9 @@ over rounds, inputs rotated between two sets, the implementations interleaved). 
 torch.cuda.max_memory_allocated() during one step above what was allocated before it (weights
 and inputs excluded; fastgrad's cache and the backward's workspace come from torch's caching
 allocator; the library context's own workspace, where the layer's parts run, does not, so it is
-released before fastgrad's step and what it holds after the step is added: fg.workspace_bytes). An implementation that fails (a torch.compile that does not build, an
-out-of-memory) is reported as such and the others still run. Prints a markdown table.
+released before fastgrad's step and what it holds after the step is added: fg.workspace_bytes).
+An implementation that fails (a torch.compile that does not build, an out-of-memory) is reported
+as such and the others still run. Prints a markdown table.
 
     PYTHONPATH=python python3 bench/compare_encoder.py [--quick] [--out docs/benchmarks-encoder.md]
 """

@@ -435,6 +435,20 @@ def section_host(args, device, out):
 
 # ------------------------------------------------------------------ 3. AdamW on the parameter set
 
+def adamw_param_sets(shapes, device, dtype, sets=2, seed=1):
+    """`sets` lists of parameters of these shapes, each with a gradient (random, small): what an
+    optimizer step over the model's parameter set reads and writes, without the model."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+
+    def params():
+        ps = [nn.Parameter(torch.randn(s, generator=g).mul_(0.02).to(device, dtype)) for s in shapes]
+        for p in ps:
+            p.grad = torch.randn(p.shape, generator=g).mul_(0.01).to(device, dtype)
+        return ps
+
+    return [params() for _ in range(sets)]
+
+
 def section_adamw(c, args, device, dtype, clock, out):
     torch.manual_seed(0)
     shapes = [p.shape for p in GPT2(c, "torch").parameters()]
@@ -445,15 +459,7 @@ def section_adamw(c, args, device, dtype, clock, out):
     out.append("|---|---:|---:|")
     res = {}
     try:
-        g = torch.Generator(device="cpu").manual_seed(1)
-
-        def params():
-            ps = [nn.Parameter(torch.randn(s, generator=g).mul_(0.02).to(device, dtype)) for s in shapes]
-            for p in ps:
-                p.grad = torch.randn(p.shape, generator=g).mul_(0.01).to(device, dtype)
-            return ps
-
-        pt, pf = params(), params()
+        pt, pf = adamw_param_sets(shapes, device, dtype)
         ot, kind = torch_adamw(pt, 6e-4, 0.1)
         of = fg.AdamW(pf, lr=6e-4, weight_decay=0.1, moment_dtype="param")
         tt, tf = [], []

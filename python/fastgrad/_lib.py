@@ -605,6 +605,10 @@ class Context:
         check(lib.fg_context_workspace_size(self.handle, ctypes.byref(n)))
         return n.value
 
+    def release_workspace(self):
+        """Frees the context's own workspace (fg_context_set_workspace(NULL, 0))."""
+        check(lib.fg_context_set_workspace(self.handle, None, 0))
+
     def __del__(self):
         try:
             self.clear_plans()

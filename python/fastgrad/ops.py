@@ -301,13 +301,22 @@ def plan_info(op, operands, names=None, accumulate=False, options=None):
             "alignment": p.alignment}
 
 
+def _device_context(device, stream=False):
+    """This thread's context for `device`: None or a CPU device the CPU context, else the CUDA
+    device's (a torch.device or an index); stream: set to torch's current stream there."""
+    if device is None or (torch is not None and isinstance(device, torch.device) and device.type == "cpu"):
+        return _lib.context(_lib.BACKEND_CPU, 0)
+    index = (device.index if isinstance(device, torch.device) else int(device)) or 0
+    ctx = _lib.context(_lib.BACKEND_CUDA, index)
+    if stream:
+        ctx.set_stream(_cuda_stream(index))
+    return ctx
+
+
 def last_kernels(device=None):
     """The kernels the last op on this thread's context for `device` (None or a CPU device:
     the CPU context) launched, in order, as fg_context_last_kernels names them."""
-    if device is None or (torch is not None and isinstance(device, torch.device) and device.type == "cpu"):
-        return _lib.context(_lib.BACKEND_CPU, 0).last_kernels()
-    index = device.index if isinstance(device, torch.device) else int(device)
-    return _lib.context(_lib.BACKEND_CUDA, index or 0).last_kernels()
+    return _device_context(device).last_kernels()
 
 
 def workspace_bytes(device=None):
@@ -315,21 +324,13 @@ def workspace_bytes(device=None):
     context) holds now: its own, grown by the composed ops (the encoder layer's parts) and kept
     between calls. On CUDA it is allocated outside torch's caching allocator, so a peak taken
     from torch.cuda.max_memory_allocated() leaves it out: add it."""
-    if device is None or (torch is not None and isinstance(device, torch.device) and device.type == "cpu"):
-        return _lib.context(_lib.BACKEND_CPU, 0).workspace_bytes()
-    index = device.index if isinstance(device, torch.device) else int(device)
-    return _lib.context(_lib.BACKEND_CUDA, index or 0).workspace_bytes()
+    return _device_context(device).workspace_bytes()
 
 
 def release_workspace(device=None):
-    """Frees the workspace this thread's context for `device` holds (it grows again on demand)."""
-    if device is None or (torch is not None and isinstance(device, torch.device) and device.type == "cpu"):
-        ctx = _lib.context(_lib.BACKEND_CPU, 0)
-    else:
-        index = device.index if isinstance(device, torch.device) else int(device)
-        ctx = _lib.context(_lib.BACKEND_CUDA, index or 0)
-        ctx.set_stream(_cuda_stream(index or 0))
-    _lib.check(_lib.lib.fg_context_set_workspace(ctx.handle, None, 0))
+    """Frees the workspace this thread's context for `device` holds (stream-ordered on torch's
+    current stream; it grows again on demand)."""
+    _device_context(device, stream=True).release_workspace()
 
 
 # ------------------------------------------------------------------ Linear
@@ -640,13 +641,7 @@ def linear_cross_entropy_onepass(h, w, target, b=None, row_weight=None, need=(Tr
 def context_check(device=None):
     """Waits for the context's stream and raises FastgradError(FG_ERR_DEVICE_VALUE) when a
     kernel found a bad value since the last check (e.g. a target outside [0, V))."""
-    if device is None or (torch is not None and isinstance(device, torch.device) and device.type == "cpu"):
-        _lib.context(_lib.BACKEND_CPU, 0).check()
-        return
-    index = device.index if isinstance(device, torch.device) else int(device)
-    ctx = _lib.context(_lib.BACKEND_CUDA, index or 0)
-    ctx.set_stream(_cuda_stream(index or 0))
-    ctx.check()
+    _device_context(device, stream=True).check()
 
 
 # ------------------------------------------------------------------ Attention

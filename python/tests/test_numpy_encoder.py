@@ -233,7 +233,8 @@ def test_context_workspace_is_reported(rng):
     fg.release_workspace()
     assert fg.workspace_bytes() == 0, "released"
     layer_call(p, x, h, dff, "pre_layer", "gelu", train=False)
-    assert b * l * dff * x.itemsize <= fg.workspace_bytes() < 40 * b * l * dff * x.itemsize, "grown again, to this call's need"
+    assert b * l * dff * x.itemsize <= fg.workspace_bytes() < 40 * b * l * dff * x.itemsize, \
+        "grown again, to this call's need"
 
 
 def test_refusals_name_the_argument_and_write_nothing(rng):

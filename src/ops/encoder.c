@@ -581,6 +581,19 @@ static fg_tensor stat(const layer *l, void *base, size_t off) {
 
 static const fg_tensor *opt_t(const fg_tensor *t) { return t && t->rank ? t : NULL; }
 
+/* The FFN hidden f̃ = dropout₂(act(u·W1ᵀ + b1)) into F, and pre into PRE when given: the forward's
+   call, and SAVE_MIN's backward recomputing them (the same calls: the same bits). */
+static fg_status ffn_hidden(sub *e, const layer *l, const fg_tensor *u, const fg_tensor *F, const fg_tensor *PRE) {
+    fg_linear_act_options lo;
+    memset(&lo, 0, sizeof lo);
+    lo.act = l->desc->activation;
+    lo.saved = FG_ACT_SAVED_PRE;
+    const fg_tensor *a[5] = {u, l->p[P_W1], l->p[P_B1], F, PRE};
+    FG_TRY(run_part(e, FG_OP_LINEAR_ACT_FORWARD, &lo, a, 5, 0));
+    const fg_dropout_options d2 = drop(l, 2, l->desc->dropout_ffn);
+    return dropout_fwd(e, &d2, F, F);
+}
+
 /* The forward on the cache at `base` (the cache, or the context's workspace in evaluation). */
 static fg_status forward_walk(sub *e, const layer *l, void *base, const fg_tensor *y, const fg_tensor *scores_out) {
     const geom *g = &l->g;
@@ -652,17 +665,8 @@ static fg_status forward_walk(sub *e, const layer *l, void *base, const fg_tenso
     }
     /* the FFN: act(u·W1ᵀ + b1) (pre kept with SAVE_ALL; lean: written to the workspace, so that f has
        the bits of the backward's recomputing call), dropout site 2, then W2 → y's memory */
-    {
-        fg_linear_act_options lo;
-        memset(&lo, 0, sizeof lo);
-        lo.act = desc->activation;
-        lo.saved = FG_ACT_SAVED_PRE;
-        const fg_tensor *a[5] = {ffn_in, P[P_W1], P[P_B1], &F, l->keep_pre || l->lean ? &PRE : NULL};
-        FG_TRY(run_part(e, FG_OP_LINEAR_ACT_FORWARD, &lo, a, 5, 0));
-        const fg_dropout_options d2 = drop(l, 2, desc->dropout_ffn);
-        FG_TRY(dropout_fwd(e, &d2, &F, &F));
-        FG_TRY(lin_fwd(e, &F, P[P_W2], P[P_B2], &Y));
-    }
+    FG_TRY(ffn_hidden(e, l, ffn_in, &F, l->keep_pre || l->lean ? &PRE : NULL));
+    FG_TRY(lin_fwd(e, &F, P[P_W2], P[P_B2], &Y));
     /* the FFN block's residual (dropout site 3) and, post-norm, its norm */
     if (g->pre) {
         const fg_dropout_options d3 = drop(l, 3, desc->dropout);
@@ -963,13 +967,7 @@ fg_status fg_encoder_layer_backward(fg_context *ctx, const fg_encoder_layer_desc
             const fg_tensor *a[8] = {&H_, NULL, P[P_N2W], P[P_N2B], &U2, NULL, NULL, NULL};
             FG_TRY(run_part(&e, FG_OP_NORM_FORWARD, &no, a, 8, 0));
         }
-        fg_linear_act_options fo;
-        memset(&fo, 0, sizeof fo);
-        fo.act = ds->activation;
-        fo.saved = FG_ACT_SAVED_PRE;
-        const fg_tensor *a[5] = {ffn_in, P[P_W1], P[P_B1], &F, &PRE};
-        FG_TRY(run_part(&e, FG_OP_LINEAR_ACT_FORWARD, &fo, a, 5, 0));
-        FG_TRY(dropout_fwd(&e, &d2, &F, &F));
+        FG_TRY(ffn_hidden(&e, &l, ffn_in, &F, &PRE));
     }
     FG_TRY(lin_bw_w(&e, dg, &F, G[P_W2], U));
     FG_TRY(lin_bw_b(&e, dg, G[P_B2], U));

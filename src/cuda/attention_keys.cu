@@ -9,7 +9,9 @@
  * coalesced rows straight between registers and memory, the next row's loads in flight while
  * this one computes; the softmax is two 16-lane reductions, and P·v (the backward's dS·k) a
  * reduce-scatter that leaves each lane one head dim of the row. No [L, L] buffer, no block
- * barrier, no atomics but the bad-length flag, every sum in a fixed order.
+ * barrier, no atomics but the bad-length flag, every sum in a fixed order. Each kernel is built
+ * with and without dropout: without, it carries none of the Philox draw's registers (the hd-8
+ * backward then fits its 168 without spilling).
  * Why: the thread-a-row kernels (attention.cu, SHORT ROWS) stage the score rows through shared
  * memory (a head's rows take ≈ 21 KB there, so few heads fit an SM) and spend most of their
  * instructions addressing it; here the scores never leave registers and a head needs
@@ -190,7 +192,7 @@ __device__ __forceinline__ void krow_load(const attn_view &v, const S *p, int i,
    every head's rows stay 16-byte aligned. */
 __host__ __device__ __forceinline__ int keys_head_floats(int L, int hdp) { return (L * (2 * hdp + 2) + 3) & ~3; }
 
-template <typename T, typename S, int NS, int HDP>
+template <typename T, typename S, int NS, int HDP, bool DROP>
 __global__ void __launch_bounds__(KWARPS * 32, NS * HDP > 24 ? 4 : 5) keys_fwd_kernel(attn_params a) {
     extern __shared__ float4 ksm4[];
     const int L = a.L, hd = a.hd, kl = threadIdx.x & (KL - 1), hg = threadIdx.x / KL;
@@ -244,7 +246,7 @@ __global__ void __launch_bounds__(KWARPS * 32, NS * HDP > 24 ? 4 : 5) keys_fwd_k
         for (int s = 0; s < NS; s++) {
             const float e = x[s] == KNEG_INF ? 0.f : expf(x[s] - m);
             sum += e;
-            const float w = e * keep_factor(a, H_.n, i, kl + KL * s);
+            const float w = DROP ? e * keep_factor(a, H_.n, i, kl + KL * s) : e;
 #pragma unroll
             for (int d = 0; d < HDP; d++) acc[d] += w * v[s][d];
         }
@@ -264,7 +266,7 @@ __global__ void __launch_bounds__(KWARPS * 32, NS * HDP > 24 ? 4 : 5) keys_fwd_k
     }
 }
 
-template <typename T, typename S, int NS, int HDP>
+template <typename T, typename S, int NS, int HDP, bool DROP>
 __global__ void __launch_bounds__(KWARPS * 32, NS * HDP > 24 ? 2 : NS * HDP > 12 ? 3 : 4) keys_bwd_kernel(attn_params a) {
     extern __shared__ float4 ksm4[];
     const int L = a.L, hd = a.hd, kl = threadIdx.x & (KL - 1), hg = threadIdx.x / KL;
@@ -328,7 +330,7 @@ __global__ void __launch_bounds__(KWARPS * 32, NS * HDP > 24 ? 2 : NS * HDP > 12
             ds[s] = 0.f;
             if (j < jend) {
                 const float x = key_dot<HDP>(q, k[s]) * a.scale + cin[s];
-                const float p = expf(x - lse), kd = keep_factor(a, H_.n, i, j);
+                const float p = expf(x - lse), kd = DROP ? keep_factor(a, H_.n, i, j) : 1.f;
                 ds[s] = p * (key_dot<HDP>(dO, v[s]) * kd - D) + cg[s];
                 pk = p * kd;
             }
@@ -377,14 +379,21 @@ size_t keys_smem(int L, int hdp, bool forward) {
     return sizeof(float) * (size_t)KHEADS * (forward ? (size_t)L * hdp : (size_t)keys_head_floats(L, hdp));
 }
 
-template <typename T, typename S, int NS, int HDP>
-cudaError_t keys_launch(const attn_params &a, bool forward, cudaStream_t st) {
+template <typename T, typename S, int NS, int HDP, bool DROP>
+cudaError_t keys_launch_drop(const attn_params &a, bool forward, cudaStream_t st) {
     const int64_t heads = (int64_t)a.B * a.H;
     const unsigned blocks = (unsigned)((heads + KHEADS - 1) / KHEADS);
     const size_t smem = keys_smem(a.L, HDP, forward);
-    if (forward) keys_fwd_kernel<T, S, NS, HDP><<<blocks, KWARPS * 32, smem, st>>>(a);
-    else keys_bwd_kernel<T, S, NS, HDP><<<blocks, KWARPS * 32, smem, st>>>(a);
+    if (forward) keys_fwd_kernel<T, S, NS, HDP, DROP><<<blocks, KWARPS * 32, smem, st>>>(a);
+    else keys_bwd_kernel<T, S, NS, HDP, DROP><<<blocks, KWARPS * 32, smem, st>>>(a);
     return cudaGetLastError();
+}
+
+/* each kernel with and without dropout: the instance without carries none of its registers */
+template <typename T, typename S, int NS, int HDP>
+cudaError_t keys_launch(const attn_params &a, bool forward, cudaStream_t st) {
+    return a.dropout ? keys_launch_drop<T, S, NS, HDP, true>(a, forward, st)
+                     : keys_launch_drop<T, S, NS, HDP, false>(a, forward, st);
 }
 
 /* The instantiated (slots, padded head dim) pairs: every key slot's k, v (backward: and dk, dv)

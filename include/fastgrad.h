@@ -886,9 +886,11 @@ FG_NODISCARD FG_API fg_status fg_revin_backward(fg_context *ctx, const fg_revin_
  *   o_i   = Σ_j p̃_ij·v_j
  * scores_out (optional) receives s, −∞ at the masked positions: the next layer's scores_in.
  * A row with no unmasked key (lengths[b] = 0, or scores_in −∞ across it) gives o = 0, lse = −∞
- * and no gradient. The dropout mask is src/core/rng.h's (the one of the normalization family):
- * the element index of (b, h, i, j) is ((b·H + h)·L + i)·L + j, the flat index into the logical
- * [B, H, L, L] probabilities, under the options' (seed, offset); the backward regenerates it.
+ * and no gradient. The dropout mask is src/core/rng.h's attention form (the normalization
+ * family's generator, 16 bits an element, eight elements a Philox call): the element index of
+ * (b, h, i, j) is ((b·H + h)·L + i)·L + j, the flat index into the logical [B, H, L, L]
+ * probabilities, under the options' (seed, offset); an element is kept when its bits / 2^16 >= p.
+ * The backward regenerates it.
  *
  * q, k, v, o, do, dq, dk, dv: [B, H, L, hd], one dtype (f32, f16, bf16, f64), any strides (a
  * packed [B, L, 3, H, hd] projection is read in place as three strided views; a zero stride

@@ -3,14 +3,14 @@ the counter-based dropout mask of src/core/rng.h (philox_ref.py, independent of 
 what test_numpy_attention.py and test_torch_attention.py compare the library with."""
 import numpy as np
 
-from philox_ref import dropout_uniform  # noqa: F401 (the mask's definition, shared)
+from philox_ref import attn_dropout_uniform  # the mask's definition, shared
 
 
 def keep_factor(shape, p, seed, offset):
     """The dropout's multiplier on the [B, H, L, L] probabilities: 1/(1 − p) where kept, else 0."""
     if p <= 0:
         return np.ones(shape)
-    u = dropout_uniform(seed, offset, np.arange(int(np.prod(shape)), dtype=np.uint64)).reshape(shape)
+    u = attn_dropout_uniform(seed, offset, np.arange(int(np.prod(shape)), dtype=np.uint64)).reshape(shape)
     return np.where(u >= p, 1.0 / (1.0 - p), 0.0)
 
 

@@ -1,6 +1,7 @@
 """The counter-based dropout mask of src/core/rng.h (Philox4x32-10, Salmon et al., SC'11) written
 independently in numpy: the one reference the norm and attention tests check the library's masks
-against (test_numpy_norm.py checks it against the published known-answer vectors)."""
+against (test_numpy_norm.py checks it against the published known-answer vectors), and the
+attention family's 16-bit form of it."""
 import numpy as np
 
 _M32 = np.uint64(0xFFFFFFFF)
@@ -32,3 +33,16 @@ def dropout_uniform(seed, offset, idx):
     lane = (idx & np.uint64(3)).astype(np.int64)
     r = np.choose(lane, words)
     return (r >> np.uint64(8)).astype(np.float64) * 2.0**-24
+
+
+def attn_dropout_uniform(seed, offset, idx):
+    """u in [0, 1) of each flat [B, H, L, L] index under the attention family's form (rng.h):
+    16 bits an element, eight elements a Philox call (word (i / 2) mod 4, its low half for even i)."""
+    idx = np.asarray(idx, dtype=np.uint64)
+    q = idx >> np.uint64(3)
+    seed, offset = int(seed) & (2**64 - 1), int(offset) & (2**64 - 1)
+    words = philox4x32_10(q & _M32, q >> np.uint64(32), np.full_like(q, offset & 0xFFFFFFFF),
+                          np.full_like(q, offset >> 32), seed & 0xFFFFFFFF, seed >> 32)
+    r = np.choose(((idx >> np.uint64(1)) & np.uint64(3)).astype(np.int64), words)
+    half = (r >> (np.uint64(16) * (idx & np.uint64(1)))) & np.uint64(0xFFFF)
+    return half.astype(np.float64) * 2.0**-16

@@ -21,7 +21,7 @@ import torch.nn.functional as F  # noqa: E402
 import fastgrad as fg  # noqa: E402
 
 import patchtst_ref  # noqa: E402
-from philox_ref import dropout_uniform  # noqa: E402
+from philox_ref import attn_dropout_uniform, dropout_uniform  # noqa: E402
 from torch_helpers import DEVICES, err, tol  # noqa: E402
 
 CASES = [(d, t) for d in DEVICES for t in (torch.float64, torch.float32, torch.bfloat16)
@@ -276,10 +276,12 @@ def test_dropout_backward_finite_differences(rng, norm_first):
     fd_check(ours, x, int(rng.integers(2**31)), ("linear2.weight",), src_key_padding_mask=pad)
 
 
-def keep(shape, p, seed, stream):
-    """The multiplier of the counter-based mask of (seed, stream) over a tensor of shape (flat index)."""
+def keep(shape, p, seed, stream, attention=False):
+    """The multiplier of the counter-based mask of (seed, stream) over a tensor of shape (flat index);
+    attention: the attention probabilities' 16-bit form."""
     n = int(np.prod(shape))
-    u = dropout_uniform(seed, stream, np.arange(n, dtype=np.uint64)).reshape(shape)
+    u = (attn_dropout_uniform if attention else dropout_uniform)(seed, stream, np.arange(n, dtype=np.uint64))
+    u = u.reshape(shape)
     return torch.from_numpy(np.where(u >= p, 1.0 / (1.0 - p), 0.0))
 
 
@@ -294,7 +296,8 @@ def explicit_layer(sd, x, heads, norm_first, p, seed, offset, eps=1e-5):
     def attn(u):
         qkv = F.linear(u, sd["self_attn.in_proj_weight"], sd["self_attn.in_proj_bias"])
         q, k, v = (t.view(b, l, heads, hd).transpose(1, 2) for t in qkv.split(d, -1))
-        pr = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(hd), -1) * keep((b, heads, l, l), p, seed, ks[0])
+        pr = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(hd), -1)
+        pr = pr * keep((b, heads, l, l), p, seed, ks[0], attention=True)
         o = (pr @ v).transpose(1, 2).reshape(b, l, d)
         return F.linear(o, sd["self_attn.out_proj.weight"], sd["self_attn.out_proj.bias"]) * keep(x.shape, p, seed,
                                                                                                   ks[1])

@@ -605,7 +605,7 @@ typedef struct fg_attn_call {
     fg_attn_path path;
     double scale;
     double dropout_p;
-    float keep_threshold;    /* the dropout keeps u >= keep_threshold (= ceil(p·2^24)·2^-24) */
+    uint32_t keep_min;       /* the dropout keeps an element whose 16 bits are >= keep_min (rng.h) */
     double keep_scale;       /* 1/(1 − p) */
     uint64_t seed, offset;
     const void *lengths;

@@ -54,6 +54,30 @@ FG_RNG_FN float fg_dropout_uniform(uint64_t seed, uint64_t offset, uint64_t i) {
     return (float)(r.v[i & 3] >> 8) * (1.0f / 16777216.0f);
 }
 
+/* The attention family's dropout on the probabilities draws 16-bit uniforms, eight elements a
+ * Philox call (half the calls of the form above; in a flash kernel the draw is most of the
+ * dropout's cost). Element i (the flat index of (b, h, i, j) in [B, H, L, L]) under (seed,
+ * offset): counter = {i/8 low word, i/8 high word, offset low, offset high}, key = {seed low,
+ * seed high}, w = word (i/2) mod 4 of Philox4x32-10, bits = (w >> 16·(i mod 2)) & 0xFFFF,
+ * u = bits·2^-16; the element is kept when u >= p (bits >= ceil(p·2^16)) and scaled by 1/(1 − p). */
+FG_RNG_FN uint32_t fg_attn_dropout_half(const fg_philox4 *r, uint64_t i) {
+    return (r->v[(i >> 1) & 3] >> (16u * (unsigned)(i & 1))) & 0xFFFFu;
+}
+
+FG_RNG_FN uint32_t fg_attn_dropout_bits(uint64_t seed, uint64_t offset, uint64_t i) {
+    const uint64_t q = i >> 3;
+    const fg_philox4 r = fg_philox4x32_10((uint32_t)q, (uint32_t)(q >> 32), (uint32_t)offset,
+                                          (uint32_t)(offset >> 32), (uint32_t)seed, (uint32_t)(seed >> 32));
+    return fg_attn_dropout_half(&r, i);
+}
+
+/* The attention dropout's threshold on the bits: kept when bits >= fg_attn_keep_min(p), p in [0, 1). */
+FG_RNG_FN uint32_t fg_attn_keep_min(double p) {
+    const double t = p * 65536.0;
+    uint32_t m = (uint32_t)t;
+    return (double)m < t ? m + 1 : m;
+}
+
 /* x86 host code with GNU vector extensions can run sixteen Philox calls side by side on
    AVX-512 (src/cpu/norm.c's generator, the same bits as fg_philox4x32_10) */
 #if !defined(__CUDACC__) && defined(__GNUC__) && defined(__x86_64__)

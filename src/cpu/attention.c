@@ -128,6 +128,23 @@ FG_INLINE void st_row_f64(void *dst, fg_dtype t, int64_t off, int64_t st, const 
         fg_v_std(dst, t, off + i * st, add ? fg_v_ldd(dst, t, off + i * st) + src[i] : src[i]);
 }
 
+/* The attention dropout's keep decision along a row's keys in increasing order (rng.h's 16-bit
+ * form): one Philox call serves eight keys. */
+typedef struct attn_keep_walk {
+    uint64_t q;
+    fg_philox4 r;
+} attn_keep_walk;
+#define ATTN_KEEP_START {~(uint64_t)0, {{0, 0, 0, 0}}}
+
+static inline bool attn_keep(attn_keep_walk *w, const fg_attn_call *c, uint64_t idx) {
+    if (idx >> 3 != w->q) {
+        w->q = idx >> 3;
+        w->r = fg_philox4x32_10((uint32_t)w->q, (uint32_t)(w->q >> 32), (uint32_t)c->offset,
+                                (uint32_t)(c->offset >> 32), (uint32_t)c->seed, (uint32_t)(c->seed >> 32));
+    }
+    return fg_attn_dropout_half(&w->r, idx) >= c->keep_min;
+}
+
 #define REAL float
 #define LD(p, t, i) fg_v_ld(p, t, i)
 #define ST(p, t, i, v) fg_v_st(p, t, i, v)

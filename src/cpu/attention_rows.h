@@ -160,9 +160,8 @@ static void FWD_UNIT(const fg_attn_call *c, int64_t b, int64_t h, int64_t len, R
         const REAL sum = LANE_SUM(s, Lp);
         if (p->dropout) {
             const uint64_t idx0 = (uint64_t)((lse_row + i) * L);
-            for (int64_t j = 0; j < jend; j++)
-                s[j] = fg_dropout_uniform(c->seed, c->offset, idx0 + (uint64_t)j) >= c->keep_threshold ? s[j] * keep_scale
-                                                                                                      : 0;
+            attn_keep_walk walk = ATTN_KEEP_START;
+            for (int64_t j = 0; j < jend; j++) s[j] = attn_keep(&walk, c, idx0 + (uint64_t)j) ? s[j] * keep_scale : 0;
         }
         const REAL inv = 1 / sum;
         for (int64_t x = 0; x < hd; x++) acc[x] = LANE_DOT(s, Vt + x * Lp, jend) * inv;
@@ -214,9 +213,9 @@ static void BWD_UNIT(const fg_attn_call *c, int64_t b, int64_t h, int64_t len, R
             for (int64_t j = 0; j < Lp; j++) s[j] = j < jend ? EXP(s[j] - lse) : 0; /* p */
             if (p->dropout) { /* s: p̃ = p·keep/(1 − p); dp: dp̃·keep/(1 − p) */
                 const uint64_t idx0 = (uint64_t)((lse_row + i) * L);
+                attn_keep_walk walk = ATTN_KEEP_START;
                 for (int64_t j = 0; j < jend; j++) {
-                    const REAL kd =
-                        fg_dropout_uniform(c->seed, c->offset, idx0 + (uint64_t)j) >= c->keep_threshold ? keep_scale : 0;
+                    const REAL kd = attn_keep(&walk, c, idx0 + (uint64_t)j) ? keep_scale : 0;
                     ds[j] = s[j] * (dp[j] * kd - D);
                     s[j] *= kd;
                 }

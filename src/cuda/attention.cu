@@ -1414,7 +1414,7 @@ extern "C" fg_status fg_cuda_attn(fg_context *ctx, const fg_attn_call *c) {
     a.scale = (float)c->scale;
     a.causal = p->causal, a.dropout = p->dropout, a.accumulate = p->accumulate;
     a.len64 = p->ldtype == FG_I64;
-    a.keep_threshold = c->keep_threshold, a.keep_scale = (float)c->keep_scale;
+    a.keep_min = c->keep_min, a.keep_scale = (float)c->keep_scale;
     a.seed = c->seed, a.offset = c->offset;
     a.lengths = c->lengths;
     a.q = attn_view_of(c->q), a.k = attn_view_of(c->k), a.v = attn_view_of(c->v), a.o = attn_view_of(c->o);

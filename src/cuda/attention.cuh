@@ -35,7 +35,8 @@ struct attn_params {
     int B, H, L, hd;
     float scale;
     bool causal, dropout, accumulate, len64;
-    float keep_threshold, keep_scale;
+    unsigned keep_min;       /* the dropout keeps an element whose 16 bits are >= keep_min (rng.h) */
+    float keep_scale;
     unsigned long long seed, offset;
     const void *lengths;     /* [B] i32 / i64, NULL: none */
     attn_view q, k, v, o, sin, sout;         /* forward (and o, q, k, v, sin for the backward) */
@@ -68,32 +69,30 @@ __device__ __forceinline__ int key_end(const attn_params &a, int i, int len) {
     return a.causal ? min(i + 1, len) : len;
 }
 
-/* fg_dropout_uniform's value, the word picked by selects (its r.v[i & 3] indexes the words
-   dynamically, which puts them in local memory on the device) */
+/* The Philox block of the attention dropout's element group q (rng.h's 16-bit form: eight
+   elements a block) */
 __device__ __forceinline__ fg_philox4 dropout_block(uint64_t seed, uint64_t offset, uint64_t q) {
     return fg_philox4x32_10((uint32_t)q, (uint32_t)(q >> 32), (uint32_t)offset, (uint32_t)(offset >> 32),
                             (uint32_t)seed, (uint32_t)(seed >> 32));
 }
 
-/* the uniform of word k (0 … 3) of a block */
-__device__ __forceinline__ float dropout_word_u(const fg_philox4 &r, unsigned k) {
-    const uint32_t w = k == 0 ? r.v[0] : k == 1 ? r.v[1] : k == 2 ? r.v[2] : r.v[3];
-    return (float)(w >> 8) * (1.0f / 16777216.0f);
-}
-
-__device__ __forceinline__ float dropout_u(uint64_t seed, uint64_t offset, uint64_t idx) {
-    return dropout_word_u(dropout_block(seed, offset, idx >> 2), (unsigned)(idx & 3));
+/* the 16 bits of position k (0 … 7) of a block, the word picked by selects (fg_attn_dropout_half
+   indexes the words dynamically, which puts them in local memory on the device) */
+__device__ __forceinline__ uint32_t dropout_bits(const fg_philox4 &r, unsigned k) {
+    const uint32_t lo = k & 2 ? r.v[1] : r.v[0], hi = k & 2 ? r.v[3] : r.v[2];
+    return __byte_perm(k & 4 ? hi : lo, 0u, k & 1 ? 0x4432u : 0x4410u);
 }
 
 /* The dropout factor of (b, h, i, j): keep_scale when kept, 0 when dropped, 1 without dropout. */
 __device__ __forceinline__ float keep_factor(const attn_params &a, int64_t n, int i, int j) {
     if (!a.dropout) return 1.f;
     const uint64_t idx = ((uint64_t)n * (uint64_t)a.L + (uint64_t)i) * (uint64_t)a.L + (uint64_t)j;
-    return dropout_u(a.seed, a.offset, idx) >= a.keep_threshold ? a.keep_scale : 0.f;
+    return dropout_bits(dropout_block(a.seed, a.offset, idx >> 3), (unsigned)(idx & 7)) >= a.keep_min ? a.keep_scale
+                                                                                                       : 0.f;
 }
 
-/* keep_factor along one query row (b, h, i), keys in increasing order: the Philox block of four
-   keys is computed once and reused for the next three (same bits as keep_factor). */
+/* keep_factor along one query row (b, h, i), keys in increasing order: the Philox block of eight
+   keys is computed once and reused for the next seven (same bits as keep_factor). */
 struct keep_row {
     uint64_t base, q;
     fg_philox4 r;
@@ -102,51 +101,64 @@ struct keep_row {
     __device__ __forceinline__ float at(const attn_params &a, int j) {
         if (!a.dropout) return 1.f;
         const uint64_t idx = base + (uint64_t)j;
-        if (idx >> 2 != q) q = idx >> 2, r = dropout_block(a.seed, a.offset, q);
-        return dropout_word_u(r, (unsigned)(idx & 3)) >= a.keep_threshold ? a.keep_scale : 0.f;
+        if (idx >> 3 != q) q = idx >> 3, r = dropout_block(a.seed, a.offset, q);
+        return dropout_bits(r, (unsigned)(idx & 7)) >= a.keep_min ? a.keep_scale : 0.f;
     }
 };
 
-/* keep_factor of one word of a Philox block (dropout_word_u's uniform against the threshold) */
-__device__ __forceinline__ float keep_of_word(const attn_params &a, uint32_t w) {
-    return (float)(w >> 8) * (1.0f / 16777216.0f) >= a.keep_threshold ? a.keep_scale : 0.f;
+/* the keep decisions of a block's eight elements: bit k for position k */
+__device__ __forceinline__ uint32_t keep_byte(const attn_params &a, const fg_philox4 &r) {
+    uint32_t m = 0;
+#pragma unroll
+    for (int w = 0; w < 4; w++) {
+        m |= ((r.v[w] & 0xFFFFu) >= a.keep_min ? 1u : 0u) << (2 * w);
+        m |= ((r.v[w] >> 16) >= a.keep_min ? 1u : 0u) << (2 * w + 1);
+    }
+    return m;
 }
 
-/* The flash kernels' dropout factors with one Philox block a lane instead of one an element, for
-   L % 4 == 0 (a block's four keys then lie in one row of one (query, key-group)); the same values
-   as keep_factor. Called by the whole warp. Rows form (forward, dq: queries i_lo and i_lo + 8 as the
-   accumulator's rows, keys jb + 2·t4 and + 1 as its columns, jb a multiple of 8): lanes t4 and
-   t4 ^ 1 share their blocks; the even one draws row i_lo's, the odd one row i_hi's, and each hands
-   the other the two words it needs. kf: (i_lo, j), (i_lo, j + 1), (i_hi, j), (i_hi, j + 1). */
-__device__ __forceinline__ void keep_rows2(const attn_params &a, int64_t n, int i_lo, int jb, int t4, float kf[4]) {
-    const int odd = t4 & 1;
-    const uint64_t q = (((uint64_t)n * (uint64_t)a.L + (uint64_t)(i_lo + 8 * odd)) * (uint64_t)a.L +
-                        (uint64_t)(jb + 4 * (t4 >> 1))) >> 2;
-    const fg_philox4 r = dropout_block(a.seed, a.offset, q);
-    const uint32_t s0 = __shfl_xor_sync(0xffffffffu, odd ? r.v[0] : r.v[2], 1);
-    const uint32_t s1 = __shfl_xor_sync(0xffffffffu, odd ? r.v[1] : r.v[3], 1);
-    kf[0] = keep_of_word(a, odd ? s0 : r.v[0]), kf[1] = keep_of_word(a, odd ? s1 : r.v[1]);
-    kf[2] = keep_of_word(a, odd ? r.v[2] : s0), kf[3] = keep_of_word(a, odd ? r.v[3] : s1);
+/* The flash kernels' dropout factors with one Philox block a lane for eight elements, for
+   L % 8 == 0 (a block's eight keys then lie in one row); the same values as keep_factor. Each
+   lane turns its block into a byte of keep bits, the lanes that share the blocks gather the bytes
+   by xor shuffles, and each reads its own bits. Called by the whole warp, for two accumulator
+   column groups at once.
+
+   Rows form (forward, dq): queries i_lo and i_lo + 8 are the accumulator's rows; keys jb + 8·g +
+   2·t4 (+ 1), g = 0, 1, its columns (jb a multiple of 16). The quad's lane t4 draws the block of
+   row i_lo + 8·(t4 & 1), keys jb + 8·(t4 >> 1) … + 7. kf[4·g + 2·r + c]: row i_lo + 8·r, key
+   jb + 8·g + 2·t4 + c. */
+__device__ __forceinline__ void keep_rows8(const attn_params &a, int64_t n, int i_lo, int jb, int t4, float kf[8]) {
+    const uint64_t q = (((uint64_t)n * (uint64_t)a.L + (uint64_t)(i_lo + 8 * (t4 & 1))) * (uint64_t)a.L +
+                        (uint64_t)(jb + 8 * (t4 >> 1))) >> 3;
+    uint32_t m = keep_byte(a, dropout_block(a.seed, a.offset, q)) << (8 * t4);
+    m |= __shfl_xor_sync(0xffffffffu, m, 1);
+    m |= __shfl_xor_sync(0xffffffffu, m, 2);
+    m >>= 2 * t4; /* block b's bits for keys 2·t4 and 2·t4 + 1 at 8·b and 8·b + 1 */
+#pragma unroll
+    for (int e = 0; e < 8; e++) kf[e] = (m >> (8 * (e >> 1) + (e & 1))) & 1u ? a.keep_scale : 0.f;
 }
 
-/* Keys form (dk / dv: keys j_lo = jg + u and j_lo + 8 as the rows, jg a multiple of 4 and u =
-   (lane / 4) % 4; queries ib + 2·t4 and + 1 as the columns): the four lanes u = 0 … 3 of a t4 share
-   four blocks, element e = 2·(key row) + (query parity) of each; lane u draws block u and, in
-   rounds k = 1 … 3, lane u reads word u of block u ^ k from lane u ^ k. kf: (i, j_lo),
-   (i + 1, j_lo), (i, j_hi), (i + 1, j_hi). */
-__device__ __forceinline__ void keep_keys4(const attn_params &a, int64_t n, int jg, int ib, int lane, float kf[4]) {
-    const int t4 = lane & 3, u = (lane >> 2) & 3;
-    const uint64_t q = (((uint64_t)n * (uint64_t)a.L + (uint64_t)(ib + 2 * t4 + (u & 1))) * (uint64_t)a.L +
-                        (uint64_t)(jg + 8 * (u >> 1))) >> 2;
-    const fg_philox4 r = dropout_block(a.seed, a.offset, q);
+/* Keys form (dk / dv: keys jg + u and jg + 8 + u, u = lane / 4, the accumulator's rows, jg a
+   multiple of 16; queries ib + 8·g + 2·t4 (+ 1), g = 0, 1, its columns, ib a multiple of 16): the
+   eight lanes of a t4 share eight blocks (queries ib + 2·t4 + {0, 1, 8, 9} × the key runs jg and
+   jg + 8); lane u draws block u (query ib + 2·t4 + {0, 1, 8, 9}[u & 3], keys jg + 8·(u >> 2) …
+   + 7) and reads bit u of each. kf[4·g + 2·k + c]: query ib + 8·g + 2·t4 + c, key jg + 8·k + u. */
+__device__ __forceinline__ void keep_keys8(const attn_params &a, int64_t n, int jg, int ib, int lane, float kf[8]) {
+    const int t4 = lane & 3, u = lane >> 2;
+    const int qi = ib + 2 * t4 + (u & 1) + 8 * ((u >> 1) & 1);
+    const uint64_t q = (((uint64_t)n * (uint64_t)a.L + (uint64_t)qi) * (uint64_t)a.L + (uint64_t)(jg + 8 * (u >> 2))) >> 3;
+    const uint32_t byte = keep_byte(a, dropout_block(a.seed, a.offset, q)) << (8 * (u & 3));
+    uint32_t lo = u < 4 ? byte : 0u, hi = u < 4 ? 0u : byte; /* the key runs jg and jg + 8 */
 #pragma unroll
-    for (int k = 0; k < 4; k++) {
-        const int wsel = u ^ k; /* the word the reader u ^ k wants of this lane's block, and the element this lane fills */
-        const uint32_t mine = wsel == 0 ? r.v[0] : wsel == 1 ? r.v[1] : wsel == 2 ? r.v[2] : r.v[3];
-        const float f = keep_of_word(a, k ? __shfl_xor_sync(0xffffffffu, mine, 4 * k) : mine);
+    for (int s = 4; s <= 16; s *= 2) {
+        lo |= __shfl_xor_sync(0xffffffffu, lo, s);
+        hi |= __shfl_xor_sync(0xffffffffu, hi, s);
+    }
+    lo >>= u, hi >>= u; /* block (query c', run k)'s bit for key u at 8·c' */
 #pragma unroll
-        for (int e = 0; e < 4; e++)
-            if (e == wsel) kf[e] = f;
+    for (int e = 0; e < 8; e++) {
+        const int c4 = 2 * (e >> 2) + (e & 1); /* the query's place in {0, 1, 8, 9} */
+        kf[e] = ((e & 2) ? hi : lo) >> (8 * c4) & 1u ? a.keep_scale : 0.f;
     }
 }
 

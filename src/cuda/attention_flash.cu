@@ -26,8 +26,9 @@
  * conflicts.
  * On sm_90 at hd 64 the same kernels run their products as warpgroup MMA (the W9 form, see
  * below): a block is one warpgroup, its accumulators in the layout above, the tiles swizzled for
- * wgmma's descriptors. Tiles whose every (query, key) pair is visible, without dropout, take a
- * path without the per-element mask and dropout work.
+ * wgmma's descriptors. Tiles whose every (query, key) pair is visible take a path without the
+ * per-element mask work; dropout has kernel instances of its own, drawing one Philox block a
+ * lane for eight elements (attention.cuh).
  */
 #include "attention.cuh"
 #include "mma.cuh"
@@ -215,32 +216,36 @@ __device__ __forceinline__ void score_pair(float (*s)[4], float (*dp)[4], const 
     }
 }
 
-/* ---- dropout factors of a tile's column group, 1 without dropout (DROP: the kernel instance
-   for a.dropout, so the others carry none of its registers): attention.cuh's lane-shared
-   draws where L % 4 == 0, keep_factor an element otherwise (the same values). Called by the whole
-   warp. Rows form (forward, dq): queries i_lo, i_lo + 8, keys jb + 2·t4 (+ 1). */
+/* ---- dropout factors of two of a tile's column groups, 1 without dropout (DROP: the kernel
+   instance for a.dropout, so the others carry none of its registers): attention.cuh's lane-shared
+   draws where L % 8 == 0, keep_factor an element otherwise (the same values). Called by the whole
+   warp. Rows form (forward, dq): queries i_lo, i_lo + 8; keys jb + 8·g + 2·t4 (+ 1), g = 0, 1;
+   kf[4·g + 2·(row) + (key parity)]. */
 template <bool DROP>
-__device__ __forceinline__ void drop_rows(const attn_params &a, int64_t n, int i_lo, int jb, int t4, float kf[4]) {
+__device__ __forceinline__ void drop_rows(const attn_params &a, int64_t n, int i_lo, int jb, int t4, float kf[8]) {
     if (!DROP) {
-        kf[0] = kf[1] = kf[2] = kf[3] = 1.f;
-    } else if (a.L % 4 == 0) {
-        keep_rows2(a, n, i_lo, jb, t4, kf);
+#pragma unroll
+        for (int e = 0; e < 8; e++) kf[e] = 1.f;
+    } else if (a.L % 8 == 0) {
+        keep_rows8(a, n, i_lo, jb, t4, kf);
     } else {
 #pragma unroll
-        for (int e = 0; e < 4; e++) kf[e] = keep_factor(a, n, e < 2 ? i_lo : i_lo + 8, jb + 2 * t4 + (e & 1));
+        for (int e = 0; e < 8; e++) kf[e] = keep_factor(a, n, i_lo + 8 * ((e >> 1) & 1), jb + 8 * (e >> 2) + 2 * t4 + (e & 1));
     }
 }
-/* keys form (dk, dv): keys j_lo, j_lo + 8 (j_lo = a multiple of 4 + (lane / 4) % 4), queries ib +
-   2·(lane % 4) (+ 1) */
+/* keys form (dk, dv): keys j_lo, j_lo + 8 (j_lo = a multiple of 16 + lane / 4), queries ib + 8·g +
+   2·(lane % 4) (+ 1), g = 0, 1; kf[4·g + 2·(key) + (query parity)] */
 template <bool DROP>
-__device__ __forceinline__ void drop_keys(const attn_params &a, int64_t n, int j_lo, int ib, int lane, float kf[4]) {
+__device__ __forceinline__ void drop_keys(const attn_params &a, int64_t n, int j_lo, int ib, int lane, float kf[8]) {
     if (!DROP) {
-        kf[0] = kf[1] = kf[2] = kf[3] = 1.f;
-    } else if (a.L % 4 == 0) {
-        keep_keys4(a, n, j_lo - ((lane >> 2) & 3), ib, lane, kf);
+#pragma unroll
+        for (int e = 0; e < 8; e++) kf[e] = 1.f;
+    } else if (a.L % 8 == 0) {
+        keep_keys8(a, n, j_lo - (lane >> 2), ib, lane, kf);
     } else {
 #pragma unroll
-        for (int e = 0; e < 4; e++) kf[e] = keep_factor(a, n, ib + 2 * (lane & 3) + (e & 1), e < 2 ? j_lo : j_lo + 8);
+        for (int e = 0; e < 8; e++)
+            kf[e] = keep_factor(a, n, ib + 8 * (e >> 2) + 2 * (lane & 3) + (e & 1), j_lo + 8 * ((e >> 1) & 1));
     }
 }
 
@@ -324,13 +329,14 @@ __global__ void __launch_bounds__(FW * 32) flash_fwd_kernel(attn_params a) {
         const bool edge = j0 + FBK > jmax || (a.causal && j0 + FBK - 1 > q0 + 16 * w);
         float alpha[2];
         uint32_t pf[NT / 2][4];
-        /* P̃ of the tile, the running max and sum; GENERAL: with the mask and dropout (a tile on a
-           causal or length edge, or dropout on) and any scale, else without their per-element work
-           and, the scale positive, the max taken before scaling (the same by monotonic rounding)
-           and the scaling fused into the exponent's argument */
+        /* P̃ of the tile, the running max and sum; GENERAL: with the mask (a tile on a causal or
+           length edge) and any scale, else without the mask's per-element work and, the scale
+           positive, the max taken before scaling (the same by monotonic rounding) and the scaling
+           fused into the exponent's argument; dropout in both forms where DROP */
         auto softmax_tile = [&](auto general) {
             constexpr bool GENERAL = decltype(general)::value;
             float mt[2] = {NEG_INF, NEG_INF}, mref[2];
+            [[maybe_unused]] float kf[8]; /* the dropout factors of a pair of column groups */
 #pragma unroll
             for (int x = 0; x < NT; x++)
 #pragma unroll
@@ -356,20 +362,21 @@ __global__ void __launch_bounds__(FW * 32) flash_fwd_kernel(attn_params a) {
             }
 #pragma unroll
             for (int x = 0; x < NT; x++) {
-                float p[4], kf[4];
-                if constexpr (GENERAL && DROP) drop_rows<DROP>(a, n, i_lo, j0 + 8 * x, t4, kf);
+                float p[4];
+                if constexpr (DROP)
+                    if (x % 2 == 0) drop_rows<DROP>(a, n, i_lo, j0 + 8 * x, t4, kf);
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     if constexpr (GENERAL) p[e] = ex2(s[x][e] - mref[e / 2]);
                     else p[e] = ex2(fmaf(s[x][e], c, -mref[e / 2]));
                     l[e / 2] += p[e];
-                    if constexpr (GENERAL && DROP) p[e] *= kf[e];
+                    if constexpr (DROP) p[e] *= kf[4 * (x % 2) + e];
                 }
                 pf[x / 2][(x & 1) * 2 + 0] = pack2<T>(p[0], p[1]);
                 pf[x / 2][(x & 1) * 2 + 1] = pack2<T>(p[2], p[3]);
             }
         };
-        if (edge || DROP || !(c > 0.f)) softmax_tile(std::true_type{});
+        if (edge || !(c > 0.f)) softmax_tile(std::true_type{});
         else softmax_tile(std::false_type{});
 #pragma unroll
         for (int x = 0; x < DT; x++) {
@@ -485,29 +492,36 @@ __global__ void __launch_bounds__(FW * 32, W9 ? 3 : 1) flash_dkdv_kernel(attn_pa
         const float *lse = lses + buf * BQ, *D = Ds + buf * BQ;
         float s[NT][4], dp[NT][4];
         score_pair<T, HD, NT, W9>(s, dp, Ks, Q, Vs, dO);
-        /* element (key j: row, query i: column); GENERAL: with the mask and dropout, else a tile
-           every pair of which is visible, without dropout */
+        /* element (key j: row, query i: column); GENERAL: with the mask, else a tile every pair of
+           which is visible; dropout in both forms where DROP */
         uint32_t pf[NT / 2][4], df[NT / 2][4];
         auto grad_tile = [&](auto general) {
             constexpr bool GENERAL = decltype(general)::value;
+            [[maybe_unused]] float kf[8]; /* the dropout factors of a pair of column groups */
 #pragma unroll
             for (int x = 0; x < NT; x++) {
-                float pt[4], ds[4], kf[4];
-                if constexpr (GENERAL && DROP) drop_keys<DROP>(a, n, j_lo, i0 + 8 * x, lane, kf);
+                float pt[4], ds[4];
+                if constexpr (DROP)
+                    if (x % 2 == 0) drop_keys<DROP>(a, n, j_lo, i0 + 8 * x, lane, kf);
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int r = 8 * x + 2 * t4 + (e & 1);
+                    float p, kd = DROP ? kf[4 * (x % 2) + e] : 1.f;
                     if constexpr (GENERAL) {
                         const int j = e < 2 ? j_lo : j_hi, i = i0 + r;
                         const float lr = lse[r];
                         const bool vis = i < L && lr != NEG_INF && j < (a.causal ? min(i + 1, len) : len);
-                        const float p = vis ? ex2(fmaf(s[x][e], c, -lr)) : 0.f;
-                        const float kd = vis ? (DROP ? kf[e] : keep_factor(a, n, i, j)) : 0.f;
+                        p = vis ? ex2(fmaf(s[x][e], c, -lr)) : 0.f;
+                        kd = vis ? kd : 0.f;
+                    } else {
+                        p = ex2(fmaf(s[x][e], c, -lse[r]));
+                    }
+                    if constexpr (DROP || GENERAL) {
                         pt[e] = p * kd;
                         ds[e] = p * (dp[x][e] * kd - D[r]);
                     } else {
-                        pt[e] = ex2(fmaf(s[x][e], c, -lse[r]));
-                        ds[e] = pt[e] * (dp[x][e] - D[r]);
+                        pt[e] = p;
+                        ds[e] = p * (dp[x][e] - D[r]);
                     }
                 }
                 pf[x / 2][(x & 1) * 2 + 0] = pack2<T>(pt[0], pt[1]);
@@ -517,7 +531,7 @@ __global__ void __launch_bounds__(FW * 32, W9 ? 3 : 1) flash_dkdv_kernel(attn_pa
             }
         };
         const bool inside = i0 + BQ <= L && j0 + FBK <= len && (!a.causal || j0 + FBK - 1 <= i0);
-        if (inside && !DROP) grad_tile(std::false_type{});
+        if (inside) grad_tile(std::false_type{});
         else grad_tile(std::true_type{});
         if constexpr (W9) {
             w9_begin();
@@ -623,24 +637,28 @@ __global__ void __launch_bounds__(FW * 32) flash_dq_kernel(attn_params a) {
         const T *K = Ks + buf * KT, *V = Vs + buf * KT;
         float s[NT][4], dp[NT][4];
         score_pair<T, HD, NT, W9>(s, dp, Qs, K, dOs, V);
-        /* GENERAL: with the mask and dropout, else a tile every pair of which is visible, without
-           dropout */
+        /* GENERAL: with the mask, else a tile every pair of which is visible; dropout in both forms
+           where DROP */
         uint32_t df[NT / 2][4];
         auto grad_tile = [&](auto general) {
             constexpr bool GENERAL = decltype(general)::value;
+            [[maybe_unused]] float kf[8]; /* the dropout factors of a pair of column groups */
 #pragma unroll
             for (int x = 0; x < NT; x++) {
-                float ds[4], kf[4];
-                if constexpr (GENERAL && DROP) drop_rows<DROP>(a, n, i_lo, j0 + 8 * x, t4, kf);
+                float ds[4];
+                if constexpr (DROP)
+                    if (x % 2 == 0) drop_rows<DROP>(a, n, i_lo, j0 + 8 * x, t4, kf);
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int r = e / 2;
+                    const float kd = DROP ? kf[4 * (x % 2) + e] : 1.f;
                     if constexpr (GENERAL) {
                         const int i = r ? i_hi : i_lo, j = j0 + 8 * x + 2 * t4 + (e & 1);
                         const bool vis = i < L && lse2[r] != NEG_INF && j < jend[r];
                         const float p = vis ? ex2(fmaf(s[x][e], c, -lse2[r])) : 0.f;
-                        const float kd = vis ? (DROP ? kf[e] : 1.f) : 0.f;
-                        ds[e] = p * (dp[x][e] * kd - Dr[r]);
+                        ds[e] = p * (dp[x][e] * (vis ? kd : 0.f) - Dr[r]);
+                    } else if constexpr (DROP) {
+                        ds[e] = ex2(fmaf(s[x][e], c, -lse2[r])) * (dp[x][e] * kd - Dr[r]);
                     } else {
                         ds[e] = ex2(fmaf(s[x][e], c, -lse2[r])) * (dp[x][e] - Dr[r]);
                     }
@@ -650,7 +668,7 @@ __global__ void __launch_bounds__(FW * 32) flash_dq_kernel(attn_params a) {
             }
         };
         const bool inside = q0 + FBQ <= L && j0 + FBK <= len && (!a.causal || j0 + FBK - 1 <= q0);
-        if (inside && !DROP) grad_tile(std::false_type{});
+        if (inside) grad_tile(std::false_type{});
         else grad_tile(std::true_type{});
         if constexpr (W9) {
             w9_begin();

@@ -12,6 +12,7 @@
  * once. No [L, L] buffer exists unless the caller passed one.
  */
 #include "../core/internal.h"
+#include "../core/rng.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -165,7 +166,7 @@ static fg_status driver(fg_context *ctx, const fg_plan_desc *d, const fg_tensor 
     c.path = ap->path;
     c.scale = resolved_scale(o, ap->p.hd);
     c.dropout_p = o->dropout_p;
-    c.keep_threshold = (float)(ceil(o->dropout_p * 16777216.0) / 16777216.0);
+    c.keep_min = fg_attn_keep_min(o->dropout_p);
     c.keep_scale = 1.0 / (1.0 - o->dropout_p);
     c.seed = o->seed, c.offset = o->offset;
     c.ws = ws, c.ws_bytes = ws_bytes;

@@ -512,7 +512,9 @@ __global__ void __launch_bounds__(FW * 32, W9 ? 3 : 1) flash_dkdv_kernel(attn_pa
                         const float lr = lse[r];
                         const bool vis = i < L && lr != NEG_INF && j < (a.causal ? min(i + 1, len) : len);
                         p = vis ? ex2(fmaf(s[x][e], c, -lr)) : 0.f;
-                        kd = vis ? kd : 0.f;
+                        /* without DROP keep_factor is 1 (a.dropout false): kept as a call, because a
+                           literal 1 here made ptxas spill 20 bytes of the sm_90a instance at its cap */
+                        kd = vis ? (DROP ? kd : keep_factor(a, n, i, j)) : 0.f;
                     } else {
                         p = ex2(fmaf(s[x][e], c, -lse[r]));
                     }

@@ -213,7 +213,14 @@ def test_batch_norm_training_and_eval(rng, dt, shape):
     # the statistics' tolerance adds that bound (f32's tolerance is far above it).
     cond = float(np.max((mr**2 + vr) / (vr + 1e-5)))
     tol_s = tol(dt) + 8 * np.finfo(np.float64).eps * cond
-    assert relerr(y, yr) <= tol_s and relerr(mean, mr) <= tol(dt) and relerr(rstd, 1 / np.sqrt(vr + 1e-5)) <= tol_s
+    # x̂ = (x − mean)·rstd is formed with the saved mean, which is f32 for every dtype but f64: where
+    # a channel's values nearly agree (seen: two rows 0.9369 and 0.9388, var 9e-7 against eps 1e-5,
+    # rstd 302) that rounding, and x − mean's own, move x̂ by up to eps_acc·|mean|·rstd, far above
+    # f32's tolerance relative to x̂. dxh: that bound a channel; y, dx and dw take it into theirs.
+    dxh = 2 * np.finfo(acc).eps * np.abs(mr) / np.sqrt(vr + 1e-5)
+    tol_y = tol_s + float(np.linalg.norm(np.broadcast_to(dxh * np.abs(w.astype(np.float64)), shape)) /
+                          max(np.linalg.norm(yr), 1e-300))
+    assert relerr(y, yr) <= tol_y and relerr(mean, mr) <= tol(dt) and relerr(rstd, 1 / np.sqrt(vr + 1e-5)) <= tol_s
     n = xv.size // c
     # the running statistics: (1 − m)·old + m·batch, the variance unbiased; compared at a tolerance
     # far below the update's size (0.2·|batch − old|)
@@ -235,9 +242,11 @@ def test_batch_norm_training_and_eval(rng, dt, shape):
     dx, _, dw, db = fg.batch_norm_backward(dy, x, w, mean, rstd)
     g = dyv * w.astype(np.float64)
     dref = (g - g.mean(0) - xh * (g * xh).mean(0)) / np.sqrt(vr + 1e-5)
-    assert err_terms(dx, dref.reshape(shape), (g / np.sqrt(vr + 1e-5)).reshape(shape)) <= tol_s
+    # dx's terms are g·rstd times O(1) factors of x̂: x̂'s error enters them three times
+    assert err_terms(dx, dref.reshape(shape), (g / np.sqrt(vr + 1e-5)).reshape(shape)) <= tol_s + 3 * float(dxh.max())
     # dw and db are sums over the rows: relative to their terms' magnitudes (two rows can cancel)
-    assert err_terms(dw, (dyv * xh).sum(0), np.abs(dyv * xh).sum(0)) <= tol_s
+    tol_w = tol_s + float(np.linalg.norm(np.abs(dyv).sum(0) * dxh) / max(np.linalg.norm(np.abs(dyv * xh).sum(0)), 1e-300))
+    assert err_terms(dw, (dyv * xh).sum(0), np.abs(dyv * xh).sum(0)) <= tol_w
     assert err_terms(db, dyv.sum(0), np.abs(dyv).sum(0)) <= tol(dt)
     dxe, _, _, _ = fg.batch_norm_backward(dy, x, w, me, re, training=False, need=(True, False, False, False))
     assert relerr(dxe, (dyv * w.astype(np.float64) / np.sqrt(rv.astype(np.float64) + 1e-5)).reshape(shape)) <= tol(dt)

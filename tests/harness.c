@@ -3,6 +3,7 @@
  * test was built with it (FG_TEST_HAVE_CUDA); otherwise only the CPU backend runs.
  */
 #include "harness.h"
+#include "../src/core/rng.h" /* the generator (Philox4x32-10) th_attn_keep draws from */
 
 #include <math.h>
 #include <stdlib.h>
@@ -435,4 +436,13 @@ void th_fd_check(fg_context *ctx, const char *label, th_forward_fn forward, void
                      names[p], (long long)i, fd, an);
         }
     }
+}
+
+double th_attn_keep(double p, uint64_t seed, uint64_t offset, int64_t i) {
+    if (p <= 0.0) return 1.0;
+    const uint64_t q = (uint64_t)i / 8;
+    const fg_philox4 r = fg_philox4x32_10((uint32_t)q, (uint32_t)(q >> 32), (uint32_t)offset, (uint32_t)(offset >> 32),
+                                          (uint32_t)seed, (uint32_t)(seed >> 32));
+    const uint32_t word = r.v[(i % 8) / 2], bits = i % 2 ? word >> 16 : word & 0xFFFFu;
+    return (double)bits / 65536.0 >= p ? 1.0 / (1.0 - p) : 0.0;
 }

@@ -45,6 +45,10 @@ void th_init(const char *name);
 int th_finish(const char *name);
 /* Uniform in [-1, 1). */
 double th_rand(void);
+/* The attention family's dropout multiplier of flat [B, H, L, L] element i under (p, seed, offset),
+ * written out from fastgrad.h's definition (16 bits of Philox4x32-10 an element, eight a call):
+ * 1/(1 − p) where kept, else 0; 1 for p <= 0. */
+double th_attn_keep(double p, uint64_t seed, uint64_t offset, int64_t i);
 /* Test data: uniform in [-0.5, 1). The nonzero mean keeps sums from cancelling, so
  * ‖ref‖ stays comparable to the size of the terms and the dtype tolerances of
  * DESIGN.md measure the kernel, not an ill-conditioned reference (zero-mean data made

@@ -48,15 +48,8 @@ static int64_t jend_of(const problem *p, const int64_t *len, int64_t b, int64_t 
     return p->causal && i + 1 < n ? i + 1 : n;
 }
 
-/* The attention dropout's multiplier of flat element idx, written out from the header's
-   definition (16 bits of Philox4x32-10's output an element, eight elements a call). */
 static double keep_of(const problem *p, uint64_t seed, uint64_t offset, int64_t idx) {
-    if (p->dropout <= 0) return 1.0;
-    const uint64_t q = (uint64_t)idx / 8;
-    const fg_philox4 r = fg_philox4x32_10((uint32_t)q, (uint32_t)(q >> 32), (uint32_t)offset, (uint32_t)(offset >> 32),
-                                          (uint32_t)seed, (uint32_t)(seed >> 32));
-    const uint32_t word = r.v[(idx % 8) / 2], bits = idx % 2 ? word >> 16 : word & 0xFFFFu;
-    return (double)bits / 65536.0 >= p->dropout ? 1.0 / (1.0 - p->dropout) : 0.0;
+    return th_attn_keep(p->dropout, seed, offset, idx);
 }
 
 typedef struct reference {

@@ -30,16 +30,6 @@ static double mult(double p, uint64_t seed, uint64_t offset, int64_t i) {
     return u >= p ? 1.0 / (1.0 - p) : 0.0;
 }
 
-/* The attention probabilities' multiplier (site 0): rng.h's 16-bit form, written out. */
-static double mult_attn(double p, uint64_t seed, uint64_t offset, int64_t i) {
-    if (p <= 0.0) return 1.0;
-    const uint64_t q = (uint64_t)i / 8;
-    const fg_philox4 r = fg_philox4x32_10((uint32_t)q, (uint32_t)(q >> 32), (uint32_t)offset, (uint32_t)(offset >> 32),
-                                          (uint32_t)seed, (uint32_t)(seed >> 32));
-    const uint32_t word = r.v[(i % 8) / 2], bits = i % 2 ? word >> 16 : word & 0xFFFFu;
-    return (double)bits / 65536.0 >= p ? 1.0 / (1.0 - p) : 0.0;
-}
-
 /* ------------------------------------------------------------------ the case */
 
 typedef struct cfg {
@@ -302,7 +292,7 @@ static void ref_forward(const cfg *c, fg_dtype dt, const hostp *P, ref *r) {
                 for (int64_t t = 0; t < hd; t++) {
                     double s = 0;
                     for (int64_t j = 0; j < L; j++)
-                        s += Pr[j] * mult_attn(pa, c->seed, o4 + 0, ((b * H + hh) * L + i) * L + j) *
+                        s += Pr[j] * th_attn_keep(pa, c->seed, o4 + 0, ((b * H + hh) * L + i) * L + j) *
                              r->v[(b * L + j) * d + hh * hd + t];
                     r->o[(b * L + i) * d + hh * hd + t] = s;
                 }
@@ -408,7 +398,7 @@ static void ref_backward(const cfg *c, fg_dtype dt, const hostp *P, ref *r) {
                     D += dof[e] * r->o[e], Da += fabs(dof[e] * r->o[e]);
                 }
                 for (int64_t j = 0; j < L; j++) {
-                    const double m = mult_attn(pa, c->seed, o4 + 0, row + j);
+                    const double m = th_attn_keep(pa, c->seed, o4 + 0, row + j);
                     double dp = 0, dpa = 0;
                     for (int64_t t = 0; t < hd; t++) {
                         const double e = dof[(b * L + i) * d + hh * hd + t] * r->v[(b * L + j) * d + hh * hd + t];

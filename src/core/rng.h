@@ -39,6 +39,12 @@ FG_RNG_FN fg_philox4 fg_philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uin
     return r;
 }
 
+/* Block q of the stream (seed, offset): counter {q low, q high, offset low, offset high}, key seed. */
+FG_RNG_FN fg_philox4 fg_dropout_block(uint64_t seed, uint64_t offset, uint64_t q) {
+    return fg_philox4x32_10((uint32_t)q, (uint32_t)(q >> 32), (uint32_t)offset, (uint32_t)(offset >> 32),
+                            (uint32_t)seed, (uint32_t)(seed >> 32));
+}
+
 /* The four uniforms in [0, 1) of elements 4q … 4q + 3 (one Philox call). */
 FG_RNG_FN void fg_dropout_uniform4(uint64_t seed, uint64_t offset, uint64_t q, float u[4]) {
     const fg_philox4 r = fg_philox4x32_10((uint32_t)q, (uint32_t)(q >> 32), (uint32_t)offset,
@@ -59,16 +65,10 @@ FG_RNG_FN float fg_dropout_uniform(uint64_t seed, uint64_t offset, uint64_t i) {
  * dropout's cost). Element i (the flat index of (b, h, i, j) in [B, H, L, L]) under (seed,
  * offset): counter = {i/8 low word, i/8 high word, offset low, offset high}, key = {seed low,
  * seed high}, w = word (i/2) mod 4 of Philox4x32-10, bits = (w >> 16·(i mod 2)) & 0xFFFF,
- * u = bits·2^-16; the element is kept when u >= p (bits >= ceil(p·2^16)) and scaled by 1/(1 − p). */
+ * u = bits·2^-16; the element is kept when u >= p (bits >= ceil(p·2^16)) and scaled by 1/(1 − p).
+ * fg_attn_dropout_half: element i's bits from its block r = fg_dropout_block(seed, offset, i / 8). */
 FG_RNG_FN uint32_t fg_attn_dropout_half(const fg_philox4 *r, uint64_t i) {
     return (r->v[(i >> 1) & 3] >> (16u * (unsigned)(i & 1))) & 0xFFFFu;
-}
-
-FG_RNG_FN uint32_t fg_attn_dropout_bits(uint64_t seed, uint64_t offset, uint64_t i) {
-    const uint64_t q = i >> 3;
-    const fg_philox4 r = fg_philox4x32_10((uint32_t)q, (uint32_t)(q >> 32), (uint32_t)offset,
-                                          (uint32_t)(offset >> 32), (uint32_t)seed, (uint32_t)(seed >> 32));
-    return fg_attn_dropout_half(&r, i);
 }
 
 /* The attention dropout's threshold on the bits: kept when bits >= fg_attn_keep_min(p), p in [0, 1). */

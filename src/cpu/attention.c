@@ -139,8 +139,7 @@ typedef struct attn_keep_walk {
 static inline bool attn_keep(attn_keep_walk *w, const fg_attn_call *c, uint64_t idx) {
     if (idx >> 3 != w->q) {
         w->q = idx >> 3;
-        w->r = fg_philox4x32_10((uint32_t)w->q, (uint32_t)(w->q >> 32), (uint32_t)c->offset,
-                                (uint32_t)(c->offset >> 32), (uint32_t)c->seed, (uint32_t)(c->seed >> 32));
+        w->r = fg_dropout_block(c->seed, c->offset, w->q);
     }
     return fg_attn_dropout_half(&w->r, idx) >= c->keep_min;
 }

@@ -69,13 +69,6 @@ __device__ __forceinline__ int key_end(const attn_params &a, int i, int len) {
     return a.causal ? min(i + 1, len) : len;
 }
 
-/* The Philox block of the attention dropout's element group q (rng.h's 16-bit form: eight
-   elements a block) */
-__device__ __forceinline__ fg_philox4 dropout_block(uint64_t seed, uint64_t offset, uint64_t q) {
-    return fg_philox4x32_10((uint32_t)q, (uint32_t)(q >> 32), (uint32_t)offset, (uint32_t)(offset >> 32),
-                            (uint32_t)seed, (uint32_t)(seed >> 32));
-}
-
 /* the 16 bits of position k (0 … 7) of a block, the word picked by selects (fg_attn_dropout_half
    indexes the words dynamically, which puts them in local memory on the device) */
 __device__ __forceinline__ uint32_t dropout_bits(const fg_philox4 &r, unsigned k) {
@@ -87,7 +80,7 @@ __device__ __forceinline__ uint32_t dropout_bits(const fg_philox4 &r, unsigned k
 __device__ __forceinline__ float keep_factor(const attn_params &a, int64_t n, int i, int j) {
     if (!a.dropout) return 1.f;
     const uint64_t idx = ((uint64_t)n * (uint64_t)a.L + (uint64_t)i) * (uint64_t)a.L + (uint64_t)j;
-    return dropout_bits(dropout_block(a.seed, a.offset, idx >> 3), (unsigned)(idx & 7)) >= a.keep_min ? a.keep_scale
+    return dropout_bits(fg_dropout_block(a.seed, a.offset, idx >> 3), (unsigned)(idx & 7)) >= a.keep_min ? a.keep_scale
                                                                                                        : 0.f;
 }
 
@@ -101,7 +94,7 @@ struct keep_row {
     __device__ __forceinline__ float at(const attn_params &a, int j) {
         if (!a.dropout) return 1.f;
         const uint64_t idx = base + (uint64_t)j;
-        if (idx >> 3 != q) q = idx >> 3, r = dropout_block(a.seed, a.offset, q);
+        if (idx >> 3 != q) q = idx >> 3, r = fg_dropout_block(a.seed, a.offset, q);
         return dropout_bits(r, (unsigned)(idx & 7)) >= a.keep_min ? a.keep_scale : 0.f;
     }
 };
@@ -130,7 +123,7 @@ __device__ __forceinline__ uint32_t keep_byte(const attn_params &a, const fg_phi
 __device__ __forceinline__ void keep_rows8(const attn_params &a, int64_t n, int i_lo, int jb, int t4, float kf[8]) {
     const uint64_t q = (((uint64_t)n * (uint64_t)a.L + (uint64_t)(i_lo + 8 * (t4 & 1))) * (uint64_t)a.L +
                         (uint64_t)(jb + 8 * (t4 >> 1))) >> 3;
-    uint32_t m = keep_byte(a, dropout_block(a.seed, a.offset, q)) << (8 * t4);
+    uint32_t m = keep_byte(a, fg_dropout_block(a.seed, a.offset, q)) << (8 * t4);
     m |= __shfl_xor_sync(0xffffffffu, m, 1);
     m |= __shfl_xor_sync(0xffffffffu, m, 2);
     m >>= 2 * t4; /* block b's bits for keys 2·t4 and 2·t4 + 1 at 8·b and 8·b + 1 */
@@ -147,7 +140,7 @@ __device__ __forceinline__ void keep_keys8(const attn_params &a, int64_t n, int 
     const int t4 = lane & 3, u = lane >> 2;
     const int qi = ib + 2 * t4 + (u & 1) + 8 * ((u >> 1) & 1);
     const uint64_t q = (((uint64_t)n * (uint64_t)a.L + (uint64_t)qi) * (uint64_t)a.L + (uint64_t)(jg + 8 * (u >> 2))) >> 3;
-    const uint32_t byte = keep_byte(a, dropout_block(a.seed, a.offset, q)) << (8 * (u & 3));
+    const uint32_t byte = keep_byte(a, fg_dropout_block(a.seed, a.offset, q)) << (8 * (u & 3));
     uint32_t lo = u < 4 ? byte : 0u, hi = u < 4 ? 0u : byte; /* the key runs jg and jg + 8 */
 #pragma unroll
     for (int s = 4; s <= 16; s *= 2) {

@@ -5,6 +5,7 @@ prints each implementation's CUDA kernels, summed over one step, slowest first, 
 of the step and the number of launches. For deciding what to fuse next.
 
     PYTHONPATH=python python3 tools/profile_encoder.py [--case patchtst|gpt2|all] [--top 25]
+        [--save all,min]   (fastgrad's saved-activation policies, one table each)
 """
 import argparse
 import os
@@ -42,17 +43,25 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--case", choices=["patchtst", "gpt2", "all"], default="all")
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--save", default="all",
+                    help="comma-separated fastgrad saved-activation policies (all, less, min); torch eager once")
     args = ap.parse_args()
+    saves = args.save.split(",")
     cases = []
-    if args.case in ("patchtst", "all"):
-        cases += [ce.patchtst_case(4096, torch.float32, 0.2), ce.patchtst_case(4096, torch.bfloat16, 0.2)]
-    if args.case in ("gpt2", "all"):
-        cases.append(ce.gpt2_case(8, 1024, torch.bfloat16, 0.1))
-    for case in cases:
+    for i, save in enumerate(saves):
+        if args.case in ("patchtst", "all"):
+            cases += [ce.patchtst_case(4096, torch.float32, 0.2, save),
+                      ce.patchtst_case(4096, torch.bfloat16, 0.2, save)]
+        if args.case in ("gpt2", "all"):
+            cases.append(ce.gpt2_case(8, 1024, torch.bfloat16, 0.1, save))
+    for ci, case in enumerate(cases):
+        save = saves[ci * len(saves) // len(cases)]
         sets = [case["make"](), case["make"]()]
         for label, build in case["impls"]:
-            if label == "torch.compile":
+            if label == "torch.compile" or (label != "fastgrad" and save != saves[0]):
                 continue
+            if label == "fastgrad":
+                label = f"fastgrad save {save}"
             rows = kernel_table(build(), sets)
             total = sum(t for t, _, _ in rows)
             launches = sum(n for _, n, _ in rows)

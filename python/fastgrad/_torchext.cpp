@@ -1,5 +1,5 @@
-/* _torchext.cpp — fastgrad's Linear, linear + activation and normalization family as a torch C++
- * extension (module fastgrad._torchext_ops).
+/* _torchext.cpp — fastgrad's Linear, linear + activation, normalization family and transformer
+ * encoder layer as a torch C++ extension (module fastgrad._torchext_ops).
  *
  * fg.Linear, fg.LinearAct and the row norms through a Python torch.autograd.Function pay for the
  * Function's Python on every call: apply, save_for_backward, the backward's Python, the outputs'
@@ -17,6 +17,11 @@
  *    tensors, the gradient s receives), and norm_forward / norm_backward / batch_norm_forward /
  *    batch_norm_backward are norm.py's functions of those names (their allocation rules, their
  *    options structs filled here).
+ *  - The encoder layer (fg.TransformerEncoderLayer, fg.PatchTSTEncoder): EncoderFn mirrors
+ *    encoder.py's EncoderLayerFunction (one fg_encoder_layer_forward_ws a forward, one
+ *    fg_encoder_layer_backward a backward, the cache and workspaces from torch's allocator). A
+ *    layer runs some twenty library parts each way, so its Python Function's per-call work
+ *    (describing every weight and gradient in ctypes) had been the larger part of its host time.
  * A forward + backward never enters Python beyond the one call in.
  *
  * The per-call work is _fastcall.c's, in C++: each tensor's descriptor (pointer, dtype, shape,
@@ -86,6 +91,9 @@ struct Api {
     fg_status (*plan_run)(fg_plan *, const fg_tensor *, void *, size_t);
     const char *(*last_error)(void);
     const char *(*status_string)(fg_status);
+    decltype(&fg_encoder_layer_sizes) encoder_layer_sizes;
+    decltype(&fg_encoder_layer_forward_ws) encoder_layer_forward_ws;
+    decltype(&fg_encoder_layer_backward) encoder_layer_backward;
 };
 
 Api api;
@@ -750,6 +758,175 @@ struct LinearActFn : public torch::autograd::Function<LinearActFn> {
     }
 };
 
+/* ---- the transformer encoder layer */
+
+/* encoder.py's EncoderLayerFunction with its host work in C++: a forward is one
+ * fg_encoder_layer_forward_ws, a backward one fg_encoder_layer_backward, the cache, the
+ * workspaces and the outputs from torch's allocator with encoder.py's sizes and rules (the same
+ * calls, so the same bits). The autograd inputs are x, scores_in and the learnable weights (cast
+ * to x's dtype by the caller); the rest (the descriptor's bytes, each weight's slot in
+ * fg_encoder_layer_params, the running statistics, lengths, (seed, offset), train) rides in
+ * saved_data, outside autograd's version checks, as the Python Function's _Call does. */
+struct EncoderCall {
+    fg_encoder_layer_desc desc;
+    std::vector<int64_t> slots;       /* weights[i] is fg_encoder_layer_params' tensor slots[i] */
+    std::vector<at::Tensor> buffers;  /* the running statistics, at buffer_slots */
+    std::vector<int64_t> buffer_slots;
+    at::Tensor lengths;               /* undefined: none */
+    uint64_t seed, offset;
+    bool train, want_scores;
+    std::string no_backward;          /* not empty: the backward raises it (evaluation BatchNorm) */
+};
+
+static_assert(sizeof(fg_encoder_layer_params) == 22 * sizeof(fg_tensor), "fg_encoder_layer_params: 22 tensors");
+
+fg_tensor *param_slot(fg_encoder_layer_params *p, int64_t i) { return reinterpret_cast<fg_tensor *>(p) + i; }
+
+std::atomic<unsigned long long> n_enc_forward{0}, n_enc_backward{0}, n_enc_fallback{0};
+
+struct EncoderFn : public torch::autograd::Function<EncoderFn> {
+    static variable_list forward(AutogradContext *ctx, const at::Tensor &x, const std::optional<at::Tensor> &s_in,
+                                 at::TensorList weights, const EncoderCall &call)
+    {
+        const fg_encoder_layer_desc &desc = call.desc;
+        const bool has_s = s_in.has_value() && s_in->defined(), has_l = call.lengths.defined();
+        const at::Tensor scores_in = has_s ? *s_in : at::Tensor();
+        fg_encoder_layer_params p{};
+        for (size_t i = 0; i < weights.size(); i++)
+            describe(weights[i], param_slot(&p, call.slots[i]));
+        for (size_t i = 0; i < call.buffers.size(); i++)
+            describe(call.buffers[i], param_slot(&p, call.buffer_slots[i]));
+        const int64_t B = x.size(0), L = x.size(1);
+        size_t cache_bytes = 0, ws_bytes = 0;
+        if (api.encoder_layer_sizes(&desc, (fg_dtype)dtype_code(x.scalar_type()), B, L, &cache_bytes, &ws_bytes) !=
+            FG_OK)
+            throw Refused{};
+        const auto bytes = x.options().dtype(at::kByte);
+        at::Tensor y = at::empty(x.sizes(), x.options()), scores, cache, ws;
+        if (call.want_scores)
+            scores = at::empty({B, desc.heads, L, L}, x.options().dtype(has_s ? scores_in.scalar_type()
+                                                                               : x.scalar_type()));
+        if (call.train)
+            cache = at::empty({(int64_t)std::max<size_t>(cache_bytes, 16)}, bytes);
+        if (call.train && desc.save == FG_ENCODER_SAVE_MIN && ws_bytes)
+            ws = at::empty({(int64_t)std::max<size_t>(ws_bytes, 16)}, bytes);
+        fg_tensor tx, tl, ts, ty, tso;
+        describe(x, &tx);
+        describe(call.lengths, &tl);
+        describe(scores_in, &ts);
+        describe(y, &ty);
+        describe(scores, &tso);
+        fg_encoder_layer_run run{};
+        run.train = call.train ? 1 : 0;
+        run.seed = call.seed;
+        run.offset = call.offset;
+        Ctx *c = nullptr;
+        if (context_for(x, &c) != FG_OK)
+            throw Refused{};
+        if (api.encoder_layer_forward_ws(c->handle, &desc, &run, &tx, has_l ? &tl : nullptr, has_s ? &ts : nullptr,
+                                         &p, &ty, call.want_scores ? &tso : nullptr,
+                                         cache.defined() ? cache.mutable_data_ptr() : nullptr,
+                                         cache.defined() ? (size_t)cache.numel() : 0,
+                                         ws.defined() ? ws.mutable_data_ptr() : nullptr,
+                                         ws.defined() ? (size_t)ws.numel() : 0) != FG_OK)
+            throw Refused{};
+        std::vector<at::Tensor> keep = {x, scores_in, cache};
+        keep.insert(keep.end(), weights.begin(), weights.end());
+        ctx->save_for_backward(keep);
+        ctx->saved_data["desc"] = std::string(reinterpret_cast<const char *>(&desc), sizeof desc);
+        ctx->saved_data["slots"] = call.slots;
+        ctx->saved_data["buffers"] = call.buffers;
+        ctx->saved_data["buffer_slots"] = call.buffer_slots;
+        ctx->saved_data["has_lengths"] = has_l;
+        ctx->saved_data["lengths"] = has_l ? call.lengths : at::zeros({0}, x.options().dtype(at::kLong));
+        ctx->saved_data["seed"] = (int64_t)call.seed;
+        ctx->saved_data["offset"] = (int64_t)call.offset;
+        ctx->saved_data["no_backward"] = call.no_backward;
+        ctx->set_materialize_grads(false);
+        if (call.want_scores)
+            return {y, scores};
+        return {y};
+    }
+
+    static variable_list backward(AutogradContext *ctx, variable_list grads)
+    {
+        const std::string no_backward = ctx->saved_data["no_backward"].toStringRef();
+        TORCH_CHECK(no_backward.empty(), no_backward);
+        auto saved = ctx->get_saved_variables();
+        const at::Tensor &x = saved[0], &scores_in = saved[1], &cache = saved[2];
+        const size_t nw = saved.size() - 3;
+        const std::vector<int64_t> slots = ctx->saved_data["slots"].toIntVector();
+        const bool has_s = scores_in.defined();
+        /* needs_input_grad counts the inputs autograd sees: x, scores_in when given, the weights */
+        const size_t w0 = has_s ? 2 : 1;
+        const bool need_x = ctx->needs_input_grad(0), need_s = has_s && ctx->needs_input_grad(1);
+        std::vector<bool> need_w(nw);
+        bool any = need_x || need_s;
+        for (size_t i = 0; i < nw; i++)
+            any |= need_w[i] = ctx->needs_input_grad(w0 + i);
+        variable_list out(3 + nw + 1); /* x, scores_in, the weights, the call */
+        if (!any)
+            return out;
+        fg_encoder_layer_desc desc;
+        const std::string db = ctx->saved_data["desc"].toStringRef();
+        std::memcpy(&desc, db.data(), sizeof desc);
+        const at::Tensor dy = grads[0].defined() ? grads[0].contiguous() : at::zeros_like(x);
+        const at::Tensor ds = grads.size() > 1 && grads[1].defined() ? grads[1].contiguous() : at::Tensor();
+        fg_encoder_layer_params p{}, g{};
+        for (size_t i = 0; i < nw; i++) {
+            const at::Tensor &w = saved[3 + i];
+            describe(w, param_slot(&p, slots[i]));
+            if (need_w[i]) {
+                out[2 + i] = at::empty(w.sizes(), dy.options().dtype(w.scalar_type()));
+                describe(out[2 + i], param_slot(&g, slots[i]));
+            }
+        }
+        const std::vector<at::Tensor> buffers = ctx->saved_data["buffers"].toTensorVector();
+        const std::vector<int64_t> bslots = ctx->saved_data["buffer_slots"].toIntVector();
+        for (size_t i = 0; i < buffers.size(); i++)
+            describe(buffers[i], param_slot(&p, bslots[i]));
+        const bool has_l = ctx->saved_data["has_lengths"].toBool();
+        const at::Tensor lengths = ctx->saved_data["lengths"].toTensor();
+        if (need_x)
+            out[0] = at::empty(x.sizes(), dy.options());
+        if (need_s)
+            out[1] = at::empty(scores_in.sizes(), dy.options().dtype(scores_in.scalar_type()));
+        size_t cache_bytes = 0, ws_bytes = 0;
+        fg_status st = api.encoder_layer_sizes(&desc, (fg_dtype)dtype_code(x.scalar_type()), x.size(0), x.size(1),
+                                               &cache_bytes, &ws_bytes);
+        if (st != FG_OK)
+            fail("encoder_layer_backward", st, api.last_error());
+        at::Tensor ws;
+        if (ws_bytes)
+            ws = at::empty({(int64_t)std::max<size_t>(ws_bytes, 16)}, dy.options().dtype(at::kByte));
+        fg_tensor tdy, tds, tx, tl, ts, tdx, tdsin;
+        describe(dy, &tdy);
+        describe(ds, &tds);
+        describe(x, &tx);
+        describe(lengths, &tl);
+        describe(scores_in, &ts);
+        describe(out[0], &tdx);
+        describe(out[1], &tdsin);
+        fg_encoder_layer_run run{};
+        run.train = 1;
+        run.seed = (uint64_t)ctx->saved_data["seed"].toInt();
+        run.offset = (uint64_t)ctx->saved_data["offset"].toInt();
+        Ctx *c = nullptr;
+        st = context_for(dy, &c);
+        if (st == FG_OK)
+            st = api.encoder_layer_backward(c->handle, &desc, &run, &tdy, ds.defined() ? &tds : nullptr, &tx,
+                                            has_l ? &tl : nullptr, has_s ? &ts : nullptr, &p, cache.const_data_ptr(),
+                                            (size_t)cache.numel(), need_x ? &tdx : nullptr,
+                                            need_s ? &tdsin : nullptr, &g, 0,
+                                            ws.defined() ? ws.mutable_data_ptr() : nullptr,
+                                            ws.defined() ? (size_t)ws.numel() : 0);
+        if (st != FG_OK)
+            fail("encoder_layer_backward", st, api.last_error());
+        n_enc_backward++;
+        return out;
+    }
+};
+
 /* Whether linear() takes these operands (else Python runs the call and raises its errors). */
 bool takes(const at::Tensor &x, const at::Tensor &w, const at::Tensor &b)
 {
@@ -1193,6 +1370,93 @@ py::object py_linear_act(py::handle xo, py::handle wo, py::handle bo, py::handle
         }
     }
     n_act_fallback++;
+    return py::none();
+}
+
+/* ---- the encoder layer from Python */
+
+bool as_slots(py::handle o, std::vector<int64_t> &v, size_t n)
+{
+    if (!PyTuple_Check(o.ptr()) || (size_t)PyTuple_GET_SIZE(o.ptr()) != n)
+        return false;
+    v.resize(n);
+    for (size_t i = 0; i < n; i++) {
+        PyObject *e = PyTuple_GET_ITEM(o.ptr(), (Py_ssize_t)i);
+        if (!PyLong_Check(e))
+            return false;
+        v[i] = PyLong_AsLongLong(e);
+        if (v[i] < 0 || v[i] >= 22)
+            return false;
+    }
+    return true;
+}
+
+bool as_tensors(py::handle o, std::vector<at::Tensor> &v, const at::Tensor &ref)
+{
+    if (!PyTuple_Check(o.ptr()))
+        return false;
+    const Py_ssize_t n = PyTuple_GET_SIZE(o.ptr());
+    v.resize((size_t)n);
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (!unpack(PyTuple_GET_ITEM(o.ptr(), i), v[(size_t)i], false) || !plain(v[(size_t)i], ref))
+            return false;
+    return true;
+}
+
+/* encoder_layer(x, scores_in, weights, slots, buffers, buffer_slots, lengths, desc, seed, offset, train,
+ * want_scores, no_backward): encoder.py's EncoderLayerFunction.apply with its autograd in C++ — y, or
+ * (y, scores_out) when want_scores — or None when Python must run the call. weights, buffers: tuples of
+ * tensors; slots, buffer_slots: tuples of their indices in fg_encoder_layer_params; desc: the
+ * fg_encoder_layer_desc's bytes; no_backward: None, or the message a backward raises. */
+py::object py_encoder_layer(py::handle xo, py::handle so, py::handle wo, py::handle slots_o, py::handle bo,
+                            py::handle bslots_o, py::handle lo, py::handle desc_o, py::handle seed_o,
+                            py::handle offset_o, py::handle train_o, py::handle want_o, py::handle nb_o)
+{
+    at::Tensor x, s, lengths;
+    EncoderCall call;
+    bool train = false, want = false;
+    std::vector<at::Tensor> weights;
+    if (ready.load(std::memory_order_relaxed) && unpack(xo.ptr(), x, false) && x.dim() == 3 &&
+        device_taken(x) && dtype_code(x.scalar_type()) >= 0 && x.is_contiguous() && unpack(so.ptr(), s, true) &&
+        plain(s, x) && unpack(lo.ptr(), lengths, true) && (!lengths.defined() || lengths.device() == x.device()) &&
+        as_tensors(wo, weights, x) && as_slots(slots_o, call.slots, weights.size()) &&
+        as_tensors(bo, call.buffers, x) && as_slots(bslots_o, call.buffer_slots, call.buffers.size()) &&
+        PyBytes_Check(desc_o.ptr()) && (size_t)PyBytes_GET_SIZE(desc_o.ptr()) == sizeof(fg_encoder_layer_desc) &&
+        as_u64(seed_o, call.seed) && as_u64(offset_o, call.offset) && as_bool(train_o, train) &&
+        as_bool(want_o, want) && (nb_o.ptr() == Py_None || PyUnicode_Check(nb_o.ptr()))) {
+        std::memcpy(&call.desc, PyBytes_AS_STRING(desc_o.ptr()), sizeof call.desc);
+        call.lengths = lengths;
+        call.train = train;
+        call.want_scores = want;
+        if (nb_o.ptr() != Py_None)
+            call.no_backward = as_utf8(nb_o);
+        std::vector<const at::Tensor *> all = {&x, &s};
+        for (const at::Tensor &w : weights)
+            all.push_back(&w);
+        bool fwd_ad = false;
+        for (const at::Tensor *t : all)
+            fwd_ad |= for_python({t});
+        if (!fwd_ad) {
+            variable_list r;
+            bool refused = false;
+            {
+                py::gil_scoped_release nogil;
+                try {
+                    r = EncoderFn::apply(x, s.defined() ? std::optional<at::Tensor>(s) : std::nullopt,
+                                         at::TensorList(weights), call);
+                } catch (const Refused &) {
+                    refused = true;
+                }
+            }
+            if (!refused) {
+                n_enc_forward++;
+                if (want)
+                    return py::make_tuple(wrap(r[0]), wrap(r[1]));
+                return wrap(r[0]);
+            }
+        }
+    }
+    n_enc_fallback++;
     return py::none();
 }
 
@@ -1640,6 +1904,9 @@ void py_configure(std::unordered_map<std::string, uintptr_t> fns, std::vector<in
     a.plan_run = (decltype(a.plan_run))get("fg_plan_run");
     a.last_error = (decltype(a.last_error))get("fg_last_error");
     a.status_string = (decltype(a.status_string))get("fg_status_string");
+    a.encoder_layer_sizes = (decltype(a.encoder_layer_sizes))get("fg_encoder_layer_sizes");
+    a.encoder_layer_forward_ws = (decltype(a.encoder_layer_forward_ws))get("fg_encoder_layer_forward_ws");
+    a.encoder_layer_backward = (decltype(a.encoder_layer_backward))get("fg_encoder_layer_backward");
     if (ready.load()) {
         TORCH_CHECK_VALUE(std::memcmp(&a, &api, sizeof a) == 0,
                           "fastgrad._torchext_ops is configured with another library already");
@@ -1671,6 +1938,7 @@ TORCH_LIBRARY_IMPL(fastgrad_ext, CUDA, m) { m.impl("linear_backward", &linear_ba
 static PyTypeObject linear_backward_type;
 static PyTypeObject norm_backward_type;
 static PyTypeObject linear_act_backward_type;
+static PyTypeObject encoder_backward_type;
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
 {
@@ -1683,6 +1951,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
     torch::autograd::_initFunctionPyTypeObject(linear_act_backward_type,
                                                "fastgrad._torchext_ops.LinearActFunctionBackward", nullptr, nullptr);
     torch::autograd::registerCppFunction(typeid(torch::autograd::CppNode<LinearActFn>), &linear_act_backward_type);
+    torch::autograd::_initFunctionPyTypeObject(encoder_backward_type,
+                                               "fastgrad._torchext_ops.EncoderLayerFunctionBackward", nullptr,
+                                               nullptr);
+    torch::autograd::registerCppFunction(typeid(torch::autograd::CppNode<EncoderFn>), &encoder_backward_type);
     m.doc() = "fastgrad's Linear, linear + activation and normalization family with their host work in C++ "
               "(see _torchext.py)";
     m.def("linear", &py_linear, "linear(x, weight, bias, flags): y, or None when Python must run the call",
@@ -1707,6 +1979,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
     m.def("batch_norm_backward", &py_batch_norm_backward,
           "batch_norm_backward(dy, x, w, mean, rstd, training, p, seed, offset, need_x, need_r, need_w, need_b, "
           "has_bias, param_dtype, accumulate): norm.batch_norm_backward's (dx, dr, dw, db), or None");
+    m.def("encoder_layer", &py_encoder_layer,
+          "encoder_layer(x, scores_in, weights, slots, buffers, buffer_slots, lengths, desc, seed, offset, train, "
+          "want_scores, no_backward): encoder.EncoderLayerFunction's y (or (y, scores_out)) with its autograd in "
+          "C++, or None when Python must run the call");
     m.def("configure", &py_configure, "Hands the module the library's entry points (called once by _torchext.py)");
     m.def("register_kernels", &py_register_kernels,
           "register_kernels({name: function}, {name: autograd kernel} or None): this module's C++ kernels for "
@@ -1736,7 +2012,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
                             py::arg("linear_act_fallback") = n_act_fallback.load(),
                             py::arg("kernel") = n_kernel.load(), py::arg("kernel_python") = n_kernel_python.load(),
                             py::arg("autograd_cpp") = n_autograd_cpp.load(),
-                            py::arg("autograd_python") = n_autograd_python.load());
+                            py::arg("autograd_python") = n_autograd_python.load(),
+                            py::arg("encoder_forward") = n_enc_forward.load(),
+                            py::arg("encoder_backward") = n_enc_backward.load(),
+                            py::arg("encoder_fallback") = n_enc_fallback.load());
         },
         "Since import: Linear's forwards and backwards run here, its calls handed back to Python, its gradients "
         "computed; the row norms' forwards and backwards run here (functional or through norm()), norm() calls, "

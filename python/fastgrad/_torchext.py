@@ -1,14 +1,14 @@
-"""fastgrad._torchext: the torch C++ extension of _torchext.cpp (fg.Linear's, linear + activation's
-and the row norms' forward and backward with their autograd in C++, so that a call through autograd never enters
-Python's torch.autograd.Function machinery, and the normalization family's functional calls):
+"""fastgrad._torchext: the torch C++ extension of _torchext.cpp (fg.Linear's, linear + activation's,
+the row norms' and the encoder layer's forward and backward with their autograd in C++, so that a call through
+autograd never enters Python's torch.autograd.Function machinery, and the normalization family's functional calls):
 building it, finding it, handing it the library.
 
 The extension is optional. CMake builds it ahead of time beside libfastgrad when torch and its
 headers are importable (`python3 python/fastgrad/_torchext.py OUT_DIR` does the same by hand:
 torch.utils.cpp_extension compiles it with torch's own flags; the objects stay in
 OUT_DIR/torchext). Without it, or with FASTGRAD_NO_TORCHEXT=1 / FASTGRAD_NO_EXT=1,
-fg.Linear, fg.LinearAct and the norms run their Python (autograd.Functions, norm.py's functions), with the
-same kernels and the same bits.
+fg.Linear, fg.LinearAct, the norms and the encoder layers run their Python (autograd.Functions, norm.py's
+functions), with the same kernels and the same bits.
 CUDA code (torch's current stream) is compiled in only when torch has CUDA and the CUDA
 headers are found; without it, CUDA tensors take the Python path.
 """
@@ -103,7 +103,8 @@ def _configure(module):
 
     from . import _lib
     names = ["fg_context_create", "fg_context_destroy", "fg_context_set_stream", "fg_plan_create", "fg_plan_destroy",
-             "fg_plan_workspace_size", "fg_plan_run", "fg_last_error", "fg_status_string"]
+             "fg_plan_workspace_size", "fg_plan_run", "fg_last_error", "fg_status_string", "fg_encoder_layer_sizes",
+             "fg_encoder_layer_forward_ws", "fg_encoder_layer_backward"]
     fns = {n: ctypes.cast(getattr(_lib.lib, n), ctypes.c_void_p).value for n in names}
     sizes = [_lib.abi_layout("fg_tensor"), _lib.MAX_RANK, _lib.MAX_OPERANDS, _lib.abi_layout("fg_plan_desc")]
     try:

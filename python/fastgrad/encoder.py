@@ -15,7 +15,9 @@ w_1, w_2, norm1_w, ..., running_mean1, ...). With torch:
                               separate W_Q / W_K / W_V, GELU FFN; the same state_dict keys
 
 Each layer is one autograd Function: its forward keeps the cache (a uint8 tensor from torch's
-caching allocator) for the backward, which takes its workspace from the same allocator. Dropout
+caching allocator) for the backward, which takes its workspace from the same allocator. With the
+torch C++ extension built (_torchext.cpp) that Function runs in C++ (the same library calls and
+bits, without the Python's per-call cost; use_torchext(False) turns it off). Dropout
 masks are counter-based: each call draws (seed, offset) from torch's default CPU generator, so
 torch.manual_seed replays a run, and the backward regenerates the forward's masks. While
 torch.compile traces (or with torch_ops.use_custom_ops(True)) the layers call the custom ops
@@ -26,7 +28,7 @@ import inspect
 
 import numpy as np
 
-from . import _lib
+from . import _lib, _torchext
 from .ops import _describe, _empty_like_family, _is_torch, _placement
 
 try:  # torch is optional
@@ -211,6 +213,17 @@ if torch is not None:
 
     FG = torch.ops.fastgrad  # the custom ops (torch_ops): what torch.compile traces
 
+    # the C++ extension's encoder_layer (EncoderLayerFunction with its host work and autograd in C++,
+    # _torchext.cpp), or None when it is not built (or is older than it)
+    _ext_encoder = getattr(_torchext.MODULE, "encoder_layer", None)
+    _SLOT = {name: i for i, name in enumerate(_lib.ENCODER_PARAMS)}
+
+    def use_torchext(on=True):
+        """Whether eager layers run through the C++ extension when it is built (the default); off,
+        they run EncoderLayerFunction (the same library calls, the same results)."""
+        global _ext_encoder
+        _ext_encoder = getattr(_torchext.MODULE, "encoder_layer", None) if on else None
+
     def draw_encoder_seed():
         """(seed, offset) as a two-element int64 CPU tensor from torch's default CPU generator."""
         return torch.randint(0, 2**62, (2,))
@@ -368,8 +381,15 @@ if torch is not None:
                 no_backward = _NO_BACKWARD
         if scale is not None:
             cfg = dict(cfg, attn_scale=float(scale))
-        call = _Call(encoder_desc(**cfg), train, seed, offset, names,
-                     {k: v for k, v in buffers.items() if v is not None}, lengths, want_scores, no_backward)
+        desc = encoder_desc(**cfg)
+        bufs = {k: v for k, v in buffers.items() if v is not None}
+        if _ext_encoder is not None:
+            r = _ext_encoder(x, scores_in, ws, tuple(_SLOT[k] for k in names), tuple(bufs.values()),
+                             tuple(_SLOT[k] for k in bufs), lengths, bytes(desc), seed, offset, bool(train),
+                             bool(want_scores), no_backward)
+            if r is not None:
+                return r
+        call = _Call(desc, train, seed, offset, names, bufs, lengths, want_scores, no_backward)
         return EncoderLayerFunction.apply(x, scores_in, call, *ws)
 
     def _apply_layer_op(x, scores_in, cfg, names, ws, buffers, lengths, want_scores, train, seed, scale):

@@ -15,9 +15,14 @@ activation: fg.linear_act through the extension against LinearActFunction, bit f
 f64 / bf16, every activation, with and without a bias, each saved form (pre, slope, nothing,
 "auto" on both sides of its threshold), only some gradients asked for, two backwards through a
 retained graph, awkward layouts and batched weights; the backward node's name, the toggle, and
-the cases handed back to Python. Skipped, with the reason, where torch is missing or the
-extension is not built."""
+the cases handed back to Python. For the encoder layer: fg.TransformerEncoderLayer (pre- and
+post-norm, causal, key padding) and fg.PatchTSTEncoder (BatchNorm, residual attention) through the
+extension against EncoderLayerFunction, bit for bit (outputs, gradients, running statistics) with
+dropout, both saving policies, some gradients frozen, a retained graph, evaluation, the node's name,
+the toggle and a refusal handed back to Python. Skipped, with the reason, where torch is missing or
+the extension is not built."""
 import contextlib
+import copy
 import os
 import threading
 
@@ -27,6 +32,7 @@ from conftest import data
 torch = pytest.importorskip("torch")
 import fastgrad as fg  # noqa: E402
 from fastgrad import _lib, _torchext, autograd  # noqa: E402
+from fastgrad import encoder as fgenc  # noqa: E402
 from fastgrad import norm as fgnorm  # noqa: E402
 
 from torch_helpers import DEVICES, DTYPES, err, tol  # noqa: E402
@@ -51,6 +57,7 @@ def test_built_extension_is_used():
     assert autograd._ext_linear is not None, "the extension loaded but fg.linear does not route through it"
     assert autograd._ext_linear_act is not None, "the extension loaded but fg.linear_act does not route through it"
     assert fgnorm._ext is not None, "the extension loaded but the norms do not route through it"
+    assert fgenc._ext_encoder is not None, "the extension loaded but the encoder layers do not route through it"
     lin = fg.Linear(16, 8)
     x = torch.randn(4, 16, requires_grad=True)
     before = EXT.stats()
@@ -1044,3 +1051,154 @@ def test_compiled_dynamic_shapes_stay_in_cpp(rng):
         for g, w_ in zip(grads[1], grads[0]):
             _same(g, w_)
     assert after["kernel"] - before["kernel"] == 4 and after["autograd_python"] == before["autograd_python"]
+
+
+# ------------------------------------------------------------------ the encoder layer
+
+ENC_CASES = [(d, t) for d in DEVICES for t in (torch.float64, torch.float32, torch.bfloat16)
+             if not (d == "cuda" and t == torch.float64) and not (d == "cpu" and t == torch.bfloat16)]
+
+
+def _enc_model(kind, device, dtype, save):
+    """A GPT-style pre-norm layer (causal), a post-norm one (relu, key padding) or PatchTST's
+    three-layer encoder (BatchNorm post-norm, residual attention), every dropout on."""
+    torch.manual_seed(0)
+    if kind == "patchtst":
+        m = fg.PatchTSTEncoder(3, 32, 4, 64, 0.2, 0.1, "gelu", True, "BatchNorm", save=save)
+    else:
+        m = fg.TransformerEncoderLayer(32, 4, dim_feedforward=64, dropout=0.1, batch_first=True, save=save,
+                                       activation="gelu" if kind == "pre" else "relu", norm_first=kind == "pre")
+    return m.to(device=device, dtype=dtype).train()
+
+
+def _enc_kwargs(kind, b, l, device):
+    if kind == "pre":
+        return dict(is_causal=True)
+    pad = torch.arange(l, device=device)[None, :] >= torch.tensor([l, l - 3, 1][:b], device=device)[:, None]
+    return dict(src_key_padding_mask=pad) if kind == "post" else dict(key_padding_mask=pad)
+
+
+def _enc_run(path, m, x, dy, kwargs, need_x=True, frozen=(), twice=False):
+    """(y, x's gradient, the parameters' gradients, the buffers) of one training step of a copy of
+    m on the given path, and the extension's encoder forwards / backwards it ran."""
+    fgenc.use_torchext(path == "ext")
+    try:
+        mm = copy.deepcopy(m)
+        for name, p in mm.named_parameters():
+            p.requires_grad_(name not in frozen)
+        xx = x.detach().clone().requires_grad_(need_x)
+        before = EXT.stats()
+        torch.manual_seed(11)
+        y = mm(xx, **kwargs)
+        y.backward(dy, retain_graph=twice)
+        if twice:
+            y.backward(dy)
+        after = EXT.stats()
+        used = (after["encoder_forward"] - before["encoder_forward"],
+                after["encoder_backward"] - before["encoder_backward"])
+        grads = {n: p.grad for n, p in mm.named_parameters()}
+        bufs = {n: b.clone() for n, b in mm.named_buffers()}
+        return y.detach(), xx.grad, grads, bufs, used
+    finally:
+        fgenc.use_torchext(True)
+
+
+def _enc_same(a, b):
+    ya, xa, ga, ba, _ = a
+    yb, xb, gb, bb, _ = b
+    assert torch.equal(ya, yb), "y differs between the extension and the Python Function"
+    assert (xa is None) == (xb is None) and (xa is None or torch.equal(xa, xb)), "dx differs"
+    for n in ga:
+        assert (ga[n] is None) == (gb[n] is None), f"{n}: a gradient on one path only"
+        assert ga[n] is None or torch.equal(ga[n], gb[n]), f"{n}'s gradient differs"
+    for n in ba:
+        assert torch.equal(ba[n], bb[n]), f"buffer {n} differs"
+
+
+@needs_ext
+@pytest.mark.parametrize("device,dtype", ENC_CASES)
+@pytest.mark.parametrize("kind", ["pre", "post", "patchtst"])
+@pytest.mark.parametrize("save", ["all", "min"])
+def test_encoder_layer_matches_python_function(rng, device, dtype, kind, save):
+    """fg.TransformerEncoderLayer / fg.PatchTSTEncoder through the extension against
+    EncoderLayerFunction: the same output, gradients and running statistics, bit for bit (the
+    same library calls with the same seeds), with masks, residual scores and dropout."""
+    m = _enc_model(kind, device, dtype, save)
+    b, l = 3, 9
+    x = torch.tensor(data(rng, (b, l, 32)), dtype=dtype, device=device)
+    dy = torch.tensor(data(rng, (b, l, 32)), dtype=dtype, device=device)
+    kw = _enc_kwargs(kind, b, l, device)
+    ext, py = _enc_run("ext", m, x, dy, kw), _enc_run("python", m, x, dy, kw)
+    layers = 3 if kind == "patchtst" else 1
+    assert ext[4] == (layers, layers), f"extension path ran {ext[4]} encoder forwards / backwards"
+    assert py[4] == (0, 0), f"Python path ran {py[4]} through the extension"
+    _enc_same(ext, py)
+
+
+@needs_ext
+@pytest.mark.parametrize("kind", ["pre", "patchtst"])
+def test_encoder_layer_some_gradients_and_retained_graph(rng, kind):
+    """Only the gradients autograd asks for (x not a leaf that wants one, frozen weights), and two
+    backwards through a retained graph (the cache is read, not consumed), as the Python Function."""
+    m = _enc_model(kind, "cpu", torch.float32, "min")
+    b, l = 3, 7
+    x = torch.tensor(data(rng, (b, l, 32)), dtype=torch.float32)
+    dy = torch.tensor(data(rng, (b, l, 32)), dtype=torch.float32)
+    kw = _enc_kwargs(kind, b, l, "cpu")
+    frozen = {"linear1.weight", "self_attn.in_proj_bias", "layers.1.self_attn.W_Q.weight", "layers.0.ff.0.bias"}
+    for need_x, twice in ((False, False), (True, True)):
+        ext = _enc_run("ext", m, x, dy, kw, need_x=need_x, frozen=frozen, twice=twice)
+        py = _enc_run("python", m, x, dy, kw, need_x=need_x, frozen=frozen, twice=twice)
+        assert ext[4][0] > 0 and py[4] == (0, 0)
+        _enc_same(ext, py)
+    assert any(n in frozen for n in ext[2]) and all(ext[2][n] is None for n in frozen if n in ext[2])
+
+
+@needs_ext
+def test_encoder_layer_node_toggle_and_eval(rng):
+    """The backward node is the extension's (named as the Python Function's); the toggle sends
+    layers to EncoderLayerFunction; evaluation runs through the extension too, and a backward
+    through an evaluation-mode BatchNorm layer raises the Python Function's error."""
+    m = _enc_model("pre", "cpu", torch.float32, "all")
+    x = torch.tensor(data(rng, (2, 5, 32)), dtype=torch.float32, requires_grad=True)
+    y = m(x)
+    assert type(y.grad_fn).__module__ == "fastgrad._torchext_ops"
+    assert type(y.grad_fn).__name__ == "EncoderLayerFunctionBackward"
+    fgenc.use_torchext(False)
+    try:
+        assert type(m(x).grad_fn).__name__ == "EncoderLayerFunctionBackward"
+        assert type(m(x).grad_fn).__module__ != "fastgrad._torchext_ops"
+    finally:
+        fgenc.use_torchext(True)
+    p = _enc_model("patchtst", "cpu", torch.float32, "all").eval()
+    outs = []
+    for path in ("ext", "python"):
+        fgenc.use_torchext(path == "ext")
+        try:
+            with torch.no_grad():
+                outs.append(p(x.detach()))
+            y = p(x)
+            with pytest.raises(RuntimeError, match="evaluation-mode BatchNorm"):
+                y.sum().backward()
+        finally:
+            fgenc.use_torchext(True)
+    assert torch.equal(outs[0], outs[1])
+
+
+@needs_ext
+def test_encoder_layer_refusals_run_python(rng):
+    """What the library refuses (lengths of another batch size) the extension hands back: Python runs the
+    call and raises its usual error; the fallback is counted."""
+    m = _enc_model("post", "cpu", torch.float32, "all")
+    x = torch.tensor(data(rng, (2, 5, 32)), dtype=torch.float32, requires_grad=True)
+    before = EXT.stats()["encoder_fallback"]
+    with pytest.raises(Exception) as ext_err:
+        m(x, lengths=torch.tensor([5, 2, 1]))
+    assert EXT.stats()["encoder_fallback"] == before + 1
+    fgenc.use_torchext(False)
+    try:
+        with pytest.raises(Exception) as py_err:
+            m(x, lengths=torch.tensor([5, 2, 1]))
+    finally:
+        fgenc.use_torchext(True)
+    assert type(ext_err.value) is type(py_err.value) and str(ext_err.value) == str(py_err.value)

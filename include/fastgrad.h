@@ -266,6 +266,9 @@ typedef enum fg_op {
                                    (kept for this minor version) */
 #define FG_PLAN_ACT_SLOPE 4u    /* linear_act: the same as fg_linear_act_options.saved =
                                    FG_ACT_SAVED_SLOPE (kept for this minor version) */
+#define FG_PLAN_CONSUME_DY 8u   /* linear_act backward with dropout: dy may be overwritten (it holds
+                                   dy ⊙ m afterwards where the mask is not applied inside the
+                                   gradient's pass), which saves the N·M buffer dy ⊙ m would take */
 
 /* A plan's descriptor. Each op's operands, in order, and the options struct it takes are
  * listed by fg_op_describe (and in the comments of fg_op above). */

@@ -992,6 +992,52 @@ static void plan_names(fg_context *ctx, fg_op op, const fg_linear_act_options *o
  *    g = dy·m·act′(pre), and bit for bit against fg_dropout_backward on dy followed by the
  *    backward without it; the slope form's backward from the test's masked slope (p = 0) against
  *    g = dy·(m·s), and refused with p > 0. */
+static int pass_drops_seen; /* forwards / backwards whose activation pass applied the dropout */
+
+/* The backward through a plan with FG_PLAN_CONSUME_DY on a copy of dy: the same gradients' bits
+   as the call without it (dx, dw, db), dy's copy left as dy (the mask applied inside the gradient
+   pass) or holding dy ⊙ m (dyd: fg_dropout_backward's), and no more workspace than without the
+   flag (on the CPU, whose passes do not take the mask, less by the N·M buffer). */
+static void backward_consuming_dy(fg_context *ctx, fg_backend be, fg_dtype dt, const fg_linear_act_options *o,
+                                  const th_operand *dy, const th_operand *dyd, const th_operand *pv,
+                                  const th_operand *x, const th_operand *w, const th_operand *b, const th_operand *dx,
+                                  const th_operand *dw, const th_operand *db, const char *lab) {
+    th_operand dyc = th_make(be, dt, dy->t.rank, dy->t.shape, 0), dx3 = th_make(be, dt, dx->t.rank, dx->t.shape, 0);
+    th_operand dw3 = th_make(be, dt, dw->t.rank, dw->t.shape, 0), db3 = th_make(be, dt, db->t.rank, db->t.shape, 0);
+    th_put(&dyc.buf, &dyc.t, dy->v);
+    th_poison(&dx3.buf), th_poison(&dw3.buf), th_poison(&db3.buf); /* (as dx, dw, db were: same_bits reads the tails) */
+    const fg_tensor ops[8] = {dyc.t, pv ? pv->t : (fg_tensor){0}, x->t, w->t, b->t, dx3.t, dw3.t, db3.t};
+    size_t need[2] = {0, 0};
+    fg_plan *plan[2] = {NULL, NULL};
+    for (int f = 0; f < 2; f++) {
+        fg_plan_desc d;
+        memset(&d, 0, sizeof d);
+        d.op = FG_OP_LINEAR_ACT_BACKWARD, d.options = o, d.options_size = sizeof *o;
+        d.flags = f ? FG_PLAN_CONSUME_DY : 0;
+        memcpy(d.operands, ops, sizeof ops);
+        TH_OK(fg_plan_create(ctx, &d, &plan[f]));
+        if (plan[f]) TH_OK(fg_plan_workspace_size(plan[f], &need[f]));
+    }
+    TH_CHECK(need[1] <= need[0], "%s: FG_PLAN_CONSUME_DY asks %zu bytes of workspace, %zu without", lab, need[1], need[0]);
+    if (be == FG_BACKEND_CPU && o->dropout.p > 0)
+        TH_CHECK(need[1] < need[0], "%s: FG_PLAN_CONSUME_DY saves no workspace on the CPU (%zu bytes)", lab, need[1]);
+    if (plan[1]) {
+        th_buf ws = th_alloc(be, FG_F32, (int64_t)(need[1] / 4 + 1));
+        TH_OK(fg_plan_run(plan[1], ops, need[1] ? ws.ptr : NULL, need[1]));
+        th_free(&ws);
+        TH_CHECK(same_bits(&dx3, dx) && same_bits(&dw3, dw) && same_bits(&db3, db),
+                 "%s: the gradients' bits differ with FG_PLAN_CONSUME_DY", lab);
+        const size_t n = (size_t)dy->n;
+        double *now = malloc(sizeof(double) * n), *masked = malloc(sizeof(double) * n);
+        th_get(&dyc.buf, &dyc.t, now), th_get(&dyd->buf, &dyd->t, masked);
+        TH_CHECK(memcmp(now, dy->v, sizeof(double) * n) == 0 || memcmp(now, masked, sizeof(double) * n) == 0,
+                 "%s: dy holds neither dy nor dy ⊙ m afterwards", lab);
+        free(now), free(masked);
+    }
+    fg_plan_destroy(plan[0]), fg_plan_destroy(plan[1]);
+    th_drop(&dyc), th_drop(&dx3), th_drop(&dw3), th_drop(&db3);
+}
+
 static void dropout_case(fg_context *ctx, fg_backend be, fg_dtype dt, int act, int64_t N, int64_t K, int64_t M,
                          double p, bool fused) {
     const uint64_t seed = 0x5EED0000CAFEull + (uint64_t)N, offset = 0x300000005ull + (uint64_t)M; /* high words set */
@@ -1041,7 +1087,10 @@ static void dropout_case(fg_context *ctx, fg_backend be, fg_dtype dt, int act, i
         TH_OK(fg_linear_act_forward_ex(ctx, &o, &x.t, &w.t, &b.t, &y.t, saved ? &s.t : NULL));
         const char *ran = fg_context_last_kernels(ctx);
         const bool any = strstr(ran, "dropout") != NULL, in_product = strstr(ran, "+dropout") != NULL;
-        TH_CHECK(p > 0 ? any && in_product == fused : !any, "%s saved=%d: ran %s", lab, saved, ran);
+        const bool in_pass = strstr(ran, "act_forward_") != NULL && in_product;
+        TH_CHECK(p > 0 ? any && (in_product == fused || (be == FG_BACKEND_CUDA && in_pass)) : !any,
+                 "%s saved=%d: ran %s", lab, saved, ran);
+        pass_drops_seen += in_pass;
         char l2[260];
         snprintf(l2, sizeof l2, "%s saved=%d", lab, saved);
         const fg_tensor *fo[5] = {&x.t, &w.t, &b.t, &y.t, saved ? &s.t : NULL};
@@ -1076,6 +1125,8 @@ static void dropout_case(fg_context *ctx, fg_backend be, fg_dtype dt, int act, i
         th_poison(&dx.buf), th_poison(&dw.buf), th_poison(&db.buf);
         TH_OK(fg_linear_act_backward_ex(ctx, &o, &dy.t, keep ? &pv.t : NULL, &x.t, &w.t, &b.t, &dx.t, &dw.t, &db.t, 0));
         if (p > 0) TH_CHECK(strstr(fg_context_last_kernels(ctx), "dropout") != NULL, "%s: ran %s", l2, fg_context_last_kernels(ctx));
+        pass_drops_seen += strstr(fg_context_last_kernels(ctx), "act_grad_") != NULL &&
+                           strstr(fg_context_last_kernels(ctx), "+dropout") != NULL;
         const fg_tensor *bo[8] = {&dy.t, keep ? &pv.t : NULL, &x.t, &w.t, &b.t, &dx.t, &dw.t, &db.t};
         plan_names(ctx, FG_OP_LINEAR_ACT_BACKWARD, &o, bo, 8, l2);
         th_verify("dx", &dx, rdx, th_tol(dt, false), l2);
@@ -1087,6 +1138,8 @@ static void dropout_case(fg_context *ctx, fg_backend be, fg_dtype dt, int act, i
         TH_OK(fg_linear_act_backward_ex(ctx, &o, &dyd.t, keep ? &pv.t : NULL, &x.t, &w.t, &b.t, &dx2.t, &dw2.t, &db2.t, 0));
         TH_CHECK(same_bits(&dx, &dx2) && same_bits(&dw, &dw2) && same_bits(&db, &db2),
                  "%s: the gradients' bits differ from dropout_backward then the backward", l2);
+        o.dropout.p = p;
+        if (p > 0) backward_consuming_dy(ctx, be, dt, &o, &dy, &dyd, keep ? &pv : NULL, &x, &w, &b, &dx, &dw, &db, l2);
     }
     /* the slope form's backward: the masked slope carries the mask, p = 0 */
     th_put(&sv.buf, &sv.t, rs);
@@ -1128,6 +1181,7 @@ static void dropout_case(fg_context *ctx, fg_backend be, fg_dtype dt, int act, i
  * p = 0 are edges (p = 1: every element dropped, by the dropout step). */
 static void dropout(fg_context *ctx, fg_backend be, fg_dtype dt) {
     const bool z = be == FG_BACKEND_CPU && dt == FG_F32 && cpu_fuses_dropout();
+    pass_drops_seen = 0;
     dropout_case(ctx, be, dt, FG_ACT_GELU, 330, 16, 202, 0.3, z);
     dropout_case(ctx, be, dt, FG_ACT_GELU_TANH, 300, 32, 256, 0.5, z);
     dropout_case(ctx, be, dt, FG_ACT_SILU, 330, 16, 202, 0.3, false);
@@ -1135,6 +1189,12 @@ static void dropout(fg_context *ctx, fg_backend be, fg_dtype dt) {
     dropout_case(ctx, be, dt, FG_ACT_GELU, 330, 16, 202, 0.0, false);
     dropout_case(ctx, be, dt, FG_ACT_GELU_TANH, 7, 5, 13, 0.4, false);
     dropout_case(ctx, be, dt, FG_ACT_NONE, 7, 5, 13, 0.4, false);
+    /* K past the short-product tiles: on CUDA the product, then the activation pass (which takes
+       the mask), every dtype; rows of 250 elements (flat indices off the Philox groups) */
+    dropout_case(ctx, be, dt, FG_ACT_GELU, 66, 160, 250, 0.3, false);
+    dropout_case(ctx, be, dt, FG_ACT_SILU, 64, 136, 256, 0.2, false);
+    if (be == FG_BACKEND_CUDA)
+        TH_CHECK(pass_drops_seen > 0, "cuda %s: no activation pass applied the dropout", fg_dtype_name(dt));
 }
 
 static void bad_input(fg_context *ctx, fg_backend be) {

@@ -29,3 +29,9 @@ void fg_act_step_label(char *buf, size_t len, fg_act_step step, int act, fg_dtyp
     snprintf(buf, len, "%s_%s<%s>", fg_act_step_name(step), act >= 0 && act <= FG_ACT_GIVEN_SLOPE ? acts[act] : "?",
              fg_dtype_name(dtype));
 }
+
+void fg_act_call_label(char *buf, size_t len, const fg_act_call *c) {
+    char step[48];
+    fg_act_step_label(step, sizeof step, c->step, c->act, c->dtype);
+    snprintf(buf, len, "%s%s", step, c->drop.on ? "+dropout" : "");
+}

@@ -390,6 +390,16 @@ typedef enum fg_act_step {
     FG_ACT_STEP_GEMM_INPUT_FORM
 } fg_act_step;
 
+/* A dropout as the kernels apply it (src/core/rng.h): element i is kept when its uniform
+ * u >= threshold·2^-24 (that is, u >= p), and multiplied by m = keep ? scale : 0. */
+typedef struct fg_dropout_gen {
+    bool on;                 /* p > 0 */
+    uint32_t threshold;      /* ceil(p·2^24) */
+    float scale;             /* 1/(1 − p) rounded to f32; 0 when p = 1 */
+    double scale64;          /* the same in f64 (f64 problems) */
+    uint64_t seed, offset;
+} fg_dropout_gen;
+
 typedef struct fg_act_call {
     fg_act_step step;
     int act;                 /* fg_activation */
@@ -410,6 +420,10 @@ typedef struct fg_act_call {
     int64_t k;
     void *dx, *dw;           /* TILE_BACKWARD's and GEMM_INPUT's / GEMM_WEIGHT's outputs */
     bool slope_out;          /* FORWARD, GEMM_FORWARD: pre receives act′(pre) (slope form) */
+    fg_dropout_gen drop;     /* FORWARD, GRAD where the path's pass_drop says so (drop.on): y = m ⊙ act(pre)
+                                (act(pre) rounded to the dtype, then the multiply), g = (m ⊙ dy) ⊙ act′(pre)
+                                (m ⊙ dy rounded to the dtype): the bits of the dropout step before or after
+                                the pass; element (i, j)'s mask at flat index i·cols + j */
 } fg_act_call;
 
 /* The activations and their derivatives in f64: the CPU backend's math (src/cpu/linear_act.c). */
@@ -452,24 +466,18 @@ typedef struct fg_act_path {
     bool form;               /* g formed by dx's product (the GEMM's epi.form) */
     size_t grad_scratch;     /* the GRAD / TILE_GRAD step's scratch */
     int64_t dw_parts;        /* dw as this many row-slice products summed in order (0: one) */
+    bool pass_drop;          /* the FORWARD and GRAD passes take fg_act_call.drop */
 } fg_act_path;
 
 /* "act_grad", "gemm90_dx", ...: the name of a step in plan infos and launch records. */
 const char *fg_act_step_name(fg_act_step step);
 /* "<step>_<act><<dtype>>" into buf. */
 void fg_act_step_label(char *buf, size_t len, fg_act_step step, int act, fg_dtype dtype);
+/* A step call's label: the step's, "+dropout" after it when the call applies the dropout. */
+void fg_act_call_label(char *buf, size_t len, const fg_act_call *c);
 
 /* ------------------------------------------------------------------ normalization steps */
 
-/* A dropout as the kernels apply it (src/core/rng.h): element i is kept when its uniform
- * u >= threshold·2^-24 (that is, u >= p), and multiplied by m = keep ? scale : 0. */
-typedef struct fg_dropout_gen {
-    bool on;                 /* p > 0 */
-    uint32_t threshold;      /* ceil(p·2^24) */
-    float scale;             /* 1/(1 − p) rounded to f32; 0 when p = 1 */
-    double scale64;          /* the same in f64 (f64 problems) */
-    uint64_t seed, offset;
-} fg_dropout_gen;
 
 /* fg_dropout_gen of (p, seed, offset); p in [0, 1] (validated by the front door). */
 fg_dropout_gen fg_dropout_make(double p, uint64_t seed, uint64_t offset);

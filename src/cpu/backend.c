@@ -63,7 +63,7 @@ static fg_status cpu_act(fg_context *ctx, const fg_act_call *c) {
     FG_TRY(fg_cpu_act(ctx, c));
     if (c->step != FG_ACT_STEP_CAST) {
         char label[64];
-        fg_act_step_label(label, sizeof label, c->step, c->act, c->dtype);
+        fg_act_call_label(label, sizeof label, c);
         fg_record_kernel(ctx, label);
     }
     return FG_OK;

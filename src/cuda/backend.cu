@@ -71,6 +71,7 @@ static fg_status cuda_act_plan(fg_context *ctx, const fg_act_problem *p, fg_act_
     memset(path, 0, sizeof *path);
     path->fwd = FG_ACT_STEP_FORWARD;
     path->fused = FG_ACT_STEP_FORWARD; /* none */
+    path->pass_drop = true;           /* linear_act.cu's passes apply the dropout */
     const bool a16 = p->align >= 16;  /* the own kernels load 16-byte vectors */
     const bool act = p->kind != FG_ACT_NONE;
     if (p->forward) {
@@ -110,7 +111,7 @@ static fg_status cuda_act(fg_context *ctx, const fg_act_call *c) {
     FG_TRY(fg_cuda_act(ctx, c));
     if (c->step != FG_ACT_STEP_CAST) {
         char label[64];
-        fg_act_step_label(label, sizeof label, c->step, c->act, c->dtype);
+        fg_act_call_label(label, sizeof label, c);
         fg_record_kernel(ctx, label);
     }
     return FG_OK;

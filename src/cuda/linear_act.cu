@@ -7,6 +7,9 @@
  *           rows (the geometry from the shape alone), four rows in flight per thread, db's
  *           column sums in registers, added over the block's rows in order, then over the
  *           slabs in order by slab_colsum (no atomics: deterministic)
+ *  Both passes apply a dropout when the call carries one (dropout.cuh's mask: y = m ⊙ act(pre),
+ *  g = (m ⊙ dy) ⊙ act′(pre), each product rounded as the separate dropout step rounds it), which
+ *  saves that step's own pass over the tensor: its Philox draws then overlap the pass's loads.
  * The activation math (f32) is act_math.cuh's. For K ≤ 128 in f16/bf16 the driver runs the
  * fused product + activation tiles of linear_act_tile.cu instead of GEMM + pass; for wide
  * layers on sm_90a the three products are linear_act_gemm.cu's GEMM (the forward's with the
@@ -14,6 +17,7 @@
  */
 #include "cuda_internal.h"
 #include "act_math.cuh"
+#include "dropout.cuh"
 #include "elem.cuh"
 #include "sums.cuh"
 
@@ -35,8 +39,20 @@ __device__ __forceinline__ void slope_vec(T *pre, int64_t at, const vec_t<T, VEC
     }
 }
 
-template <typename T, int VEC, int ACT, bool SLOPE>
-__global__ void __launch_bounds__(THREADS) act_forward_kernel(T *pre, T *y, int64_t n) {
+/* DROP: o = m ⊙ o for the VEC elements from flat index i0 (o already rounded to T, as the
+ * dropout step reads y; the product rounded to T again). */
+template <typename T, int VEC, bool DROP>
+__device__ __forceinline__ void drop_vec(const drop_t &d, int64_t i0, vec_t<T, VEC> &o) {
+    if constexpr (DROP) {
+        float m[VEC];
+        drop_mask<VEC>(d, i0, m);
+#pragma unroll
+        for (int k = 0; k < VEC; k++) o.v[k] = from_acc<T>(__fmul_rn(to_acc(o.v[k]), m[k]));
+    }
+}
+
+template <typename T, int VEC, int ACT, bool SLOPE, bool DROP>
+__global__ void __launch_bounds__(THREADS) act_forward_kernel(T *pre, T *y, int64_t n, const drop_t drop) {
     constexpr int act = ACT;
     const int64_t nvec = n / VEC, stride = (int64_t)gridDim.x * THREADS * FWD_UNROLL;
     int64_t v = blockIdx.x * (int64_t)THREADS * FWD_UNROLL + threadIdx.x;
@@ -55,6 +71,7 @@ __global__ void __launch_bounds__(THREADS) act_forward_kernel(T *pre, T *y, int6
 #pragma unroll
                 for (int k = 0; k < VEC; k++) o.v[k] = from_acc<T>(act_value(act, to_acc(a[u].v[k])));
             }
+            drop_vec<T, VEC, DROP>(drop, (v + u * THREADS) * VEC, o);
             store_vec<T, VEC>(y + (v + u * THREADS) * VEC, o);
             slope_vec<T, VEC, ACT, SLOPE>(pre, (v + u * THREADS) * VEC, a[u]);
         }
@@ -63,12 +80,16 @@ __global__ void __launch_bounds__(THREADS) act_forward_kernel(T *pre, T *y, int6
         vec_t<T, VEC> a = *reinterpret_cast<const vec_t<T, VEC> *>(pre + v * VEC), o;
 #pragma unroll
         for (int k = 0; k < VEC; k++) o.v[k] = from_acc<T>(act_value(act, to_acc(a.v[k])));
+        drop_vec<T, VEC, DROP>(drop, v * VEC, o);
         store_vec<T, VEC>(y + v * VEC, o);
         slope_vec<T, VEC, ACT, SLOPE>(pre, v * VEC, a);
     }
     for (int64_t i = nvec * VEC + blockIdx.x * (int64_t)THREADS + threadIdx.x; i < n; i += stride) {
         const float p = to_acc(pre[i]);
-        y[i] = from_acc<T>(act_value(act, p));
+        vec_t<T, 1> o;
+        o.v[0] = from_acc<T>(act_value(act, p));
+        drop_vec<T, 1, DROP>(drop, i, o);
+        y[i] = o.v[0];
         if (SLOPE) pre[i] = from_acc<T>(act_slope(act, p));
     }
 }
@@ -119,9 +140,12 @@ __device__ __forceinline__ vec_t<T, VEC> load_cols(const T *row, int64_t c0, int
     return r;
 }
 
-template <typename T, int VEC, bool FULL, int ACT>
+/* g's VEC elements of one row at flat index `at` (columns c0 …): dy ⊙ act′(pre), with DROP
+ * (m ⊙ dy) rounded to T first, as the dropout step's output would be. */
+template <typename T, int VEC, bool FULL, int ACT, bool DROP>
 __device__ __forceinline__ void grad_row(T *g, int64_t at, int64_t c0, int64_t cols, float *sum,
-                                         const vec_t<T, VEC> &a0, const vec_t<T, VEC> &p0) {
+                                         vec_t<T, VEC> a0, const vec_t<T, VEC> &p0, const drop_t &drop) {
+    drop_vec<T, VEC, DROP>(drop, at, a0);
     vec_t<T, VEC> o;
 #pragma unroll
     for (int k = 0; k < VEC; k += 2) { /* (VEC is 16 / sizeof(T): even) */
@@ -143,10 +167,10 @@ __device__ __forceinline__ void grad_row(T *g, int64_t at, int64_t c0, int64_t c
  * shared memory, then one partial per slab (or, with one slab, db itself). FULL: every
  * row is 16-byte aligned and holds whole vectors (four rows in flight); else element by
  * element, a row at a time. */
-template <typename T, int ACT, bool FULL>
+template <typename T, int ACT, bool FULL, bool DROP>
 __global__ void __launch_bounds__(THREADS) act_grad_kernel(const T *dy, const T *pre, T *g, int64_t rows,
                                                            int64_t cols, int64_t slab, int cg, float *part,
-                                                           float *db, bool first) {
+                                                           float *db, bool first, const drop_t drop) {
     constexpr int VEC = 16 / sizeof(T), U = FULL ? UNROLL : 1;
     const int lane = threadIdx.x % cg, rpar = THREADS / cg, r = threadIdx.x / cg;
     const int64_t c0 = ((int64_t)blockIdx.x * cg + lane) * VEC;
@@ -166,12 +190,13 @@ __global__ void __launch_bounds__(THREADS) act_grad_kernel(const T *dy, const T 
             }
 #pragma unroll
             for (int u = 0; u < U; u++)
-                grad_row<T, VEC, FULL, ACT>(g, (i + u * (int64_t)rpar) * cols + c0, c0, cols, sum, a[u], p[u]);
+                grad_row<T, VEC, FULL, ACT, DROP>(g, (i + u * (int64_t)rpar) * cols + c0, c0, cols, sum, a[u], p[u],
+                                                  drop);
         }
         for (; i < i1; i += rpar) {
             vec_t<T, VEC> a = load_cols<T, VEC, FULL>(dy + i * cols, c0, cols),
                           p = load_cols<T, VEC, FULL>(pre + i * cols, c0, cols);
-            grad_row<T, VEC, FULL, ACT>(g, i * cols + c0, c0, cols, sum, a, p);
+            grad_row<T, VEC, FULL, ACT, DROP>(g, i * cols + c0, c0, cols, sum, a, p, drop);
         }
     }
     if (!part && !db) return;
@@ -208,12 +233,17 @@ template <typename T, int ACT> static cudaError_t forward_pass(const fg_act_call
     const unsigned blocks = (unsigned)(cdiv(n, per) < 65536 ? cdiv(n, per) : 65536);
     T *pre = (T *)c->pre, *y = (T *)c->y;
     const bool vec = aligned(c->pre) && aligned(c->y);
+    const drop_t d = drop_of(c->drop);
+    if (c->slope_out && d.on) return cudaErrorInvalidValue; /* (the driver never asks: the step applies it) */
     if (c->slope_out) {
-        if (vec) act_forward_kernel<T, VEC, ACT, true><<<blocks, THREADS, 0, s>>>(pre, y, n);
-        else act_forward_kernel<T, 1, ACT, true><<<blocks, THREADS, 0, s>>>(pre, y, n);
+        if (vec) act_forward_kernel<T, VEC, ACT, true, false><<<blocks, THREADS, 0, s>>>(pre, y, n, d);
+        else act_forward_kernel<T, 1, ACT, true, false><<<blocks, THREADS, 0, s>>>(pre, y, n, d);
+    } else if (d.on) {
+        if (vec) act_forward_kernel<T, VEC, ACT, false, true><<<blocks, THREADS, 0, s>>>(pre, y, n, d);
+        else act_forward_kernel<T, 1, ACT, false, true><<<blocks, THREADS, 0, s>>>(pre, y, n, d);
     } else {
-        if (vec) act_forward_kernel<T, VEC, ACT, false><<<blocks, THREADS, 0, s>>>(pre, y, n);
-        else act_forward_kernel<T, 1, ACT, false><<<blocks, THREADS, 0, s>>>(pre, y, n);
+        if (vec) act_forward_kernel<T, VEC, ACT, false, false><<<blocks, THREADS, 0, s>>>(pre, y, n, d);
+        else act_forward_kernel<T, 1, ACT, false, false><<<blocks, THREADS, 0, s>>>(pre, y, n, d);
     }
     return cudaGetLastError();
 }
@@ -231,12 +261,21 @@ template <typename T, int ACT> static cudaError_t grad_pass(const fg_act_call *c
     const bool vec = aligned(c->dy) && aligned(c->pre) && aligned(c->g) && (c->cols * (int64_t)sizeof(T)) % 16 == 0;
     dim3 grid((unsigned)q.strips, (unsigned)q.slabs);
     float *db = part ? nullptr : (float *)c->db_acc;
-    if (vec)
-        act_grad_kernel<T, ACT, true><<<grid, THREADS, 0, s>>>((const T *)c->dy, (const T *)c->pre, (T *)c->g, c->rows,
-                                                               c->cols, q.slab, q.cg, part, db, c->first);
+    const drop_t d = drop_of(c->drop);
+    const T *dy = (const T *)c->dy, *pre = (const T *)c->pre;
+    T *g = (T *)c->g;
+    if (vec && d.on)
+        act_grad_kernel<T, ACT, true, true><<<grid, THREADS, 0, s>>>(dy, pre, g, c->rows, c->cols, q.slab, q.cg, part,
+                                                                     db, c->first, d);
+    else if (vec)
+        act_grad_kernel<T, ACT, true, false><<<grid, THREADS, 0, s>>>(dy, pre, g, c->rows, c->cols, q.slab, q.cg, part,
+                                                                      db, c->first, d);
+    else if (d.on)
+        act_grad_kernel<T, ACT, false, true><<<grid, THREADS, 0, s>>>(dy, pre, g, c->rows, c->cols, q.slab, q.cg,
+                                                                      part, db, c->first, d);
     else
-        act_grad_kernel<T, ACT, false><<<grid, THREADS, 0, s>>>((const T *)c->dy, (const T *)c->pre, (T *)c->g,
-                                                                c->rows, c->cols, q.slab, q.cg, part, db, c->first);
+        act_grad_kernel<T, ACT, false, false><<<grid, THREADS, 0, s>>>(dy, pre, g, c->rows, c->cols, q.slab, q.cg,
+                                                                       part, db, c->first, d);
     cudaError_t e = cudaGetLastError();
     if (e == cudaSuccess && part) e = slab_colsum(part, q.slabs, c->cols, (float *)c->db_acc, c->first, s);
     return e;

@@ -33,6 +33,7 @@
  */
 #include "cuda_internal.h"
 #include "elem.cuh"
+#include "dropout.cuh"
 
 #include "../core/rng.h"
 
@@ -61,36 +62,6 @@ __device__ __forceinline__ void ring_copy16(void *dst, const void *src) {
 }
 __device__ __forceinline__ void ring_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N> __device__ __forceinline__ void ring_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
-
-/* A dropout as the kernels apply it: keep when u >= thr (thr = threshold·2^-24, exact in f32). */
-struct drop_t {
-    bool on;
-    float thr, scale;
-    uint64_t seed, offset;
-};
-
-/* m[e] for the N elements at flat indices i0 … i0 + N − 1: one Philox call per group of four. */
-template <int N>
-__device__ __forceinline__ void drop_mask(const drop_t &d, int64_t i0, float (&m)[N]) {
-    if (!d.on) {
-#pragma unroll
-        for (int e = 0; e < N; e++) m[e] = 1.f;
-        return;
-    }
-    uint64_t q = (uint64_t)i0 >> 2;
-    int o = (int)(i0 & 3);
-    float u[4];
-    fg_dropout_uniform4(d.seed, d.offset, q, u);
-#pragma unroll
-    for (int e = 0; e < N; e++) {
-        if (o == 4) {
-            fg_dropout_uniform4(d.seed, d.offset, ++q, u);
-            o = 0;
-        }
-        m[e] = u[o] >= d.thr ? d.scale : 0.f;
-        o++;
-    }
-}
 
 template <typename T> __device__ __forceinline__ float round_to(float v) { return to_acc(from_acc<T>(v)); }
 
@@ -1421,15 +1392,6 @@ static const char *dt_name(fg_dtype t) { return fg_dtype_name(t); }
 
 static void add_name(fg_norm_call *c, const char *piece) { fg_name_append(c->name, sizeof c->name, piece); }
 
-static drop_t drop_of(const fg_dropout_gen &g) {
-    drop_t d;
-    d.on = g.on;
-    d.thr = (float)g.threshold * (1.0f / 16777216.0f);
-    d.scale = g.scale;
-    d.seed = g.seed;
-    d.offset = g.offset;
-    return d;
-}
 
 /* 16-byte vectors of VEC elements over `cols` columns: every pointer declared 16-byte aligned,
  * every present operand's row stride a multiple of the vector. */

@@ -439,15 +439,19 @@ typedef struct sub {
     size_t ws_bytes, need;
 } sub;
 
-static fg_status run_part(sub *e, fg_op op, const void *opt, const fg_tensor *const *args, int n, int acc) {
-    if (e->mode == SUB_CTX) return fg_run_op(e->ctx, op, opt, args, n, acc, 0);
+static fg_status run_part_f(sub *e, fg_op op, const void *opt, const fg_tensor *const *args, int n, int acc,
+                           uint32_t flags) {
+    if (e->mode == SUB_CTX) return fg_run_op(e->ctx, op, opt, args, n, acc, flags);
     if (e->mode == SUB_MEASURE) {
         size_t need = 0;
-        FG_TRY(fg_run_op_ws(e->ctx, op, opt, args, n, acc, 0, NULL, 0, &need));
+        FG_TRY(fg_run_op_ws(e->ctx, op, opt, args, n, acc, flags, NULL, 0, &need));
         if (need > e->need) e->need = need;
         return FG_OK;
     }
-    return fg_run_op_ws(e->ctx, op, opt, args, n, acc, 0, e->ws, e->ws_bytes, NULL);
+    return fg_run_op_ws(e->ctx, op, opt, args, n, acc, flags, e->ws, e->ws_bytes, NULL);
+}
+static fg_status run_part(sub *e, fg_op op, const void *opt, const fg_tensor *const *args, int n, int acc) {
+    return run_part_f(e, op, opt, args, n, acc, 0);
 }
 
 static fg_status lin_fwd(sub *e, const fg_tensor *x, const fg_tensor *w, const fg_tensor *b, const fg_tensor *y) {
@@ -582,16 +586,17 @@ static fg_tensor stat(const layer *l, void *base, size_t off) {
 static const fg_tensor *opt_t(const fg_tensor *t) { return t && t->rank ? t : NULL; }
 
 /* The FFN hidden f̃ = dropout₂(act(u·W1ᵀ + b1)) into F, and pre into PRE when given: the forward's
-   call, and SAVE_MIN's backward recomputing them (the same calls: the same bits). */
+   call, and SAVE_MIN's backward recomputing them (the same call: the same bits). The dropout is
+   linear + activation's own (in its activation pass or epilogue where the backend has it there,
+   else its dropout step on F: the bits of the dropout op on F either way). */
 static fg_status ffn_hidden(sub *e, const layer *l, const fg_tensor *u, const fg_tensor *F, const fg_tensor *PRE) {
     fg_linear_act_options lo;
     memset(&lo, 0, sizeof lo);
     lo.act = l->desc->activation;
     lo.saved = FG_ACT_SAVED_PRE;
+    lo.dropout = drop(l, 2, l->desc->dropout_ffn);
     const fg_tensor *a[5] = {u, l->p[P_W1], l->p[P_B1], F, PRE};
-    FG_TRY(run_part(e, FG_OP_LINEAR_ACT_FORWARD, &lo, a, 5, 0));
-    const fg_dropout_options d2 = drop(l, 2, l->desc->dropout_ffn);
-    return dropout_fwd(e, &d2, F, F);
+    return run_part(e, FG_OP_LINEAR_ACT_FORWARD, &lo, a, 5, 0);
 }
 
 /* The forward on the cache at `base` (the cache, or the context's workspace in evaluation). */
@@ -936,6 +941,7 @@ fg_status fg_encoder_layer_backward(fg_context *ctx, const fg_encoder_layer_desc
     lo.act = ds->activation;
     lo.saved = FG_ACT_SAVED_PRE;
     lo.consume = l.lean ? 1 : 0; /* lean: pre is the workspace's, g is formed over it */
+    lo.dropout = d2;             /* the hidden's gradient DF is ours: masked in the gradient's pass, or in place */
     const fg_tensor *saved = l.keep_pre || l.lean ? &PRE : NULL;
     const fg_tensor *ffn_in = g->pre ? &U2 : &H_;
 
@@ -972,16 +978,15 @@ fg_status fg_encoder_layer_backward(fg_context *ctx, const fg_encoder_layer_desc
     FG_TRY(lin_bw_w(&e, dg, &F, G[P_W2], U));
     FG_TRY(lin_bw_b(&e, dg, G[P_B2], U));
     FG_TRY(lin_bw_in(&e, dg, P[P_W2], &DF, 0));
-    if (d2.p > 0) FG_TRY(dropout_bw(&e, &d2, &DF, &DF));
     if (g->pre) { /* du2 → GB (written), dW1 / db1 as asked */
         FG_TRY(prezero(&e, U, &GB));
         const fg_tensor *a[8] = {&DF, saved, ffn_in, P[P_W1], P[P_B1], &GB, G[P_W1], G[P_B1]};
-        FG_TRY(run_part(&e, FG_OP_LINEAR_ACT_BACKWARD, &lo, a, 8, U));
+        FG_TRY(run_part_f(&e, FG_OP_LINEAR_ACT_BACKWARD, &lo, a, 8, U, FG_PLAN_CONSUME_DY));
     } else { /* dh gains the FFN's part in GA; dW1 / db1 are added to zeros unless accumulating */
         if (!U) FG_TRY(zero(&e, G[P_W1]));
         if (!U) FG_TRY(zero(&e, G[P_B1]));
         const fg_tensor *a[8] = {&DF, saved, ffn_in, P[P_W1], P[P_B1], &GA, G[P_W1], G[P_B1]};
-        FG_TRY(run_part(&e, FG_OP_LINEAR_ACT_BACKWARD, &lo, a, 8, 1));
+        FG_TRY(run_part_f(&e, FG_OP_LINEAR_ACT_BACKWARD, &lo, a, 8, 1, FG_PLAN_CONSUME_DY));
     }
     /* the attention block's norm: da → GA (pre) or GB (post); pre: dh → GC; post: dx gets dsum */
     const fg_tensor *da, *dout;

@@ -24,13 +24,16 @@
  *            backward's steps run with act GIVEN_SLOPE (s is its own slope).
  *  dropout   (options.dropout, p > 0) y = dropout(act(pre)) with fg_dropout_forward's mask on
  *            y's flat index: in the product's epilogue where the backend applies it there
- *            (fg_kernel_info.drop_fused), else the normalization family's dropout step on y
- *            (and on the saved slope, which then carries the mask) after the forward's last
- *            step, over the whole tensor (batched weights: after the last batch). The backward
- *            with pre kept (or recomputed) runs the dropout step on dy into the workspace first
- *            (g = (dy ⊙ m) ⊙ act′(pre), the unfused pair's bits) and then the walk above on it;
- *            the slope form's backward needs no mask (p > 0 there is refused, and so is the slope
- *            form with act none, whose backward never reads the slope).
+ *            (fg_kernel_info.drop_fused), or in the activation pass where the backend's passes
+ *            take it (fg_act_path.pass_drop; one batch, no slope form), else the normalization
+ *            family's dropout step on y (and on the saved slope, which then carries the mask)
+ *            after the forward's last step, over the whole tensor (batched weights: after the
+ *            last batch). The backward with pre kept (or recomputed) forms g = (dy ⊙ m) ⊙ act′(pre)
+ *            (the unfused pair's bits): inside the gradient pass where the backend's passes take
+ *            the mask and the walk runs that pass, else by the dropout step on dy first, into the
+ *            workspace (or over dy itself with FG_PLAN_CONSUME_DY), the walk above then reading
+ *            it; the slope form's backward needs no mask (p > 0 there is refused, and so is the
+ *            slope form with act none, whose backward never reads the slope).
  * Sums are f32 (f64 for f64) in a fixed order: the same bits on every run.
  */
 #include "../core/internal.h"
@@ -167,13 +170,17 @@ static fg_status step(act_run *r, fg_act_call *c) {
     if (!r->run) {
         if (!r->size_only && c->step != FG_ACT_STEP_CAST) {
             char label[64];
-            fg_act_step_label(label, sizeof label, c->step, c->act, r->dtype);
+            fg_act_call_label(label, sizeof label, c);
             fg_name_append(r->info->name, sizeof r->info->name, label);
         }
         return FG_OK;
     }
     return r->ctx->be->act(r->ctx, c);
 }
+
+/* Whether the backend's FORWARD and GRAD passes apply the dropout themselves (one batch: the
+   mask's flat index is the pass's own; not the slope form, whose dropout also masks the slope). */
+static bool pass_drops(const act_run *r) { return r->drop.on && r->path->pass_drop && r->B == 1 && !r->slope; }
 
 /* pre[N × M] = x·wᵀ + b into `dst` */
 static fg_status pre_gemm(act_run *r, int xi, int wi, int bi, void *dst) {
@@ -265,7 +272,7 @@ static fg_status forward_drop(act_run *r, bool dropped, size_t off) {
     return FG_OK;
 }
 
-static fg_status forward_steps(act_run *r, bool keep, void *y, void *pre);
+static fg_status forward_steps(act_run *r, bool keep, void *y, void *pre, bool *dropped);
 
 static fg_status forward(act_run *r) {
     const bool keep = r->d->operands[AF_PRE].rank != 0;
@@ -273,12 +280,13 @@ static fg_status forward(act_run *r) {
     const size_t drop_off = place(r, drop_need(r));
     bool fused = false, dropped = false;
     if (r->path->epilogue) FG_TRY(act_gemm(r, y, keep ? pre : NULL, &fused, &dropped));
-    if (!fused) FG_TRY(forward_steps(r, keep, y, pre));
+    if (!fused) FG_TRY(forward_steps(r, keep, y, pre, &dropped));
     return r->drop.on ? forward_drop(r, dropped, drop_off) : FG_OK;
 }
 
-/* The forward without the epilogue: one tile kernel, or the product and the activation pass. */
-static fg_status forward_steps(act_run *r, bool keep, void *y, void *pre) {
+/* The forward without the epilogue: one tile kernel, or the product and the activation pass
+   (which applies the dropout where the backend's pass takes it: *dropped). */
+static fg_status forward_steps(act_run *r, bool keep, void *y, void *pre, bool *dropped) {
     if (r->path->fwd != FG_ACT_STEP_FORWARD) { /* product and activation in one kernel */
         fg_act_call c;
         memset(&c, 0, sizeof c);
@@ -299,6 +307,7 @@ static fg_status forward_steps(act_run *r, bool keep, void *y, void *pre) {
     c.pre = pre, c.y = y;
     c.ld_pre = c.ld_y = r->M;
     c.slope_out = r->slope;
+    if (pass_drops(r)) c.drop = r->drop, *dropped = true;
     return step(r, &c);
 }
 
@@ -344,13 +353,14 @@ static fg_status backward_fused(act_run *r, bool keep, bool want_db, bool db_ove
     return want_db ? db_cast(r, c.db_acc, db_over_batches) : FG_OK;
 }
 
-/* dy ⊙ m (fg_dropout_backward's) into the workspace for the whole tensor, made before the first
-   batch; the walk then reads it as dy (data_of). */
+/* dy ⊙ m (fg_dropout_backward's) into the workspace for the whole tensor (or over dy itself
+   with FG_PLAN_CONSUME_DY), made before the first batch; the walk then reads it as dy (data_of). */
 static fg_status backward_drop(act_run *r) {
     const int64_t rows = r->B * r->N;
-    const size_t dy_off = place(r, (size_t)(rows * r->M) * r->es), step_off = place(r, drop_need(r));
+    const bool in_place = (r->d->flags & FG_PLAN_CONSUME_DY) != 0;
+    const size_t dy_off = place(r, in_place ? 0 : (size_t)(rows * r->M) * r->es), step_off = place(r, drop_need(r));
     r->dy_drop = NULL; /* (data_of: dy itself while the step reads it) */
-    void *dst = r->run ? at(r, dy_off) : NULL;
+    void *dst = !r->run ? NULL : in_place ? r->ops[AB_DY].data : at(r, dy_off);
     FG_TRY(drop_step(r, r->ops ? r->ops[AB_DY].data : NULL, dst, rows, step_off, r->bi == 0));
     r->dy_drop = dst;
     return FG_OK;
@@ -364,7 +374,9 @@ static fg_status backward(act_run *r) {
     const bool consume = consume_form(d);
     /* batched weights with db [M]: db sums over the batches, one f32 sum rounded at the end */
     const bool db_over_batches = want_db && r->B > 1 && d->operands[AB_DB].rank == 1;
-    if (r->drop.on && (want_dx || want_dw || want_db)) FG_TRY(backward_drop(r));
+    /* the mask inside the gradient pass: where the walk below runs that pass over pre */
+    const bool pass_drop = pass_drops(r) && path->fused == FG_ACT_STEP_FORWARD && !path->form && !path->tile_grad && !none;
+    if (r->drop.on && (want_dx || want_dw || want_db) && !pass_drop) FG_TRY(backward_drop(r));
     if (path->fused != FG_ACT_STEP_FORWARD) return backward_fused(r, keep, want_db, db_over_batches);
     const size_t nm = (size_t)(r->N * r->M);
     const size_t pre_off = place(r, keep || none ? 0 : nm * r->es);
@@ -413,6 +425,7 @@ static fg_status backward(act_run *r) {
         c.db_acc = db_acc;
         c.first = !db_over_batches || r->bi == 0;
         c.scratch = scratch, c.scratch_bytes = scratch_bytes;
+        if (pass_drop) c.drop = r->drop;
         FG_TRY(step(r, &c));
     }
     if (want_db) FG_TRY(db_cast(r, db_acc, db_over_batches)); /* before the products: its sums may live in dx's or dw's memory */
@@ -598,7 +611,7 @@ static const fg_op_decl ops[] = {
      {[AB_DY] = {"dy", false, false}, [AB_PRE] = {"pre", false, true}, [AB_X] = {"x", false, false},
       [AB_W] = {"w", false, false}, [AB_B] = {"b", false, true}, [AB_DX] = {"dx", true, true},
       [AB_DW] = {"dw", true, true}, [AB_DB] = {"db", true, true}},
-     FG_PLAN_ACT_SLOPE | FG_PLAN_CONSUME_PRE, OPTS, false, lower_backward},
+     FG_PLAN_ACT_SLOPE | FG_PLAN_CONSUME_PRE | FG_PLAN_CONSUME_DY, OPTS, false, lower_backward},
 };
 #undef OPTS
 

@@ -1087,7 +1087,7 @@ static void dropout_case(fg_context *ctx, fg_backend be, fg_dtype dt, int act, i
         TH_OK(fg_linear_act_forward_ex(ctx, &o, &x.t, &w.t, &b.t, &y.t, saved ? &s.t : NULL));
         const char *ran = fg_context_last_kernels(ctx);
         const bool any = strstr(ran, "dropout") != NULL, in_product = strstr(ran, "+dropout") != NULL;
-        const bool in_pass = strstr(ran, "act_forward_") != NULL && in_product;
+        const bool in_pass = strstr(ran, ">+dropout") != NULL; /* the activation pass's label: act_<act><<dtype>> */
         TH_CHECK(p > 0 ? any && (in_product == fused || (be == FG_BACKEND_CUDA && in_pass)) : !any,
                  "%s saved=%d: ran %s", lab, saved, ran);
         pass_drops_seen += in_pass;
@@ -1126,7 +1126,7 @@ static void dropout_case(fg_context *ctx, fg_backend be, fg_dtype dt, int act, i
         TH_OK(fg_linear_act_backward_ex(ctx, &o, &dy.t, keep ? &pv.t : NULL, &x.t, &w.t, &b.t, &dx.t, &dw.t, &db.t, 0));
         if (p > 0) TH_CHECK(strstr(fg_context_last_kernels(ctx), "dropout") != NULL, "%s: ran %s", l2, fg_context_last_kernels(ctx));
         pass_drops_seen += strstr(fg_context_last_kernels(ctx), "act_grad_") != NULL &&
-                           strstr(fg_context_last_kernels(ctx), "+dropout") != NULL;
+                           strstr(fg_context_last_kernels(ctx), ">+dropout") != NULL;
         const fg_tensor *bo[8] = {&dy.t, keep ? &pv.t : NULL, &x.t, &w.t, &b.t, &dx.t, &dw.t, &db.t};
         plan_names(ctx, FG_OP_LINEAR_ACT_BACKWARD, &o, bo, 8, l2);
         th_verify("dx", &dx, rdx, th_tol(dt, false), l2);

@@ -2,14 +2,18 @@
 """profile_encoder.py — where a training step of the encoder layer spends its GPU time: runs
 compare_encoder.py's cases (fastgrad, and torch eager for reference) under torch.profiler and
 prints each implementation's CUDA kernels, summed over one step, slowest first, with the share
-of the step and the number of launches. For deciding what to fuse next.
+of the step and the number of launches, and the host's side: the time to enqueue one step from an
+idle GPU and a step's time back to back (a step whose enqueue time passes its kernels' is bound by
+the host, not the kernels). For deciding what to fuse next.
 
     PYTHONPATH=python python3 tools/profile_encoder.py [--case patchtst|gpt2|all] [--top 25]
         [--save all,min]   (fastgrad's saved-activation policies, one table each)
 """
 import argparse
 import os
+import statistics
 import sys
+import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -39,6 +43,24 @@ def kernel_table(fn, sets, steps=3):
     return sorted(((t, n / steps, k) for k, (t, n) in rows.items()), reverse=True)
 
 
+def host_times(fn, sets, n=30):
+    """(median ms to enqueue one step from an idle GPU, ms a step back to back)."""
+    for i in range(3):
+        fn(*sets[i % 2])
+    enq = []
+    for i in range(n):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn(*sets[i % 2])
+        enq.append(time.perf_counter() - t0)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for i in range(n):
+        fn(*sets[i % 2])
+    torch.cuda.synchronize()
+    return 1e3 * statistics.median(enq), 1e3 * (time.perf_counter() - t0) / n
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--case", choices=["patchtst", "gpt2", "all"], default="all")
@@ -48,7 +70,7 @@ def main():
     args = ap.parse_args()
     saves = args.save.split(",")
     cases = []
-    for i, save in enumerate(saves):
+    for save in saves:
         if args.case in ("patchtst", "all"):
             cases += [ce.patchtst_case(4096, torch.float32, 0.2, save),
                       ce.patchtst_case(4096, torch.bfloat16, 0.2, save)]
@@ -62,11 +84,13 @@ def main():
                 continue
             if label == "fastgrad":
                 label = f"fastgrad save {save}"
-            rows = kernel_table(build(), sets)
+            fn = build()
+            rows = kernel_table(fn, sets)
             total = sum(t for t, _, _ in rows)
             launches = sum(n for _, n, _ in rows)
+            enqueue, b2b = host_times(fn, sets)
             print(f"\n## {case['name']} {case['dtype']} {case['shape']} — {label}: {total:.2f} ms of kernels, "
-                  f"{launches:.0f} launches a step")
+                  f"{launches:.0f} launches a step; enqueue from idle {enqueue:.2f} ms, back to back {b2b:.2f} ms")
             for t, n, k in rows[:args.top]:
                 print(f"{t:8.3f} ms {100 * t / total:5.1f}%  x{n:4.0f}  {k}")
         del sets

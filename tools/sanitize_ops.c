@@ -181,6 +181,15 @@ static void act_kernels(void) {
         launched("linear_act f32 backward", fg_linear_act_backward(ctx, FG_ACT_GELU_TANH, &l.dy.t, &l.pre.t, &l.x.t, &l.w.t,
                                                                    &l.b.t, &l.dx.t, &l.dw.t, &l.db.t, 0), "act_grad_");
         grads_finite("linear_act f32 backward", &l, true);
+        /* the same passes applying the dropout (their DROP instances) */
+        const fg_linear_act_options o = {FG_ACT_GELU_TANH, FG_ACT_SAVED_PRE, 0, {0.3, 5, 7}};
+        launched("linear_act f32 forward, dropout",
+                 fg_linear_act_forward_ex(ctx, &o, &l.x.t, &l.w.t, &l.b.t, &l.y.t, &l.pre.t), "act_gelu_tanh<f32>+dropout");
+        written("linear_act f32 forward, dropout", &l.y);
+        launched("linear_act f32 backward, dropout",
+                 fg_linear_act_backward_ex(ctx, &o, &l.dy.t, &l.pre.t, &l.x.t, &l.w.t, &l.b.t, &l.dx.t, &l.dw.t, &l.db.t, 0),
+                 "act_grad_gelu_tanh<f32>+dropout");
+        grads_finite("linear_act f32 backward, dropout", &l, true);
         drop_layer(&l);
     }
     {   /* short K in bf16: the tile kernels (forward; the gradient with pre recomputed, dx

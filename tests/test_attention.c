@@ -48,10 +48,6 @@ static int64_t jend_of(const problem *p, const int64_t *len, int64_t b, int64_t 
     return p->causal && i + 1 < n ? i + 1 : n;
 }
 
-static double keep_of(const problem *p, uint64_t seed, uint64_t offset, int64_t idx) {
-    return th_attn_keep(p->dropout, seed, offset, idx);
-}
-
 typedef struct reference {
     double *o, *lse, *sout;            /* forward */
     double *dq, *dk, *dv, *dsin;       /* backward */
@@ -86,7 +82,7 @@ static void ref_forward(const problem *p, uint64_t seed, uint64_t offset, const 
                 const double lse = m + log(sum);
                 r->lse[row] = lse;
                 for (int64_t j = 0; j < je; j++) {
-                    const double pt = exp(s[j] - lse) * keep_of(p, seed, offset, row * L + j);
+                    const double pt = exp(s[j] - lse) * th_attn_keep(p->dropout, seed, offset, row * L + j);
                     for (int64_t x = 0; x < hd; x++) r->o[row * hd + x] += pt * v[at4(b, h, j, x, H, L, hd)];
                 }
             }
@@ -122,7 +118,7 @@ static void ref_backward(const problem *p, uint64_t seed, uint64_t offset, const
                         dp += dO[row * hd + x] * v[at4(b, h, j, x, H, L, hd)];
                     }
                     const double sv = d * scale + (sin ? sin[row * L + j] : 0);
-                    const double pij = exp(sv - lse), kd = keep_of(p, seed, offset, row * L + j);
+                    const double pij = exp(sv - lse), kd = th_attn_keep(p->dropout, seed, offset, row * L + j);
                     const double ds = pij * (dp * kd - D) + (G ? G[row * L + j] : 0);
                     r->dsin[row * L + j] = ds;
                     for (int64_t x = 0; x < hd; x++) {

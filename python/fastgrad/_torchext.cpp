@@ -220,7 +220,7 @@ int dtype_code(at::ScalarType s)
  * own errors there (a C++ Function raises others): functorch transforms (vmap, grad, ...) active,
  * by the Function's own test (_are_functorch_transforms_active), or an operand with a forward-mode
  * AD tangent (neither Function has a jvp). */
-bool for_python(std::initializer_list<const at::Tensor *> ts)
+bool for_python(c10::ArrayRef<const at::Tensor *> ts)
 {
     const auto included = c10::impl::tls_local_dispatch_key_set().included_;
     if (included.has(c10::DispatchKey::FuncTorchDynamicLayerFrontMode) ||
@@ -1433,10 +1433,7 @@ py::object py_encoder_layer(py::handle xo, py::handle so, py::handle wo, py::han
         std::vector<const at::Tensor *> all = {&x, &s};
         for (const at::Tensor &w : weights)
             all.push_back(&w);
-        bool fwd_ad = false;
-        for (const at::Tensor *t : all)
-            fwd_ad |= for_python({t});
-        if (!fwd_ad) {
+        if (!for_python(all)) {
             variable_list r;
             bool refused = false;
             {

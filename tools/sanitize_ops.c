@@ -474,10 +474,16 @@ static void norm_kernels(void) {
  * L <= 64, hd <= 32; a warp a
  * row: L <= 128, hd <= 64; here f32 with causal masking and dropout), the flash kernels (bf16, L past 128: the row dot, dK / dV, dQ;
  * at hd 64 their sm_90a form, at hd 128 the mma.sync one; without and with dropout),
- * the tiled kernels (f32 past 128 keys; the backward with dK / dV and with dQ alone). */
+ * the tiled kernels (f32 past 128 keys; the backward with dK / dV and with dQ alone). The
+ * key-lane cases with residual scores (in, out, their gradients) stream the score rows through
+ * their shared-memory rings: bf16 rows by chunks that lanes share (even L), f32 by a lane's own
+ * keys, and bf16 at odd L by the lanes' plain loads. */
 static void attention_kernels(void) {
-    struct { fg_dtype dt; int64_t L, hd; int causal; double p; const char *fwd, *bwd, *bwd_dq; } cases[] = {
+    struct { fg_dtype dt; int64_t L, hd; int causal; double p; const char *fwd, *bwd, *bwd_dq; int res; } cases[] = {
         {FG_F32, 41, 4, 1, 0.1, "attn_short_keys_fwd<f32,3,4>", "attn_short_keys_bwd<f32,3,4>", NULL},
+        {FG_BF16, 42, 8, 0, 0, "attn_short_keys_fwd<bf16,3,8>", "attn_short_keys_bwd<bf16,3,8>", NULL, 1},
+        {FG_F32, 42, 8, 0, 0.1, "attn_short_keys_fwd<f32,3,8>", "attn_short_keys_bwd<f32,3,8>", NULL, 1},
+        {FG_BF16, 33, 4, 0, 0, "attn_short_keys_fwd<bf16,3,4>", "attn_short_keys_bwd<bf16,3,4>", NULL, 1},
         {FG_F32, 40, 16, 1, 0.1, "attn_short_rows_fwd<f32,16>", "attn_short_rows_bwd<f32,16>", NULL},
         {FG_F32, 100, 16, 1, 0.1, "attn_short_fwd<f32>", "attn_short_bwd<f32>", NULL},
         {FG_BF16, 200, 64, 1, 0, "attn_flash90_fwd<bf16,64>", "attn_flash90_dkdv<bf16,64>", "attn_flash90_dq<bf16,64>"},
@@ -494,17 +500,26 @@ static void attention_kernels(void) {
         th_operand Q = make(dt, 4, sh, 0), K = make(dt, 4, sh, 0), V = make(dt, 4, sh, 0), DO = make(dt, 4, sh, 0);
         th_operand O = out(dt, 4, sh, 0), LSE = out(FG_F32, 3, ls, 0), DQ = out(dt, 4, sh, 0), DK = out(dt, 4, sh, 0);
         th_operand DV = out(dt, 4, sh, 0);
+        const int res = cases[k].res;
+        int64_t ss[4] = {2, 3, cases[k].L, res ? cases[k].L : 1};
+        th_operand SI = make(dt, 4, ss, 0), SG = make(dt, 4, ss, 0), SO = out(dt, 4, ss, 0), DSI = out(dt, 4, ss, 0);
         fg_attention_options o = {0, cases[k].causal, cases[k].p, 11, 0};
         char label[80];
-        snprintf(label, sizeof label, "attention_forward %s L=%lld hd=%lld", fg_dtype_name(dt), (long long)cases[k].L,
-                 (long long)cases[k].hd);
-        launched(label, fg_attention_forward(ctx, &o, &Q.t, &K.t, &V.t, NULL, NULL, &O.t, &LSE.t, NULL), cases[k].fwd);
+        snprintf(label, sizeof label, "attention_forward %s L=%lld hd=%lld%s", fg_dtype_name(dt), (long long)cases[k].L,
+                 (long long)cases[k].hd, res ? " scores" : "");
+        launched(label,
+                 fg_attention_forward(ctx, &o, &Q.t, &K.t, &V.t, NULL, res ? &SI.t : NULL, &O.t, &LSE.t, res ? &SO.t : NULL),
+                 cases[k].fwd);
         written(label, &O), written(label, &LSE);
-        snprintf(label, sizeof label, "attention_backward %s L=%lld hd=%lld", fg_dtype_name(dt), (long long)cases[k].L,
-                 (long long)cases[k].hd);
-        launched(label, fg_attention_backward(ctx, &o, &DO.t, NULL, &Q.t, &K.t, &V.t, NULL, NULL, &O.t, &LSE.t, &DQ.t,
-                                              &DK.t, &DV.t, NULL, 0), cases[k].bwd);
+        if (res) written(label, &SO);
+        snprintf(label, sizeof label, "attention_backward %s L=%lld hd=%lld%s", fg_dtype_name(dt), (long long)cases[k].L,
+                 (long long)cases[k].hd, res ? " scores" : "");
+        launched(label, fg_attention_backward(ctx, &o, &DO.t, res ? &SG.t : NULL, &Q.t, &K.t, &V.t, NULL, res ? &SI.t : NULL,
+                                              &O.t, &LSE.t, &DQ.t, &DK.t, &DV.t, res ? &DSI.t : NULL, 0),
+                 cases[k].bwd);
         written(label, &DQ), written(label, &DK), written(label, &DV);
+        if (res) written(label, &DSI);
+        th_drop(&SI), th_drop(&SG), th_drop(&SO), th_drop(&DSI);
         if (cases[k].bwd_dq) {
             th_poison(&DQ.buf);
             snprintf(label, sizeof label, "attention_backward dq alone %s L=%lld", fg_dtype_name(dt), (long long)cases[k].L);

@@ -26,6 +26,7 @@ constexpr int KL = 16;                     /* lanes a head */
 constexpr int KWARPS = 4;                  /* warps a block */
 constexpr int KHEADS = KWARPS * 32 / KL;   /* heads a block */
 constexpr unsigned KFULL = 0xffffffffu;
+constexpr int KR = 8;                      /* ring slots a loaded score operand: rows read KR - 1 ahead */
 
 __device__ __forceinline__ float knan() { return __int_as_float(0x7fc00000); }
 
@@ -116,10 +117,26 @@ template <int HDP> __device__ __forceinline__ float key_dot(const float x[HDP], 
     return s;
 }
 
+/* The SFU forms of the softmax's functions (the key lanes' loops are bound by issued
+   instructions): e^t as 2^(t·log2 e), flushed to 0 below 2^-126 (e^-87: nothing a softmax sum
+   sees; −∞ gives 0); max that keeps a NaN in one instruction (attention.cuh's nan_max takes
+   three); ln by lg2. Each is within two ulp of the correctly rounded value. */
+__device__ __forceinline__ float kexp(float t) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(t * 1.4426950408889634f));
+    return y;
+}
+
+__device__ __forceinline__ float kmax(float a, float b) {
+    float y;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(y) : "f"(a), "f"(b));
+    return y;
+}
+
 /* reductions over a head's 16 lanes (every lane of the warp takes part) */
 __device__ __forceinline__ float head_max(float x) {
 #pragma unroll
-    for (int o = KL / 2; o > 0; o >>= 1) x = nan_max(x, __shfl_xor_sync(KFULL, x, o));
+    for (int o = KL / 2; o > 0; o >>= 1) x = kmax(x, __shfl_xor_sync(KFULL, x, o));
     return x;
 }
 
@@ -131,11 +148,10 @@ __device__ __forceinline__ float head_sum(float x) {
 
 /* The head's sum of acc[0 … N) (N <= 16, a power of two) over its 16 lanes, scattered: each
    halving step sends half of what a lane still holds to its partner and keeps the other half,
-   so the lane ends with one dim's total; *dim is that dim, and the lanes whose low bits
-   (below KL / N) are zero are the ones to write it. log2(16) steps, N - 1 + log2(16 / N)
-   shuffles in all. */
-template <int N> __device__ __forceinline__ float head_scatter(float (&acc)[N], int kl, int *dim) {
-    int d = 0;
+   so the lane ends with one dim's total, dim scatter_dim<N>(kl); the lanes whose low bits (below
+   KL / N) are zero are the ones to write it. log2(16) steps, N - 1 + log2(16 / N) shuffles in
+   all. */
+template <int N> __device__ __forceinline__ float head_scatter(float (&acc)[N], int kl) {
 #pragma unroll
     for (int t = 0; t < 4; t++) {
         const int o = KL >> (t + 1), half = N >> (t + 1);
@@ -147,13 +163,19 @@ template <int N> __device__ __forceinline__ float head_scatter(float (&acc)[N], 
                 const float keep = up ? acc[k + half] : acc[k];
                 acc[k] = keep + __shfl_xor_sync(KFULL, send, o);
             }
-            if (up) d += half;
         } else {
             acc[0] += __shfl_xor_sync(KFULL, acc[0], o);
         }
     }
-    *dim = d;
     return acc[0];
+}
+
+template <int N> __device__ __forceinline__ int scatter_dim(int kl) {
+    int d = 0;
+#pragma unroll
+    for (int t = 0; t < 4; t++)
+        if ((N >> (t + 1)) >= 1 && (kl & (KL >> (t + 1))) != 0) d += N >> (t + 1);
+    return d;
 }
 
 /* Where a block's heads live: head slot hg (0 … KHEADS) of the block, its lanes kl = lane % 16.
@@ -169,23 +191,91 @@ struct khead {
     }
 };
 
-/* A lane's pointer into an [L, L] score operand of its head: element (0, kl); element (i, key
-   kl + 16·s) is at i·sl + s·16·sx from it (the strides stay in the kernel's parameters). NULL:
-   absent. */
-template <typename S> __device__ __forceinline__ S *krow_base(const attn_view &v, const khead &w, int kl) {
-    return v.p ? (S *)v.p + w.b * v.sb + w.h * v.sh + (int64_t)kl * v.sx : nullptr;
-}
+/* A lane's walk down an [L, L] score operand of its head: the row's pointer at key kl, advanced
+   a row at a time (no per-row index products), and key kl + 16·s at s·step from it. ok: the
+   operand is present (and, for what is written, the head live). */
+template <typename S> struct krow {
+    S *p;
+    int64_t sl, step;
+    bool ok;
+    __device__ __forceinline__ krow(const attn_view &v, const khead &w, int kl, bool use)
+        : p(use && v.p ? (S *)v.p + w.b * v.sb + w.h * v.sh + (int64_t)kl * v.sx : nullptr), sl(v.sl),
+          step((int64_t)KL * v.sx), ok(p != nullptr) {}
+    __device__ __forceinline__ S *at(int s) const { return p + s * step; }
+    __device__ __forceinline__ void next() { p += sl; }
+};
 
-template <typename S>
-__device__ __forceinline__ S *krow_at(const attn_view &v, S *p, int i, int s) {
-    return p + (int64_t)i * v.sl + (int64_t)(KL * s) * v.sx;
+/* 4 bytes global → shared by cp.async (L1-allocating: the only form that copies fewer than 16);
+   a group's end and the wait for all but the newest N. */
+__device__ __forceinline__ void kcopy4(void *dst, const void *src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src)
+                 : "memory");
 }
+__device__ __forceinline__ void kcommit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void kwait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
-/* A query row's scores of the lane's keys (0 where the operand is absent or the key past L). */
-template <typename S, int NS>
-__device__ __forceinline__ void krow_load(const attn_view &v, const S *p, int i, int kl, int L, float x[NS]) {
+/* A score operand the loop reads ([L, L] a head: the forward's scores in, the backward's scores in
+   and their gradient), streamed through a ring of KR row slots in shared memory so that KR - 1
+   rows are in flight while a row computes (with one row ahead in registers the loop waited on
+   its loads' latency most of the time, 16-bit scores the most). Where the head's rows are
+   contiguous, 4-byte aligned and a whole number of 4-byte chunks long, the 16 lanes copy a row
+   chunk by chunk with cp.async (a chunk of 16-bit scores holds two lanes' keys, so a row is read
+   only after __syncwarp); otherwise each lane loads its own keys and stores them in the slot (no
+   prefetch: the slow path). A slot holds a row in its own layout, key j at j · sizeof(S). */
+template <typename S, int NS> struct kring {
+    static constexpr int SLOTB = KL * NS * (int)sizeof(S); /* bytes a slot: 16-byte multiple */
+    static constexpr int CT = (SLOTB / 4 + KL - 1) / KL;    /* 4-byte chunks a lane a row */
+    const char *g;   /* the next row to fill at key 0; NULL: the operand is absent */
+    int64_t slb, sx; /* row stride in bytes, key stride in elements */
+    char *sm;        /* the head's KR slots */
+    int rowb;        /* L · sizeof(S) */
+    bool async;
+    __device__ __forceinline__ kring(const attn_view &v, const khead &w, int L, char *ring)
+        : g(v.p ? (const char *)((const S *)v.p + w.b * v.sb + w.h * v.sh) : nullptr), slb(v.sl * (int64_t)sizeof(S)),
+          sx(v.sx), sm(ring), rowb(L * (int)sizeof(S)),
+          async(v.sx == 1 && ((uintptr_t)g & 3) == 0 && (slb & 3) == 0 && (rowb & 3) == 0) {}
+    /* copy row r (< L) into its slot, and end the group (an empty one past L, so that every lane
+       counts the same groups) */
+    __device__ __forceinline__ void fill(int kl, int L, int r) {
+        if (g && r < L) {
+            char *dst = sm + (r & (KR - 1)) * SLOTB;
+            if (async) {
 #pragma unroll
-    for (int s = 0; s < NS; s++) x[s] = p && kl + KL * s < L ? to_acc(*krow_at(v, p, i, s)) : 0.f;
+                for (int t = 0; t < CT; t++) {
+                    const int c = 4 * (kl + KL * t);
+                    if (c < rowb) kcopy4(dst + c, g + c);
+                }
+            } else {
+#pragma unroll
+                for (int s = 0; s < NS; s++) {
+                    const int j = kl + KL * s;
+                    if (j < L) reinterpret_cast<S *>(dst)[j] = reinterpret_cast<const S *>(g)[j * sx];
+                }
+            }
+            g += slb;
+        }
+        kcommit();
+    }
+    /* zeros in every slot, each lane its own keys' places (before the first fill, in program
+       order for the lane's own): what is never filled — the keys past L, an absent operand's
+       rows — reads as 0 */
+    __device__ __forceinline__ void clear(int kl) const {
+#pragma unroll
+        for (int r = 0; r < KR; r++)
+#pragma unroll
+            for (int s = 0; s < NS; s++) reinterpret_cast<S *>(sm + r * SLOTB)[kl + KL * s] = from_acc<S>(0.f);
+    }
+    /* row i's scores of the lane's keys; row i has landed */
+    __device__ __forceinline__ void read(int kl, int i, float x[NS]) const {
+        const S *row = reinterpret_cast<const S *>(sm + (i & (KR - 1)) * SLOTB);
+#pragma unroll
+        for (int s = 0; s < NS; s++) x[s] = to_acc(row[kl + KL * s]);
+    }
+};
+
+/* the ring bytes a head: KR slots for each operand the loop reads */
+__host__ __device__ __forceinline__ int keys_ring_bytes(int ns, int ssize, int streams) {
+    return KR * KL * ns * ssize * streams;
 }
 
 /* The backward's shared floats a head: q and do rows, lse and D, rounded to whole float4 so that
@@ -215,55 +305,62 @@ __global__ void __launch_bounds__(KWARPS * 32, NS * HDP > 24 ? 4 : 5) keys_fwd_k
             for (int d = 0; d < HDP; d++) k[s][d] = v[s][d] = 0.f;
         }
     }
-    __syncwarp();
-    const S *rin = krow_base<const S>(a.sin, H_, kl);
-    S *rout = krow_base<S>(a.sout, H_, kl);
-    float next[NS];
-    krow_load<S, NS>(a.sin, rin, 0, kl, L, next);
-    for (int i = 0; i < L; i++) {
-        float cur[NS];
+    kring<S, NS> rin(a.sin, H_, L, reinterpret_cast<char *>(ksm4) + (size_t)KHEADS * L * HDP * sizeof(float) +
+                                         (size_t)hg * keys_ring_bytes(NS, sizeof(S), 1));
+    rin.clear(kl);
+    __syncwarp(); /* the zeros are in place before any lane's chunks land */
 #pragma unroll
-        for (int s = 0; s < NS; s++) cur[s] = next[s];
-        if (i + 1 < L) krow_load<S, NS>(a.sin, rin, i + 1, kl, L, next);
+    for (int r = 0; r < KR - 1; r++) rin.fill(kl, L, r);
+    krow<S> rout(a.sout, H_, kl, H_.live);
+    /* the lane's o element of each row (the lanes the scatter leaves a dim to) and the head's lse */
+    const int dim = scatter_dim<HDP>(kl);
+    T *op = H_.live && (kl & (KL / HDP - 1)) == 0 && dim < hd ? at<T>(a.o, H_.b, H_.h, 0, dim) : nullptr;
+    float *lp = H_.live && kl == 0 ? a.lse + H_.n * L : nullptr;
+    for (int i = 0; i < L; i++) {
+        kwait<KR - 2>(); /* row i has landed (this lane's copies) */
+        __syncwarp();    /* … every lane's, and the slot row i + KR - 1 takes was read by all */
+        rin.fill(kl, L, i + KR - 1);
+        float cur[NS];
+        rin.read(kl, i, cur);
         const int jend = bad ? 0 : key_end(a, i, len);
         float q[HDP];
         key_get<HDP>(Qs + i * HDP, q);
         float x[NS], m = KNEG_INF;
 #pragma unroll
         for (int s = 0; s < NS; s++) {
-            x[s] = kl + KL * s < jend ? key_dot<HDP>(q, k[s]) * a.scale + cur[s] : KNEG_INF;
-            m = nan_max(m, x[s]);
+            const float y = key_dot<HDP>(q, k[s]) * a.scale + cur[s];
+            x[s] = kl + KL * s < jend ? y : KNEG_INF;
+            m = kmax(m, x[s]);
         }
         m = head_max(m);
-        if (rout && H_.live)
+        if (rout.ok) {
 #pragma unroll
             for (int s = 0; s < NS; s++)
-                if (kl + KL * s < L) *krow_at(a.sout, rout, i, s) = from_acc<S>(bad ? knan() : x[s]);
+                if (kl + KL * s < L) *rout.at(s) = from_acc<S>(bad ? knan() : x[s]);
+            rout.next();
+        }
+        const bool none = m == KNEG_INF; /* no key: o = 0, lse = −∞ */
+        const float mz = none ? 0.f : m; /* every x is −∞ then: each e is 0 */
         float acc[HDP], sum = 0.f;
 #pragma unroll
         for (int d = 0; d < HDP; d++) acc[d] = 0.f;
 #pragma unroll
         for (int s = 0; s < NS; s++) {
-            const float e = x[s] == KNEG_INF ? 0.f : expf(x[s] - m);
+            const float e = kexp(x[s] - mz);
             sum += e;
             const float w = DROP ? e * keep_factor(a, H_.n, i, kl + KL * s) : e;
 #pragma unroll
             for (int d = 0; d < HDP; d++) acc[d] += w * v[s][d];
         }
         sum = head_sum(sum);
-        int dim;
-        const float o = head_scatter<HDP>(acc, kl, &dim);
-        if (!H_.live) continue;
-        const bool none = m == KNEG_INF; /* no key: o = 0, lse = −∞ */
-        if ((kl & (KL / HDP - 1)) == 0 && dim < hd) {
-            const float val = bad ? knan() : none ? 0.f : o * __frcp_rn(sum);
-            *at<T>(a.o, H_.b, H_.h, i, dim) = from_acc<T>(val);
+        const float o = head_scatter<HDP>(acc, kl);
+        if (op) {
+            *op = from_acc<T>(bad ? knan() : none ? 0.f : __fdividef(o, sum));
+            op += a.o.sl;
         }
-        if (kl == 0) {
-            a.lse[H_.n * L + i] = bad ? knan() : none ? KNEG_INF : m + logf(sum);
-            if (bad && i == 0) raise_bad_length(a, H_.b);
-        }
+        if (lp) lp[i] = bad ? knan() : none ? KNEG_INF : m + __logf(sum);
     }
+    if (bad && lp) raise_bad_length(a, H_.b);
 }
 
 template <typename T, typename S, int NS, int HDP, bool DROP>
@@ -271,7 +368,7 @@ __global__ void __launch_bounds__(KWARPS * 32, NS * HDP > 24 ? 2 : NS * HDP > 12
     extern __shared__ float4 ksm4[];
     const int L = a.L, hd = a.hd, kl = threadIdx.x & (KL - 1), hg = threadIdx.x / KL;
     float *Qs = reinterpret_cast<float *>(ksm4) + (size_t)hg * keys_head_floats(L, HDP);
-    float *dOs = Qs + L * HDP, *Ls = dOs + L * HDP, *Ds = Ls + L;
+    float *dOs = Qs + L * HDP, *LDs = dOs + L * HDP; /* (lse, D) pairs */
     const khead H_(a, hg);
     bool bad = false;
     const int len = seq_len(a, H_.b, &bad);
@@ -294,28 +391,31 @@ __global__ void __launch_bounds__(KWARPS * 32, NS * HDP > 24 ? 2 : NS * HDP > 12
 #pragma unroll
             for (int d = 0; d < HDP; d++)
                 if (d < hd) D += x[d] * y[d];
-            Ds[j] = D;
-            Ls[j] = a.lse[H_.n * L + j];
+            reinterpret_cast<float2 *>(LDs)[j] = make_float2(a.lse[H_.n * L + j], D);
         } else {
 #pragma unroll
             for (int d = 0; d < HDP; d++) k[s][d] = v[s][d] = 0.f;
         }
     }
-    __syncwarp();
-    const S *rin = krow_base<const S>(a.sin, H_, kl), *rg = krow_base<const S>(a.dso, H_, kl);
-    S *rd = krow_base<S>(a.dsin, H_, kl);
-    float nin[NS], ng[NS];
-    krow_load<S, NS>(a.sin, rin, 0, kl, L, nin);
-    krow_load<S, NS>(a.dso, rg, 0, kl, L, ng);
-    for (int i = 0; i < L; i++) {
-        float cin[NS], cg[NS];
+    char *ring = reinterpret_cast<char *>(ksm4) + (size_t)KHEADS * keys_head_floats(L, HDP) * sizeof(float) +
+                 (size_t)hg * keys_ring_bytes(NS, sizeof(S), 2);
+    kring<S, NS> rin(a.sin, H_, L, ring), rg(a.dso, H_, L, ring + keys_ring_bytes(NS, sizeof(S), 1));
+    rin.clear(kl), rg.clear(kl);
+    __syncwarp(); /* the zeros are in place before any lane's chunks land */
 #pragma unroll
-        for (int s = 0; s < NS; s++) cin[s] = nin[s], cg[s] = ng[s];
-        if (i + 1 < L) {
-            krow_load<S, NS>(a.sin, rin, i + 1, kl, L, nin);
-            krow_load<S, NS>(a.dso, rg, i + 1, kl, L, ng);
-        }
-        const float lse = Ls[i], D = Ds[i];
+    for (int r = 0; r < KR - 1; r++) rin.fill(kl, L, r), rg.fill(kl, L, r);
+    krow<S> rd(a.dsin, H_, kl, H_.live);
+    const int dim = scatter_dim<HDP>(kl);
+    T *dqp = a.dq.p && H_.live && (kl & (KL / HDP - 1)) == 0 && dim < hd ? at<T>(a.dq, H_.b, H_.h, 0, dim) : nullptr;
+    for (int i = 0; i < L; i++) {
+        kwait<2 * (KR - 2)>(); /* row i of both has landed (two groups a row) */
+        __syncwarp();
+        rin.fill(kl, L, i + KR - 1), rg.fill(kl, L, i + KR - 1);
+        float cin[NS], cg[NS];
+        rin.read(kl, i, cin);
+        rg.read(kl, i, cg);
+        const float2 ld = reinterpret_cast<const float2 *>(LDs)[i];
+        const float lse = ld.x, D = ld.y;
         const int jend = bad || lse == KNEG_INF ? 0 : key_end(a, i, len);
         float q[HDP], dO[HDP], dq[HDP];
         key_get<HDP>(Qs + i * HDP, q);
@@ -325,15 +425,14 @@ __global__ void __launch_bounds__(KWARPS * 32, NS * HDP > 24 ? 2 : NS * HDP > 12
         float ds[NS];
 #pragma unroll
         for (int s = 0; s < NS; s++) {
+            /* every slot computes; a masked key's p and ds are selected to 0 (no branch) */
             const int j = kl + KL * s;
-            float pk = 0.f;
-            ds[s] = 0.f;
-            if (j < jend) {
-                const float x = key_dot<HDP>(q, k[s]) * a.scale + cin[s];
-                const float p = expf(x - lse), kd = DROP ? keep_factor(a, H_.n, i, j) : 1.f;
-                ds[s] = p * (key_dot<HDP>(dO, v[s]) * kd - D) + cg[s];
-                pk = p * kd;
-            }
+            const bool live = j < jend;
+            const float x = key_dot<HDP>(q, k[s]) * a.scale + cin[s];
+            const float p = kexp(x - lse), kd = DROP ? keep_factor(a, H_.n, i, j) : 1.f;
+            const float g = p * (key_dot<HDP>(dO, v[s]) * kd - D) + cg[s];
+            ds[s] = live ? g : 0.f;
+            const float pk = live ? p * kd : 0.f;
 #pragma unroll
             for (int d = 0; d < HDP; d++) {
                 dk[s][d] += ds[s] * q[d];
@@ -341,25 +440,27 @@ __global__ void __launch_bounds__(KWARPS * 32, NS * HDP > 24 ? 2 : NS * HDP > 12
                 dq[d] += ds[s] * k[s][d];
             }
         }
-        int dim;
-        const float g = head_scatter<HDP>(dq, kl, &dim);
-        if (!H_.live) continue;
-        if (rd)
+        const float g = head_scatter<HDP>(dq, kl);
+        if (rd.ok) {
+            if (a.accumulate) {
 #pragma unroll
-            for (int s = 0; s < NS; s++)
-                if (kl + KL * s < L) {
-                    S *p = krow_at(a.dsin, rd, i, s);
-                    const float val = bad ? knan() : ds[s];
-                    *p = from_acc<S>(a.accumulate ? val + to_acc(*p) : val);
-                }
-        if (a.dq.p && (kl & (KL / HDP - 1)) == 0 && dim < hd) {
-            T *p = at<T>(a.dq, H_.b, H_.h, i, dim);
-            const float val = bad ? knan() : g * a.scale;
-            *p = from_acc<T>(a.accumulate && !bad ? val + to_acc(*p) : val);
+                for (int s = 0; s < NS; s++)
+                    if (kl + KL * s < L) *rd.at(s) = from_acc<S>((bad ? knan() : ds[s]) + to_acc(*rd.at(s)));
+            } else {
+#pragma unroll
+                for (int s = 0; s < NS; s++)
+                    if (kl + KL * s < L) *rd.at(s) = from_acc<S>(bad ? knan() : ds[s]);
+            }
+            rd.next();
         }
-        if (bad && i == 0 && kl == 0) raise_bad_length(a, H_.b);
+        if (dqp) {
+            const float val = bad ? knan() : g * a.scale;
+            *dqp = from_acc<T>(a.accumulate && !bad ? val + to_acc(*dqp) : val);
+            dqp += a.dq.sl;
+        }
     }
     if (!H_.live) return;
+    if (bad && kl == 0) raise_bad_length(a, H_.b);
 #pragma unroll
     for (int s = 0; s < NS; s++) {
         const int j = kl + KL * s;
@@ -374,16 +475,22 @@ __global__ void __launch_bounds__(KWARPS * 32, NS * HDP > 24 ? 2 : NS * HDP > 12
     }
 }
 
-/* Shared-memory bytes of a block: each head's q rows (backward: keys_head_floats). */
-size_t keys_smem(int L, int hdp, bool forward) {
-    return sizeof(float) * (size_t)KHEADS * (forward ? (size_t)L * hdp : (size_t)keys_head_floats(L, hdp));
+/* Shared-memory bytes of a block: each head's q rows (backward: keys_head_floats) and its rings. */
+size_t keys_smem(int L, int hdp, int ns, int ssize, bool forward) {
+    const size_t rows = sizeof(float) * (forward ? (size_t)L * hdp : (size_t)keys_head_floats(L, hdp));
+    return (size_t)KHEADS * (rows + (size_t)keys_ring_bytes(ns, ssize, forward ? 1 : 2));
 }
 
 template <typename T, typename S, int NS, int HDP, bool DROP>
 cudaError_t keys_launch_drop(const attn_params &a, bool forward, cudaStream_t st) {
     const int64_t heads = (int64_t)a.B * a.H;
     const unsigned blocks = (unsigned)((heads + KHEADS - 1) / KHEADS);
-    const size_t smem = keys_smem(a.L, HDP, forward);
+    const size_t smem = keys_smem(a.L, HDP, NS, sizeof(S), forward);
+    const void *fn = forward ? (const void *)keys_fwd_kernel<T, S, NS, HDP, DROP> : (const void *)keys_bwd_kernel<T, S, NS, HDP, DROP>;
+    if (smem > 48 * 1024) { /* past the default limit the kernel must opt in */
+        const cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (e != cudaSuccess) return e;
+    }
     if (forward) keys_fwd_kernel<T, S, NS, HDP, DROP><<<blocks, KWARPS * 32, smem, st>>>(a);
     else keys_bwd_kernel<T, S, NS, HDP, DROP><<<blocks, KWARPS * 32, smem, st>>>(a);
     return cudaGetLastError();

@@ -5,17 +5,18 @@
  * Sixteen lanes a head, two heads a warp: lane l holds keys l, l + 16, … (NS of them) with their
  * k, v rows — and in the backward their dk, dv sums — in registers. A query row is one step of
  * the warp: its q (backward: do, lse and D = Σ do·o too) broadcast from shared memory, one score
- * a key a lane. So the [L, L] score operands (scores in and out, their gradients) move as
- * coalesced rows straight between registers and memory, the next row's loads in flight while
- * this one computes; the softmax is two 16-lane reductions, and P·v (the backward's dS·k) a
- * reduce-scatter that leaves each lane one head dim of the row. No [L, L] buffer, no block
- * barrier, no atomics but the bad-length flag, every sum in a fixed order. Each kernel is built
- * with and without dropout: without, it carries none of the Philox draw's registers (the hd-8
- * backward then fits its 168 without spilling).
+ * a key a lane. The [L, L] score operands the loop reads stream through a ring of row slots in
+ * shared memory (cp.async, seven rows ahead: the loop is otherwise bound by their latency); the
+ * ones it writes go straight from registers to memory as coalesced rows. The softmax is two
+ * 16-lane reductions, and P·v (the backward's dS·k) a reduce-scatter that leaves each lane one
+ * head dim of the row; exp, max and log take their SFU forms, since the forward is bound by
+ * issued instructions. No [L, L] buffer, no block barrier, no atomics but the bad-length flag,
+ * every sum in a fixed order. Each kernel is built with and without dropout: without, it carries
+ * none of the Philox draw's registers (the hd-8 backward then fits its 168 without spilling).
  * Why: the thread-a-row kernels (attention.cu, SHORT ROWS) stage the score rows through shared
  * memory (a head's rows take ≈ 21 KB there, so few heads fit an SM) and spend most of their
- * instructions addressing it; here the scores never leave registers and a head needs
- * ≈ 3 KB. The masking, dropout, NaN and bad-length rules are attention.cuh's, as on every path.
+ * instructions addressing it; here a score is read and written once by the lane of its key, and
+ * a head needs ≈ 3 KB (forward) to ≈ 6 KB (backward) with its rings. The masking, dropout, NaN and bad-length rules are attention.cuh's, as on every path.
  */
 #include "attention.cuh"
 

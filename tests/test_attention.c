@@ -29,6 +29,8 @@ typedef struct problem {
     bool sacc;            /* score operands in the accumulator type (else q's dtype) */
     const char *cuda_lp;  /* the kernel a CUDA plan must name for f16 / bf16 (a substring; NULL: any) */
     const char *cuda_hp;  /* the same for f32 / f64 */
+    bool tsc;             /* the score operands key-major ([B, H, L, L] with strides (H·L·L, L·L, 1, L)),
+                             one element past their buffer's start: no kernel may take them as rows */
 } problem;
 
 static fg_dtype acc_of(fg_dtype t) { return t == FG_F64 ? FG_F64 : FG_F32; }
@@ -183,6 +185,16 @@ static arr arr_strided(const th_buf *buf, int64_t g, int64_t G, int64_t B, int64
     return a;
 }
 
+/* A [B, H, L, L] score operand: contiguous, or (p->tsc) key-major one element into its buffer. */
+static arr arr_scores(fg_backend be, fg_dtype dt, const problem *p) {
+    const int64_t B = p->B, H = p->H, L = p->L, ss[4] = {B, H, L, L};
+    if (!p->tsc) return arr_make(be, dt, 4, ss);
+    arr a = arr_make(be, dt, 4, ss);
+    const int64_t stride[4] = {H * L * L, L * L, 1, L};
+    a.t = th_tensor(&a.buf, 1, 4, ss, stride);
+    return a;
+}
+
 static void arr_drop(arr *a) {
     if (!a->v) return;
     if (!a->shared) th_free(&a->buf);
@@ -289,7 +301,7 @@ static inputs make_inputs(fg_backend be, fg_dtype dt, const problem *p) {
     inputs in;
     memset(&in, 0, sizeof in);
     const int64_t B = p->B, H = p->H, L = p->L, hd = p->hd;
-    const int64_t s4[4] = {B, H, L, hd}, ss[4] = {B, H, L, L};
+    const int64_t s4[4] = {B, H, L, hd};
     const fg_dtype sdt = p->sacc ? acc_of(dt) : dt;
     if (p->packed) {
         in.packed = th_alloc(be, dt, B * L * 3 * H * hd + 4);
@@ -305,11 +317,11 @@ static inputs make_inputs(fg_backend be, fg_dtype dt, const problem *p) {
     }
     arr_random(&in.q, 1.0), arr_random(&in.k, 1.0), arr_random(&in.v, 1.0), arr_random(&in.dO, 1.0);
     if (p->sin) {
-        in.sin = arr_make(be, sdt, 4, ss);
+        in.sin = arr_scores(be, sdt, p);
         arr_random(&in.sin, 2.0);
     }
     if (p->dsc) {
-        in.dsc = arr_make(be, sdt, 4, ss);
+        in.dsc = arr_scores(be, sdt, p);
         arr_random(&in.dsc, 0.5);
     }
     if (p->lengths) {
@@ -357,7 +369,7 @@ static outputs make_outputs(fg_backend be, fg_dtype dt, const problem *p) {
     outputs out;
     memset(&out, 0, sizeof out);
     const int64_t B = p->B, H = p->H, L = p->L, hd = p->hd;
-    const int64_t s4[4] = {B, H, L, hd}, ss[4] = {B, H, L, L}, s3[3] = {B, H, L};
+    const int64_t s4[4] = {B, H, L, hd}, s3[3] = {B, H, L};
     const fg_dtype sdt = p->sacc ? acc_of(dt) : dt;
     if (p->packed) {
         out.obuf = th_alloc(be, dt, B * L * H * hd + 4);
@@ -366,9 +378,9 @@ static outputs make_outputs(fg_backend be, fg_dtype dt, const problem *p) {
         out.o = arr_make(be, dt, 4, s4);
     }
     out.lse = arr_make(be, acc_of(dt), 3, s3);
-    if (p->sout) out.sout = arr_make(be, sdt, 4, ss);
+    if (p->sout) out.sout = arr_scores(be, sdt, p);
     out.dq = arr_make(be, dt, 4, s4), out.dk = arr_make(be, dt, 4, s4), out.dv = arr_make(be, dt, 4, s4);
-    if (p->sin) out.dsin = arr_make(be, sdt, 4, ss);
+    if (p->sin) out.dsin = arr_scores(be, sdt, p);
     return out;
 }
 
@@ -787,6 +799,8 @@ static const problem cases[] = {
     {2, 2, 64, 4, F, T, F, T, F, 0, 0, F, F, "short", "short"},        /* hd 4, four vectors */
     {3, 3, 64, 8, T, T, T, T, T, 0.1, 0, F, F, "short", "short"},      /* a lane a key: four slots */
     {3, 3, 48, 7, F, T, T, T, T, 0.1, 0.4, T, T, "short", "short"},    /* a lane a key: odd hd */
+    {3, 4, 42, 8, F, F, T, T, T, 0, 0, F, F, "short", "short", T},     /* key-major scores: lanes' own loads */
+    {2, 3, 33, 4, T, T, T, T, T, 0.1, 0, T, T, "short", "short", T},   /* the same, every option */
     {4, 16, 42, 8, F, F, T, T, T, 0, 0, F, F, "short", "short"},       /* PatchTST d_model 128: the CPU's hd-8 path */
     {3, 2, 50, 8, T, T, T, T, T, 0, 0.3, T, T, "short", "short"},      /* hd 8, causal, lengths, packed */
     {3, 5, 33, 20, T, T, T, T, T, 0.1, 0, F, T, "short", "short"},     /* thread a row, every option */

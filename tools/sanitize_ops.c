@@ -470,20 +470,21 @@ static void norm_kernels(void) {
 
 /* ------------------------------------------------------------------ attention */
 
-/* Each path forward and backward: whole sequences (a lane a key: L <= 64, hd <= 8; a thread a row:
- * L <= 64, hd <= 32; a warp a
+/* Each path forward and backward: whole sequences (L <= 64, hd <= 8: a thread a row forward, a
+ * lane a key backward; a thread a row: L <= 64, hd <= 32; a warp a
  * row: L <= 128, hd <= 64; here f32 with causal masking and dropout), the flash kernels (bf16, L past 128: the row dot, dK / dV, dQ;
  * at hd 64 their sm_90a form, at hd 128 the mma.sync one; without and with dropout),
  * the tiled kernels (f32 past 128 keys; the backward with dK / dV and with dQ alone). The
- * key-lane cases with residual scores (in, out, their gradients) stream the score rows through
- * their shared-memory rings: bf16 rows by chunks that lanes share (even L), f32 by a lane's own
- * keys, and bf16 at odd L by the lanes' plain loads. */
+ * short-sequence cases with residual scores (in, out, their gradients) move the scores through
+ * shared memory: the thread-a-row forward's tile as vector runs (even L) or row by row (odd L), the
+ * key-lane backward's rings by chunks that lanes share (bf16, even L), by a lane's own keys (f32),
+ * or by the lanes' plain loads (bf16 at odd L). */
 static void attention_kernels(void) {
     struct { fg_dtype dt; int64_t L, hd; int causal; double p; const char *fwd, *bwd, *bwd_dq; int res; } cases[] = {
-        {FG_F32, 41, 4, 1, 0.1, "attn_short_keys_fwd<f32,3,4>", "attn_short_keys_bwd<f32,3,4>", NULL},
-        {FG_BF16, 42, 8, 0, 0, "attn_short_keys_fwd<bf16,3,8>", "attn_short_keys_bwd<bf16,3,8>", NULL, 1},
-        {FG_F32, 42, 8, 0, 0.1, "attn_short_keys_fwd<f32,3,8>", "attn_short_keys_bwd<f32,3,8>", NULL, 1},
-        {FG_BF16, 33, 4, 0, 0, "attn_short_keys_fwd<bf16,3,4>", "attn_short_keys_bwd<bf16,3,4>", NULL, 1},
+        {FG_F32, 41, 4, 1, 0.1, "attn_short_qrow_fwd<f32,4>", "attn_short_keys_bwd<f32,3,4>", NULL},
+        {FG_BF16, 42, 8, 0, 0, "attn_short_qrow_fwd<bf16,8>", "attn_short_keys_bwd<bf16,3,8>", NULL, 1},
+        {FG_F32, 42, 8, 0, 0.1, "attn_short_qrow_fwd<f32,8>", "attn_short_keys_bwd<f32,3,8>", NULL, 1},
+        {FG_BF16, 33, 4, 0, 0, "attn_short_qrow_fwd<bf16,4>", "attn_short_keys_bwd<bf16,3,4>", NULL, 1},
         {FG_F32, 40, 16, 1, 0.1, "attn_short_rows_fwd<f32,16>", "attn_short_rows_bwd<f32,16>", NULL},
         {FG_F32, 100, 16, 1, 0.1, "attn_short_fwd<f32>", "attn_short_bwd<f32>", NULL},
         {FG_BF16, 200, 64, 1, 0, "attn_flash90_fwd<bf16,64>", "attn_flash90_dkdv<bf16,64>", "attn_flash90_dq<bf16,64>"},

@@ -1339,8 +1339,8 @@ extern "C" fg_status fg_cuda_attn_plan(fg_context *ctx, const fg_attn_problem *p
     if (fg_cuda_attn_keys_fits(p, &kns, &khdp)) {
         path->kernel = FG_ATTN_SHORT_KEYS;
         path->group = kns | khdp << 16;
-        snprintf(path->name, sizeof path->name, "attn_short_keys_%s<%s,%d,%d>", p->forward ? "fwd" : "bwd",
-                 dname(p->dtype), kns, khdp);
+        if (p->forward) snprintf(path->name, sizeof path->name, "attn_short_qrow_fwd<%s,%d>", dname(p->dtype), khdp);
+        else snprintf(path->name, sizeof path->name, "attn_short_keys_bwd<%s,%d,%d>", dname(p->dtype), kns, khdp);
         return FG_OK;
     }
     const int limit = max_smem(ctx->device);

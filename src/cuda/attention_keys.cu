@@ -1,22 +1,26 @@
 /*
- * attention_keys.cu — the key-lane kernels for short sequences (L <= 64, hd <= 8: PatchTST's
- * heads, L 42 with hd 4 or 8; any dtype and strides, every option).
+ * attention_keys.cu — the short-sequence kernels for PatchTST's heads (L <= 64, hd <= 8: L 42
+ * with hd 4 or 8; any dtype and strides, every option).
  *
- * Sixteen lanes a head, two heads a warp: lane l holds keys l, l + 16, … (NS of them) with their
- * k, v rows — and in the backward their dk, dv sums — in registers. A query row is one step of
- * the warp: its q (backward: do, lse and D = Σ do·o too) broadcast from shared memory, one score
- * a key a lane. The [L, L] score operands the loop reads stream through a ring of row slots in
- * shared memory (cp.async, seven rows ahead: the loop is otherwise bound by their latency); the
- * ones it writes go straight from registers to memory as coalesced rows. The softmax is two
- * 16-lane reductions, and P·v (the backward's dS·k) a reduce-scatter that leaves each lane one
- * head dim of the row; exp, max and log take their SFU forms, since the forward is bound by
- * issued instructions. No [L, L] buffer, no block barrier, no atomics but the bad-length flag,
- * every sum in a fixed order. Each kernel is built with and without dropout: without, it carries
- * none of the Philox draw's registers (the hd-8 backward then fits its 168 without spilling).
- * Why: the thread-a-row kernels (attention.cu, SHORT ROWS) stage the score rows through shared
- * memory (a head's rows take ≈ 21 KB there, so few heads fit an SM) and spend most of their
- * instructions addressing it; here a score is read and written once by the lane of its key, and
- * a head needs ≈ 3 KB (forward) to ≈ 6 KB (backward) with its rings. The masking, dropout, NaN and bad-length rules are attention.cuh's, as on every path.
+ * The forward runs a thread a query row (qrow_fwd_kernel): a block holds whole heads, their k and
+ * v rows and [L, L] scores in shared memory, the scores moved in and out as coalesced runs; each
+ * thread sweeps its row twice (q·k plus scores in and the max; then e^(x − m), its sum and Σ e·v)
+ * with no cross-lane step.
+ * The backward runs sixteen lanes a head, two heads a warp (keys_bwd_kernel): lane l holds keys
+ * l, l + 16, … (NS of them) with their k, v rows and their dk, dv sums in registers, so that each
+ * key's gradient has one owner. A query row is one step of the warp: q, do, lse and D broadcast
+ * from shared memory, one score a key a lane. The score operands it reads stream through a ring
+ * of row slots in shared memory (cp.async, seven rows ahead: the loop is otherwise bound by their
+ * latency); the one it writes goes straight from registers to memory as coalesced rows. dq is a
+ * reduce-scatter over the head's lanes that leaves each lane one head dim of the row.
+ * Both: exp, max and log take their SFU forms (the loops are bound by issued instructions); no
+ * [L, L] buffer in global memory, no atomics but the bad-length flag, every sum in a fixed order.
+ * Each kernel is built with and without dropout: without, it carries none of the Philox draw's
+ * registers (the hd-8 backward then fits its 168 without spilling).
+ * Why: the thread-a-row kernels of attention.cu (SHORT ROWS, hd up to 32) stage two score
+ * matrices a head and spend most of their instructions addressing them; the forward here stages
+ * one and walks it with row pointers, and the key-lane backward keeps a head in ≈ 6 KB. The
+ * masking, dropout, NaN and bad-length rules are attention.cuh's, as on every path.
  */
 #include "attention.cuh"
 
@@ -118,10 +122,10 @@ template <int HDP> __device__ __forceinline__ float key_dot(const float x[HDP], 
     return s;
 }
 
-/* The SFU forms of the softmax's functions (the key lanes' loops are bound by issued
+/* The SFU forms of the softmax's functions (both kernels' loops are bound by issued
    instructions): e^t as 2^(t·log2 e), flushed to 0 below 2^-126 (e^-87: nothing a softmax sum
    sees; −∞ gives 0); max that keeps a NaN in one instruction (attention.cuh's nan_max takes
-   three); ln by lg2. Each is within two ulp of the correctly rounded value. */
+   three); ln by lg2 (__logf). Each is within two ulp of the correctly rounded value. */
 __device__ __forceinline__ float kexp(float t) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(t * 1.4426950408889634f));
@@ -134,24 +138,11 @@ __device__ __forceinline__ float kmax(float a, float b) {
     return y;
 }
 
-/* reductions over a head's 16 lanes (every lane of the warp takes part) */
-__device__ __forceinline__ float head_max(float x) {
-#pragma unroll
-    for (int o = KL / 2; o > 0; o >>= 1) x = kmax(x, __shfl_xor_sync(KFULL, x, o));
-    return x;
-}
-
-__device__ __forceinline__ float head_sum(float x) {
-#pragma unroll
-    for (int o = KL / 2; o > 0; o >>= 1) x += __shfl_xor_sync(KFULL, x, o);
-    return x;
-}
-
-/* The head's sum of acc[0 … N) (N <= 16, a power of two) over its 16 lanes, scattered: each
-   halving step sends half of what a lane still holds to its partner and keeps the other half,
-   so the lane ends with one dim's total, dim scatter_dim<N>(kl); the lanes whose low bits (below
-   KL / N) are zero are the ones to write it. log2(16) steps, N - 1 + log2(16 / N) shuffles in
-   all. */
+/* The head's sum of acc[0 … N) (N <= 16, a power of two) over its 16 lanes (every lane of the
+   warp takes part), scattered: each halving step sends half of what a lane still holds to its
+   partner and keeps the other half, so the lane ends with one dim's total, dim
+   scatter_dim<N>(kl); the lanes whose low bits (below KL / N) are zero are the ones to write it.
+   log2(16) steps, N - 1 + log2(16 / N) shuffles in all. */
 template <int N> __device__ __forceinline__ float head_scatter(float (&acc)[N], int kl) {
 #pragma unroll
     for (int t = 0; t < 4; t++) {
@@ -215,9 +206,9 @@ __device__ __forceinline__ void kcopy4(void *dst, const void *src) {
 __device__ __forceinline__ void kcommit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N> __device__ __forceinline__ void kwait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
-/* A score operand the loop reads ([L, L] a head: the forward's scores in, the backward's scores in
-   and their gradient), streamed through a ring of KR row slots in shared memory so that KR - 1
-   rows are in flight while a row computes (with one row ahead in registers the loop waited on
+/* A score operand the backward's loop reads ([L, L] a head: the scores in and their gradient),
+   streamed through a ring of KR row slots in shared memory so that KR - 1 rows are
+   in flight while a row computes (with one row ahead in registers the loop waited on
    its loads' latency most of the time, 16-bit scores the most). Where the head's rows are
    contiguous, 4-byte aligned and a whole number of 4-byte chunks long, the 16 lanes copy a row
    chunk by chunk with cp.async (a chunk of 16-bit scores holds two lanes' keys, so a row is read
@@ -274,7 +265,7 @@ template <typename S, int NS> struct kring {
     }
 };
 
-/* the ring bytes a head: KR slots for each operand the loop reads */
+/* the ring bytes a head: KR slots for each operand the backward's loop reads */
 __host__ __device__ __forceinline__ int keys_ring_bytes(int ns, int ssize, int streams) {
     return KR * KL * ns * ssize * streams;
 }
@@ -282,87 +273,6 @@ __host__ __device__ __forceinline__ int keys_ring_bytes(int ns, int ssize, int s
 /* The backward's shared floats a head: q and do rows, lse and D, rounded to whole float4 so that
    every head's rows stay 16-byte aligned. */
 __host__ __device__ __forceinline__ int keys_head_floats(int L, int hdp) { return (L * (2 * hdp + 2) + 3) & ~3; }
-
-template <typename T, typename S, int NS, int HDP, bool DROP>
-__global__ void __launch_bounds__(KWARPS * 32, NS * HDP > 24 ? 4 : 5) keys_fwd_kernel(attn_params a) {
-    extern __shared__ float4 ksm4[];
-    const int L = a.L, hd = a.hd, kl = threadIdx.x & (KL - 1), hg = threadIdx.x / KL;
-    float *Qs = reinterpret_cast<float *>(ksm4) + (size_t)hg * L * HDP;
-    const khead H_(a, hg);
-    bool bad = false;
-    const int len = seq_len(a, H_.b, &bad);
-    float k[NS][HDP], v[NS][HDP];
-#pragma unroll
-    for (int s = 0; s < NS; s++) {
-        const int j = kl + KL * s;
-        if (j < L) {
-            key_load_live<T, HDP>(a.k, H_.b, H_.h, j, len, hd, k[s]);
-            key_load_live<T, HDP>(a.v, H_.b, H_.h, j, len, hd, v[s]);
-            float x[HDP];
-            key_load<T, HDP>(a.q, H_.b, H_.h, j, hd, x);
-            key_put<HDP>(Qs + j * HDP, x);
-        } else {
-#pragma unroll
-            for (int d = 0; d < HDP; d++) k[s][d] = v[s][d] = 0.f;
-        }
-    }
-    kring<S, NS> rin(a.sin, H_, L, reinterpret_cast<char *>(ksm4) + (size_t)KHEADS * L * HDP * sizeof(float) +
-                                         (size_t)hg * keys_ring_bytes(NS, sizeof(S), 1));
-    rin.clear(kl);
-    __syncwarp(); /* the zeros are in place before any lane's chunks land */
-#pragma unroll
-    for (int r = 0; r < KR - 1; r++) rin.fill(kl, L, r);
-    krow<S> rout(a.sout, H_, kl, H_.live);
-    /* the lane's o element of each row (the lanes the scatter leaves a dim to) and the head's lse */
-    const int dim = scatter_dim<HDP>(kl);
-    T *op = H_.live && (kl & (KL / HDP - 1)) == 0 && dim < hd ? at<T>(a.o, H_.b, H_.h, 0, dim) : nullptr;
-    float *lp = H_.live && kl == 0 ? a.lse + H_.n * L : nullptr;
-    for (int i = 0; i < L; i++) {
-        kwait<KR - 2>(); /* row i has landed (this lane's copies) */
-        __syncwarp();    /* … every lane's, and the slot row i + KR - 1 takes was read by all */
-        rin.fill(kl, L, i + KR - 1);
-        float cur[NS];
-        rin.read(kl, i, cur);
-        const int jend = bad ? 0 : key_end(a, i, len);
-        float q[HDP];
-        key_get<HDP>(Qs + i * HDP, q);
-        float x[NS], m = KNEG_INF;
-#pragma unroll
-        for (int s = 0; s < NS; s++) {
-            const float y = key_dot<HDP>(q, k[s]) * a.scale + cur[s];
-            x[s] = kl + KL * s < jend ? y : KNEG_INF;
-            m = kmax(m, x[s]);
-        }
-        m = head_max(m);
-        if (rout.ok) {
-#pragma unroll
-            for (int s = 0; s < NS; s++)
-                if (kl + KL * s < L) *rout.at(s) = from_acc<S>(bad ? knan() : x[s]);
-            rout.next();
-        }
-        const bool none = m == KNEG_INF; /* no key: o = 0, lse = −∞ */
-        const float mz = none ? 0.f : m; /* every x is −∞ then: each e is 0 */
-        float acc[HDP], sum = 0.f;
-#pragma unroll
-        for (int d = 0; d < HDP; d++) acc[d] = 0.f;
-#pragma unroll
-        for (int s = 0; s < NS; s++) {
-            const float e = kexp(x[s] - mz);
-            sum += e;
-            const float w = DROP ? e * keep_factor(a, H_.n, i, kl + KL * s) : e;
-#pragma unroll
-            for (int d = 0; d < HDP; d++) acc[d] += w * v[s][d];
-        }
-        sum = head_sum(sum);
-        const float o = head_scatter<HDP>(acc, kl);
-        if (op) {
-            *op = from_acc<T>(bad ? knan() : none ? 0.f : __fdividef(o, sum));
-            op += a.o.sl;
-        }
-        if (lp) lp[i] = bad ? knan() : none ? KNEG_INF : m + __logf(sum);
-    }
-    if (bad && lp) raise_bad_length(a, H_.b);
-}
 
 template <typename T, typename S, int NS, int HDP, bool DROP>
 __global__ void __launch_bounds__(KWARPS * 32, NS * HDP > 24 ? 2 : NS * HDP > 12 ? 3 : 4) keys_bwd_kernel(attn_params a) {
@@ -476,24 +386,184 @@ __global__ void __launch_bounds__(KWARPS * 32, NS * HDP > 24 ? 2 : NS * HDP > 12
     }
 }
 
-/* Shared-memory bytes of a block: each head's q rows (backward: keys_head_floats) and its rings. */
-size_t keys_smem(int L, int hdp, int ns, int ssize, bool forward) {
-    const size_t rows = sizeof(float) * (forward ? (size_t)L * hdp : (size_t)keys_head_floats(L, hdp));
-    return (size_t)KHEADS * (rows + (size_t)keys_ring_bytes(ns, ssize, forward ? 1 : 2));
+/* ------------------------------------------------------------------ the forward: a thread a row */
+
+/* The forward runs a thread a query row (the backward keeps the key lanes: its dk, dv sums are
+   per key). A block of QT threads takes G = QT / L whole heads: their k and v rows and their
+   [L, L] scores in a padded tile of shared memory (row stride L + 1: a warp's rows hit distinct
+   banks). The scores in come into the tile and the scores out leave it as coalesced runs of the
+   block's heads (4-element vectors where the heads are one contiguous, aligned run; row by row
+   otherwise); between, each thread sweeps its row twice with no cross-lane step: q·k + scores in
+   into the tile and the max, then e^(x − m), its sum and Σ e·v. A score costs a thread ≈ 40
+   instructions, where a lane-a-key forward spends ≈ 250 a row step of two heads on three keys,
+   most of it the reductions and the reduce-scatter every row needs. */
+constexpr int QT = 128;
+
+__host__ __device__ __forceinline__ int qrow_heads(int L) { return QT / L; }
+
+size_t qrow_smem(int L, int hdp) {
+    const size_t G = (size_t)qrow_heads(L);
+    return sizeof(float) * (G * 2 * (size_t)L * hdp + G * (size_t)L * (L + 1));
+}
+
+/* the block's heads n0 … n0 + nh − 1 of a score operand as one run of nh·L·L elements that
+   4-element vectors cover (rows and heads contiguous, L even, the base aligned) */
+template <typename S> __device__ __forceinline__ bool qrow_flat(const attn_view &v, int L, int H) {
+    return v.sx == 1 && v.sl == L && v.sh == (int64_t)L * L && v.sb == (int64_t)H * L * L && (L & 1) == 0 &&
+           ((uintptr_t)v.p & (4 * sizeof(S) - 1)) == 0;
+}
+
+/* tile row of element g of the block's run: floor(g / L) by a float reciprocal (exact: g < 2^13
+   and (g + 0.5) / L is at least 1 / (2L) from an integer) */
+__device__ __forceinline__ int qrow_of(int g, float invL) { return (int)(((float)g + 0.5f) * invL); }
+
+template <typename S>
+__device__ __forceinline__ void qrow_scores_in(const attn_params &a, const attn_view &v, float *tile, int64_t n0, int nh) {
+    const int L = a.L, LP = L + 1;
+    if (qrow_flat<S>(v, L, a.H)) {
+        const S *src = (const S *)v.p + n0 * L * L;
+        const int E = nh * L * L;
+        const float invL = 1.f / (float)L;
+        for (int f = 4 * (int)threadIdx.x; f < E; f += 4 * QT) {
+            const vec_t<S, 4> u = *reinterpret_cast<const vec_t<S, 4> *>(src + f);
+#pragma unroll
+            for (int e = 0; e < 4; e++) tile[f + e + qrow_of(f + e, invL)] = to_acc(u.v[e]);
+        }
+        return;
+    }
+    for (int r = (int)threadIdx.x / 32; r < nh * L; r += QT / 32) {
+        const int hg = r / L, i = r - hg * L;
+        const int64_t n = n0 + hg, b = n / a.H, h = n - b * a.H;
+        const S *row = (const S *)v.p + b * v.sb + h * v.sh + (int64_t)i * v.sl;
+        for (int j = (int)threadIdx.x % 32; j < L; j += 32) tile[r * LP + j] = to_acc(row[(int64_t)j * v.sx]);
+    }
+}
+
+template <typename S>
+__device__ __forceinline__ void qrow_scores_out(const attn_params &a, const attn_view &v, const float *tile, int64_t n0,
+                                                int nh) {
+    const int L = a.L, LP = L + 1;
+    if (qrow_flat<S>(v, L, a.H)) {
+        S *dst = (S *)v.p + n0 * L * L;
+        const int E = nh * L * L;
+        const float invL = 1.f / (float)L;
+        for (int f = 4 * (int)threadIdx.x; f < E; f += 4 * QT) {
+            vec_t<S, 4> u;
+#pragma unroll
+            for (int e = 0; e < 4; e++) u.v[e] = from_acc<S>(tile[f + e + qrow_of(f + e, invL)]);
+            *reinterpret_cast<vec_t<S, 4> *>(dst + f) = u;
+        }
+        return;
+    }
+    for (int r = (int)threadIdx.x / 32; r < nh * L; r += QT / 32) {
+        const int hg = r / L, i = r - hg * L;
+        const int64_t n = n0 + hg, b = n / a.H, h = n - b * a.H;
+        S *row = (S *)v.p + b * v.sb + h * v.sh + (int64_t)i * v.sl;
+        for (int j = (int)threadIdx.x % 32; j < L; j += 32) row[(int64_t)j * v.sx] = from_acc<S>(tile[r * LP + j]);
+    }
+}
+
+template <typename T, typename S, int HDP, bool DROP>
+__global__ void __launch_bounds__(QT) qrow_fwd_kernel(attn_params a) {
+    extern __shared__ float4 ksm4[];
+    const int L = a.L, hd = a.hd, LP = L + 1, G = QT / L;
+    const int64_t BH = (int64_t)a.B * a.H, n0 = (int64_t)blockIdx.x * G;
+    const int nh = (int)min((int64_t)G, BH - n0);
+    float *Ks = reinterpret_cast<float *>(ksm4), *Vs = Ks + G * L * HDP, *tile = Vs + G * L * HDP;
+    /* the heads' k and v rows (zeros past a sequence's length) and their scores in */
+    for (int r = (int)threadIdx.x; r < nh * L; r += QT) {
+        const int hg = r / L, j = r - hg * L;
+        const int64_t n = n0 + hg, b = n / a.H, h = n - b * a.H;
+        bool bad = false;
+        const int len = seq_len(a, b, &bad);
+        float x[HDP];
+        key_load_live<T, HDP>(a.k, b, h, j, len, hd, x);
+        key_put<HDP>(Ks + r * HDP, x);
+        key_load_live<T, HDP>(a.v, b, h, j, len, hd, x);
+        key_put<HDP>(Vs + r * HDP, x);
+    }
+    if (a.sin.p) qrow_scores_in<S>(a, a.sin, tile, n0, nh);
+    __syncthreads();
+    const int t = (int)threadIdx.x;
+    if (t < nh * L) {
+        const int hg = t / L, i = t - hg * L;
+        const int64_t n = n0 + hg, b = n / a.H, h = n - b * a.H;
+        bool bad = false;
+        const int len = seq_len(a, b, &bad);
+        const int jend = bad ? 0 : key_end(a, i, len);
+        float q[HDP];
+        key_load<T, HDP>(a.q, b, h, i, hd, q);
+        const float *K = Ks + hg * L * HDP, *V = Vs + hg * L * HDP;
+        float *row = tile + t * LP;
+        const bool sin = a.sin.p != nullptr;
+        float m = KNEG_INF;
+#pragma unroll 2
+        for (int j = 0; j < jend; j++) {
+            float k[HDP];
+            key_get<HDP>(K + j * HDP, k);
+            const float x = key_dot<HDP>(q, k) * a.scale + (sin ? row[j] : 0.f);
+            row[j] = x;
+            m = kmax(m, x);
+        }
+        for (int j = jend; j < L; j++) row[j] = KNEG_INF;
+        const bool none = m == KNEG_INF; /* no key: o = 0, lse = −∞ */
+        const float mz = none ? 0.f : m;
+        float acc[HDP], sum = 0.f;
+#pragma unroll
+        for (int d = 0; d < HDP; d++) acc[d] = 0.f;
+        keep_row kr(a, n, i);
+#pragma unroll 2
+        for (int j = 0; j < jend; j++) {
+            const float e = kexp(row[j] - mz);
+            sum += e;
+            const float w = DROP ? e * kr.at(a, j) : e;
+            float v[HDP];
+            key_get<HDP>(V + j * HDP, v);
+#pragma unroll
+            for (int d = 0; d < HDP; d++) acc[d] += w * v[d];
+        }
+#pragma unroll
+        for (int d = 0; d < HDP; d++) acc[d] = bad ? knan() : none ? 0.f : __fdividef(acc[d], sum);
+        key_store<T, HDP>(a.o, b, h, i, hd, acc, false);
+        a.lse[n * L + i] = bad ? knan() : none ? KNEG_INF : m + __logf(sum);
+        if (bad) {
+            for (int j = 0; j < L; j++) row[j] = knan();
+            if (i == 0) raise_bad_length(a, b);
+        }
+    }
+    if (a.sout.p) {
+        __syncthreads();
+        qrow_scores_out<S>(a, a.sout, tile, n0, nh);
+    }
+}
+
+template <typename T, typename S, int HDP, bool DROP>
+cudaError_t qrow_launch(const attn_params &a, cudaStream_t st) {
+    const int G = qrow_heads(a.L);
+    const int64_t heads = (int64_t)a.B * a.H;
+    const unsigned blocks = (unsigned)((heads + G - 1) / G);
+    qrow_fwd_kernel<T, S, HDP, DROP><<<blocks, QT, qrow_smem(a.L, HDP), st>>>(a);
+    return cudaGetLastError();
+}
+
+/* Shared-memory bytes of a backward block: each head's q, do, lse and D (keys_head_floats) and
+   its two rings. */
+size_t keys_smem(int L, int hdp, int ns, int ssize) {
+    return (size_t)KHEADS * (sizeof(float) * (size_t)keys_head_floats(L, hdp) + (size_t)keys_ring_bytes(ns, ssize, 2));
 }
 
 template <typename T, typename S, int NS, int HDP, bool DROP>
 cudaError_t keys_launch_drop(const attn_params &a, bool forward, cudaStream_t st) {
+    if (forward) return qrow_launch<T, S, HDP, DROP>(a, st);
     const int64_t heads = (int64_t)a.B * a.H;
     const unsigned blocks = (unsigned)((heads + KHEADS - 1) / KHEADS);
-    const size_t smem = keys_smem(a.L, HDP, NS, sizeof(S), forward);
-    const void *fn = forward ? (const void *)keys_fwd_kernel<T, S, NS, HDP, DROP> : (const void *)keys_bwd_kernel<T, S, NS, HDP, DROP>;
+    const size_t smem = keys_smem(a.L, HDP, NS, sizeof(S));
     if (smem > 48 * 1024) { /* past the default limit the kernel must opt in */
-        const cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        const cudaError_t e = cudaFuncSetAttribute((const void *)keys_bwd_kernel<T, S, NS, HDP, DROP>,
+                                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess) return e;
     }
-    if (forward) keys_fwd_kernel<T, S, NS, HDP, DROP><<<blocks, KWARPS * 32, smem, st>>>(a);
-    else keys_bwd_kernel<T, S, NS, HDP, DROP><<<blocks, KWARPS * 32, smem, st>>>(a);
+    keys_bwd_kernel<T, S, NS, HDP, DROP><<<blocks, KWARPS * 32, smem, st>>>(a);
     return cudaGetLastError();
 }
 

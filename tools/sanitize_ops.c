@@ -18,7 +18,9 @@
  *   cc -std=gnu11 -O2 -DFG_TEST_HAVE_CUDA=1 [-DFG_TEST_HAVE_SM90A=1] -Iinclude -Itests \
  *      -I$CUDA/include tools/sanitize_ops.c tests/harness.c -Lbuild-gpu -lfastgrad \
  *      -L$CUDA/lib64 -lcudart -lm -o sanitize_ops
- *   compute-sanitizer --tool racecheck ./sanitize_ops
+ *   compute-sanitizer --tool racecheck ./sanitize_ops [group ...]
+ *
+ * Groups (all when none is named): gemm, elementwise, act, logp, norm, attention, adamw.
  */
 #include "harness.h"
 
@@ -470,21 +472,21 @@ static void norm_kernels(void) {
 
 /* ------------------------------------------------------------------ attention */
 
-/* Each path forward and backward: whole sequences (L <= 64, hd <= 8: a thread a row forward, a
- * lane a key backward; a thread a row: L <= 64, hd <= 32; a warp a
- * row: L <= 128, hd <= 64; here f32 with causal masking and dropout), the flash kernels (bf16, L past 128: the row dot, dK / dV, dQ;
- * at hd 64 their sm_90a form, at hd 128 the mma.sync one; without and with dropout),
- * the tiled kernels (f32 past 128 keys; the backward with dK / dV and with dQ alone). The
- * short-sequence cases with residual scores (in, out, their gradients) move the scores through
- * shared memory: the thread-a-row forward's tile as vector runs (even L) or row by row (odd L), the
- * key-lane backward's rings by chunks that lanes share (bf16, even L), by a lane's own keys (f32),
- * or by the lanes' plain loads (bf16 at odd L). */
+/* Each path forward and backward: whole sequences (L <= 64, hd <= 8: a thread a query row, the
+ * backward then a thread a key; a thread a row: L <= 64, hd <= 32; a warp a row: L <= 128,
+ * hd <= 64; here f32 with causal masking and dropout), the flash kernels (bf16, L past 128: the
+ * row dot, dK / dV, dQ; at hd 64 their sm_90a form, at hd 128 the mma.sync one; without and with
+ * dropout), the tiled kernels (f32 past 128 keys; the backward with dK / dV and with dQ alone).
+ * The short-sequence cases with residual scores (in, out, their gradients) move the scores
+ * through shared-memory tiles as vector runs (even L) or row by row (odd L); the thread-a-row
+ * case at L 30 (four heads a block, six heads: the last block half full) also accumulates. */
 static void attention_kernels(void) {
-    struct { fg_dtype dt; int64_t L, hd; int causal; double p; const char *fwd, *bwd, *bwd_dq; int res; } cases[] = {
-        {FG_F32, 41, 4, 1, 0.1, "attn_short_qrow_fwd<f32,4>", "attn_short_keys_bwd<f32,3,4>", NULL},
-        {FG_BF16, 42, 8, 0, 0, "attn_short_qrow_fwd<bf16,8>", "attn_short_keys_bwd<bf16,3,8>", NULL, 1},
-        {FG_F32, 42, 8, 0, 0.1, "attn_short_qrow_fwd<f32,8>", "attn_short_keys_bwd<f32,3,8>", NULL, 1},
-        {FG_BF16, 33, 4, 0, 0, "attn_short_qrow_fwd<bf16,4>", "attn_short_keys_bwd<bf16,3,4>", NULL, 1},
+    struct { fg_dtype dt; int64_t L, hd; int causal; double p; const char *fwd, *bwd, *bwd_dq; int res, acc; } cases[] = {
+        {FG_F32, 41, 4, 1, 0.1, "attn_short_qrow_fwd<f32,4>", "attn_short_qrow_bwd<f32,4>", NULL},
+        {FG_BF16, 42, 8, 0, 0, "attn_short_qrow_fwd<bf16,8>", "attn_short_qrow_bwd<bf16,8>", NULL, 1},
+        {FG_F32, 42, 8, 0, 0.1, "attn_short_qrow_fwd<f32,8>", "attn_short_qrow_bwd<f32,8>", NULL, 1},
+        {FG_BF16, 33, 4, 0, 0, "attn_short_qrow_fwd<bf16,4>", "attn_short_qrow_bwd<bf16,4>", NULL, 1},
+        {FG_F32, 30, 8, 0, 0.1, "attn_short_qrow_fwd<f32,8>", "attn_short_qrow_bwd<f32,8>", NULL, 1, 1},
         {FG_F32, 40, 16, 1, 0.1, "attn_short_rows_fwd<f32,16>", "attn_short_rows_bwd<f32,16>", NULL},
         {FG_F32, 100, 16, 1, 0.1, "attn_short_fwd<f32>", "attn_short_bwd<f32>", NULL},
         {FG_BF16, 200, 64, 1, 0, "attn_flash90_fwd<bf16,64>", "attn_flash90_dkdv<bf16,64>", "attn_flash90_dq<bf16,64>"},
@@ -499,11 +501,13 @@ static void attention_kernels(void) {
         const fg_dtype dt = cases[k].dt;
         int64_t sh[4] = {2, 3, cases[k].L, cases[k].hd}, ls[3] = {2, 3, cases[k].L};
         th_operand Q = make(dt, 4, sh, 0), K = make(dt, 4, sh, 0), V = make(dt, 4, sh, 0), DO = make(dt, 4, sh, 0);
-        th_operand O = out(dt, 4, sh, 0), LSE = out(FG_F32, 3, ls, 0), DQ = out(dt, 4, sh, 0), DK = out(dt, 4, sh, 0);
-        th_operand DV = out(dt, 4, sh, 0);
+        /* the gradients accumulate into finite values, else start poisoned */
+        th_operand (*grad)(fg_dtype, int, const int64_t *, int) = cases[k].acc ? make : out;
+        th_operand O = out(dt, 4, sh, 0), LSE = out(FG_F32, 3, ls, 0), DQ = grad(dt, 4, sh, 0), DK = grad(dt, 4, sh, 0);
+        th_operand DV = grad(dt, 4, sh, 0);
         const int res = cases[k].res;
         int64_t ss[4] = {2, 3, cases[k].L, res ? cases[k].L : 1};
-        th_operand SI = make(dt, 4, ss, 0), SG = make(dt, 4, ss, 0), SO = out(dt, 4, ss, 0), DSI = out(dt, 4, ss, 0);
+        th_operand SI = make(dt, 4, ss, 0), SG = make(dt, 4, ss, 0), SO = out(dt, 4, ss, 0), DSI = grad(dt, 4, ss, 0);
         fg_attention_options o = {0, cases[k].causal, cases[k].p, 11, 0};
         char label[80];
         snprintf(label, sizeof label, "attention_forward %s L=%lld hd=%lld%s", fg_dtype_name(dt), (long long)cases[k].L,
@@ -516,7 +520,8 @@ static void attention_kernels(void) {
         snprintf(label, sizeof label, "attention_backward %s L=%lld hd=%lld%s", fg_dtype_name(dt), (long long)cases[k].L,
                  (long long)cases[k].hd, res ? " scores" : "");
         launched(label, fg_attention_backward(ctx, &o, &DO.t, res ? &SG.t : NULL, &Q.t, &K.t, &V.t, NULL, res ? &SI.t : NULL,
-                                              &O.t, &LSE.t, &DQ.t, &DK.t, &DV.t, res ? &DSI.t : NULL, 0),
+                                              &O.t, &LSE.t, &DQ.t, &DK.t, &DV.t, res ? &DSI.t : NULL,
+                                              cases[k].acc),
                  cases[k].bwd);
         written(label, &DQ), written(label, &DK), written(label, &DV);
         if (res) written(label, &DSI);
@@ -555,20 +560,32 @@ static void adamw_kernel(void) {
     }
 }
 
-int main(void) {
+/* Whether group `name` runs: every group when none is named on the command line. */
+static int argc_, matched;
+static char **argv_;
+static int wanted(const char *name) {
+    if (argc_ < 2) return 1;
+    for (int i = 1; i < argc_; i++)
+        if (!strcmp(argv_[i], name)) return ++matched;
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    argc_ = argc, argv_ = argv;
     th_init("sanitize_ops");
     if (!fg_backend_available(FG_BACKEND_CUDA)) {
         printf("FAIL sanitize_ops: the CUDA backend is not available here\n");
         return 1;
     }
     ctx = th_context(FG_BACKEND_CUDA, false);
-    gemm_kernels();
-    elementwise_kernels();
-    act_kernels();
-    logp_kernels();
-    norm_kernels();
-    attention_kernels();
-    adamw_kernel();
+    if (wanted("gemm")) gemm_kernels();
+    if (wanted("elementwise")) elementwise_kernels();
+    if (wanted("act")) act_kernels();
+    if (wanted("logp")) logp_kernels();
+    if (wanted("norm")) norm_kernels();
+    if (wanted("attention")) attention_kernels();
+    if (wanted("adamw")) adamw_kernel();
+    if (argc > 1 && matched != argc - 1) printf("FAIL sanitize_ops: a group named is not one of those listed\n"), failed++;
     fg_status st = fg_context_check(ctx);
     if (st != FG_OK) printf("FAIL sanitize_ops: %s (%s)\n", fg_status_string(st), fg_last_error()), failed++;
     fg_context_destroy(ctx);

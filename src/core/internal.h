@@ -568,7 +568,7 @@ typedef enum fg_attn_kernel {
     FG_ATTN_FLASH,
     FG_ATTN_TILED,
     FG_ATTN_SHORT_ROWS,
-    FG_ATTN_SHORT_KEYS
+    FG_ATTN_SHORT_QROW
 } fg_attn_kernel;
 
 /* An attention problem as its plan sees it (no pointers): what the backend's plan hook picks
@@ -592,9 +592,8 @@ typedef struct fg_attn_problem {
 typedef struct fg_attn_path {
     fg_attn_kernel kernel;
     int group;               /* SHORT: heads per block | rows a chunk << 16; SHORT_ROWS: heads per
-                                block | padded head dim << 16; SHORT_KEYS: key slots a lane |
-                                padded head dim << 16; FLASH: head dim | 1 << 16 for
-                                the sm_90a form */
+                                block | padded head dim << 16; SHORT_QROW: padded head dim
+                                << 16; FLASH: head dim | 1 << 16 for the sm_90a form */
     size_t workspace;        /* bytes of workspace the run needs */
     char name[96];           /* the kernels it launches, as fg_plan_info.kernel and the launch
                                 record name them (" ; "-joined) */

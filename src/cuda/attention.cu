@@ -1,12 +1,13 @@
 /*
  * attention.cu — the CUDA backend of the attention family: its plan hook (which path takes a
  * problem), the whole-sequence kernels for short sequences, the tiled SIMT kernels for every
- * other shape and dtype, and the dispatch (the key-lane kernels are in attention_keys.cu, the
- * tensor-core kernels in attention_flash.cu).
+ * other shape and dtype, and the dispatch (the short-sequence kernels for hd <= 8 are in
+ * attention_qrow.cu, the tensor-core kernels in attention_flash.cu).
  *
- *  SHORT KEYS (attention_keys.cu; L <= 64, hd <= 8, any dtype and strides, every option):
- *        sixteen lanes a head, a lane a key, the score rows straight between registers and
- *        memory. PatchTST's heads (L 42, hd 4 / 8) take it.
+ *  SHORT QROW (attention_qrow.cu; L <= 64, hd <= 8, any dtype and strides, every option): a
+ *        thread a query row (the backward then a thread a key), whole heads a block with their
+ *        scores in a shared-memory tile, register-lean loops. PatchTST's heads (L 42, hd 4 / 8)
+ *        take it.
  *  SHORT ROWS (L <= 64, hd <= 32, any dtype and strides, every option): a thread a query row,
  *        `group` whole heads a block; k, v (and q, do) in shared memory as f32 float4 rows, the
  *        [L, L] score operands staged through shared memory by coalesced block-wide row loads and
@@ -1335,12 +1336,12 @@ extern "C" fg_status fg_cuda_attn_plan(fg_context *ctx, const fg_attn_problem *p
     if (p->L > INT32_MAX / 2 || p->B * p->H * ((p->L + 15) / 16) > INT32_MAX)
         return fg_fail(FG_ERR_UNSUPPORTED, "%s: B·H=%lld, L=%lld: more blocks than the CUDA kernels' grid takes", op,
                        (long long)(p->B * p->H), (long long)p->L);
-    int kns = 0, khdp = 0;
-    if (fg_cuda_attn_keys_fits(p, &kns, &khdp)) {
-        path->kernel = FG_ATTN_SHORT_KEYS;
-        path->group = kns | khdp << 16;
-        if (p->forward) snprintf(path->name, sizeof path->name, "attn_short_qrow_fwd<%s,%d>", dname(p->dtype), khdp);
-        else snprintf(path->name, sizeof path->name, "attn_short_keys_bwd<%s,%d,%d>", dname(p->dtype), kns, khdp);
+    int khdp = 0;
+    if (fg_cuda_attn_qrow_fits(p, &khdp)) {
+        path->kernel = FG_ATTN_SHORT_QROW;
+        path->group = khdp << 16;
+        snprintf(path->name, sizeof path->name, "attn_short_qrow_%s<%s,%d>", p->forward ? "fwd" : "bwd",
+                 dname(p->dtype), khdp);
         return FG_OK;
     }
     const int limit = max_smem(ctx->device);
@@ -1426,7 +1427,7 @@ extern "C" fg_status fg_cuda_attn(fg_context *ctx, const fg_attn_call *c) {
     if (!p->forward) {
         const size_t need = (size_t)(p->B * p->H * p->L) * sizeof(float);
         if (c->path.kernel != FG_ATTN_SHORT && c->path.kernel != FG_ATTN_SHORT_ROWS &&
-            c->path.kernel != FG_ATTN_SHORT_KEYS) {
+            c->path.kernel != FG_ATTN_SHORT_QROW) {
             if (!c->ws || c->ws_bytes < need)
                 return fg_fail(FG_ERR_WORKSPACE, "attention_backward: workspace of %zu bytes given, %zu needed",
                                c->ws_bytes, need);
@@ -1438,8 +1439,8 @@ extern "C" fg_status fg_cuda_attn(fg_context *ctx, const fg_attn_call *c) {
     cudaError_t e = cudaErrorInvalidValue;
     if (c->path.kernel == FG_ATTN_FLASH) {
         e = fg_cuda_attn_flash(a, p->forward, p->dtype, (c->path.group >> 16) & 1, st);
-    } else if (c->path.kernel == FG_ATTN_SHORT_KEYS) {
-        e = fg_cuda_attn_keys(a, p->forward, p->dtype, s32, c->path.group & 0xffff, c->path.group >> 16, st);
+    } else if (c->path.kernel == FG_ATTN_SHORT_QROW) {
+        e = fg_cuda_attn_qrow(a, p->forward, p->dtype, s32, c->path.group >> 16, st);
     } else if (p->dtype == FG_F32) {
         e = dispatch<float, float>(c, a, st);
     } else if (p->dtype == FG_F16) {

@@ -1,8 +1,7 @@
 /*
  * attention.cuh — what the CUDA attention kernels share (attention.cu: the whole-sequence and
- * tiled SIMT kernels; attention_keys.cu: the key-lane kernels; attention_flash.cu: the
- * tensor-core kernels): the run's parameters as a
- * kernel argument, element access through [B, H, L, X] views with element strides, the
+ * tiled SIMT kernels; attention_qrow.cu: the short-sequence kernels for hd <= 8;
+ * attention_flash.cu: the tensor-core kernels): the run's parameters as a kernel argument, element access through [B, H, L, X] views with element strides, the
  * key-padding length of a sequence and the flag a bad one raises, the dropout factor of an
  * element (src/core/rng.h, index ((b·H + h)·L + i)·L + j) and its walk along a row, and warp
  * reductions that keep a NaN.
@@ -177,11 +176,11 @@ bool fg_cuda_attn_flash_fits(const fg_attn_problem *p);
 bool fg_cuda_attn_flash_w9(const fg_attn_problem *p, int device);
 cudaError_t fg_cuda_attn_flash(const attn_params &a, bool forward, fg_dtype dtype, bool w9, cudaStream_t st);
 
-/* The key-lane kernels for short sequences (attention_keys.cu; L <= 64, hd <= 8): whether they
-   take a problem (then its key slots a lane and padded head dim), and their run. */
-bool fg_cuda_attn_keys_fits(const fg_attn_problem *p, int *ns, int *hdp);
-cudaError_t fg_cuda_attn_keys(const attn_params &a, bool forward, fg_dtype dtype, bool s32, int ns, int hdp,
-                              cudaStream_t st);
+/* The short-sequence kernels (attention_qrow.cu; L <= 64, hd <= 8: a thread a query row, then
+   in the backward a thread a key): whether they take a problem (then its padded head dim), and
+   their run. */
+bool fg_cuda_attn_qrow_fits(const fg_attn_problem *p, int *hdp);
+cudaError_t fg_cuda_attn_qrow(const attn_params &a, bool forward, fg_dtype dtype, bool s32, int hdp, cudaStream_t st);
 
 /* Host: the kernel arguments of a call (f32 lse; f64 never reaches the CUDA kernels). */
 static inline attn_view attn_view_of(const fg_attn_view &v) {

@@ -12,7 +12,8 @@
  * the element's term magnitudes, which the reference keeps). On CUDA each case also checks which kernel the plan chose, so
  * the short, flash and tiled paths each run (f64 is the CPU backend's: CUDA must refuse it).
  * Also: finite differences of the f64 CPU path (every gradient, all features on), bit-identical
- * reruns, a bad length reported by fg_context_check with only its sequence NaN, bad input
+ * reruns, a bad length reported by fg_context_check with only its sequence NaN, an Inf key that a
+ * causal mask hides from a row leaving that row's o and dq exactly as they were, bad input
  * refused with nothing written, and the workspace staying far below an [L, L] buffer.
  */
 #include "harness.h"
@@ -657,6 +658,48 @@ static void bad_length(fg_context *ctx, fg_backend be) {
     drop_inputs(&in, &p);
 }
 
+/* ------------------------------------------------------------------ unseen keys */
+
+/* Under a causal mask row i never sees the keys past i: an Inf in the last key's k row may make
+ * that row's outputs non-finite, and must leave every other row's o and dq exactly as they are
+ * with a finite key there (0 · Inf is NaN: a kernel that adds a masked key's zero weight times
+ * its k would not). L 42, hd 8: PatchTST's heads. */
+static void unseen_key(fg_context *ctx, fg_backend be) {
+    problem p = {2, 3, 42, 8, true, false, false, false, false, 0, 0, false, false, NULL, NULL, false};
+    inputs in = make_inputs(be, FG_F32, &p);
+    outputs out = make_outputs(be, FG_F32, &p);
+    const int64_t n = out.dq.n, row = p.hd, last = p.L - 1;
+    double *o1 = malloc(sizeof(double) * (size_t)n), *dq1 = malloc(sizeof(double) * (size_t)n);
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1) { /* head (0, 0)'s last key to +Inf */
+            for (int64_t x = 0; x < p.hd; x++) in.k.v[at4(0, 0, last, x, p.H, p.L, p.hd)] = INFINITY;
+            th_put(&in.k.buf, &in.k.t, in.k.v);
+        }
+        arr_prepare(&out.o, NULL, false), arr_prepare(&out.lse, NULL, false), arr_prepare(&out.dq, NULL, false);
+        TH_OK(run_forward(ctx, &p, &in, &out));
+        TH_OK(run_backward(ctx, &p, &in, &out, 1u, 0));
+        th_get(&out.o.buf, &out.o.t, out.o.v);
+        th_get(&out.dq.buf, &out.dq.t, out.dq.v);
+        if (pass == 0) {
+            memcpy(o1, out.o.v, sizeof(double) * (size_t)n), memcpy(dq1, out.dq.v, sizeof(double) * (size_t)n);
+            continue;
+        }
+        int64_t moved = -1;
+        for (int64_t e = 0; e < n && moved < 0; e++) {
+            if (e / row == last) continue; /* head (0, 0)'s last row sees the Inf */
+            const bool same = (o1[e] == out.o.v[e] || (isnan(o1[e]) && isnan(out.o.v[e]))) &&
+                              (dq1[e] == out.dq.v[e] || (isnan(dq1[e]) && isnan(out.dq.v[e])));
+            if (!same) moved = e;
+        }
+        TH_CHECK(moved < 0, "%s: an Inf key unseen under the causal mask moved element %lld (o %g -> %g, dq %g -> %g)",
+                 th_backend_name(be), (long long)moved, moved >= 0 ? o1[moved] : 0.0, moved >= 0 ? out.o.v[moved] : 0.0,
+                 moved >= 0 ? dq1[moved] : 0.0, moved >= 0 ? out.dq.v[moved] : 0.0);
+    }
+    free(o1), free(dq1);
+    drop_outputs(&out, &p);
+    drop_inputs(&in, &p);
+}
+
 /* ------------------------------------------------------------------ bad input */
 
 static void bad_input(fg_context *ctx, fg_backend be) {
@@ -837,6 +880,7 @@ int main(void) {
                 run_case(ctx, bes[bi], th_dtypes[di], &cases[c]);
             }
         bad_length(ctx, bes[bi]);
+        unseen_key(ctx, bes[bi]);
         bad_input(ctx, bes[bi]);
         workspace_bound(bes[bi]);
         fg_context_destroy(ctx);

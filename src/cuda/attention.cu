@@ -480,12 +480,6 @@ template <int HDP> __device__ __forceinline__ void rows_fill(float x[HDP], float
     for (int d = 0; d < HDP; d++) x[d] = c;
 }
 
-template <int HDP> __device__ __forceinline__ void rows_put(float *dst, const float x[HDP]) {
-#pragma unroll
-    for (int c = 0; c < HDP / 4; c++)
-        reinterpret_cast<float4 *>(dst)[c] = make_float4(x[4 * c], x[4 * c + 1], x[4 * c + 2], x[4 * c + 3]);
-}
-
 /* Σ_d x[d]·row[d], d in order from 0 (the zero padding adds nothing) */
 template <int HDP> __device__ __forceinline__ float rows_dot(const float x[HDP], const float *row) {
     float s = 0.f;
@@ -497,23 +491,6 @@ template <int HDP> __device__ __forceinline__ float rows_dot(const float x[HDP],
         s += x[4 * c + 2] * k.z;
         s += x[4 * c + 3] * k.w;
     }
-    return s;
-}
-
-/* row[0 … HDP) from shared memory into registers */
-template <int HDP> __device__ __forceinline__ void rows_get(const float *row, float x[HDP]) {
-#pragma unroll
-    for (int c = 0; c < HDP / 4; c++) {
-        const float4 k = reinterpret_cast<const float4 *>(row)[c];
-        x[4 * c] = k.x, x[4 * c + 1] = k.y, x[4 * c + 2] = k.z, x[4 * c + 3] = k.w;
-    }
-}
-
-/* Σ_d x[d]·y[d], d in order from 0 */
-template <int HDP> __device__ __forceinline__ float rows_dot_r(const float x[HDP], const float y[HDP]) {
-    float s = 0.f;
-#pragma unroll
-    for (int d = 0; d < HDP; d++) s += x[d] * y[d];
     return s;
 }
 

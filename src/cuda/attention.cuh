@@ -1,10 +1,11 @@
 /*
  * attention.cuh — what the CUDA attention kernels share (attention.cu: the whole-sequence and
  * tiled SIMT kernels; attention_qrow.cu: the short-sequence kernels for hd <= 8;
- * attention_flash.cu: the tensor-core kernels): the run's parameters as a kernel argument, element access through [B, H, L, X] views with element strides, the
- * key-padding length of a sequence and the flag a bad one raises, the dropout factor of an
- * element (src/core/rng.h, index ((b·H + h)·L + i)·L + j) and its walk along a row, and warp
- * reductions that keep a NaN.
+ * attention_flash.cu: the tensor-core kernels): the run's parameters as a kernel argument,
+ * element access through [B, H, L, X] views with element strides, the key-padding length of a
+ * sequence and the flag a bad one raises, the dropout factor of an element (src/core/rng.h,
+ * index ((b·H + h)·L + i)·L + j) and its walk along a row, warp reductions that keep a NaN, and
+ * the thread-a-row kernels' shared-memory row helpers.
  * Why one place: every path must mask, drop and flag exactly as the CPU reference does
  * (src/cpu/attention_rows.h), so the rules are written once.
  */
@@ -167,6 +168,30 @@ __device__ __forceinline__ float warp_sum(float x) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
     return x;
+}
+
+/* HDP-float rows between shared memory (16-byte aligned) and registers, and their dot product
+   (d in order from 0): the thread-a-row kernels' k, v, q and do rows (attention.cu's SHORT
+   ROWS, attention_qrow.cu). A warp reading one row at once is a broadcast. */
+template <int HDP> __device__ __forceinline__ void rows_put(float *dst, const float x[HDP]) {
+#pragma unroll
+    for (int c = 0; c < HDP / 4; c++)
+        reinterpret_cast<float4 *>(dst)[c] = make_float4(x[4 * c], x[4 * c + 1], x[4 * c + 2], x[4 * c + 3]);
+}
+
+template <int HDP> __device__ __forceinline__ void rows_get(const float *row, float x[HDP]) {
+#pragma unroll
+    for (int c = 0; c < HDP / 4; c++) {
+        const float4 k = reinterpret_cast<const float4 *>(row)[c];
+        x[4 * c] = k.x, x[4 * c + 1] = k.y, x[4 * c + 2] = k.z, x[4 * c + 3] = k.w;
+    }
+}
+
+template <int HDP> __device__ __forceinline__ float rows_dot_r(const float x[HDP], const float y[HDP]) {
+    float s = 0.f;
+#pragma unroll
+    for (int d = 0; d < HDP; d++) s += x[d] * y[d];
+    return s;
 }
 
 /* The tensor-core path (attention_flash.cu): whether it takes a problem, whether it runs its

@@ -94,30 +94,6 @@ __device__ __forceinline__ void key_store(const attn_view &v, int64_t b, int64_t
         }
 }
 
-/* HDP floats of shared memory (16-byte aligned) into registers; the threads of a head read the
-   same k, v (q, do) row at once, so each access is a broadcast */
-template <int HDP> __device__ __forceinline__ void key_get(const float *row, float x[HDP]) {
-#pragma unroll
-    for (int c = 0; c < HDP / 4; c++) {
-        const float4 k = reinterpret_cast<const float4 *>(row)[c];
-        x[4 * c] = k.x, x[4 * c + 1] = k.y, x[4 * c + 2] = k.z, x[4 * c + 3] = k.w;
-    }
-}
-
-template <int HDP> __device__ __forceinline__ void key_put(float *row, const float x[HDP]) {
-#pragma unroll
-    for (int c = 0; c < HDP / 4; c++)
-        reinterpret_cast<float4 *>(row)[c] = make_float4(x[4 * c], x[4 * c + 1], x[4 * c + 2], x[4 * c + 3]);
-}
-
-/* Σ_d x[d]·y[d], d in order from 0 */
-template <int HDP> __device__ __forceinline__ float key_dot(const float x[HDP], const float y[HDP]) {
-    float s = 0.f;
-#pragma unroll
-    for (int d = 0; d < HDP; d++) s += x[d] * y[d];
-    return s;
-}
-
 /* The SFU forms of the softmax's functions (the loops are bound by issued instructions): e^t as 2^(t·log2 e), flushed to 0 below 2^-126 (e^-87: nothing a softmax sum
    sees; −∞ gives 0); max that keeps a NaN in one instruction (attention.cuh's nan_max takes
    three); ln by lg2 (__logf). Each is within two ulp of the correctly rounded value. */
@@ -312,8 +288,8 @@ __global__ void __launch_bounds__(QT, qrow_fwd_blocks<S, HDP>()) qrow_fwd_kernel
         key_load_live<T, HDP>(a.k, b, h, i, len, hd, k);
         key_load_live<T, HDP>(a.v, b, h, i, len, hd, v);
         key_load<T, HDP>(a.q, b, h, i, hd, q);
-        key_put<HDP>(Ks + t * HDP, k);
-        key_put<HDP>(Vs + t * HDP, v);
+        rows_put<HDP>(Ks + t * HDP, k);
+        rows_put<HDP>(Vs + t * HDP, v);
     }
     if (a.sin.p) qrow_scores_in<S>(a, a.sin, tile, attn_view{}, nullptr, n0, nh);
     __syncthreads();
@@ -326,8 +302,8 @@ __global__ void __launch_bounds__(QT, qrow_fwd_blocks<S, HDP>()) qrow_fwd_kernel
 #pragma unroll 2
         for (int j = 0; j < jend; j++) {
             float k[HDP];
-            key_get<HDP>(K + j * HDP, k);
-            const float x = key_dot<HDP>(q, k) * a.scale + (sin ? row[j] : 0.f);
+            rows_get<HDP>(K + j * HDP, k);
+            const float x = rows_dot_r<HDP>(q, k) * a.scale + (sin ? row[j] : 0.f);
             row[j] = x;
             m = kmax(m, x);
         }
@@ -344,7 +320,7 @@ __global__ void __launch_bounds__(QT, qrow_fwd_blocks<S, HDP>()) qrow_fwd_kernel
             sum += e;
             const float w = DROP ? e * kr.at(a, j) : e;
             float v[HDP];
-            key_get<HDP>(V + j * HDP, v);
+            rows_get<HDP>(V + j * HDP, v);
 #pragma unroll
             for (int d = 0; d < HDP; d++) acc[d] += w * v[d];
         }
@@ -420,8 +396,8 @@ __global__ void __launch_bounds__(QT, qrow_bwd_blocks<S, HDP>()) qrow_bwd_kernel
         key_load<T, HDP>(a.dout, b, h, ij, hd, dO);
         key_load<T, HDP>(a.o, b, h, ij, hd, o);
         lse = a.lse[n * L + ij];
-        key_put<HDP>(Ks + t * HDP, k);
-        key_put<HDP>(Vs + t * HDP, v);
+        rows_put<HDP>(Ks + t * HDP, k);
+        rows_put<HDP>(Vs + t * HDP, v);
     }
     if (a.sin.p) qrow_scores_in<S>(a, a.sin, TA, a.dso, TB, n0, nh);
     else if (a.dso.p) qrow_scores_in<S>(a, a.dso, TB, attn_view{}, nullptr, n0, nh);
@@ -443,11 +419,11 @@ __global__ void __launch_bounds__(QT, qrow_bwd_blocks<S, HDP>()) qrow_bwd_kernel
 #pragma unroll 2
         for (int j = 0; j < jend; j++) {
             float k[HDP], v[HDP];
-            key_get<HDP>(K + j * HDP, k);
-            key_get<HDP>(V + j * HDP, v);
-            const float x = key_dot<HDP>(q, k) * a.scale + (sin ? ra[j] : 0.f);
+            rows_get<HDP>(K + j * HDP, k);
+            rows_get<HDP>(V + j * HDP, v);
+            const float x = rows_dot_r<HDP>(q, k) * a.scale + (sin ? ra[j] : 0.f);
             const float p = kexp(x - lse), kd = DROP ? kr.at(a, j) : 1.f;
-            const float ds = p * (key_dot<HDP>(dO, v) * kd - D) + (gin ? rb[j] : 0.f);
+            const float ds = p * (rows_dot_r<HDP>(dO, v) * kd - D) + (gin ? rb[j] : 0.f);
             ra[j] = ds;
             rb[j] = p * kd;
 #pragma unroll
@@ -466,7 +442,7 @@ __global__ void __launch_bounds__(QT, qrow_bwd_blocks<S, HDP>()) qrow_bwd_kernel
     __syncthreads();
     if (a.dsin.p) qrow_scores_out<S>(a, a.dsin, TA, n0, nh, a.accumulate);
     if (!a.dk.p && !a.dv.p) return;
-    if (on) key_put<HDP>(Qs + t * HDP, q), key_put<HDP>(DOs + t * HDP, dO);
+    if (on) rows_put<HDP>(Qs + t * HDP, q), rows_put<HDP>(DOs + t * HDP, dO);
     __syncthreads();
     if (on) {
         const int j = ij;
@@ -479,8 +455,8 @@ __global__ void __launch_bounds__(QT, qrow_bwd_blocks<S, HDP>()) qrow_bwd_kernel
         for (int i = 0; i < L; i++) {
             const float ds = ca[i * LP], pk = cb[i * LP];
             float qi[HDP], di[HDP];
-            key_get<HDP>(Q + i * HDP, qi);
-            key_get<HDP>(DO + i * HDP, di);
+            rows_get<HDP>(Q + i * HDP, qi);
+            rows_get<HDP>(DO + i * HDP, di);
 #pragma unroll
             for (int d = 0; d < HDP; d++) {
                 dk[d] += ds * qi[d];

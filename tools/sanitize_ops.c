@@ -560,32 +560,36 @@ static void adamw_kernel(void) {
     }
 }
 
-/* Whether group `name` runs: every group when none is named on the command line. */
-static int argc_, matched;
-static char **argv_;
-static int wanted(const char *name) {
-    if (argc_ < 2) return 1;
-    for (int i = 1; i < argc_; i++)
-        if (!strcmp(argv_[i], name)) return ++matched;
-    return 0;
-}
+/* The groups, in the order they run (all of them when none is named on the command line). */
+static const struct {
+    const char *name;
+    void (*run)(void);
+} groups[] = {{"gemm", gemm_kernels}, {"elementwise", elementwise_kernels}, {"act", act_kernels},
+              {"logp", logp_kernels}, {"norm", norm_kernels}, {"attention", attention_kernels},
+              {"adamw", adamw_kernel}};
+enum { NGROUPS = sizeof groups / sizeof groups[0] };
 
 int main(int argc, char **argv) {
-    argc_ = argc, argv_ = argv;
     th_init("sanitize_ops");
+    bool want[NGROUPS];
+    for (int g = 0; g < NGROUPS; g++) want[g] = argc < 2;
+    for (int i = 1; i < argc; i++) {
+        int g = 0;
+        while (g < NGROUPS && strcmp(argv[i], groups[g].name)) g++;
+        if (g == NGROUPS) {
+            printf("FAIL sanitize_ops: '%s' is not a group (gemm, elementwise, act, logp, norm, attention, adamw)\n",
+                   argv[i]);
+            return 1;
+        }
+        want[g] = true;
+    }
     if (!fg_backend_available(FG_BACKEND_CUDA)) {
         printf("FAIL sanitize_ops: the CUDA backend is not available here\n");
         return 1;
     }
     ctx = th_context(FG_BACKEND_CUDA, false);
-    if (wanted("gemm")) gemm_kernels();
-    if (wanted("elementwise")) elementwise_kernels();
-    if (wanted("act")) act_kernels();
-    if (wanted("logp")) logp_kernels();
-    if (wanted("norm")) norm_kernels();
-    if (wanted("attention")) attention_kernels();
-    if (wanted("adamw")) adamw_kernel();
-    if (argc > 1 && matched != argc - 1) printf("FAIL sanitize_ops: a group named is not one of those listed\n"), failed++;
+    for (int g = 0; g < NGROUPS; g++)
+        if (want[g]) groups[g].run();
     fg_status st = fg_context_check(ctx);
     if (st != FG_OK) printf("FAIL sanitize_ops: %s (%s)\n", fg_status_string(st), fg_last_error()), failed++;
     fg_context_destroy(ctx);

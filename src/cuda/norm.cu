@@ -1210,7 +1210,10 @@ __global__ void __launch_bounds__(COL_THREADS, col_min_blocks<T>()) bn_apply(con
     for (int e = 0; e < VEC; e++)
 #pragma unroll
         for (int q = 0; q < NK; q++) k[q][e] = kc[q][tx * VEC + e];
-    const int64_t r0 = (int64_t)blockIdx.y * a.rows_per_slab;
+    /* the slabs last to first: the statistics pass before this one read them first to last, so
+       the first blocks here find its most recent rows still in L2 (an f32 tensor of PatchTST's
+       172032 × 128 is 88 MB; the L2 holds about half of it, a bf16 one nearly whole) */
+    const int64_t r0 = (int64_t)(gridDim.y - 1 - blockIdx.y) * a.rows_per_slab;
     const int64_t r1 = r0 + a.rows_per_slab < a.rows ? r0 + a.rows_per_slab : a.rows;
     for (int64_t row0 = r0 + ty; row0 < r1; row0 += (int64_t)COL_U * TY) {
         vec_t<T, VEC> xv[COL_U], ov[COL_U];

@@ -700,6 +700,73 @@ static void unseen_key(fg_context *ctx, fg_backend be) {
     drop_inputs(&in, &p);
 }
 
+/* dq, dk, dv interleaved in one [B, L, 3, H, hd] buffer (as the encoder keeps its projection's
+ * gradient): no element is shared, so the op takes them and writes the bits it writes into three
+ * buffers, and every element of the shared buffer; a dk that shares elements with dq (half a head
+ * over) is refused, nothing written. The PatchTST shape (the short kernels on CUDA) and a long
+ * causal one (the flash kernels for 16-bit types). */
+static void interleaved_grads(fg_context *ctx, fg_backend be) {
+    static const problem ps[2] = {
+        {3, 3, 42, 8, false, false, true, true, true, 0, 0, false, false, NULL, NULL, false},
+        {1, 2, 130, 64, true, false, false, false, false, 0, 0, false, false, NULL, NULL, false},
+    };
+    for (int pi = 0; pi < 2; pi++)
+        for (int di = 0; di < 4; di++) {
+            const fg_dtype dt = th_dtypes[di];
+            if (be == FG_BACKEND_CUDA && dt == FG_F64) continue; /* f64 runs on the CPU backend */
+            const problem *p = &ps[pi];
+            inputs in = make_inputs(be, dt, p);
+            outputs out = make_outputs(be, dt, p);
+            TH_OK(run_forward(ctx, p, &in, &out));
+            arr_prepare(&out.dq, NULL, false), arr_prepare(&out.dk, NULL, false), arr_prepare(&out.dv, NULL, false);
+            TH_OK(run_backward(ctx, p, &in, &out, 7u, 0));
+            th_get(&out.dq.buf, &out.dq.t, out.dq.v), th_get(&out.dk.buf, &out.dk.t, out.dk.v);
+            th_get(&out.dv.buf, &out.dv.t, out.dv.v);
+            const int64_t B = p->B, H = p->H, L = p->L, hd = p->hd, n = B * H * L * hd;
+            th_buf all = th_alloc(be, dt, 3 * n + 4);
+            th_poison(&all);
+            outputs il = out;
+            il.dq = arr_strided(&all, 0, 3, B, H, L, hd), il.dk = arr_strided(&all, 1, 3, B, H, L, hd);
+            il.dv = arr_strided(&all, 2, 3, B, H, L, hd);
+            TH_OK(run_backward(ctx, p, &in, &il, 7u, 0));
+            arr *sep[3] = {&out.dq, &out.dk, &out.dv}, *shr[3] = {&il.dq, &il.dk, &il.dv};
+            int64_t diff = 0;
+            for (int g = 0; g < 3; g++) {
+                th_get(&all, &shr[g]->t, shr[g]->v);
+                for (int64_t e = 0; e < n; e++)
+                    diff += !(sep[g]->v[e] == shr[g]->v[e] || (isnan(sep[g]->v[e]) && isnan(shr[g]->v[e])));
+            }
+            TH_CHECK(diff == 0, "%s %s L %lld hd %lld: interleaved dq, dk, dv differ from separate ones in %lld elements",
+                     th_backend_name(be), fg_dtype_name(dt), (long long)L, (long long)hd, (long long)diff);
+            /* every element of the buffer written (none left NaN where the separate run has a number) */
+            const int64_t whole[1] = {3 * n};
+            const fg_tensor flat = th_tensor(&all, 0, 1, whole, NULL);
+            double *v = malloc(sizeof(double) * (size_t)(3 * n));
+            th_get(&all, &flat, v);
+            int64_t left = 0;
+            for (int64_t e = 0; e < 3 * n; e++) left += isnan(v[e]);
+            int64_t want = 0;
+            for (int g = 0; g < 3; g++)
+                for (int64_t e = 0; e < n; e++) want += isnan(sep[g]->v[e]);
+            TH_CHECK(left == want, "%s %s: %lld NaN in the shared buffer, the separate outputs have %lld",
+                     th_backend_name(be), fg_dtype_name(dt), (long long)left, (long long)want);
+            free(v);
+            /* a dk half a head over dq's elements */
+            outputs bad = il;
+            bad.dk = arr_strided(&all, 0, 3, B, H, L, hd);
+            bad.dk.t.data = (char *)bad.dk.t.data + (size_t)(hd / 2) * fg_dtype_size(dt);
+            arr probe;
+            memset(&probe, 0, sizeof probe);
+            probe.buf = all;
+            TH_EXPECT_BAD(FG_ERR_ALIAS, "overlaps", &probe, run_backward(ctx, p, &in, &bad, 7u, 0));
+            arr_drop(&bad.dk);
+            for (int g = 0; g < 3; g++) arr_drop(shr[g]);
+            th_free(&all);
+            drop_outputs(&out, p);
+            drop_inputs(&in, p);
+        }
+}
+
 /* ------------------------------------------------------------------ bad input */
 
 static void bad_input(fg_context *ctx, fg_backend be) {
@@ -881,6 +948,7 @@ int main(void) {
             }
         bad_length(ctx, bes[bi]);
         unseen_key(ctx, bes[bi]);
+        interleaved_grads(ctx, bes[bi]);
         bad_input(ctx, bes[bi]);
         workspace_bound(bes[bi]);
         fg_context_destroy(ctx);

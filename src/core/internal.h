@@ -97,6 +97,10 @@ fg_status fg_check_data_seen(const fg_context *ctx, const char *op, const char *
 /* An output must not overlap another operand. */
 fg_status fg_check_no_overlap(const char *op, const char *out_name, const fg_tensor *out,
                               const char *other_name, const fg_tensor *other);
+/* Whether two views of one dtype, shape and strides share no element although their spans may
+ * cross (q, k, v gradients interleaved in one [B, L, 3, H, hd] buffer): exact, by the offset
+ * between them; false where they differ in dtype, shape or strides, or the search runs long. */
+bool fg_views_disjoint(const fg_tensor *a, const fg_tensor *b);
 /* Whether t's strides are row-major contiguous (or left all zero). */
 bool fg_is_contiguous(const fg_tensor *t);
 /* FG_ERR_UNSUPPORTED "op: what must be contiguous" unless it is. */

@@ -211,6 +211,51 @@ fg_status fg_check_no_overlap(const char *op, const char *out_name, const fg_ten
     return FG_OK;
 }
 
+static int64_t div_floor(int64_t a, int64_t b) { return a / b - ((a % b != 0) && ((a < 0) != (b < 0))); }
+static int64_t div_ceil(int64_t a, int64_t b) { return -div_floor(-a, b); }
+
+/* Whether r = Σ_k i_k·s[k] for some |i_k| < n[k] (dims k … rank − 1, strides descending, reach[k]
+ * = Σ_(m ≥ k) (n[m] − 1)·s[m]): the remaining dims reach at most reach[k + 1], so i_k is confined to
+ * a short range (at most two values when each stride exceeds the span of the smaller ones). true
+ * also when the budget runs out (undecided counts as reachable). */
+static bool reachable(const int64_t *s, const int64_t *n, const int64_t *reach, int k, int rank, int64_t r,
+                      int *budget) {
+    if (--*budget < 0) return true;
+    if (k == rank) return r == 0;
+    const int64_t rest = reach[k + 1];
+    if (r > reach[k] || r < -reach[k]) return false;
+    int64_t lo = div_ceil(r - rest, s[k]), hi = div_floor(r + rest, s[k]);
+    if (lo < -(n[k] - 1)) lo = -(n[k] - 1);
+    if (hi > n[k] - 1) hi = n[k] - 1;
+    for (int64_t i = lo; i <= hi; i++)
+        if (reachable(s, n, reach, k + 1, rank, r - i * s[k], budget)) return true;
+    return false;
+}
+
+bool fg_views_disjoint(const fg_tensor *a, const fg_tensor *b) {
+    if (a->dtype != b->dtype || a->rank != b->rank || !a->data || !b->data) return false;
+    int64_t sa[FG_MAX_RANK], sb[FG_MAX_RANK], s[FG_MAX_RANK], n[FG_MAX_RANK], reach[FG_MAX_RANK + 1];
+    fg_tensor_strides(a, sa);
+    fg_tensor_strides(b, sb);
+    int rank = 0;
+    for (int i = 0; i < a->rank; i++) {
+        if (a->shape[i] != b->shape[i] || sa[i] != sb[i] || sa[i] < 0) return false;
+        if (a->shape[i] == 0) return true; /* no elements */
+        if (a->shape[i] == 1 || sa[i] == 0) continue; /* (a zero stride adds nothing to an offset) */
+        int j = rank++; /* insertion by stride, largest first */
+        while (j > 0 && s[j - 1] < sa[i]) s[j] = s[j - 1], n[j] = n[j - 1], j--;
+        s[j] = sa[i], n[j] = a->shape[i];
+    }
+    const int64_t es = (int64_t)fg_dtype_size(a->dtype);
+    const intptr_t diff = (intptr_t)b->data - (intptr_t)a->data;
+    if (es == 0 || diff % es != 0) return false; /* elements straddling each other's bytes */
+    reach[rank] = 0;
+    for (int k = rank - 1; k >= 0; k--) reach[k] = reach[k + 1] + (n[k] - 1) * s[k];
+    int budget = 4096;
+    const bool hit = reachable(s, n, reach, 0, rank, (int64_t)(diff / es), &budget);
+    return !hit && budget >= 0;
+}
+
 bool fg_collapse_dims(const fg_tensor *t, int upto, int64_t *count, int64_t *stride_out) {
     int64_t stride[FG_MAX_RANK];
     fg_tensor_strides(t, stride);

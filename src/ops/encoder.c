@@ -76,6 +76,7 @@ typedef struct geom {
 /* The cache's regions (byte offsets); SIZE_MAX: not in this layout. */
 typedef struct layout_t {
     size_t u1, qkv, o, lse, s1, h, u2, s2, f, pre, mean1, rstd1, mean2, rstd2;
+    size_t wcat, bcat;   /* separate w_q, w_k, w_v (b_q, b_k, b_v) gathered as one [3d, d] ([3d]) */
     size_t bytes;
 } layout_t;
 
@@ -113,7 +114,9 @@ static bool layout(const geom *g, bool keep_pre, bool lean, layout_t *c) {
     bool ok = true;
     const int64_t T = g->T, d = g->d;
     int64_t Td = 0, Td3 = 0, Tf = 0, BHL = 0;
-    ok = mul_ok(T, d, &Td) && mul_ok(Td, 3, &Td3) && mul_ok(T, g->dff, &Tf) && mul_ok(T, g->H, &BHL);
+    int64_t dd3 = 0;
+    ok = mul_ok(T, d, &Td) && mul_ok(Td, 3, &Td3) && mul_ok(T, g->dff, &Tf) && mul_ok(T, g->H, &BHL) &&
+         mul_ok(3 * d, d, &dd3);
     if (!ok) return false;
     const int64_t nstat = g->bn ? d : T;
     const bool has_mean = g->bn || g->row_kind == FG_NORM_LAYER;
@@ -133,12 +136,14 @@ static bool layout(const geom *g, bool keep_pre, bool lean, layout_t *c) {
     ok = ok && place(&off, nstat, g->as, &c->rstd1);
     if (has_mean) ok = ok && place(&off, nstat, g->as, &c->mean2);
     ok = ok && place(&off, nstat, g->as, &c->rstd2);
+    /* (whether the weights come packed is the params' choice, not the descriptor's: always here) */
+    ok = ok && place(&off, dd3, g->es, &c->wcat) && place(&off, 3 * d, g->es, &c->bcat);
     c->bytes = (off + REGION_ALIGN - 1) / REGION_ALIGN * REGION_ALIGN;
     return ok && c->bytes >= off;
 }
 
 /* The backward's workspace: three [T, d] gradients (two for post-norm) and one region that
- * holds the FFN hidden's gradient [T, d_ff] first and q, k, v's [3, T, d] later. lean
+ * holds the FFN hidden's gradient [T, d_ff] first and q, k, v's [T, 3d] (interleaved as qkv) later. lean
  * (FG_ENCODER_SAVE_MIN): also r2 [T, d_ff], the recomputed pre-activation (then the activation's
  * gradient, formed in place); r first holds the recomputed FFN hidden. Its training forward places
  * u1 and u2 in ga and f in r. */
@@ -599,6 +604,37 @@ static fg_status ffn_hidden(sub *e, const layer *l, const fg_tensor *u, const fg
     return run_part(e, FG_OP_LINEAR_ACT_FORWARD, &lo, a, 5, 0);
 }
 
+/* Separate W_q, W_k, W_v (b_q, b_k, b_v) copied into the cache's [3d, d] ([3d]) regions, q rows
+   first: the packed layout, so that q, k, v are one product forward and du one backward. An absent
+   bias among present ones is zeros; bias false: none is present. */
+static fg_status gather_qkv(sub *e, const layer *l, void *base, fg_tensor *WC, fg_tensor *BC, bool *bias) {
+    const geom *g = &l->g;
+    const int64_t d = g->d;
+    static const int wj[3] = {P_WQ, P_WK, P_WV}, bj[3] = {P_BQ, P_BK, P_BV};
+    char *wc = at(base, l->c.wcat), *bc = at(base, l->c.bcat);
+    *WC = t2(g->dt, wc, 3 * d, d);
+    *BC = t1(g->dt, bc, 3 * d);
+    fg_elementwise_options copy;
+    memset(&copy, 0, sizeof copy);
+    copy.kind = FG_UNARY_SCALE;
+    copy.scalars[0] = 1.0;
+    *bias = l->p[P_BQ] || l->p[P_BK] || l->p[P_BV];
+    for (int j = 0; j < 3; j++) {
+        const fg_tensor Wj = t2(g->dt, wc ? wc + (size_t)(j * d * d) * g->es : NULL, d, d);
+        const fg_tensor *a[2] = {l->p[wj[j]], &Wj};
+        FG_TRY(run_part(e, FG_OP_UNARY_FORWARD, &copy, a, 2, 0));
+        if (!*bias) continue;
+        const fg_tensor Bj = t1(g->dt, bc ? bc + (size_t)(j * d) * g->es : NULL, d);
+        if (l->p[bj[j]]) {
+            const fg_tensor *ab[2] = {l->p[bj[j]], &Bj};
+            FG_TRY(run_part(e, FG_OP_UNARY_FORWARD, &copy, ab, 2, 0));
+        } else {
+            FG_TRY(zero(e, &Bj));
+        }
+    }
+    return FG_OK;
+}
+
 /* The forward on the cache at `base` (the cache, or the context's workspace in evaluation). */
 static fg_status forward_walk(sub *e, const layer *l, void *base, const fg_tensor *y, const fg_tensor *scores_out) {
     const geom *g = &l->g;
@@ -627,16 +663,16 @@ static fg_status forward_walk(sub *e, const layer *l, void *base, const fg_tenso
     }
     const fg_tensor *qin = g->pre ? &U1 : &X;
     void *qkv = at(base, c->qkv);
-    if (g->packed) {
+    {
         const fg_tensor QKV = t2(dt, qkv, T, 3 * d);
-        FG_TRY(lin_fwd(e, qin, P[P_WQKV], P[P_BQKV], &QKV));
-    } else {
-        static const int wj[3] = {P_WQ, P_WK, P_WV}, bj[3] = {P_BQ, P_BK, P_BV};
-        for (int j = 0; j < 3; j++) {
-            const int64_t shape[2] = {T, d}, stride[2] = {3 * d, 1};
-            const fg_tensor Yj = tv(dt, qkv ? (char *)qkv + (size_t)(j * d) * g->es : NULL, 2, shape, stride);
-            FG_TRY(lin_fwd(e, qin, P[wj[j]], P[bj[j]], &Yj));
+        fg_tensor WC, BC;
+        const fg_tensor *w = P[P_WQKV], *b = P[P_BQKV];
+        if (!g->packed) { /* one product for the three: W_q, W_k, W_v gathered (the backward's too) */
+            bool bias;
+            FG_TRY(gather_qkv(e, l, base, &WC, &BC, &bias));
+            w = &WC, b = bias ? &BC : NULL;
         }
+        FG_TRY(lin_fwd(e, qin, w, b, &QKV));
     }
     /* attention → o [T, d]; the output projection a → y's memory */
     {
@@ -1016,10 +1052,10 @@ fg_status fg_encoder_layer_backward(fg_context *ctx, const fg_encoder_layer_desc
     FG_TRY(lin_bw_w(&e, da, &O, G[P_WO], U));
     FG_TRY(lin_bw_b(&e, da, G[P_BO], U));
     FG_TRY(lin_bw_in(&e, da, P[P_WO], dout, 0));
-    /* attention: dq, dk, dv into three [T, d] blocks (outputs must not interleave) */
+    /* attention: dq, dk, dv interleaved in one [T, 3d] buffer, as q, k, v are (no element shared) */
     void *qkv = at(base, c->qkv);
     const int64_t Td = T * d;
-    const fg_tensor dq = heads(g, dqkv, 0, d), dk = heads(g, dqkv, Td, d), dv = heads(g, dqkv, 2 * Td, d);
+    const fg_tensor dq = heads(g, dqkv, 0, 3 * d), dk = heads(g, dqkv, d, 3 * d), dv = heads(g, dqkv, 2 * d, 3 * d);
     {
         const fg_tensor q = heads(g, qkv, 0, 3 * d), k = heads(g, qkv, d, 3 * d), v = heads(g, qkv, 2 * d, 3 * d);
         const fg_tensor o = heads(g, at(base, c->o), 0, d), dov = heads(g, dout->data, 0, d);
@@ -1042,17 +1078,15 @@ fg_status fg_encoder_layer_backward(fg_context *ctx, const fg_encoder_layer_desc
         FG_TRY(run_part(&e, FG_OP_NORM_FORWARD, &no, a, 8, 0));
     }
     const fg_tensor *qin = g->pre ? &U1 : &X;
-    static const int wj[3] = {P_WQ, P_WK, P_WV}, bj[3] = {P_BQ, P_BK, P_BV};
-    for (int j = 0; j < 3; j++) {
-        const fg_tensor Dj = t2(dt, (char *)dqkv + (size_t)(j * Td) * g->es, T, d);
-        if (g->packed) {
-            const fg_tensor dW = G[P_WQKV] ? t2(dt, (char *)G[P_WQKV]->data + (size_t)(j * d * d) * g->es, d, d)
-                                           : t2(dt, NULL, 0, 0);
-            const fg_tensor dB = G[P_BQKV] ? t1(dt, (char *)G[P_BQKV]->data + (size_t)(j * d) * g->es, d)
-                                           : t1(dt, NULL, 0);
-            FG_TRY(lin_bw_w(&e, &Dj, qin, G[P_WQKV] ? &dW : NULL, U));
-            FG_TRY(lin_bw_b(&e, &Dj, G[P_BQKV] ? &dB : NULL, U));
-        } else {
+    const fg_tensor DQKV = t2(dt, dqkv, T, 3 * d);
+    if (g->packed) {
+        FG_TRY(lin_bw_w(&e, &DQKV, qin, G[P_WQKV], U));
+        FG_TRY(lin_bw_b(&e, &DQKV, G[P_BQKV], U));
+    } else {
+        static const int wj[3] = {P_WQ, P_WK, P_WV}, bj[3] = {P_BQ, P_BK, P_BV};
+        for (int j = 0; j < 3; j++) {
+            const int64_t shape[2] = {T, d}, stride[2] = {3 * d, 1};
+            const fg_tensor Dj = tv(dt, (char *)dqkv + (size_t)(j * d) * g->es, 2, shape, stride);
             FG_TRY(lin_bw_w(&e, &Dj, qin, G[wj[j]], U));
             FG_TRY(lin_bw_b(&e, &Dj, G[bj[j]], U));
         }
@@ -1062,17 +1096,9 @@ fg_status fg_encoder_layer_backward(fg_context *ctx, const fg_encoder_layer_desc
     if (want_du) {
         const fg_tensor *du = g->pre ? &GB : &DX;
         const int acc = g->pre ? 0 : 1;
-        if (g->packed) {
-            const int64_t ds3[3] = {3, T, d}, wsh[3] = {3, d, d}, wst[3] = {d * d, 1, d};
-            const fg_tensor DQKV = tv(dt, dqkv, 3, ds3, NULL), WT = tv(dt, P[P_WQKV]->data, 3, wsh, wst);
-            const fg_tensor *a[3] = {&DQKV, &WT, du};
-            FG_TRY(run_part(&e, FG_OP_MATMUL_BACKWARD_INPUT, NULL, a, 3, acc));
-        } else {
-            for (int j = 0; j < 3; j++) {
-                const fg_tensor Dj = t2(dt, (char *)dqkv + (size_t)(j * Td) * g->es, T, d);
-                FG_TRY(lin_bw_in(&e, &Dj, P[wj[j]], du, j > 0 ? 1 : acc));
-            }
-        }
+        /* du = [dq dk dv]·W_qkv, one product (separate weights: the forward's gathered copy) */
+        const fg_tensor WC = t2(dt, at(base, c->wcat), 3 * d, d);
+        FG_TRY(lin_bw_in(&e, &DQKV, g->packed ? P[P_WQKV] : &WC, du, acc));
         if (g->pre) {
             const fg_norm_options no = row_opts(&l, 1, 0.0);
             const fg_tensor *a[10] = {&GB, &GC, &X, P[P_N1W], has_mean ? &m1 : NULL, &r1, dx ? &DX : NULL, NULL,

@@ -723,7 +723,7 @@ static void interleaved_grads(fg_context *ctx, fg_backend be) {
             th_get(&out.dq.buf, &out.dq.t, out.dq.v), th_get(&out.dk.buf, &out.dk.t, out.dk.v);
             th_get(&out.dv.buf, &out.dv.t, out.dv.v);
             const int64_t B = p->B, H = p->H, L = p->L, hd = p->hd, n = B * H * L * hd;
-            th_buf all = th_alloc(be, dt, 3 * n + 4);
+            th_buf all = th_alloc(be, dt, 3 * n + 3 * H * hd + 4); /* (a spare token for the refusal below) */
             th_poison(&all);
             outputs il = out;
             il.dq = arr_strided(&all, 0, 3, B, H, L, hd), il.dk = arr_strided(&all, 1, 3, B, H, L, hd);
@@ -759,6 +759,9 @@ static void interleaved_grads(fg_context *ctx, fg_backend be) {
             memset(&probe, 0, sizeof probe);
             probe.buf = all;
             TH_EXPECT_BAD(FG_ERR_ALIAS, "overlaps", &probe, run_backward(ctx, p, &in, &bad, 7u, 0));
+            /* ... and one whole token over: dq's next row, an element the offset reaches only through L */
+            bad.dk.t.data = (char *)il.dq.t.data + (size_t)(3 * H * hd) * fg_dtype_size(dt);
+            if (L > 1) TH_EXPECT_BAD(FG_ERR_ALIAS, "overlaps", &probe, run_backward(ctx, p, &in, &bad, 7u, 0));
             arr_drop(&bad.dk);
             for (int g = 0; g < 3; g++) arr_drop(shr[g]);
             th_free(&all);

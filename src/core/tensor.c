@@ -250,7 +250,10 @@ bool fg_views_disjoint(const fg_tensor *a, const fg_tensor *b) {
     const intptr_t diff = (intptr_t)b->data - (intptr_t)a->data;
     if (es == 0 || diff % es != 0) return false; /* elements straddling each other's bytes */
     reach[rank] = 0;
-    for (int k = rank - 1; k >= 0; k--) reach[k] = reach[k + 1] + (n[k] - 1) * s[k];
+    for (int k = rank - 1; k >= 0; k--) {
+        if ((n[k] - 1) > (INT64_MAX / 4 - reach[k + 1]) / s[k]) return false; /* (r ± reach stays in range) */
+        reach[k] = reach[k + 1] + (n[k] - 1) * s[k];
+    }
     int budget = 4096;
     const bool hit = reachable(s, n, reach, 0, rank, (int64_t)(diff / es), &budget);
     return !hit && budget >= 0;

@@ -114,9 +114,9 @@ static bool layout(const geom *g, bool keep_pre, bool lean, layout_t *c) {
     bool ok = true;
     const int64_t T = g->T, d = g->d;
     int64_t Td = 0, Td3 = 0, Tf = 0, BHL = 0;
-    int64_t dd3 = 0;
+    int64_t d3 = 0, dd3 = 0;
     ok = mul_ok(T, d, &Td) && mul_ok(Td, 3, &Td3) && mul_ok(T, g->dff, &Tf) && mul_ok(T, g->H, &BHL) &&
-         mul_ok(3 * d, d, &dd3);
+         mul_ok(d, 3, &d3) && mul_ok(d3, d, &dd3);
     if (!ok) return false;
     const int64_t nstat = g->bn ? d : T;
     const bool has_mean = g->bn || g->row_kind == FG_NORM_LAYER;
@@ -137,7 +137,7 @@ static bool layout(const geom *g, bool keep_pre, bool lean, layout_t *c) {
     if (has_mean) ok = ok && place(&off, nstat, g->as, &c->mean2);
     ok = ok && place(&off, nstat, g->as, &c->rstd2);
     /* (whether the weights come packed is the params' choice, not the descriptor's: always here) */
-    ok = ok && place(&off, dd3, g->es, &c->wcat) && place(&off, 3 * d, g->es, &c->bcat);
+    ok = ok && place(&off, dd3, g->es, &c->wcat) && place(&off, d3, g->es, &c->bcat);
     c->bytes = (off + REGION_ALIGN - 1) / REGION_ALIGN * REGION_ALIGN;
     return ok && c->bytes >= off;
 }

@@ -94,13 +94,11 @@ typedef struct fg_seen_ranges {
 } fg_seen_ranges;
 fg_status fg_check_data_seen(const fg_context *ctx, const char *op, const char *what, const fg_tensor *t,
                              fg_seen_ranges *seen);
-/* An output must not overlap another operand. */
+/* An output must not overlap another operand; another output of its shape and strides may share
+ * its buffer when no element is in both (q, k, v gradients interleaved in one [B, L, 3, H, hd]
+ * buffer: exact, by the offset between them). */
 fg_status fg_check_no_overlap(const char *op, const char *out_name, const fg_tensor *out,
-                              const char *other_name, const fg_tensor *other);
-/* Whether two views of one dtype, shape and strides share no element although their spans may
- * cross (q, k, v gradients interleaved in one [B, L, 3, H, hd] buffer): exact, by the offset
- * between them; false where they differ in dtype, shape or strides, or the search runs long. */
-bool fg_views_disjoint(const fg_tensor *a, const fg_tensor *b);
+                              const char *other_name, const fg_tensor *other, bool other_is_output);
 /* Whether t's strides are row-major contiguous (or left all zero). */
 bool fg_is_contiguous(const fg_tensor *t);
 /* FG_ERR_UNSUPPORTED "op: what must be contiguous" unless it is. */

@@ -127,18 +127,13 @@ bool fg_is_empty(const fg_tensor *t) {
     return false;
 }
 
-fg_status fg_check_no_self_overlap(const char *op, const char *what, const fg_tensor *t) {
-    int64_t stride[FG_MAX_RANK], st[FG_MAX_RANK], sh[FG_MAX_RANK];
-    fg_tensor_strides(t, stride);
-    if (fg_is_empty(t)) return FG_OK;
+/* The dims of t of size > 1 by increasing stride (insertion sort): n of them, strides in st,
+   sizes in sh. */
+static int dims_ascending(const fg_tensor *t, const int64_t *stride, int64_t *st, int64_t *sh) {
     int n = 0;
     for (int i = 0; i < t->rank; i++) {
         if (t->shape[i] <= 1) continue;
-        if (stride[i] == 0)
-            return fg_fail(FG_ERR_ALIAS,
-                           "%s: output %s has a zero stride in dim %d of size %lld (its elements would overlap)",
-                           op, what, i, (long long)t->shape[i]);
-        int k = n++; /* insertion by increasing stride */
+        int k = n++;
         while (k > 0 && st[k - 1] > stride[i]) {
             st[k] = st[k - 1];
             sh[k] = sh[k - 1];
@@ -147,6 +142,19 @@ fg_status fg_check_no_self_overlap(const char *op, const char *what, const fg_te
         st[k] = stride[i];
         sh[k] = t->shape[i];
     }
+    return n;
+}
+
+fg_status fg_check_no_self_overlap(const char *op, const char *what, const fg_tensor *t) {
+    int64_t stride[FG_MAX_RANK], st[FG_MAX_RANK], sh[FG_MAX_RANK];
+    fg_tensor_strides(t, stride);
+    if (fg_is_empty(t)) return FG_OK;
+    for (int i = 0; i < t->rank; i++)
+        if (t->shape[i] > 1 && stride[i] == 0)
+            return fg_fail(FG_ERR_ALIAS,
+                           "%s: output %s has a zero stride in dim %d of size %lld (its elements would overlap)",
+                           op, what, i, (long long)t->shape[i]);
+    const int n = dims_ascending(t, stride, st, sh);
     int64_t span = 0; /* elements the smaller dims reach past the first */
     for (int k = 0; k < n; k++) {
         if (st[k] <= span)
@@ -201,62 +209,54 @@ fg_status fg_check_data_seen(const fg_context *ctx, const char *op, const char *
     return fg_check_data(ctx, op, what, t);
 }
 
-fg_status fg_check_no_overlap(const char *op, const char *out_name, const fg_tensor *out,
-                              const char *other_name, const fg_tensor *other) {
-    int64_t a = fg_extent_bytes(out), b = fg_extent_bytes(other);
-    if (a == 0 || b == 0) return FG_OK;
-    uintptr_t p = (uintptr_t)out->data, q = (uintptr_t)other->data;
-    if (p < q + (uintptr_t)b && q < p + (uintptr_t)a)
-        return fg_fail(FG_ERR_ALIAS, "%s: output %s overlaps %s", op, out_name, other_name);
-    return FG_OK;
-}
-
 static int64_t div_floor(int64_t a, int64_t b) { return a / b - ((a % b != 0) && ((a < 0) != (b < 0))); }
 static int64_t div_ceil(int64_t a, int64_t b) { return -div_floor(-a, b); }
 
-/* Whether r = Σ_k i_k·s[k] for some |i_k| < n[k] (dims k … rank − 1, strides descending, reach[k]
- * = Σ_(m ≥ k) (n[m] − 1)·s[m]): the remaining dims reach at most reach[k + 1], so i_k is confined to
- * a short range (at most two values when each stride exceeds the span of the smaller ones). true
- * also when the budget runs out (undecided counts as reachable). */
-static bool reachable(const int64_t *s, const int64_t *n, const int64_t *reach, int k, int rank, int64_t r,
-                      int *budget) {
-    if (--*budget < 0) return true;
-    if (k == rank) return r == 0;
-    const int64_t rest = reach[k + 1];
-    if (r > reach[k] || r < -reach[k]) return false;
-    int64_t lo = div_ceil(r - rest, s[k]), hi = div_floor(r + rest, s[k]);
-    if (lo < -(n[k] - 1)) lo = -(n[k] - 1);
-    if (hi > n[k] - 1) hi = n[k] - 1;
+/* Whether r = Σ_k i_k·st[k] for some |i_k| < sh[k], dims k down to 0 (strides increasing, each past
+ * the span of the smaller ones, span[k] = Σ_(m < k) (sh[m] − 1)·st[m]): the smaller dims reach at
+ * most span[k] < st[k], so i_k takes at most two values. */
+static bool reachable(const int64_t *st, const int64_t *sh, const int64_t *span, int k, int64_t r) {
+    if (k < 0) return r == 0;
+    int64_t lo = div_ceil(r - span[k], st[k]), hi = div_floor(r + span[k], st[k]);
+    if (lo < -(sh[k] - 1)) lo = -(sh[k] - 1);
+    if (hi > sh[k] - 1) hi = sh[k] - 1;
     for (int64_t i = lo; i <= hi; i++)
-        if (reachable(s, n, reach, k + 1, rank, r - i * s[k], budget)) return true;
+        if (reachable(st, sh, span, k - 1, r - i * st[k])) return true;
     return false;
 }
 
-bool fg_views_disjoint(const fg_tensor *a, const fg_tensor *b) {
-    if (a->dtype != b->dtype || a->rank != b->rank || !a->data || !b->data) return false;
-    int64_t sa[FG_MAX_RANK], sb[FG_MAX_RANK], s[FG_MAX_RANK], n[FG_MAX_RANK], reach[FG_MAX_RANK + 1];
+/* Whether views a and b of one dtype, shape and strides, each a layout that does not overlap
+ * itself (as outputs are), share no element: their offset is not a difference of two offsets
+ * of one view. false where they differ, or where the layout or its span rules the search out. */
+static bool views_disjoint(const fg_tensor *a, const fg_tensor *b) {
+    if (a->dtype != b->dtype || a->rank != b->rank) return false;
+    int64_t sa[FG_MAX_RANK], sb[FG_MAX_RANK], st[FG_MAX_RANK], sh[FG_MAX_RANK], span[FG_MAX_RANK];
     fg_tensor_strides(a, sa);
     fg_tensor_strides(b, sb);
-    int rank = 0;
-    for (int i = 0; i < a->rank; i++) {
-        if (a->shape[i] != b->shape[i] || sa[i] != sb[i] || sa[i] < 0) return false;
-        if (a->shape[i] == 0) return true; /* no elements */
-        if (a->shape[i] == 1 || sa[i] == 0) continue; /* (a zero stride adds nothing to an offset) */
-        int j = rank++; /* insertion by stride, largest first */
-        while (j > 0 && s[j - 1] < sa[i]) s[j] = s[j - 1], n[j] = n[j - 1], j--;
-        s[j] = sa[i], n[j] = a->shape[i];
-    }
+    for (int i = 0; i < a->rank; i++)
+        if (a->shape[i] != b->shape[i] || sa[i] != sb[i]) return false;
     const int64_t es = (int64_t)fg_dtype_size(a->dtype);
     const intptr_t diff = (intptr_t)b->data - (intptr_t)a->data;
     if (es == 0 || diff % es != 0) return false; /* elements straddling each other's bytes */
-    reach[rank] = 0;
-    for (int k = rank - 1; k >= 0; k--) {
-        if ((n[k] - 1) > (INT64_MAX / 4 - reach[k + 1]) / s[k]) return false; /* (r ± reach stays in range) */
-        reach[k] = reach[k + 1] + (n[k] - 1) * s[k];
+    const int n = dims_ascending(a, sa, st, sh);
+    int64_t reach = 0;
+    for (int k = 0; k < n; k++) {
+        if (st[k] <= reach || sh[k] - 1 > (INT64_MAX / 4 - reach) / st[k]) return false;
+        span[k] = reach;
+        reach += (sh[k] - 1) * st[k];
     }
-    int budget = 4096;
-    const bool hit = reachable(s, n, reach, 0, rank, (int64_t)(diff / es), &budget);
-    return !hit && budget >= 0;
+    const int64_t r = (int64_t)(diff / es);
+    return r > reach || r < -reach || !reachable(st, sh, span, n - 1, r);
+}
+
+fg_status fg_check_no_overlap(const char *op, const char *out_name, const fg_tensor *out,
+                              const char *other_name, const fg_tensor *other, bool other_is_output) {
+    int64_t a = fg_extent_bytes(out), b = fg_extent_bytes(other);
+    if (a == 0 || b == 0) return FG_OK;
+    uintptr_t p = (uintptr_t)out->data, q = (uintptr_t)other->data;
+    if (p < q + (uintptr_t)b && q < p + (uintptr_t)a && !(other_is_output && views_disjoint(out, other)))
+        return fg_fail(FG_ERR_ALIAS, "%s: output %s overlaps %s", op, out_name, other_name);
+    return FG_OK;
 }
 
 bool fg_collapse_dims(const fg_tensor *t, int upto, int64_t *count, int64_t *stride_out) {

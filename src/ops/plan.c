@@ -253,9 +253,8 @@ static fg_status check_run(const struct fg_plan *p, const fg_tensor *ops) {
             if (e->inplace_ok && !(p->output_mask >> j & 1u) && !p->lowered.ew.broadcast &&
                 same_view(&ops[i], &ops[j]))
                 continue; /* exactly in place: each element is read before it is written */
-            if ((p->output_mask >> j & 1u) && fg_views_disjoint(&ops[i], &ops[j]))
-                continue; /* two outputs interleaved in one buffer, no element shared */
-            FG_TRY(fg_check_no_overlap(e->name, e->operands[i].name, &ops[i], e->operands[j].name, &ops[j]));
+            FG_TRY(fg_check_no_overlap(e->name, e->operands[i].name, &ops[i], e->operands[j].name, &ops[j],
+                                       p->output_mask >> j & 1u));
         }
     }
     return FG_OK;

@@ -897,7 +897,12 @@ FG_NODISCARD FG_API fg_status fg_revin_backward(fg_context *ctx, const fg_revin_
  *
  * q, k, v, o, do, dq, dk, dv: [B, H, L, hd], one dtype (f32, f16, bf16, f64), any strides (a
  * packed [B, L, 3, H, hd] projection is read in place as three strided views; a zero stride
- * broadcasts an input). scores_in, scores_out, dscores, dscores_in: [B, H, L, L], all of one
+ * broadcasts an input). q and k (and dq, dk with them) may come in P pieces, [B, H, L, P, hd]:
+ * then q_i·k_j = Σ_p q_ip·k_jp, and dq, dk hold each piece's gradient. PatchTST's residual
+ * attention is this sum: layer l's carried scores are scale·Σ_(m<=l) q_m·k_mᵀ, so with the
+ * layers' q (and k) as the pieces of one strided view no layer keeps or reads an [L, L] buffer
+ * (on CUDA only the short-sequence kernels take pieces: L <= 64, hd <= 8; other sizes are
+ * FG_ERR_UNSUPPORTED there, the CPU takes any). scores_in, scores_out, dscores, dscores_in: [B, H, L, L], all of one
  * dtype: q's or f32 (f64 for f64). lse: [B, H, L] contiguous, f32 (f64 for f64). lengths: [B],
  * i32 or i64, each in [0, L]: a value outside makes every output of that sequence NaN and
  * fg_context_check() return FG_ERR_DEVICE_VALUE with the sequence (the op does not read the
@@ -910,7 +915,7 @@ FG_NODISCARD FG_API fg_status fg_revin_backward(fg_context *ctx, const fg_revin_
  * a row that does not see it) may, on CUDA, where a masked score's weight is an exact 0 in a sum
  * and 0·Inf is NaN, as in PyTorch's matmul → softmax → matmul; the CPU backend skips them. */
 typedef struct fg_attention_options {
-    double scale;            /* finite; 0 means 1/√hd (1 when hd = 0)                     */
+    double scale;            /* finite; 0 means 1/√hd (1 when hd = 0; hd: the last dim)   */
     int32_t causal;          /* 0 or 1                                                     */
     double dropout_p;        /* in [0, 1)                                                  */
     uint64_t seed, offset;   /* the dropout's generator                                    */

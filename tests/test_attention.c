@@ -32,7 +32,14 @@ typedef struct problem {
     const char *cuda_hp;  /* the same for f32 / f64 */
     bool tsc;             /* the score operands key-major ([B, H, L, L] with strides (H·L·L, L·L, 1, L)),
                              one element past their buffer's start: no kernel may take them as rows */
+    int64_t pieces;       /* > 1: q, k, dq, dk as [B, H, L, P, hd] views of a [P, B, L, H, hd] buffer (the
+                             encoder's layers side by side); the reference takes them as one head dim of
+                             P·hd. 0 or 1: [B, H, L, hd] */
 } problem;
+
+/* q and k's pieces, and the head dim of their products (P·hd) */
+static int64_t pieces_of(const problem *p) { return p->pieces > 1 ? p->pieces : 1; }
+static int64_t hq_of(const problem *p) { return pieces_of(p) * p->hd; }
 
 static fg_dtype acc_of(fg_dtype t) { return t == FG_F64 ? FG_F64 : FG_F32; }
 
@@ -59,7 +66,7 @@ typedef struct reference {
 
 static void ref_forward(const problem *p, uint64_t seed, uint64_t offset, const double *q, const double *k,
                         const double *v, const int64_t *len, const double *sin, reference *r) {
-    const int64_t B = p->B, H = p->H, L = p->L, hd = p->hd;
+    const int64_t B = p->B, H = p->H, L = p->L, hd = p->hd, hq = hq_of(p);
     const double scale = scale_of(p);
     double *s = malloc(sizeof(double) * (size_t)(L + 1));
     for (int64_t b = 0; b < B; b++)
@@ -69,7 +76,7 @@ static void ref_forward(const problem *p, uint64_t seed, uint64_t offset, const 
                 double m = -INFINITY;
                 for (int64_t j = 0; j < je; j++) {
                     double d = 0;
-                    for (int64_t x = 0; x < hd; x++) d += q[at4(b, h, i, x, H, L, hd)] * k[at4(b, h, j, x, H, L, hd)];
+                    for (int64_t x = 0; x < hq; x++) d += q[at4(b, h, i, x, H, L, hq)] * k[at4(b, h, j, x, H, L, hq)];
                     s[j] = d * scale + (sin ? sin[at4(b, h, i, j, H, L, L)] : 0);
                     if (s[j] > m) m = s[j];
                 }
@@ -96,16 +103,16 @@ static void ref_forward(const problem *p, uint64_t seed, uint64_t offset, const 
 static void ref_backward(const problem *p, uint64_t seed, uint64_t offset, const double *q, const double *k,
                          const double *v, const int64_t *len, const double *sin, const double *dO, const double *G,
                          const reference *f, reference *r) {
-    const int64_t B = p->B, H = p->H, L = p->L, hd = p->hd;
+    const int64_t B = p->B, H = p->H, L = p->L, hd = p->hd, hq = hq_of(p);
     const double scale = scale_of(p);
-    const int64_t nq = B * H * L * hd, ns = B * H * L * L;
+    const int64_t nq = B * H * L * hq, nv = B * H * L * hd, ns = B * H * L * L;
     memset(r->dq, 0, sizeof(double) * (size_t)(nq + 1));
     memset(r->dk, 0, sizeof(double) * (size_t)(nq + 1));
-    memset(r->dv, 0, sizeof(double) * (size_t)(nq + 1));
+    memset(r->dv, 0, sizeof(double) * (size_t)(nv + 1));
     memset(r->dsin, 0, sizeof(double) * (size_t)(ns + 1));
     memset(r->mq, 0, sizeof(double) * (size_t)(nq + 1));
     memset(r->mk, 0, sizeof(double) * (size_t)(nq + 1));
-    memset(r->mv, 0, sizeof(double) * (size_t)(nq + 1));
+    memset(r->mv, 0, sizeof(double) * (size_t)(nv + 1));
     for (int64_t b = 0; b < B; b++)
         for (int64_t h = 0; h < H; h++)
             for (int64_t i = 0; i < L; i++) {
@@ -116,19 +123,20 @@ static void ref_backward(const problem *p, uint64_t seed, uint64_t offset, const
                 for (int64_t x = 0; x < hd; x++) D += dO[row * hd + x] * f->o[row * hd + x];
                 for (int64_t j = 0; j < je; j++) {
                     double d = 0, dp = 0;
-                    for (int64_t x = 0; x < hd; x++) {
-                        d += q[row * hd + x] * k[at4(b, h, j, x, H, L, hd)];
-                        dp += dO[row * hd + x] * v[at4(b, h, j, x, H, L, hd)];
-                    }
+                    for (int64_t x = 0; x < hq; x++) d += q[row * hq + x] * k[at4(b, h, j, x, H, L, hq)];
+                    for (int64_t x = 0; x < hd; x++) dp += dO[row * hd + x] * v[at4(b, h, j, x, H, L, hd)];
                     const double sv = d * scale + (sin ? sin[row * L + j] : 0);
                     const double pij = exp(sv - lse), kd = th_attn_keep(p->dropout, seed, offset, row * L + j);
                     const double ds = pij * (dp * kd - D) + (G ? G[row * L + j] : 0);
                     r->dsin[row * L + j] = ds;
+                    for (int64_t x = 0; x < hq; x++) {
+                        const double tq = scale * ds * k[at4(b, h, j, x, H, L, hq)];
+                        const double tk = scale * ds * q[row * hq + x];
+                        r->dq[row * hq + x] += tq, r->mq[row * hq + x] += fabs(tq);
+                        r->dk[at4(b, h, j, x, H, L, hq)] += tk, r->mk[at4(b, h, j, x, H, L, hq)] += fabs(tk);
+                    }
                     for (int64_t x = 0; x < hd; x++) {
-                        const double tq = scale * ds * k[at4(b, h, j, x, H, L, hd)];
-                        const double tk = scale * ds * q[row * hd + x], tv = pij * kd * dO[row * hd + x];
-                        r->dq[row * hd + x] += tq, r->mq[row * hd + x] += fabs(tq);
-                        r->dk[at4(b, h, j, x, H, L, hd)] += tk, r->mk[at4(b, h, j, x, H, L, hd)] += fabs(tk);
+                        const double tv = pij * kd * dO[row * hd + x];
                         r->dv[at4(b, h, j, x, H, L, hd)] += tv, r->mv[at4(b, h, j, x, H, L, hd)] += fabs(tv);
                     }
                 }
@@ -136,13 +144,13 @@ static void ref_backward(const problem *p, uint64_t seed, uint64_t offset, const
 }
 
 static reference ref_alloc(const problem *p) {
-    const size_t nq = (size_t)(p->B * p->H * p->L * p->hd) + 1, ns = (size_t)(p->B * p->H * p->L * p->L) + 1,
-                 nr = (size_t)(p->B * p->H * p->L) + 1;
+    const size_t nq = (size_t)(p->B * p->H * p->L * hq_of(p)) + 1, nv = (size_t)(p->B * p->H * p->L * p->hd) + 1,
+                 ns = (size_t)(p->B * p->H * p->L * p->L) + 1, nr = (size_t)(p->B * p->H * p->L) + 1;
     reference r;
-    r.o = calloc(nq, sizeof(double)), r.lse = calloc(nr, sizeof(double)), r.sout = calloc(ns, sizeof(double));
-    r.dq = calloc(nq, sizeof(double)), r.dk = calloc(nq, sizeof(double)), r.dv = calloc(nq, sizeof(double));
+    r.o = calloc(nv, sizeof(double)), r.lse = calloc(nr, sizeof(double)), r.sout = calloc(ns, sizeof(double));
+    r.dq = calloc(nq, sizeof(double)), r.dk = calloc(nq, sizeof(double)), r.dv = calloc(nv, sizeof(double));
     r.dsin = calloc(ns, sizeof(double));
-    r.mq = calloc(nq, sizeof(double)), r.mk = calloc(nq, sizeof(double)), r.mv = calloc(nq, sizeof(double));
+    r.mq = calloc(nq, sizeof(double)), r.mk = calloc(nq, sizeof(double)), r.mv = calloc(nv, sizeof(double));
     return r;
 }
 
@@ -182,6 +190,20 @@ static arr arr_strided(const th_buf *buf, int64_t g, int64_t G, int64_t B, int64
     const int64_t shape[4] = {B, H, L, hd}, stride[4] = {L * G * H * hd, hd, G * H * hd, 1};
     a.t = th_tensor(buf, g * H * hd, 4, shape, stride);
     a.n = B * H * L * hd;
+    a.v = calloc((size_t)(a.n + 1), sizeof(double));
+    return a;
+}
+
+/* A [B, H, L, P, hd] view of its own [P, B, L, H, hd] buffer: piece by piece, as the encoder's
+ * layers keep their projections one after another. */
+static arr arr_pieces(fg_backend be, fg_dtype dt, const problem *p) {
+    const int64_t B = p->B, H = p->H, L = p->L, hd = p->hd, P = pieces_of(p);
+    arr a;
+    memset(&a, 0, sizeof a);
+    a.n = B * H * L * P * hd;
+    a.buf = th_alloc(be, dt, a.n + 4);
+    const int64_t shape[5] = {B, H, L, P, hd}, stride[5] = {L * H * hd, hd, H * hd, B * L * H * hd, 1};
+    a.t = th_tensor(&a.buf, 0, 5, shape, stride);
     a.v = calloc((size_t)(a.n + 1), sizeof(double));
     return a;
 }
@@ -312,6 +334,9 @@ static inputs make_inputs(fg_backend be, fg_dtype dt, const problem *p) {
         in.v = arr_strided(&in.packed, 2, 3, B, H, L, hd);
         in.dobuf = th_alloc(be, dt, B * L * H * hd + 4);
         in.dO = arr_strided(&in.dobuf, 0, 1, B, H, L, hd);
+    } else if (pieces_of(p) > 1) {
+        in.q = arr_pieces(be, dt, p), in.k = arr_pieces(be, dt, p), in.v = arr_make(be, dt, 4, s4);
+        in.dO = arr_make(be, dt, 4, s4);
     } else {
         in.q = arr_make(be, dt, 4, s4), in.k = arr_make(be, dt, 4, s4), in.v = arr_make(be, dt, 4, s4);
         in.dO = arr_make(be, dt, 4, s4);
@@ -380,7 +405,9 @@ static outputs make_outputs(fg_backend be, fg_dtype dt, const problem *p) {
     }
     out.lse = arr_make(be, acc_of(dt), 3, s3);
     if (p->sout) out.sout = arr_scores(be, sdt, p);
-    out.dq = arr_make(be, dt, 4, s4), out.dk = arr_make(be, dt, 4, s4), out.dv = arr_make(be, dt, 4, s4);
+    if (pieces_of(p) > 1) out.dq = arr_pieces(be, dt, p), out.dk = arr_pieces(be, dt, p);
+    else out.dq = arr_make(be, dt, 4, s4), out.dk = arr_make(be, dt, 4, s4);
+    out.dv = arr_make(be, dt, 4, s4);
     if (p->sin) out.dsin = arr_scores(be, sdt, p);
     return out;
 }
@@ -450,19 +477,21 @@ static void plan_name(fg_context *ctx, const problem *p, inputs *in, outputs *ou
 static void poison_padded_keys(inputs *in, const problem *p) {
     for (int64_t b = 0; b < p->B; b++)
         for (int64_t h = 0; h < p->H; h++)
-            for (int64_t j = in->len[b]; j < p->L; j++)
-                for (int64_t x = 0; x < p->hd; x++) {
-                    in->k.v[at4(b, h, j, x, p->H, p->L, p->hd)] = ((j + x) & 1) ? NAN : INFINITY;
+            for (int64_t j = in->len[b]; j < p->L; j++) {
+                for (int64_t x = 0; x < hq_of(p); x++)
+                    in->k.v[at4(b, h, j, x, p->H, p->L, hq_of(p))] = ((j + x) & 1) ? NAN : INFINITY;
+                for (int64_t x = 0; x < p->hd; x++)
                     in->v.v[at4(b, h, j, x, p->H, p->L, p->hd)] = ((j + x) & 1) ? -INFINITY : NAN;
-                }
+            }
     th_put(&in->k.buf, &in->k.t, in->k.v);
     th_put(&in->v.buf, &in->v.t, in->v.v);
 }
 
 static void run_case(fg_context *ctx, fg_backend be, fg_dtype dt, const problem *p) {
     char lab[200];
-    snprintf(lab, sizeof lab, "%s %s B=%lld H=%lld L=%lld hd=%lld%s%s%s%s%s%s%s drop=%g", th_backend_name(be),
+    snprintf(lab, sizeof lab, "%s %s B=%lld H=%lld L=%lld hd=%lld P=%lld%s%s%s%s%s%s%s drop=%g", th_backend_name(be),
              fg_dtype_name(dt), (long long)p->B, (long long)p->H, (long long)p->L, (long long)p->hd,
+             (long long)pieces_of(p),
              p->causal ? " causal" : "", p->lengths ? " lengths" : "", p->sin ? " sin" : "", p->sout ? " sout" : "",
              p->dsc ? " dscores" : "", p->packed ? " packed" : "", p->sacc ? " f32-scores" : "", p->dropout);
     inputs in = make_inputs(be, dt, p);
@@ -472,6 +501,15 @@ static void run_case(fg_context *ctx, fg_backend be, fg_dtype dt, const problem 
         th_poison(&out.o.buf);
         TH_EXPECT_BAD(FG_ERR_UNSUPPORTED, "f64", &out.o, run_forward(ctx, p, &in, &out));
         TH_EXPECT_BAD(FG_ERR_UNSUPPORTED, "f64", &out.dq, run_backward(ctx, p, &in, &out, 15u, 0));
+        drop_outputs(&out, p);
+        drop_inputs(&in, p);
+        return;
+    }
+    if (be == FG_BACKEND_CUDA && pieces_of(p) > 1 && (p->L > 64 || p->hd > 8 || p->hd < 1)) {
+        /* q, k in pieces beyond the short kernels: refused, nothing written */
+        th_poison(&out.o.buf);
+        TH_EXPECT_BAD(FG_ERR_UNSUPPORTED, "pieces", &out.o, run_forward(ctx, p, &in, &out));
+        TH_EXPECT_BAD(FG_ERR_UNSUPPORTED, "pieces", &out.dq, run_backward(ctx, p, &in, &out, 15u, 0));
         drop_outputs(&out, p);
         drop_inputs(&in, p);
         return;
@@ -503,15 +541,15 @@ static void run_case(fg_context *ctx, fg_backend be, fg_dtype dt, const problem 
     reference stored = f;
     stored.o = out.o.v, stored.lse = out.lse.v;
     ref_backward(p, in.seed, in.offset, in.q.v, in.k.v, in.v.v, in.len, in.sin.v, in.dO.v, in.dsc.v, &stored, &g);
-    const int64_t nq = out.dq.n, ns = p->B * p->H * p->L * p->L;
+    const int64_t nq = out.dq.n, nv = out.dv.n, ns = p->B * p->H * p->L * p->L;
     double *rq = malloc(sizeof(double) * (size_t)(nq + 1)), *rk = malloc(sizeof(double) * (size_t)(nq + 1));
-    double *rv = malloc(sizeof(double) * (size_t)(nq + 1)), *rs = malloc(sizeof(double) * (size_t)(ns + 1));
+    double *rv = malloc(sizeof(double) * (size_t)(nv + 1)), *rs = malloc(sizeof(double) * (size_t)(ns + 1));
     for (int pass = 0; pass < 3; pass++) {
         /* 0: every gradient; 1: every gradient accumulated; 2: dq alone, then dk and dv */
         const bool acc = pass == 1;
         const unsigned want = pass == 2 ? 1u : 15u;
         memcpy(rq, g.dq, sizeof(double) * (size_t)nq), memcpy(rk, g.dk, sizeof(double) * (size_t)nq);
-        memcpy(rv, g.dv, sizeof(double) * (size_t)nq), memcpy(rs, g.dsin, sizeof(double) * (size_t)ns);
+        memcpy(rv, g.dv, sizeof(double) * (size_t)nv), memcpy(rs, g.dsin, sizeof(double) * (size_t)ns);
         arr_prepare(&out.dq, rq, acc), arr_prepare(&out.dk, rk, acc), arr_prepare(&out.dv, rv, acc);
         if (p->sin) arr_prepare(&out.dsin, rs, acc);
         TH_OK(run_backward(ctx, p, &in, &out, want, acc));
@@ -852,6 +890,41 @@ static void bad_input(fg_context *ctx, fg_backend be) {
                                         &out.lse.t, &out.dq.t, NULL, NULL, NULL, 0));
     drop_outputs(&out, &p);
     drop_inputs(&in, &p);
+
+    /* q and k in pieces: k, dq, dk must have q's pieces; v stays [B, H, L, hd] */
+    problem pp = p;
+    pp.pieces = 2, pp.sin = pp.dsc = false;
+    in = make_inputs(be, FG_F32, &pp);
+    out = make_outputs(be, FG_F32, &pp);
+    o = opts_of(&pp, &in);
+    th_poison(&out.o.buf);
+    fg_tensor k4 = in.v.t; /* a 4-D k beside a 5-D q */
+    TH_EXPECT_BAD(FG_ERR_SHAPE, "k is", &out.o,
+                  fg_attention_forward(ctx, &o, &in.q.t, &k4, &in.v.t, len, NULL, &out.o.t, &out.lse.t, NULL));
+    fg_tensor kp = in.k.t;
+    kp.shape[3] = 1;
+    TH_EXPECT_BAD(FG_ERR_SHAPE, "same pieces", &out.o,
+                  fg_attention_forward(ctx, &o, &in.q.t, &kp, &in.v.t, len, NULL, &out.o.t, &out.lse.t, NULL));
+    TH_EXPECT_BAD(FG_ERR_SHAPE, "v.rank", &out.o,
+                  fg_attention_forward(ctx, &o, &in.q.t, &in.k.t, &in.k.t, len, NULL, &out.o.t, &out.lse.t, NULL));
+    fg_tensor q0 = in.q.t;
+    q0.shape[3] = 0;
+    TH_EXPECT_BAD(FG_ERR_SHAPE, "pieces", &out.o,
+                  fg_attention_forward(ctx, &o, &q0, &in.k.t, &in.v.t, len, NULL, &out.o.t, &out.lse.t, NULL));
+    TH_OK(fg_attention_forward(ctx, &o, &in.q.t, &in.k.t, &in.v.t, len, NULL, &out.o.t, &out.lse.t, NULL));
+    th_poison(&out.dq.buf);
+    fg_tensor dq4 = out.dv.t;
+    TH_EXPECT_BAD(FG_ERR_SHAPE, "dq is", &out.dq,
+                  fg_attention_backward(ctx, &o, &in.dO.t, NULL, &in.q.t, &in.k.t, &in.v.t, len, NULL, &out.o.t,
+                                        &out.lse.t, &dq4, &out.dk.t, NULL, NULL, 0));
+    /* dk over dq's second piece: refused, nothing written */
+    fg_tensor dko = out.dk.t;
+    dko.data = (char *)out.dq.t.data + (size_t)(pp.B * pp.L * pp.H * pp.hd) * sizeof(float);
+    TH_EXPECT_BAD(FG_ERR_ALIAS, "overlaps", &out.dq,
+                  fg_attention_backward(ctx, &o, &in.dO.t, NULL, &in.q.t, &in.k.t, &in.v.t, len, NULL, &out.o.t,
+                                        &out.lse.t, &out.dq.t, &dko, NULL, NULL, 0));
+    drop_outputs(&out, &pp);
+    drop_inputs(&in, &pp);
 }
 
 /* ------------------------------------------------------------------ memory */
@@ -933,6 +1006,12 @@ static const problem cases[] = {
     {1, 1, 150, 48, T, T, F, F, F, 0, 0, F, F, "tiled", "tiled"},
     {1, 2, 160, 32, T, F, T, T, T, 0.1, 0, F, F, "tiled", "tiled"},
     {2, 2, 100, 96, F, F, F, F, F, 0, 0, F, F, "tiled", "tiled"},
+    /* q, k in pieces (PatchTST's residual attention as the layers' products summed) */
+    {3, 4, 42, 8, F, F, F, F, F, 0, 0, F, F, "qrow", "qrow", F, 3},     /* the third layer, d_model 128 */
+    {2, 4, 42, 4, F, F, T, T, T, 0.1, 0, F, T, "qrow", "qrow", F, 2},   /* d_model 16, scores too, dropout */
+    {3, 3, 33, 7, T, T, F, T, F, 0.1, 0.4, F, F, "qrow", "qrow", F, 4}, /* every mask, odd hd */
+    {5, 7, 42, 8, F, T, T, F, T, 0, 0, F, T, "qrow", "qrow", F, 2},     /* a block's heads past B·H */
+    {2, 2, 17, 16, T, F, F, F, F, 0, 0, F, F, NULL, NULL, F, 2},        /* CUDA: beyond the short kernels */
 };
 #undef T
 #undef F

@@ -582,6 +582,7 @@ typedef struct fg_attn_problem {
     fg_dtype acc;            /* lse, and the sums: f32 (f64 for f64) */
     fg_dtype ldtype;         /* lengths: i32 / i64 */
     int64_t B, H, L, hd;
+    int64_t pieces;          /* q and k in P pieces of hd ([B, H, L, P, hd]; 1: [B, H, L, hd]) */
     bool causal, has_lengths, has_scores_in, has_scores_out, has_dscores, dropout;
     bool want_dq, want_dk, want_dv, want_dscores_in;
     bool accumulate;
@@ -601,11 +602,12 @@ typedef struct fg_attn_path {
                                 record name them (" ; "-joined) */
 } fg_attn_path;
 
-/* An operand of shape [B, H, L, X] (X = hd, or L for the scores): data and strides in elements;
+/* An operand of shape [B, H, L, X] (X = hd, or L for the scores), or q, k, dq, dk in pieces
+ * [B, H, L, P, hd] (sp: the piece stride; 0 for one piece): data and strides in elements;
  * data NULL: absent. */
 typedef struct fg_attn_view {
     void *data;
-    int64_t sb, sh, sl, sx;
+    int64_t sb, sh, sl, sx, sp;
 } fg_attn_view;
 
 /* One run: the problem and the path its plan chose, the resolved options, the operands. */

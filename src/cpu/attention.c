@@ -169,6 +169,8 @@ static inline bool attn_keep(attn_keep_walk *w, const fg_attn_call *c, uint64_t 
 #define LANE_MAX lane_max_f32
 #define LOAD_KV load_kv_f32
 #define LOAD_SROW load_srow_f32
+#define LOAD_QK load_qk_f32
+#define STORE_QK store_qk_f32
 #include "attention_rows.h" /* (it undefines these parameters at its end) */
 
 #define REAL double
@@ -196,6 +198,8 @@ static inline bool attn_keep(attn_keep_walk *w, const fg_attn_call *c, uint64_t 
 #define LANE_MAX lane_max_f64
 #define LOAD_KV load_kv_f64
 #define LOAD_SROW load_srow_f64
+#define LOAD_QK load_qk_f64
+#define STORE_QK store_qk_f64
 #include "attention_rows.h" /* (it undefines these parameters at its end) */
 
 /* ------------------------------------------------------------------ the short-head fast path */
@@ -540,11 +544,12 @@ static void fast_unit(const fg_attn_call *c, int64_t b, int64_t h, int64_t len, 
 
 static bool unit_x(const fg_attn_view *v) { return !v->data || v->sx == 1; }
 
-/* The fast path's case: f32 throughout, hd = 4 or 8, L <= 64, no dropout, every view with unit rows. */
+/* The fast path's case: f32 throughout, hd = 4 or 8, L <= 64, no dropout, q and k in one piece,
+ * every view with unit rows. */
 static bool fast_case(const fg_attn_call *c) {
     const fg_attn_problem *p = &c->p;
     if (p->dtype != FG_F32 || p->sdtype != FG_F32 || p->acc != FG_F32 || (p->hd != 4 && p->hd != 8) || p->L > 64 ||
-        p->L < 1 || p->dropout)
+        p->L < 1 || p->dropout || p->pieces != 1)
         return false;
     const fg_attn_view *v[12] = {&c->q, &c->k, &c->v, &c->o, &c->scores_in, &c->scores_out,
                                  &c->d_o, &c->dscores, &c->dq, &c->dk, &c->dv, &c->dscores_in};
@@ -559,8 +564,8 @@ static bool fast_case(const fg_attn_call *c) {
 /* Bytes of one thread's slice of the workspace (64-byte multiples). */
 static size_t slice_bytes(const fg_attn_problem *p) {
     const size_t real = p->dtype == FG_F64 ? 8 : 4, lanes = 64 / real;
-    const size_t Lp = ((size_t)p->L + lanes - 1) / lanes * lanes, hd = (size_t)p->hd;
-    const size_t n = p->forward ? 2 * hd * Lp + 2 * Lp + 2 * hd : 4 * hd * Lp + 4 * Lp + 4 * hd;
+    const size_t Lp = ((size_t)p->L + lanes - 1) / lanes * lanes, hd = (size_t)p->hd, hq = (size_t)p->pieces * hd;
+    const size_t n = p->forward ? (hq + hd) * Lp + 2 * Lp + hq + hd : 2 * (hq + hd) * Lp + 4 * Lp + 2 * hq + 2 * hd;
     return (n * real + 63) & ~(size_t)63;
 }
 
@@ -577,12 +582,14 @@ static int64_t length_of(const fg_attn_call *c, int64_t b) {
     return c->p.ldtype == FG_I32 ? (int64_t)((const int32_t *)c->lengths)[b] : ((const int64_t *)c->lengths)[b];
 }
 
-/* Every element of view v's sequence b ([H, L, X]) set to NaN. */
-static void fill_nan(const fg_attn_view *v, fg_dtype t, int64_t b, int64_t H, int64_t L, int64_t X) {
+/* Every element of view v's sequence b ([H, L, P, X]; P = 1 but for dq, dk in pieces) set to NaN. */
+static void fill_nan(const fg_attn_view *v, fg_dtype t, int64_t b, int64_t H, int64_t L, int64_t P, int64_t X) {
     if (!v->data) return;
     for (int64_t h = 0; h < H; h++)
         for (int64_t i = 0; i < L; i++)
-            for (int64_t x = 0; x < X; x++) fg_v_std(v->data, t, b * v->sb + h * v->sh + i * v->sl + x * v->sx, NAN);
+            for (int64_t pc = 0; pc < P; pc++)
+                for (int64_t x = 0; x < X; x++)
+                    fg_v_std(v->data, t, b * v->sb + h * v->sh + i * v->sl + pc * v->sp + x * v->sx, NAN);
 }
 
 fg_status fg_cpu_attn(fg_context *ctx, const fg_attn_call *c) {
@@ -602,19 +609,19 @@ fg_status fg_cpu_attn(fg_context *ctx, const fg_attn_call *c) {
         if (len >= 0 && len <= L) continue;
         if (bad < 0) bad = b;
         if (p->forward) {
-            fill_nan(&c->o, p->dtype, b, H, L, hd);
-            fill_nan(&c->scores_out, p->sdtype, b, H, L, L);
+            fill_nan(&c->o, p->dtype, b, H, L, 1, hd);
+            fill_nan(&c->scores_out, p->sdtype, b, H, L, 1, L);
             for (int64_t e = 0; e < H * L; e++) fg_v_std(c->lse, p->acc, b * H * L + e, NAN);
         } else {
-            fill_nan(&c->dq, p->dtype, b, H, L, hd);
-            fill_nan(&c->dk, p->dtype, b, H, L, hd);
-            fill_nan(&c->dv, p->dtype, b, H, L, hd);
-            fill_nan(&c->dscores_in, p->sdtype, b, H, L, L);
+            fill_nan(&c->dq, p->dtype, b, H, L, p->pieces, hd);
+            fill_nan(&c->dk, p->dtype, b, H, L, p->pieces, hd);
+            fill_nan(&c->dv, p->dtype, b, H, L, 1, hd);
+            fill_nan(&c->dscores_in, p->sdtype, b, H, L, 1, L);
         }
     }
     if (bad >= 0) fg_host_flag_raise(ctx, FG_FLAG_BAD_LENGTH, bad);
     const int64_t units = B * H;
-    int team = fg_cpu_team(ctx, units * L * (L + 1) * (hd + 1), 1 << 16);
+    int team = fg_cpu_team(ctx, units * L * (L + 1) * (p->pieces * hd + hd + 1), 1 << 16);
     if (slice && (size_t)team > ws_bytes / slice) team = (int)(ws_bytes / slice);
     if (team < 1) team = 1;
     const bool f64 = p->dtype == FG_F64;

@@ -9,6 +9,9 @@
  * reference the CUDA kernels are tested against, and one text of it for both precisions keeps
  * them the same algorithm. It undefines those parameters at its end.
  *
+ * q and k may come in P pieces of hd ([B, H, L, P, hd]): the scores' sums then run over the
+ * pieces' hq = P·hd components as over one head dim of hq (v, o, do keep hd).
+ *
  * The head's K and V are converted once, transposed and padded to Lp keys (L rounded up to
  * LANES, the padding zero). A query row is then walked in whole vectors of LANES keys: its scores
  * are sums over hd of key rows (s[j] += q[x]·Kᵀ[x][j], the sum of a vector in a register), and
@@ -95,18 +98,34 @@ static inline __attribute__((always_inline)) REAL LANE_MAX(const REAL *restrict 
     return a[1] > a[0] ? a[1] : a[0];
 }
 
-/* Kᵀ and Vᵀ of head (b, h): keys [0, len) converted, the rest up to Lp zero. row: hd REALs of
- * scratch. */
+/* Row i of head (b, h) of a q or k view, its P pieces one after another: P·hd REALs. */
+static inline __attribute__((always_inline)) void LOAD_QK(REAL *restrict dst, const fg_attn_view *v, fg_dtype dt,
+                                                          int64_t b, int64_t h, int64_t i, int64_t P, int64_t hd) {
+    for (int64_t pc = 0; pc < P; pc++)
+        LD_ROW(dst + pc * hd, v->data, dt, b * v->sb + h * v->sh + i * v->sl + pc * v->sp, v->sx, hd);
+}
+
+/* Row i of head (b, h) of a dq or dk view from P·hd REALs, piece by piece. */
+static inline __attribute__((always_inline)) void STORE_QK(const fg_attn_view *v, fg_dtype dt, int64_t b, int64_t h,
+                                                           int64_t i, int64_t P, int64_t hd, const REAL *src,
+                                                           bool add) {
+    for (int64_t pc = 0; pc < P; pc++)
+        ST_ROW(v->data, dt, b * v->sb + h * v->sh + i * v->sl + pc * v->sp, v->sx, src + pc * hd, hd, add);
+}
+
+/* Kᵀ ([hq][Lp], hq = P·hd) and Vᵀ ([hd][Lp]) of head (b, h): keys [0, len) converted, the rest up
+ * to Lp zero. row: hq REALs of scratch. */
 static inline __attribute__((always_inline)) void LOAD_KV(const fg_attn_call *c, int64_t b, int64_t h, int64_t len,
                                                           int64_t Lp, REAL *restrict kt, REAL *restrict vt,
                                                           REAL *restrict row) {
-    const int64_t hd = c->p.hd;
+    const int64_t hd = c->p.hd, P = c->p.pieces, hq = P * hd;
     const fg_attn_view *kv = &c->k, *vv = &c->v;
     const fg_dtype dt = c->p.dtype;
-    for (int64_t e = 0; e < hd * Lp; e++) kt[e] = vt[e] = 0;
+    for (int64_t e = 0; e < hq * Lp; e++) kt[e] = 0;
+    for (int64_t e = 0; e < hd * Lp; e++) vt[e] = 0;
     for (int64_t j = 0; j < len; j++) {
-        LD_ROW(row, kv->data, dt, b * kv->sb + h * kv->sh + j * kv->sl, kv->sx, hd);
-        for (int64_t x = 0; x < hd; x++) kt[x * Lp + j] = row[x];
+        LOAD_QK(row, kv, dt, b, h, j, P, hd);
+        for (int64_t x = 0; x < hq; x++) kt[x * Lp + j] = row[x];
         LD_ROW(row, vv->data, dt, b * vv->sb + h * vv->sh + j * vv->sl, vv->sx, hd);
         for (int64_t x = 0; x < hd; x++) vt[x * Lp + j] = row[x];
     }
@@ -120,28 +139,28 @@ static inline __attribute__((always_inline)) void LOAD_SROW(REAL *restrict dst, 
 }
 
 /* Forward of head (b, h), keys [0, len) unmasked by padding.
- * buf: 2·hd·Lp + 2·Lp + 2·hd REALs (Kᵀ, Vᵀ, the scores row, the scores-in row, q, o). */
+ * buf: (hq + hd)·Lp + 2·Lp + hq + hd REALs (Kᵀ, Vᵀ, the scores row, the scores-in row, q, o). */
 FG_CPU_CLONES
 static void FWD_UNIT(const fg_attn_call *c, int64_t b, int64_t h, int64_t len, REAL *buf) {
     const fg_attn_problem *p = &c->p;
-    const int64_t L = p->L, hd = p->hd, Lp = (L + LANES - 1) / LANES * LANES;
-    REAL *restrict Kt = buf, *restrict Vt = Kt + hd * Lp, *restrict s = Vt + hd * Lp, *restrict sin = s + Lp;
-    REAL *restrict q = sin + Lp, *restrict acc = q + hd;
+    const int64_t L = p->L, hd = p->hd, hq = p->pieces * hd, Lp = (L + LANES - 1) / LANES * LANES;
+    REAL *restrict Kt = buf, *restrict Vt = Kt + hq * Lp, *restrict s = Vt + hd * Lp, *restrict sin = s + Lp;
+    REAL *restrict q = sin + Lp, *restrict acc = q + hq;
     const fg_attn_view *qv = &c->q, *ov = &c->o, *si = &c->scores_in, *so = &c->scores_out;
     const fg_dtype dt = p->dtype, sdt = p->sdtype;
-    LOAD_KV(c, b, h, len, Lp, Kt, Vt, acc);
+    LOAD_KV(c, b, h, len, Lp, Kt, Vt, q);
     const REAL scale = (REAL)c->scale, keep_scale = (REAL)c->keep_scale, ninf = -(REAL)INFINITY;
     VEC ninfv;
     for (int w = 0; w < LANES; w++) ninfv[w] = ninf;
     const int64_t lse_row = (b * p->H + h) * L;
     for (int64_t i = 0; i < L; i++) {
         const int64_t jend = p->causal ? (i + 1 < len ? i + 1 : len) : len;
-        LD_ROW(q, qv->data, dt, b * qv->sb + h * qv->sh + i * qv->sl, qv->sx, hd);
+        LOAD_QK(q, qv, dt, b, h, i, p->pieces, hd);
         if (si->data) LOAD_SROW(sin, si, sdt, b, h, i, jend, Lp);
         else for (int64_t j = 0; j < Lp; j++) sin[j] = 0;
         for (int64_t j0 = 0; j0 < Lp; j0 += LANES) { /* LANES keys at a time, their sums in a register */
             VEC a = {0};
-            for (int64_t x = 0; x < hd; x++) a += q[x] * VLD(Kt + x * Lp + j0);
+            for (int64_t x = 0; x < hq; x++) a += q[x] * VLD(Kt + x * Lp + j0);
             VST(s + j0, VSEL(VBELOW(j0, jend), a * scale + VLD(sin + j0), ninfv));
         }
         REAL m = LANE_MAX(s, Lp);
@@ -170,21 +189,22 @@ static void FWD_UNIT(const fg_attn_call *c, int64_t b, int64_t h, int64_t len, R
     }
 }
 
-/* Backward of head (b, h). buf: 4·hd·Lp + 4·Lp + 4·hd REALs (Kᵀ, Vᵀ, dKᵀ, dVᵀ; rows s, dp,
- * scores in / dscores, dscores_in; q, do, o, dq). */
+/* Backward of head (b, h). buf: 2·(hq + hd)·Lp + 4·Lp + 2·hq + 2·hd REALs (Kᵀ, Vᵀ, dKᵀ, dVᵀ;
+ * rows s, dp, scores in / dscores, dscores_in; q, do, o, dq). */
 FG_CPU_CLONES
 static void BWD_UNIT(const fg_attn_call *c, int64_t b, int64_t h, int64_t len, REAL *buf) {
     const fg_attn_problem *p = &c->p;
-    const int64_t L = p->L, hd = p->hd, Lp = (L + LANES - 1) / LANES * LANES;
-    REAL *restrict Kt = buf, *restrict Vt = Kt + hd * Lp, *restrict dKt = Vt + hd * Lp, *restrict dVt = dKt + hd * Lp;
+    const int64_t L = p->L, hd = p->hd, P = p->pieces, hq = P * hd, Lp = (L + LANES - 1) / LANES * LANES;
+    REAL *restrict Kt = buf, *restrict Vt = Kt + hq * Lp, *restrict dKt = Vt + hd * Lp, *restrict dVt = dKt + hq * Lp;
     REAL *restrict s = dVt + hd * Lp, *restrict dp = s + Lp, *restrict row = dp + Lp, *restrict ds = row + Lp;
-    REAL *restrict q = ds + Lp, *restrict dO = q + hd, *restrict o = dO + hd, *restrict dq = o + hd;
+    REAL *restrict q = ds + Lp, *restrict dO = q + hq, *restrict o = dO + hd, *restrict dq = o + hd;
     const fg_attn_view *qv = &c->q, *ov = &c->o, *si = &c->scores_in;
     const fg_attn_view *dov = &c->d_o, *g = &c->dscores, *dsi = &c->dscores_in;
     const fg_dtype dt = p->dtype, sdt = p->sdtype;
     const bool acc_out = p->accumulate;
     LOAD_KV(c, b, h, len, Lp, Kt, Vt, dq);
-    for (int64_t e = 0; e < hd * Lp; e++) dKt[e] = dVt[e] = 0;
+    for (int64_t e = 0; e < hq * Lp; e++) dKt[e] = 0;
+    for (int64_t e = 0; e < hd * Lp; e++) dVt[e] = 0;
     const REAL scale = (REAL)c->scale, keep_scale = (REAL)c->keep_scale, ninf = -(REAL)INFINITY;
     const int64_t lse_row = (b * p->H + h) * L;
     for (int64_t i = 0; i < L; i++) {
@@ -192,9 +212,9 @@ static void BWD_UNIT(const fg_attn_call *c, int64_t b, int64_t h, int64_t len, R
         const REAL lse = LD(c->lse, p->acc, lse_row + i);
         const bool empty = lse == ninf;
         const int64_t jw = empty ? 0 : jend; /* the keys this row has gradients for */
-        for (int64_t x = 0; x < hd; x++) dq[x] = 0;
+        for (int64_t x = 0; x < hq; x++) dq[x] = 0;
         if (!empty) {
-            LD_ROW(q, qv->data, dt, b * qv->sb + h * qv->sh + i * qv->sl, qv->sx, hd);
+            LOAD_QK(q, qv, dt, b, h, i, P, hd);
             LD_ROW(dO, dov->data, dt, b * dov->sb + h * dov->sh + i * dov->sl, dov->sx, hd);
             LD_ROW(o, ov->data, dt, b * ov->sb + h * ov->sh + i * ov->sl, ov->sx, hd);
             REAL D = 0;
@@ -203,10 +223,8 @@ static void BWD_UNIT(const fg_attn_call *c, int64_t b, int64_t h, int64_t len, R
             else for (int64_t j = 0; j < Lp; j++) row[j] = 0;
             for (int64_t j0 = 0; j0 < Lp; j0 += LANES) { /* s and dp for LANES keys in registers */
                 VEC a = {0}, e = {0};
-                for (int64_t x = 0; x < hd; x++) {
-                    a += q[x] * VLD(Kt + x * Lp + j0);
-                    e += dO[x] * VLD(Vt + x * Lp + j0);
-                }
+                for (int64_t x = 0; x < hq; x++) a += q[x] * VLD(Kt + x * Lp + j0);
+                for (int64_t x = 0; x < hd; x++) e += dO[x] * VLD(Vt + x * Lp + j0);
                 VST(s + j0, a * scale + VLD(row + j0));
                 VST(dp + j0, e);
             }
@@ -232,25 +250,32 @@ static void BWD_UNIT(const fg_attn_call *c, int64_t b, int64_t h, int64_t len, R
             }
             /* dKᵀ, dVᵀ += this row's terms; dq = Σ_j ds_j·k_j in lanes (LANE_DOT's order). Keys past
                jend get nothing (not 0·q, NaN for q = ∞). */
-            for (int64_t x = 0; x < hd; x++) {
-                const REAL qx = q[x], dx = dO[x];
-                REAL *dkt = dKt + x * Lp, *dvt = dVt + x * Lp;
+            for (int64_t x = 0; x < hq; x++) {
+                const REAL qx = q[x];
+                REAL *dkt = dKt + x * Lp;
                 const REAL *kt = Kt + x * Lp;
                 VEC dqa = {0};
                 for (int64_t j0 = 0; j0 < jend; j0 += LANES) {
                     const VEC dsv = VLD(ds + j0);
-                    VEC dk = dsv * qx, dv = VLD(s + j0) * dx, dqk = dsv * VLD(kt + j0);
+                    VEC dk = dsv * qx, dqk = dsv * VLD(kt + j0);
                     if (j0 + LANES > jend) {
                         const VMASK mk = VBELOW(j0, jend);
                         dk = VSEL(mk, dk, (VEC){0});
-                        dv = VSEL(mk, dv, (VEC){0});
                         dqk = VSEL(mk, dqk, (VEC){0});
                     }
                     VST(dkt + j0, VLD(dkt + j0) + dk);
-                    VST(dvt + j0, VLD(dvt + j0) + dv);
                     dqa += dqk;
                 }
                 dq[x] = VSUM(dqa);
+            }
+            for (int64_t x = 0; x < hd; x++) {
+                const REAL dx = dO[x];
+                REAL *dvt = dVt + x * Lp;
+                for (int64_t j0 = 0; j0 < jend; j0 += LANES) {
+                    VEC dv = VLD(s + j0) * dx;
+                    if (j0 + LANES > jend) dv = VSEL(VBELOW(j0, jend), dv, (VEC){0});
+                    VST(dvt + j0, VLD(dvt + j0) + dv);
+                }
             }
         }
         if (dsi->data) { /* ds, and 0 at the masked positions (nothing to add with accumulate) */
@@ -259,16 +284,14 @@ static void BWD_UNIT(const fg_attn_call *c, int64_t b, int64_t h, int64_t len, R
             ST_ROW(dsi->data, sdt, base, dsi->sx, ds, acc_out ? jw : L, acc_out);
         }
         if (c->dq.data) {
-            const fg_attn_view *d = &c->dq;
-            for (int64_t x = 0; x < hd; x++) dq[x] *= scale;
-            ST_ROW(d->data, dt, b * d->sb + h * d->sh + i * d->sl, d->sx, dq, hd, acc_out);
+            for (int64_t x = 0; x < hq; x++) dq[x] *= scale;
+            STORE_QK(&c->dq, dt, b, h, i, P, hd, dq, acc_out);
         }
     }
     for (int64_t j = 0; j < L; j++) {
         if (c->dk.data) {
-            const fg_attn_view *d = &c->dk;
-            for (int64_t x = 0; x < hd; x++) q[x] = dKt[x * Lp + j] * scale;
-            ST_ROW(d->data, dt, b * d->sb + h * d->sh + j * d->sl, d->sx, q, hd, acc_out);
+            for (int64_t x = 0; x < hq; x++) q[x] = dKt[x * Lp + j] * scale;
+            STORE_QK(&c->dk, dt, b, h, j, P, hd, q, acc_out);
         }
         if (c->dv.data) {
             const fg_attn_view *d = &c->dv;
@@ -303,4 +326,6 @@ static void BWD_UNIT(const fg_attn_call *c, int64_t b, int64_t h, int64_t len, R
 #undef LANE_DOT
 #undef LANE_MAX
 #undef LOAD_KV
+#undef LOAD_QK
+#undef STORE_QK
 #undef LOAD_SROW

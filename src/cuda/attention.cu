@@ -1310,11 +1310,17 @@ extern "C" fg_status fg_cuda_attn_plan(fg_context *ctx, const fg_attn_problem *p
     if (p->hd > TILED_HD)
         return fg_fail(FG_ERR_UNSUPPORTED, "%s: hd=%lld is beyond the CUDA kernels' 256 (the CPU backend takes it)", op,
                        (long long)p->hd);
-    if (p->L > INT32_MAX / 2 || p->B * p->H * ((p->L + 15) / 16) > INT32_MAX)
+    if (p->L > INT32_MAX / 2 || p->B * p->H * ((p->L + 15) / 16) > INT32_MAX || p->pieces > INT32_MAX)
         return fg_fail(FG_ERR_UNSUPPORTED, "%s: B·H=%lld, L=%lld: more blocks than the CUDA kernels' grid takes", op,
                        (long long)(p->B * p->H), (long long)p->L);
     int khdp = 0;
-    if (fg_cuda_attn_qrow_fits(p, &khdp)) {
+    const bool qrow = fg_cuda_attn_qrow_fits(p, &khdp);
+    if (p->pieces > 1 && !qrow)
+        return fg_fail(FG_ERR_UNSUPPORTED,
+                       "%s: q and k in %lld pieces run on the CUDA backend's short-sequence kernels only (L <= 64, "
+                       "hd <= 8; here L=%lld, hd=%lld); the CPU backend takes any size",
+                       op, (long long)p->pieces, (long long)p->L, (long long)p->hd);
+    if (qrow) {
         path->kernel = FG_ATTN_SHORT_QROW;
         path->group = khdp << 16;
         snprintf(path->name, sizeof path->name, "attn_short_qrow_%s<%s,%d>", p->forward ? "fwd" : "bwd",
@@ -1388,7 +1394,7 @@ extern "C" fg_status fg_cuda_attn(fg_context *ctx, const fg_attn_call *c) {
     cudaStream_t st = ctx->cuda->stream;
     attn_params a;
     memset(&a, 0, sizeof a);
-    a.B = (int)p->B, a.H = (int)p->H, a.L = (int)p->L, a.hd = (int)p->hd;
+    a.B = (int)p->B, a.H = (int)p->H, a.L = (int)p->L, a.hd = (int)p->hd, a.P = (int)p->pieces;
     a.scale = (float)c->scale;
     a.causal = p->causal, a.dropout = p->dropout, a.accumulate = p->accumulate;
     a.len64 = p->ldtype == FG_I64;

@@ -20,11 +20,19 @@
 #include <math.h>
 #include <stdint.h>
 
-/* A [B, H, L, X] operand: base pointer and element strides; p NULL: absent. */
+/* A [B, H, L, X] operand: base pointer and element strides; p NULL: absent. q, k, dq, dk may
+   come in pieces ([B, H, L, P, hd]): sp is the piece stride, p piece 0's base. */
 struct attn_view {
     void *p;
-    int64_t sb, sh, sl, sx;
+    int64_t sb, sh, sl, sx, sp;
 };
+
+/* piece pc of a q, k, dq or dk view (absent stays absent) */
+template <typename X> __device__ __forceinline__ attn_view piece_of(const attn_view &v, int pc) {
+    attn_view r = v;
+    if (r.p) r.p = (X *)v.p + (int64_t)pc * v.sp;
+    return r;
+}
 
 template <typename X>
 __device__ __forceinline__ X *at(const attn_view &v, int64_t b, int64_t h, int64_t i, int64_t x) {
@@ -33,6 +41,7 @@ __device__ __forceinline__ X *at(const attn_view &v, int64_t b, int64_t h, int64
 
 struct attn_params {
     int B, H, L, hd;
+    int P;                   /* q and k pieces (the short-sequence kernels; 1 elsewhere) */
     float scale;
     bool causal, dropout, accumulate, len64;
     unsigned keep_min;       /* the dropout keeps an element whose 16 bits are >= keep_min (rng.h) */
@@ -206,10 +215,13 @@ cudaError_t fg_cuda_attn_flash(const attn_params &a, bool forward, fg_dtype dtyp
    their run. */
 bool fg_cuda_attn_qrow_fits(const fg_attn_problem *p, int *hdp);
 cudaError_t fg_cuda_attn_qrow(const attn_params &a, bool forward, fg_dtype dtype, bool s32, int hdp, cudaStream_t st);
+/* the same kernels' instances for q and k in pieces (a.P > 1; attention_qrow_pieces.cu) */
+cudaError_t fg_cuda_attn_qrow_pieces(const attn_params &a, bool forward, fg_dtype dtype, bool s32, int hdp,
+                                     cudaStream_t st);
 
 /* Host: the kernel arguments of a call (f32 lse; f64 never reaches the CUDA kernels). */
 static inline attn_view attn_view_of(const fg_attn_view &v) {
-    attn_view r = {v.data, v.sb, v.sh, v.sl, v.sx};
+    attn_view r = {v.data, v.sb, v.sh, v.sl, v.sx, v.sp};
     return r;
 }
 

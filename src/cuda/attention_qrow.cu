@@ -16,6 +16,10 @@
  * exp, max and log take their SFU forms (the loops are bound by issued instructions). Each
  * kernel is built with and without dropout: without, it carries none of the Philox draw's
  * registers.
+ * q and k in P pieces (PatchTST's residual attention as the sum of the layers' products): the
+ * pieces before the last are added into the score tiles first (as scores in would be), the
+ * kernels then run on the last piece as on a plain q, k; the backward ends with dq and dk of
+ * the earlier pieces, one sweep each way over the dS tile a piece.
  * Why: a lane a key (sixteen lanes a head, each key's k, v, dk, dv in registers) needs a 16-lane
  * max, sum and reduce-scatter every row, ≈ 250 instructions a row step of two heads on three keys,
  * and held the backward at 168 registers; here a score costs a thread ≈ 40 instructions in the
@@ -24,6 +28,13 @@
  * rules are attention.cuh's, as on every path.
  */
 #include "attention.cuh"
+
+/* 1: this unit builds the kernels' instances for q and k in pieces (attention_qrow_pieces.cu
+   includes this file so); 0: the plain ones and the entry points. Two units, so the pieces'
+   code adds no registers to the plain instances and the two build in parallel. */
+#ifndef FG_QROW_PIECES
+#define FG_QROW_PIECES 0
+#endif
 
 namespace {
 
@@ -267,7 +278,40 @@ __device__ __forceinline__ void qrow_scores_out(const attn_params &a, const attn
     }
 }
 
-template <typename T, typename S, int HDP, bool DROP>
+/* q and k in pieces: the tile's rows (thread t's row t: query i of head hg) become the scores in
+   (or 0) plus scale · q·k of every piece but the last, over the keys the row sees; Ks (G·L·HDP
+   floats) is scratch. The whole block calls it; it ends past a barrier. */
+template <typename T, typename S, int HDP>
+__device__ __forceinline__ void qrow_piece_scores(const attn_params &a, float *tile, float *Ks, int64_t n0, int nh,
+                                                  bool on, int t, int hg, int i, int64_t b, int64_t h, int len,
+                                                  bool bad) {
+    const int L = a.L, LP = L + 1;
+    float *row = tile + t * LP;
+    if (a.sin.p) qrow_scores_in<S>(a, a.sin, tile, attn_view{}, nullptr, n0, nh);
+    else if (on)
+        for (int j = 0; j < L; j++) row[j] = 0.f;
+    const int jend = on && !bad ? key_end(a, i, len) : 0;
+    for (int pc = 0; pc + 1 < a.P; pc++) {
+        float q[HDP];
+        if (on) {
+            float k[HDP];
+            key_load_live<T, HDP>(piece_of<T>(a.k, pc), b, h, i, len, a.hd, k);
+            key_load<T, HDP>(piece_of<T>(a.q, pc), b, h, i, a.hd, q);
+            rows_put<HDP>(Ks + t * HDP, k);
+        }
+        __syncthreads(); /* the piece's k rows (and, the first time, the scores in) are in */
+        const float *K = Ks + hg * L * HDP;
+#pragma unroll 2
+        for (int j = 0; j < jend; j++) {
+            float k[HDP];
+            rows_get<HDP>(K + j * HDP, k);
+            row[j] += rows_dot_r<HDP>(q, k) * a.scale;
+        }
+        __syncthreads(); /* Ks is free again */
+    }
+}
+
+template <typename T, typename S, int HDP, bool DROP, bool PIECES>
 __global__ void __launch_bounds__(QT, qrow_fwd_blocks<S, HDP>()) qrow_fwd_kernel(attn_params a) {
     extern __shared__ float4 ksm4[];
     const int L = a.L, hd = a.hd, LP = L + 1, G = QT / L;
@@ -282,22 +326,25 @@ __global__ void __launch_bounds__(QT, qrow_fwd_blocks<S, HDP>()) qrow_fwd_kernel
     const int64_t n = n0 + hg, b = n / a.H, h = n - b * a.H;
     bool bad = false;
     const int len = seq_len(a, b, &bad);
+    constexpr bool pieces = PIECES;
+    const int last = PIECES ? a.P - 1 : 0; /* the kernels' own piece */
+    if (pieces) qrow_piece_scores<T, S, HDP>(a, tile, Ks, n0, nh, on, t, hg, i, b, h, len, bad);
     float q[HDP];
     if (on) {
         float k[HDP], v[HDP];
-        key_load_live<T, HDP>(a.k, b, h, i, len, hd, k);
+        key_load_live<T, HDP>(piece_of<T>(a.k, last), b, h, i, len, hd, k);
         key_load_live<T, HDP>(a.v, b, h, i, len, hd, v);
-        key_load<T, HDP>(a.q, b, h, i, hd, q);
+        key_load<T, HDP>(piece_of<T>(a.q, last), b, h, i, hd, q);
         rows_put<HDP>(Ks + t * HDP, k);
         rows_put<HDP>(Vs + t * HDP, v);
     }
-    if (a.sin.p) qrow_scores_in<S>(a, a.sin, tile, attn_view{}, nullptr, n0, nh);
+    if (a.sin.p && !pieces) qrow_scores_in<S>(a, a.sin, tile, attn_view{}, nullptr, n0, nh);
     __syncthreads();
     if (on) {
         const int jend = bad ? 0 : key_end(a, i, len);
         const float *K = Ks + hg * L * HDP, *V = Vs + hg * L * HDP;
         float *row = tile + t * LP;
-        const bool sin = a.sin.p != nullptr;
+        const bool sin = a.sin.p != nullptr || pieces;
         float m = KNEG_INF;
 #pragma unroll 2
         for (int j = 0; j < jend; j++) {
@@ -341,17 +388,18 @@ __global__ void __launch_bounds__(QT, qrow_fwd_blocks<S, HDP>()) qrow_fwd_kernel
 
 template <typename T, typename S, int HDP, bool DROP>
 cudaError_t qrow_launch(const attn_params &a, cudaStream_t st) {
+    constexpr bool PIECES = FG_QROW_PIECES;
     const int G = qrow_heads(a.L);
     const int64_t heads = (int64_t)a.B * a.H;
     const unsigned blocks = (unsigned)((heads + G - 1) / G);
     const size_t smem = qrow_smem(a.L, HDP);
     if (qrow_l1_bound<S, HDP>()) { /* no more blocks than qrow_fwd_blocks: the rest stays L1 */
-        const cudaError_t e = cudaFuncSetAttribute((const void *)qrow_fwd_kernel<T, S, HDP, DROP>,
+        const cudaError_t e = cudaFuncSetAttribute((const void *)qrow_fwd_kernel<T, S, HDP, DROP, PIECES>,
                                                    cudaFuncAttributePreferredSharedMemoryCarveout,
                                                    qrow_carveout(smem, qrow_fwd_blocks<S, HDP>()));
         if (e != cudaSuccess) return e;
     }
-    qrow_fwd_kernel<T, S, HDP, DROP><<<blocks, QT, smem, st>>>(a);
+    qrow_fwd_kernel<T, S, HDP, DROP, PIECES><<<blocks, QT, smem, st>>>(a);
     return cudaGetLastError();
 }
 
@@ -370,78 +418,14 @@ size_t qrow_bwd_smem(int L, int hdp) {
     return sizeof(float) * (G * 2 * (size_t)L * hdp + G * 2 * (size_t)L * (L + 1));
 }
 
-template <typename T, typename S, int HDP, bool DROP>
-__global__ void __launch_bounds__(QT, qrow_bwd_blocks<S, HDP>()) qrow_bwd_kernel(attn_params a) {
-    extern __shared__ float4 ksm4[];
-    const int L = a.L, hd = a.hd, LP = L + 1, G = QT / L;
-    const int64_t BH = (int64_t)a.B * a.H, n0 = (int64_t)blockIdx.x * G;
-    const int nh = (int)min((int64_t)G, BH - n0);
-    float *Ks = reinterpret_cast<float *>(ksm4), *Vs = Ks + G * L * HDP, *TA = Vs + G * L * HDP, *TB = TA + G * L * LP;
-    float *Qs = Ks, *DOs = Vs; /* the key sweep's q and do rows, once the row sweep is done with k and v */
-    /* thread t < nh·L is row t of the block's heads (its query row in the first sweep, its key in
-       the second): it loads that row's k, v (zeros past a sequence's length), q, do, o and lse,
-       all before the first store; then the heads' scores in and their gradient, in one batch */
-    const int t = (int)threadIdx.x;
-    const bool on = t < nh * L;
-    const int hg = on ? t / L : 0, ij = t - hg * L;
-    const int64_t n = n0 + hg, b = n / a.H, h = n - b * a.H;
-    bool bad = false;
-    const int len = seq_len(a, b, &bad);
-    float q[HDP], dO[HDP], o[HDP], lse = 0.f;
-    if (on) {
-        float k[HDP], v[HDP];
-        key_load_live<T, HDP>(a.k, b, h, ij, len, hd, k);
-        key_load_live<T, HDP>(a.v, b, h, ij, len, hd, v);
-        key_load<T, HDP>(a.q, b, h, ij, hd, q);
-        key_load<T, HDP>(a.dout, b, h, ij, hd, dO);
-        key_load<T, HDP>(a.o, b, h, ij, hd, o);
-        lse = a.lse[n * L + ij];
-        rows_put<HDP>(Ks + t * HDP, k);
-        rows_put<HDP>(Vs + t * HDP, v);
-    }
-    if (a.sin.p) qrow_scores_in<S>(a, a.sin, TA, a.dso, TB, n0, nh);
-    else if (a.dso.p) qrow_scores_in<S>(a, a.dso, TB, attn_view{}, nullptr, n0, nh);
-    __syncthreads();
-    if (on) {
-        const int i = ij;
-        const int jend = bad || lse == KNEG_INF ? 0 : key_end(a, i, len);
-        float dq[HDP];
-        float D = 0.f;
-#pragma unroll
-        for (int d = 0; d < HDP; d++) {
-            if (d < hd) D += dO[d] * o[d];
-            dq[d] = 0.f;
-        }
-        const float *K = Ks + hg * L * HDP, *V = Vs + hg * L * HDP;
-        float *ra = TA + t * LP, *rb = TB + t * LP;
-        const bool sin = a.sin.p != nullptr, gin = a.dso.p != nullptr;
-        keep_row kr(a, n, i);
-#pragma unroll 2
-        for (int j = 0; j < jend; j++) {
-            float k[HDP], v[HDP];
-            rows_get<HDP>(K + j * HDP, k);
-            rows_get<HDP>(V + j * HDP, v);
-            const float x = rows_dot_r<HDP>(q, k) * a.scale + (sin ? ra[j] : 0.f);
-            const float p = kexp(x - lse), kd = DROP ? kr.at(a, j) : 1.f;
-            const float ds = p * (rows_dot_r<HDP>(dO, v) * kd - D) + (gin ? rb[j] : 0.f);
-            ra[j] = ds;
-            rb[j] = p * kd;
-#pragma unroll
-            for (int d = 0; d < HDP; d++) dq[d] += ds * k[d];
-        }
-        for (int j = jend; j < L; j++) ra[j] = 0.f, rb[j] = 0.f;
-        if (bad)
-            for (int j = 0; j < L; j++) ra[j] = knan();
-        if (a.dq.p) {
-#pragma unroll
-            for (int d = 0; d < HDP; d++) dq[d] = bad ? knan() : dq[d] * a.scale;
-            key_store<T, HDP>(a.dq, b, h, i, hd, dq, a.accumulate && !bad);
-        }
-        if (bad && i == 0) raise_bad_length(a, b);
-    }
-    __syncthreads();
-    if (a.dsin.p) qrow_scores_out<S>(a, a.dsin, TA, n0, nh, a.accumulate);
-    if (!a.dk.p && !a.dv.p) return;
+/* The key sweep (thread j: dk_j = scale Σ_i dS_ij q_i and dv_j = Σ_i p̃_ij do_i down the tiles'
+   columns, rows in order) of the last piece; q and do are the thread's own rows. The whole block
+   calls it. */
+template <typename T, int HDP>
+__device__ __forceinline__ void qrow_key_sweep(const attn_params &a, const float *TA, const float *TB, float *Qs,
+                                               float *DOs, const float q[HDP], const float dO[HDP], bool on, int t,
+                                               int hg, int ij, int64_t b, int64_t h, bool bad, int last) {
+    const int L = a.L, hd = a.hd, LP = L + 1;
     if (on) rows_put<HDP>(Qs + t * HDP, q), rows_put<HDP>(DOs + t * HDP, dO);
     __syncthreads();
     if (on) {
@@ -468,23 +452,158 @@ __global__ void __launch_bounds__(QT, qrow_bwd_blocks<S, HDP>()) qrow_bwd_kernel
             dk[d] = bad ? knan() : dk[d] * a.scale;
             dv[d] = bad ? knan() : dv[d];
         }
-        if (a.dk.p) key_store<T, HDP>(a.dk, b, h, j, hd, dk, a.accumulate && !bad);
+        if (a.dk.p) key_store<T, HDP>(piece_of<T>(a.dk, last), b, h, j, hd, dk, a.accumulate && !bad);
         if (a.dv.p) key_store<T, HDP>(a.dv, b, h, j, hd, dv, a.accumulate && !bad);
     }
 }
 
+/* q and k in pieces, the backward's end: dq and dk of every piece but the last from the dS tile
+   TA (row ij: dq_i = scale Σ_j dS_ij k_j over the row's jrow keys; column ij: dk_j = scale Σ_i
+   dS_ij q_i), each piece's k and q rows in Ks and Vs. The whole block calls it. */
+template <typename T, int HDP>
+__device__ __forceinline__ void qrow_piece_grads(const attn_params &a, const float *TA, float *Ks, float *Vs, bool on,
+                                                 int t, int hg, int ij, int64_t b, int64_t h, int len, bool bad,
+                                                 int jrow) {
+    const int L = a.L, hd = a.hd, LP = L + 1;
+    for (int pc = 0; pc + 1 < a.P; pc++) {
+        __syncthreads(); /* the last sweep is done with Ks and Vs */
+        if (on) {
+            float k[HDP], qp[HDP];
+            key_load_live<T, HDP>(piece_of<T>(a.k, pc), b, h, ij, len, hd, k);
+            key_load<T, HDP>(piece_of<T>(a.q, pc), b, h, ij, hd, qp);
+            rows_put<HDP>(Ks + t * HDP, k);
+            rows_put<HDP>(Vs + t * HDP, qp);
+        }
+        __syncthreads();
+        if (!on) continue;
+        float acc[HDP];
+        if (a.dq.p) {
+            const float *K = Ks + hg * L * HDP, *ra = TA + t * LP;
+#pragma unroll
+            for (int d = 0; d < HDP; d++) acc[d] = 0.f;
+#pragma unroll 2
+            for (int j = 0; j < jrow; j++) {
+                const float ds = ra[j];
+                float k[HDP];
+                rows_get<HDP>(K + j * HDP, k);
+#pragma unroll
+                for (int d = 0; d < HDP; d++) acc[d] += ds * k[d];
+            }
+#pragma unroll
+            for (int d = 0; d < HDP; d++) acc[d] = bad ? knan() : acc[d] * a.scale;
+            key_store<T, HDP>(piece_of<T>(a.dq, pc), b, h, ij, hd, acc, a.accumulate && !bad);
+        }
+        if (a.dk.p) {
+            const float *Q = Vs + hg * L * HDP, *ca = TA + hg * L * LP + ij;
+#pragma unroll
+            for (int d = 0; d < HDP; d++) acc[d] = 0.f;
+#pragma unroll 2
+            for (int i = 0; i < L; i++) {
+                const float ds = ca[i * LP];
+                float qi[HDP];
+                rows_get<HDP>(Q + i * HDP, qi);
+#pragma unroll
+                for (int d = 0; d < HDP; d++) acc[d] += ds * qi[d];
+            }
+#pragma unroll
+            for (int d = 0; d < HDP; d++) acc[d] = bad ? knan() : acc[d] * a.scale;
+            key_store<T, HDP>(piece_of<T>(a.dk, pc), b, h, ij, hd, acc, a.accumulate && !bad);
+        }
+    }
+}
+
+template <typename T, typename S, int HDP, bool DROP, bool PIECES>
+__global__ void __launch_bounds__(QT, qrow_bwd_blocks<S, HDP>()) qrow_bwd_kernel(attn_params a) {
+    extern __shared__ float4 ksm4[];
+    const int L = a.L, hd = a.hd, LP = L + 1, G = QT / L;
+    const int64_t BH = (int64_t)a.B * a.H, n0 = (int64_t)blockIdx.x * G;
+    const int nh = (int)min((int64_t)G, BH - n0);
+    float *Ks = reinterpret_cast<float *>(ksm4), *Vs = Ks + G * L * HDP, *TA = Vs + G * L * HDP, *TB = TA + G * L * LP;
+    float *Qs = Ks, *DOs = Vs; /* the key sweep's q and do rows, once the row sweep is done with k and v */
+    /* thread t < nh·L is row t of the block's heads (its query row in the first sweep, its key in
+       the second): it loads that row's k, v (zeros past a sequence's length), q, do, o and lse,
+       all before the first store; then the heads' scores in and their gradient, in one batch */
+    const int t = (int)threadIdx.x;
+    const bool on = t < nh * L;
+    const int hg = on ? t / L : 0, ij = t - hg * L;
+    const int64_t n = n0 + hg, b = n / a.H, h = n - b * a.H;
+    bool bad = false;
+    const int len = seq_len(a, b, &bad);
+    constexpr bool pieces = PIECES;
+    const int last = PIECES ? a.P - 1 : 0; /* the kernels' own piece */
+    if (pieces) qrow_piece_scores<T, S, HDP>(a, TA, Ks, n0, nh, on, t, hg, ij, b, h, len, bad);
+    float q[HDP], dO[HDP], o[HDP], lse = 0.f;
+    if (on) {
+        float k[HDP], v[HDP];
+        key_load_live<T, HDP>(piece_of<T>(a.k, last), b, h, ij, len, hd, k);
+        key_load_live<T, HDP>(a.v, b, h, ij, len, hd, v);
+        key_load<T, HDP>(piece_of<T>(a.q, last), b, h, ij, hd, q);
+        key_load<T, HDP>(a.dout, b, h, ij, hd, dO);
+        key_load<T, HDP>(a.o, b, h, ij, hd, o);
+        lse = a.lse[n * L + ij];
+        rows_put<HDP>(Ks + t * HDP, k);
+        rows_put<HDP>(Vs + t * HDP, v);
+    }
+    if (a.sin.p && !pieces) qrow_scores_in<S>(a, a.sin, TA, a.dso, TB, n0, nh);
+    else if (a.dso.p) qrow_scores_in<S>(a, a.dso, TB, attn_view{}, nullptr, n0, nh);
+    __syncthreads();
+    const int jrow = !on || bad || lse == KNEG_INF ? 0 : key_end(a, ij, len); /* the keys row ij has gradients for */
+    if (on) {
+        const int i = ij;
+        const int jend = jrow;
+        float dq[HDP];
+        float D = 0.f;
+#pragma unroll
+        for (int d = 0; d < HDP; d++) {
+            if (d < hd) D += dO[d] * o[d];
+            dq[d] = 0.f;
+        }
+        const float *K = Ks + hg * L * HDP, *V = Vs + hg * L * HDP;
+        float *ra = TA + t * LP, *rb = TB + t * LP;
+        const bool sin = a.sin.p != nullptr || pieces, gin = a.dso.p != nullptr;
+        keep_row kr(a, n, i);
+#pragma unroll 2
+        for (int j = 0; j < jend; j++) {
+            float k[HDP], v[HDP];
+            rows_get<HDP>(K + j * HDP, k);
+            rows_get<HDP>(V + j * HDP, v);
+            const float x = rows_dot_r<HDP>(q, k) * a.scale + (sin ? ra[j] : 0.f);
+            const float p = kexp(x - lse), kd = DROP ? kr.at(a, j) : 1.f;
+            const float ds = p * (rows_dot_r<HDP>(dO, v) * kd - D) + (gin ? rb[j] : 0.f);
+            ra[j] = ds;
+            rb[j] = p * kd;
+#pragma unroll
+            for (int d = 0; d < HDP; d++) dq[d] += ds * k[d];
+        }
+        for (int j = jend; j < L; j++) ra[j] = 0.f, rb[j] = 0.f;
+        if (bad)
+            for (int j = 0; j < L; j++) ra[j] = knan();
+        if (a.dq.p) {
+#pragma unroll
+            for (int d = 0; d < HDP; d++) dq[d] = bad ? knan() : dq[d] * a.scale;
+            key_store<T, HDP>(piece_of<T>(a.dq, last), b, h, i, hd, dq, a.accumulate && !bad);
+        }
+        if (bad && i == 0) raise_bad_length(a, b);
+    }
+    __syncthreads();
+    if (a.dsin.p) qrow_scores_out<S>(a, a.dsin, TA, n0, nh, a.accumulate);
+    if (a.dk.p || a.dv.p) qrow_key_sweep<T, HDP>(a, TA, TB, Qs, DOs, q, dO, on, t, hg, ij, b, h, bad, last);
+    if (pieces && (a.dq.p || a.dk.p)) qrow_piece_grads<T, HDP>(a, TA, Ks, Vs, on, t, hg, ij, b, h, len, bad, jrow);
+}
+
 template <typename T, typename S, int HDP, bool DROP>
 cudaError_t qrow_bwd_launch(const attn_params &a, cudaStream_t st) {
+    constexpr bool PIECES = FG_QROW_PIECES;
     const int G = qrow_heads(a.L);
     const int64_t heads = (int64_t)a.B * a.H;
     const unsigned blocks = (unsigned)((heads + G - 1) / G);
     const size_t smem = qrow_bwd_smem(a.L, HDP);
     if (smem > 48 * 1024) { /* past the default limit the kernel must opt in */
-        const cudaError_t e = cudaFuncSetAttribute((const void *)qrow_bwd_kernel<T, S, HDP, DROP>,
+        const cudaError_t e = cudaFuncSetAttribute((const void *)qrow_bwd_kernel<T, S, HDP, DROP, PIECES>,
                                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess) return e;
     }
-    qrow_bwd_kernel<T, S, HDP, DROP><<<blocks, QT, smem, st>>>(a);
+    qrow_bwd_kernel<T, S, HDP, DROP, PIECES><<<blocks, QT, smem, st>>>(a);
     return cudaGetLastError();
 }
 
@@ -505,6 +624,10 @@ cudaError_t qrow_run(const attn_params &a, bool forward, int hdp, cudaStream_t s
 
 } // namespace
 
+#if FG_QROW_PIECES
+cudaError_t fg_cuda_attn_qrow_pieces(const attn_params &a, bool forward, fg_dtype dtype, bool s32, int hdp,
+                                     cudaStream_t st) {
+#else
 bool fg_cuda_attn_qrow_fits(const fg_attn_problem *p, int *hdp) {
     if (p->L < 1 || p->L > 64 || p->hd < 1 || p->hd > 8) return false;
     *hdp = p->hd <= 4 ? 4 : 8;
@@ -512,6 +635,8 @@ bool fg_cuda_attn_qrow_fits(const fg_attn_problem *p, int *hdp) {
 }
 
 cudaError_t fg_cuda_attn_qrow(const attn_params &a, bool forward, fg_dtype dtype, bool s32, int hdp, cudaStream_t st) {
+    if (a.P > 1) return fg_cuda_attn_qrow_pieces(a, forward, dtype, s32, hdp, st);
+#endif
     if (dtype == FG_F32) return qrow_run<float, float>(a, forward, hdp, st);
     if (dtype == FG_F16)
         return s32 ? qrow_run<__half, float>(a, forward, hdp, st) : qrow_run<__half, __half>(a, forward, hdp, st);

@@ -100,10 +100,37 @@ static fg_status check_lse(const char *op, const fg_tensor *t, fg_dtype acc, int
     return fg_check_contiguous(op, "lse", t);
 }
 
-/* q: rank 4, a float dtype; gives B, H, L, hd. */
-static fg_status check_q(const char *op, const fg_tensor *q, int64_t *B, int64_t *H, int64_t *L, int64_t *hd) {
-    FG_TRY(fg_check_desc(op, "q", q, 4, 4));
-    *B = q->shape[0], *H = q->shape[1], *L = q->shape[2], *hd = q->shape[3];
+/* q: rank 4 ([B, H, L, hd]) or 5 (in pieces: [B, H, L, P, hd]), a float dtype; gives B, H, L,
+   hd and P (1 for rank 4). */
+static fg_status check_q(const char *op, const fg_tensor *q, int64_t *B, int64_t *H, int64_t *L, int64_t *hd,
+                         int64_t *P) {
+    FG_TRY(fg_check_desc(op, "q", q, 4, 5));
+    *B = q->shape[0], *H = q->shape[1], *L = q->shape[2];
+    *P = q->rank == 5 ? q->shape[3] : 1;
+    *hd = q->shape[q->rank - 1];
+    if (q->rank == 5 && *P < 1)
+        return fg_fail(FG_ERR_SHAPE, "%s: q.shape[3]=%lld pieces: a 5-D q needs at least one", op, (long long)*P);
+    return FG_OK;
+}
+
+/* k, dq or dk: q's rank and shape ([B, H, L, hd], or [B, H, L, P, hd] when q is in pieces). */
+static fg_status check_qk(const char *op, const char *what, const fg_tensor *t, const fg_tensor *q) {
+    if (q->rank == 4) return check_4d(op, what, t, q->dtype, "q", q->shape[0], q->shape[1], q->shape[2], q->shape[3]);
+    FG_TRY(fg_check_desc(op, what, t, 1, FG_MAX_RANK));
+    if (t->rank != 5) {
+        char a[96], b[96];
+        return fg_fail(FG_ERR_SHAPE, "%s: %s is %s but it must be q's shape %s (q and k in the same pieces)", op, what,
+                       fg_shape_str(t, a, sizeof a), fg_shape_str(q, b, sizeof b));
+    }
+    if (t->dtype != q->dtype)
+        return fg_fail(FG_ERR_DTYPE, "%s: %s is %s but q is %s", op, what, fg_dtype_name(t->dtype),
+                       fg_dtype_name(q->dtype));
+    for (int d = 0; d < 5; d++)
+        if (t->shape[d] != q->shape[d]) {
+            char a[96], b[96];
+            return fg_fail(FG_ERR_SHAPE, "%s: %s is %s but it must be q's shape %s (q and k in the same pieces)", op,
+                           what, fg_shape_str(t, a, sizeof a), fg_shape_str(q, b, sizeof b));
+        }
     return FG_OK;
 }
 
@@ -113,8 +140,9 @@ static bool unit_rows(const fg_tensor *t) {
     int64_t st[FG_MAX_RANK];
     fg_tensor_strides(t, st);
     const int64_t v = 16 / (int64_t)fg_dtype_size(t->dtype);
-    if (t->shape[3] > 1 && st[3] != 1) return false;
-    for (int d = 0; d < 3; d++)
+    const int last = t->rank - 1;
+    if (t->shape[last] > 1 && st[last] != 1) return false;
+    for (int d = 0; d < last; d++)
         if (t->shape[d] > 1 && st[d] % v != 0) return false;
     return true;
 }
@@ -134,7 +162,9 @@ static void view_of(fg_attn_view *v, const fg_tensor *t) {
     int64_t st[FG_MAX_RANK];
     fg_tensor_strides(t, st);
     v->data = t->data;
-    v->sb = st[0], v->sh = st[1], v->sl = st[2], v->sx = st[3];
+    v->sb = st[0], v->sh = st[1], v->sl = st[2];
+    if (t->rank == 5) v->sp = st[3], v->sx = st[4];
+    else v->sx = st[3];
 }
 
 static double resolved_scale(const fg_attention_options *o, int64_t hd) {
@@ -191,10 +221,10 @@ static fg_status lower_forward(const fg_plan_desc *d, fg_lowered *out) {
     const char *op = "attention_forward";
     const fg_tensor *t = d->operands;
     FG_TRY(check_options(op, attn_opts(d)));
-    int64_t B, H, L, hd;
-    FG_TRY(check_q(op, &t[AF_Q], &B, &H, &L, &hd));
+    int64_t B, H, L, hd, P;
+    FG_TRY(check_q(op, &t[AF_Q], &B, &H, &L, &hd, &P));
     const fg_dtype dt = t[AF_Q].dtype, acc = acc_of(dt);
-    FG_TRY(check_4d(op, "k", &t[AF_K], dt, "q", B, H, L, hd));
+    FG_TRY(check_qk(op, "k", &t[AF_K], &t[AF_Q]));
     FG_TRY(check_4d(op, "v", &t[AF_V], dt, "q", B, H, L, hd));
     FG_TRY(check_4d(op, "o", &t[AF_O], dt, "q", B, H, L, hd));
     FG_TRY(check_lengths(op, &t[AF_LEN], B));
@@ -209,7 +239,7 @@ static fg_status lower_forward(const fg_plan_desc *d, fg_lowered *out) {
     p->forward = true;
     p->dtype = dt, p->sdtype = sdt, p->acc = acc;
     p->ldtype = has(&t[AF_LEN]) ? t[AF_LEN].dtype : FG_I32;
-    p->B = B, p->H = H, p->L = L, p->hd = hd;
+    p->B = B, p->H = H, p->L = L, p->hd = hd, p->pieces = P;
     p->causal = attn_opts(d)->causal != 0;
     p->dropout = attn_opts(d)->dropout_p > 0;
     p->has_lengths = has(&t[AF_LEN]);
@@ -225,17 +255,17 @@ static fg_status lower_backward(const fg_plan_desc *d, fg_lowered *out) {
     const char *op = "attention_backward";
     const fg_tensor *t = d->operands;
     FG_TRY(check_options(op, attn_opts(d)));
-    int64_t B, H, L, hd;
-    FG_TRY(check_q(op, &t[AB_Q], &B, &H, &L, &hd));
+    int64_t B, H, L, hd, P;
+    FG_TRY(check_q(op, &t[AB_Q], &B, &H, &L, &hd, &P));
     const fg_dtype dt = t[AB_Q].dtype, acc = acc_of(dt);
     FG_TRY(check_4d(op, "do", &t[AB_DO], dt, "q", B, H, L, hd));
-    FG_TRY(check_4d(op, "k", &t[AB_K], dt, "q", B, H, L, hd));
+    FG_TRY(check_qk(op, "k", &t[AB_K], &t[AB_Q]));
     FG_TRY(check_4d(op, "v", &t[AB_V], dt, "q", B, H, L, hd));
     FG_TRY(check_4d(op, "o", &t[AB_O], dt, "q", B, H, L, hd));
     FG_TRY(check_lengths(op, &t[AB_LEN], B));
     FG_TRY(check_lse(op, &t[AB_LSE], acc, B, H, L));
-    if (has(&t[AB_DQ])) FG_TRY(check_4d(op, "dq", &t[AB_DQ], dt, "q", B, H, L, hd));
-    if (has(&t[AB_DK])) FG_TRY(check_4d(op, "dk", &t[AB_DK], dt, "q", B, H, L, hd));
+    if (has(&t[AB_DQ])) FG_TRY(check_qk(op, "dq", &t[AB_DQ], &t[AB_Q]));
+    if (has(&t[AB_DK])) FG_TRY(check_qk(op, "dk", &t[AB_DK], &t[AB_Q]));
     if (has(&t[AB_DV])) FG_TRY(check_4d(op, "dv", &t[AB_DV], dt, "q", B, H, L, hd));
     if (has(&t[AB_DSIN]) && !has(&t[AB_SIN]))
         return fg_fail(FG_ERR_NULL_POINTER, "%s: dscores_in is requested but scores_in is absent", op);
@@ -249,7 +279,7 @@ static fg_status lower_backward(const fg_plan_desc *d, fg_lowered *out) {
     p->forward = false;
     p->dtype = dt, p->sdtype = sdt, p->acc = acc;
     p->ldtype = has(&t[AB_LEN]) ? t[AB_LEN].dtype : FG_I32;
-    p->B = B, p->H = H, p->L = L, p->hd = hd;
+    p->B = B, p->H = H, p->L = L, p->hd = hd, p->pieces = P;
     p->causal = attn_opts(d)->causal != 0;
     p->dropout = attn_opts(d)->dropout_p > 0;
     p->has_lengths = has(&t[AB_LEN]);

@@ -1144,6 +1144,32 @@ FG_NODISCARD FG_API fg_status fg_encoder_layer_backward(fg_context *ctx, const f
                                                         const fg_encoder_layer_params *grads, int accumulate,
                                                         void *workspace, size_t workspace_bytes);
 
+/* A stack of `layers` encoder layers of one descriptor (torch.nn.TransformerEncoder, PatchTST's
+ * TSTEncoder): layer i's output is layer i + 1's input; params and grads are arrays of `layers`
+ * (grads NULL: none). Layer i runs as fg_encoder_layer_forward / _backward with (seed, offset + i):
+ * give each step offsets `layers` apart. With residual_scores, layer i's scores in are layer i − 1's
+ * scores (layer 0: none), carried as fg_attention_forward's pieces: the stack keeps the layers' q
+ * and k side by side in its cache and runs layer i's attention on the i + 1 layers' pieces, so no
+ * [B, H, L, L] scores exist (on CUDA this takes the short-sequence attention: L <= 64, hd <= 8;
+ * other sizes are FG_ERR_UNSUPPORTED there). The cache (layers' caches and their inputs) and the
+ * workspace (the backward's; with FG_ENCODER_SAVE_MIN the forward's too) are context memory of
+ * fg_encoder_sizes' bytes, 16-byte aligned; the cache is required in evaluation too. x, y, dx, dy:
+ * [B, L, d] contiguous. accumulate adds into dx and every gradient. */
+FG_NODISCARD FG_API fg_status fg_encoder_sizes(const fg_encoder_layer_desc *desc, int64_t layers, fg_dtype dtype,
+                                               int64_t B, int64_t L, size_t *cache_bytes, size_t *workspace_bytes);
+FG_NODISCARD FG_API fg_status fg_encoder_forward(fg_context *ctx, const fg_encoder_layer_desc *desc, int64_t layers,
+                                                 const fg_encoder_layer_run *run, const fg_tensor *x,
+                                                 const fg_tensor *lengths, const fg_encoder_layer_params *params,
+                                                 const fg_tensor *y, void *cache, size_t cache_bytes, void *workspace,
+                                                 size_t workspace_bytes);
+FG_NODISCARD FG_API fg_status fg_encoder_backward(fg_context *ctx, const fg_encoder_layer_desc *desc, int64_t layers,
+                                                  const fg_encoder_layer_run *run, const fg_tensor *dy,
+                                                  const fg_tensor *x, const fg_tensor *lengths,
+                                                  const fg_encoder_layer_params *params, const void *cache,
+                                                  size_t cache_bytes, const fg_tensor *dx,
+                                                  const fg_encoder_layer_params *grads, int accumulate,
+                                                  void *workspace, size_t workspace_bytes);
+
 #ifdef __cplusplus
 }
 #endif

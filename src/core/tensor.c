@@ -212,41 +212,53 @@ fg_status fg_check_data_seen(const fg_context *ctx, const char *op, const char *
 static int64_t div_floor(int64_t a, int64_t b) { return a / b - ((a % b != 0) && ((a < 0) != (b < 0))); }
 static int64_t div_ceil(int64_t a, int64_t b) { return -div_floor(-a, b); }
 
-/* Whether r = Σ_k i_k·st[k] for some |i_k| < sh[k], dims k down to 0 (strides increasing, each past
- * the span of the smaller ones, span[k] = Σ_(m < k) (sh[m] − 1)·st[m]): the smaller dims reach at
- * most span[k] < st[k], so i_k takes at most two values. */
-static bool reachable(const int64_t *st, const int64_t *sh, const int64_t *span, int k, int64_t r) {
+/* Whether r = Σ_k c_k·st[k] for some lo[k] <= c_k <= hi[k], dims k down to 0 (strides increasing,
+ * each past the span of the smaller ones, span[k] = Σ_(m < k) max(−lo[m], hi[m])·st[m]): the smaller
+ * dims reach at most span[k] < st[k], so c_k takes at most two values. */
+static bool reachable(const int64_t *st, const int64_t *lo_k, const int64_t *hi_k, const int64_t *span, int k,
+                      int64_t r) {
     if (k < 0) return r == 0;
     int64_t lo = div_ceil(r - span[k], st[k]), hi = div_floor(r + span[k], st[k]);
-    if (lo < -(sh[k] - 1)) lo = -(sh[k] - 1);
-    if (hi > sh[k] - 1) hi = sh[k] - 1;
+    if (lo < lo_k[k]) lo = lo_k[k];
+    if (hi > hi_k[k]) hi = hi_k[k];
     for (int64_t i = lo; i <= hi; i++)
-        if (reachable(st, sh, span, k - 1, r - i * st[k])) return true;
+        if (reachable(st, lo_k, hi_k, span, k - 1, r - i * st[k])) return true;
     return false;
 }
 
-/* Whether views a and b of one dtype, shape and strides, each a layout that does not overlap
- * itself (as outputs are), share no element: their offset is not a difference of two offsets
- * of one view. false where they differ, or where the layout or its span rules the search out. */
+/* Whether views a and b of one dtype, each a layout that does not overlap itself (as outputs
+ * are), share no element. Their dims of size > 1 are taken together by stride (a dim one view
+ * lacks has size 1 there: a [B, H, L, hd] dv beside a [B, H, L, P, hd] dq of the same rows), and
+ * an element of b sits r elements from a's start: they share one where r = Σ (i_k − j_k)·st_k
+ * for indices i of a and j of b. false where that search is ruled out: other dtypes, strides not
+ * each past the reach of the smaller ones, or reaches near int64's range. */
 static bool views_disjoint(const fg_tensor *a, const fg_tensor *b) {
-    if (a->dtype != b->dtype || a->rank != b->rank) return false;
-    int64_t sa[FG_MAX_RANK], sb[FG_MAX_RANK], st[FG_MAX_RANK], sh[FG_MAX_RANK], span[FG_MAX_RANK];
+    if (a->dtype != b->dtype) return false;
+    int64_t sa[FG_MAX_RANK], sb[FG_MAX_RANK], ta[FG_MAX_RANK], ha[FG_MAX_RANK], tb[FG_MAX_RANK], hb[FG_MAX_RANK];
     fg_tensor_strides(a, sa);
     fg_tensor_strides(b, sb);
-    for (int i = 0; i < a->rank; i++)
-        if (a->shape[i] != b->shape[i] || sa[i] != sb[i]) return false;
     const int64_t es = (int64_t)fg_dtype_size(a->dtype);
     const intptr_t diff = (intptr_t)b->data - (intptr_t)a->data;
     if (es == 0 || diff % es != 0) return false; /* elements straddling each other's bytes */
-    const int n = dims_ascending(a, sa, st, sh);
+    const int na = dims_ascending(a, sa, ta, ha), nb = dims_ascending(b, sb, tb, hb);
+    /* the union by stride: c_k = i_k − j_k in [−(size in b − 1), size in a − 1] */
+    int64_t st[2 * FG_MAX_RANK], lo[2 * FG_MAX_RANK], hi[2 * FG_MAX_RANK], span[2 * FG_MAX_RANK];
+    int n = 0;
+    for (int i = 0, j = 0; i < na || j < nb;) {
+        if (j >= nb || (i < na && ta[i] < tb[j])) st[n] = ta[i], hi[n] = ha[i] - 1, lo[n] = 0, i++;
+        else if (i >= na || tb[j] < ta[i]) st[n] = tb[j], hi[n] = 0, lo[n] = -(hb[j] - 1), j++;
+        else st[n] = ta[i], hi[n] = ha[i] - 1, lo[n] = -(hb[j] - 1), i++, j++;
+        n++;
+    }
     int64_t reach = 0;
     for (int k = 0; k < n; k++) {
-        if (st[k] <= reach || sh[k] - 1 > (INT64_MAX / 4 - reach) / st[k]) return false;
+        const int64_t m = hi[k] > -lo[k] ? hi[k] : -lo[k];
+        if (st[k] <= reach || m > (INT64_MAX / 4 - reach) / st[k]) return false;
         span[k] = reach;
-        reach += (sh[k] - 1) * st[k];
+        reach += m * st[k];
     }
     const int64_t r = (int64_t)(diff / es);
-    return r > reach || r < -reach || !reachable(st, sh, span, n - 1, r);
+    return r > reach || r < -reach || !reachable(st, lo, hi, span, n - 1, r);
 }
 
 fg_status fg_check_no_overlap(const char *op, const char *out_name, const fg_tensor *out,

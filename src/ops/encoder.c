@@ -19,6 +19,7 @@
 
 #include <math.h>
 #include <stddef.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -252,9 +253,10 @@ static fg_status check_exact(fg_context *ctx, const char *op, const char *what, 
 
 /* The parameters (or, grads_of non-NULL, the gradients of those parameters). */
 static fg_status check_params(fg_context *ctx, const char *op, const fg_encoder_layer_desc *desc, const geom *g,
-                              const fg_encoder_layer_params *p, const fg_encoder_layer_params *grads_of, bool *packed) {
-    const char *set = grads_of ? "grads" : "params";
-    char what[64];
+                              const fg_encoder_layer_params *p, const fg_encoder_layer_params *grads_of, bool *packed,
+                              const char *set) {
+    if (!set) set = grads_of ? "grads" : "params";
+    char what[80];
     for (int i = 0; i < P_N; i++) {
         const bool running = i >= P_RM1;
         if (grads_of && running) continue; /* ignored in a gradient struct */
@@ -262,7 +264,8 @@ static fg_status check_params(fg_context *ctx, const char *op, const fg_encoder_
         if (!t) continue;
         snprintf(what, sizeof what, "%s->%s", set, pfield[i].name);
         if (grads_of && !pget(grads_of, i))
-            return fg_fail(FG_ERR_INVALID_VALUE, "%s: %s is given but params->%s is absent", op, what, pfield[i].name);
+            return fg_fail(FG_ERR_INVALID_VALUE, "%s: %s is given but params%s->%s is absent", op, what,
+                           strncmp(set, "grads", 5) == 0 ? set + 5 : "", pfield[i].name);
         if (running && !g->bn)
             return fg_fail(FG_ERR_INVALID_VALUE, "%s: %s is given but desc->norm is not FG_ENCODER_POST_BATCH", op,
                            what);
@@ -277,32 +280,33 @@ static fg_status check_params(fg_context *ctx, const char *op, const fg_encoder_
     const bool sep = pget(p, P_WQ) || pget(p, P_WK) || pget(p, P_WV);
     if (pk && sep)
         return fg_fail(FG_ERR_INVALID_VALUE,
-                       "%s: params->w_qkv and params->w_q / w_k / w_v are both given (packed or separate, never both)",
-                       op);
+                       "%s: %s->w_qkv and %s->w_q / w_k / w_v are both given (packed or separate, never both)",
+                       op, set, set);
     if (!pk && !sep)
-        return fg_fail(FG_ERR_NULL_POINTER, "%s: params->w_qkv (or w_q, w_k, w_v) is absent", op);
+        return fg_fail(FG_ERR_NULL_POINTER, "%s: %s->w_qkv (or w_q, w_k, w_v) is absent", op, set);
     if (pk && (pget(p, P_BQ) || pget(p, P_BK) || pget(p, P_BV)))
-        return fg_fail(FG_ERR_INVALID_VALUE, "%s: params->b_q / b_k / b_v are given with the packed params->w_qkv "
-                       "(its bias is b_qkv)", op);
+        return fg_fail(FG_ERR_INVALID_VALUE, "%s: %s->b_q / b_k / b_v are given with the packed w_qkv "
+                       "(its bias is b_qkv)", op, set);
     if (sep) {
         static const int ws[3] = {P_WQ, P_WK, P_WV};
         for (int j = 0; j < 3; j++)
             if (!pget(p, ws[j]))
-                return fg_fail(FG_ERR_NULL_POINTER, "%s: params->%s is absent (separate q, k, v need all three)", op,
-                               pfield[ws[j]].name);
+                return fg_fail(FG_ERR_NULL_POINTER, "%s: %s->%s is absent (separate q, k, v need all three)", op,
+                               set, pfield[ws[j]].name);
         if (pget(p, P_BQKV))
-            return fg_fail(FG_ERR_INVALID_VALUE, "%s: params->b_qkv is given with separate w_q, w_k, w_v", op);
+            return fg_fail(FG_ERR_INVALID_VALUE, "%s: %s->b_qkv is given with separate w_q, w_k, w_v", op, set);
     }
     static const int req[3] = {P_WO, P_W1, P_W2};
     for (int j = 0; j < 3; j++)
-        if (!pget(p, req[j])) return fg_fail(FG_ERR_NULL_POINTER, "%s: params->%s is absent", op, pfield[req[j]].name);
+        if (!pget(p, req[j]))
+            return fg_fail(FG_ERR_NULL_POINTER, "%s: %s->%s is absent", op, set, pfield[req[j]].name);
     if (g->bn) {
         for (int i = P_RM1; i <= P_RV2; i++)
             if (!pget(p, i))
-                return fg_fail(FG_ERR_NULL_POINTER, "%s: params->%s is absent (post-norm BatchNorm needs its running "
-                               "statistics)", op, pfield[i].name);
+                return fg_fail(FG_ERR_NULL_POINTER, "%s: %s->%s is absent (post-norm BatchNorm needs its running "
+                               "statistics)", op, set, pfield[i].name);
         if (pget(p, P_RM1)->dtype != pget(p, P_RV1)->dtype || pget(p, P_RM2)->dtype != pget(p, P_RV2)->dtype)
-            return fg_fail(FG_ERR_DTYPE, "%s: params->running_mean%s and running_var%s must have one dtype", op,
+            return fg_fail(FG_ERR_DTYPE, "%s: %s->running_mean%s and running_var%s must have one dtype", op, set,
                            pget(p, P_RM1)->dtype != pget(p, P_RV1)->dtype ? "1" : "2",
                            pget(p, P_RM1)->dtype != pget(p, P_RV1)->dtype ? "1" : "2");
     }
@@ -387,13 +391,28 @@ typedef struct span {
 } span;
 
 typedef struct spans {
-    span s[64];
-    char names[64][48];
-    int n;
+    span *s;
+    char (*names)[64];
+    int n, cap;
 } spans;
 
+/* room for cap ranges (a layer's call: 64; a stack's: 64 a layer) */
+static fg_status spans_init(spans *l, int cap) {
+    l->n = 0, l->cap = cap;
+    l->s = malloc(sizeof *l->s * (size_t)cap);
+    l->names = malloc(sizeof *l->names * (size_t)cap);
+    if (!l->s || !l->names) {
+        free(l->s), free(l->names);
+        l->s = NULL, l->names = NULL;
+        return fg_fail(FG_ERR_OUT_OF_MEMORY, "encoder: no host memory for the overlap check");
+    }
+    return FG_OK;
+}
+
+static void spans_free(spans *l) { free(l->s), free(l->names); }
+
 static void add_tensor(spans *l, const char *name, const fg_tensor *t, bool out) {
-    if (!t || t->rank == 0 || l->n >= 64) return;
+    if (!t || t->rank == 0 || l->n >= l->cap) return;
     const int64_t bytes = fg_extent_bytes(t);
     if (bytes <= 0 || !t->data) return;
     snprintf(l->names[l->n], sizeof l->names[l->n], "%s", name);
@@ -402,14 +421,14 @@ static void add_tensor(spans *l, const char *name, const fg_tensor *t, bool out)
 }
 
 static void add_bytes(spans *l, const char *name, const void *p, size_t bytes, bool out) {
-    if (!p || bytes == 0 || l->n >= 64) return;
+    if (!p || bytes == 0 || l->n >= l->cap) return;
     snprintf(l->names[l->n], sizeof l->names[l->n], "%s", name);
     l->s[l->n] = (span){l->names[l->n], (uintptr_t)p, (uintptr_t)p + bytes, out};
     l->n++;
 }
 
 static void add_params(spans *l, const char *set, const fg_encoder_layer_params *p, bool out, bool running_out) {
-    char name[48];
+    char name[64];
     for (int i = 0; i < P_N; i++) {
         const bool running = i >= P_RM1;
         if (out && running) continue;
@@ -418,17 +437,21 @@ static void add_params(spans *l, const char *set, const fg_encoder_layer_params 
     }
 }
 
-static fg_status check_spans(const char *op, const spans *l) {
-    for (int i = 0; i < l->n; i++)
+/* (frees the ranges) */
+static fg_status check_spans(const char *op, spans *l) {
+    fg_status st = FG_OK;
+    for (int i = 0; i < l->n && st == FG_OK; i++)
         for (int j = i + 1; j < l->n; j++) {
             const span *a = &l->s[i], *b = &l->s[j];
             if (!a->out && !b->out) continue;
             if (a->lo < b->hi && b->lo < a->hi) {
                 const span *o = a->out ? a : b, *other = a->out ? b : a;
-                return fg_fail(FG_ERR_ALIAS, "%s: output %s overlaps %s", op, o->name, other->name);
+                st = fg_fail(FG_ERR_ALIAS, "%s: output %s overlaps %s", op, o->name, other->name);
+                break;
             }
         }
-    return FG_OK;
+    spans_free(l);
+    return st;
 }
 
 /* ------------------------------------------------------------------ running the parts */
@@ -498,6 +521,19 @@ static fg_status zero(sub *e, const fg_tensor *t) {
     return lin_fwd(e, &x, &w, NULL, &y);
 }
 
+/* Zeros into the rows of a [B, H, L, hd] view of a [T, width] buffer (heads()): the product of
+   [T, 0] and [d, 0] into the [T, d] rows it covers. */
+static fg_status zero_rows(sub *e, const fg_tensor *heads_view) {
+    const int64_t T = heads_view->shape[0] * heads_view->shape[2], d = heads_view->shape[1] * heads_view->shape[3];
+    if (T == 0 || d == 0) return FG_OK;
+    const fg_dtype dt = heads_view->dtype;
+    const int64_t xs[2] = {T, 0}, ws[2] = {d, 0}, ys[2] = {T, d};
+    const fg_tensor x = fg_tensor_make(NULL, dt, 2, xs), w = fg_tensor_make(NULL, dt, 2, ws);
+    fg_tensor y = fg_tensor_make(heads_view->data, dt, 2, ys);
+    y.stride[0] = heads_view->stride[2], y.stride[1] = 1;
+    return lin_fwd(e, &x, &w, NULL, &y);
+}
+
 /* ------------------------------------------------------------------ views */
 
 static void *at(void *base, size_t off) { return off == SIZE_MAX ? NULL : (char *)base + off; }
@@ -537,6 +573,13 @@ typedef struct layer {
     void *cache;
     wlayout w;    /* lean: the workspace's regions, ws its base (the forward's temporaries) */
     void *ws;
+    /* a stack's residual attention in pieces (fg_encoder_forward): q, k of this layer and every
+       earlier one, [B, H, L, P, hd] over the layers' caches (rank 0: the scores operands instead);
+       the backward's dq, dk over the stack's gradient slabs, dqkv this layer's slab [T, 3d], and
+       whether the attention adds into them (every layer but the last) */
+    fg_tensor q5, k5, dq5, dk5;
+    void *dqkv;
+    int attn_acc;
 } layer;
 
 /* Site 1's rate: the branch's dropout after the projection's, as one mask (independent masks
@@ -681,7 +724,8 @@ static fg_status forward_walk(sub *e, const layer *l, void *base, const fg_tenso
         const int64_t ls[3] = {g->B, g->H, g->L};
         const fg_tensor lse = tv(g->acc, at(base, c->lse), 3, ls, NULL);
         const fg_attention_options ao = attn_opts(l);
-        const fg_tensor *a[8] = {&q, &k, &v, l->lengths, l->scores_in, &o, &lse, scores_out};
+        const bool pc = l->q5.rank != 0;
+        const fg_tensor *a[8] = {pc ? &l->q5 : &q, pc ? &l->k5 : &k, &v, l->lengths, l->scores_in, &o, &lse, scores_out};
         FG_TRY(run_part(e, FG_OP_ATTENTION_FORWARD, &ao, a, 8, 0));
         const fg_tensor O = t2(dt, at(base, c->o), T, d);
         FG_TRY(lin_fwd(e, &O, P[P_WO], P[P_BO], &Y));
@@ -761,9 +805,10 @@ static fg_status check_run_opts(const char *op, const fg_encoder_layer_run *run)
 }
 
 /* What forward and backward share: ctx, desc, run, x, lengths, scores_in, params. */
-static fg_status resolve(fg_context *ctx, const char *op, const fg_encoder_layer_desc *desc,
-                         const fg_encoder_layer_run *run, const fg_tensor *x, const fg_tensor *lengths,
-                         const fg_tensor *scores_in, const fg_encoder_layer_params *params, layer *l) {
+static fg_status resolve_set(fg_context *ctx, const char *op, const fg_encoder_layer_desc *desc,
+                             const fg_encoder_layer_run *run, const fg_tensor *x, const fg_tensor *lengths,
+                             const fg_tensor *scores_in, const fg_encoder_layer_params *params, layer *l,
+                             const char *set) {
     memset(l, 0, sizeof *l);
     if (!ctx) return fg_fail(FG_ERR_NULL_POINTER, "%s: ctx is NULL", op);
     FG_TRY(check_desc(op, desc));
@@ -777,12 +822,18 @@ static fg_status resolve(fg_context *ctx, const char *op, const fg_encoder_layer
     l->lengths = opt_t(lengths);
     l->scores_in = opt_t(scores_in);
     FG_TRY(check_lengths(ctx, op, l->lengths, &l->g));
-    FG_TRY(check_params(ctx, op, desc, &l->g, params, NULL, &l->g.packed));
+    FG_TRY(check_params(ctx, op, desc, &l->g, params, NULL, &l->g.packed, set));
     for (int i = 0; i < P_N; i++) l->p[i] = pget(params, i);
     if (l->g.bn && l->train && l->g.T < 2 && l->g.T > 0)
         return fg_fail(FG_ERR_SHAPE, "%s: BatchNorm in training needs more than one token (B·L = %lld)", op,
                        (long long)l->g.T);
     return FG_OK;
+}
+
+static fg_status resolve(fg_context *ctx, const char *op, const fg_encoder_layer_desc *desc,
+                         const fg_encoder_layer_run *run, const fg_tensor *x, const fg_tensor *lengths,
+                         const fg_tensor *scores_in, const fg_encoder_layer_params *params, layer *l) {
+    return resolve_set(ctx, op, desc, run, x, lengths, scores_in, params, l, NULL);
 }
 
 /* Both forward entries; with_ws: the _ws entry (workspace given, or NULL where not needed). */
@@ -819,7 +870,7 @@ static fg_status forward_entry(const char *op, fg_context *ctx, const fg_encoder
     if (l.lean) FG_TRY(check_buffer(ctx, op, "workspace", workspace, workspace_bytes, wneed));
     l.ws = l.lean ? workspace : NULL;
     spans sp;
-    sp.n = 0;
+    FG_TRY(spans_init(&sp, 64));
     add_tensor(&sp, "x", x, false);
     add_tensor(&sp, "lengths", l.lengths, false);
     add_tensor(&sp, "scores_in", l.scores_in, false);
@@ -883,6 +934,10 @@ fg_status fg_encoder_layer_forward_ws(fg_context *ctx, const fg_encoder_layer_de
  * to be overwritten are zeroed first. */
 static fg_status prezero(sub *e, int acc, const fg_tensor *t) { return acc ? zero(e, t) : FG_OK; }
 
+static fg_status backward_walk(sub *ep, const layer *lp, const void *cache, const wlayout *wp, void *workspace,
+                               const fg_tensor *dy, const fg_tensor *dscores_out, const fg_tensor *dx,
+                               const fg_tensor *dscores_in, const fg_tensor *const *G, int U);
+
 fg_status fg_encoder_layer_backward(fg_context *ctx, const fg_encoder_layer_desc *desc, const fg_encoder_layer_run *run,
                                     const fg_tensor *dy, const fg_tensor *dscores_out, const fg_tensor *x,
                                     const fg_tensor *lengths, const fg_tensor *scores_in,
@@ -910,7 +965,7 @@ fg_status fg_encoder_layer_backward(fg_context *ctx, const fg_encoder_layer_desc
         static const char *const sn[3] = {"scores_in", "dscores_out", "dscores_in"};
         FG_TRY(check_scores(ctx, op, desc, g, s, sn, 3));
     }
-    if (grads) FG_TRY(check_params(ctx, op, desc, g, grads, params, NULL));
+    if (grads) FG_TRY(check_params(ctx, op, desc, g, grads, params, NULL, NULL));
     l.keep_pre = desc->save == FG_ENCODER_SAVE_ALL;
     l.lean = desc->save == FG_ENCODER_SAVE_MIN;
     wlayout w;
@@ -921,7 +976,7 @@ fg_status fg_encoder_layer_backward(fg_context *ctx, const fg_encoder_layer_desc
     FG_TRY(check_buffer(ctx, op, "cache", cache, cache_bytes, cneed));
     FG_TRY(check_buffer(ctx, op, "workspace", workspace, workspace_bytes, wneed));
     spans sp;
-    sp.n = 0;
+    FG_TRY(spans_init(&sp, 64));
     add_tensor(&sp, "dy", dy, false);
     add_tensor(&sp, "dscores_out", dscores_out, false);
     add_tensor(&sp, "x", x, false);
@@ -947,7 +1002,22 @@ fg_status fg_encoder_layer_backward(fg_context *ctx, const fg_encoder_layer_desc
         fg_clear_error();
         return FG_OK;
     }
+    FG_TRY(backward_walk(&e, &l, cache, &w, workspace, dy, dscores_out, dx, dscores_in, G, U));
+    fg_clear_error();
+    return FG_OK;
+}
 
+/* The backward of one layer, validated: from dy to dx (NULL: none) and the gradients G, on the
+   cache at `cache` and the workspace's regions w at `workspace`. */
+static fg_status backward_walk(sub *ep, const layer *lp, const void *cache, const wlayout *wp, void *workspace,
+                               const fg_tensor *dy, const fg_tensor *dscores_out, const fg_tensor *dx,
+                               const fg_tensor *dscores_in, const fg_tensor *const *G, int U) {
+    sub e = *ep;
+    const layer l = *lp;
+    const wlayout w = *wp;
+    const geom *g = &l.g;
+    const fg_tensor *x = l.x;
+    const fg_encoder_layer_desc *desc = l.desc;
     const fg_dtype dt = g->dt;
     const int64_t T = g->T, d = g->d, dff = g->dff;
     const layout_t *c = &l.c;
@@ -969,7 +1039,7 @@ fg_status fg_encoder_layer_backward(fg_context *ctx, const fg_encoder_layer_desc
     const bool has_mean = c->mean1 != SIZE_MAX;
     const fg_tensor GA = t2(dt, at(workspace, w.ga), T, d), GB = t2(dt, at(workspace, w.gb), T, d);
     const fg_tensor GC = t2(dt, at(workspace, w.gc), T, d), DF = t2(dt, at(workspace, w.r), T, dff);
-    void *dqkv = at(workspace, w.r);
+    void *dqkv = l.dqkv ? l.dqkv : at(workspace, w.r);
     const fg_encoder_layer_desc *ds = desc;
     const fg_dropout_options d2 = drop(&l, 2, ds->dropout_ffn), d3 = drop(&l, 3, ds->dropout);
     fg_linear_act_options lo;
@@ -1062,14 +1132,21 @@ fg_status fg_encoder_layer_backward(fg_context *ctx, const fg_encoder_layer_desc
         const int64_t ls[3] = {g->B, g->H, g->L};
         const fg_tensor lse = tv(g->acc, at(base, c->lse), 3, ls, NULL);
         const fg_attention_options ao = attn_opts(&l);
-        const int acc = dscores_in ? U : 0;
-        if (acc) {
-            const fg_tensor all = t1(dt, dqkv, 3 * Td);
-            FG_TRY(zero(&e, &all));
+        if (l.q5.rank) { /* the stack's pieces: dq, dk of every layer so far into their slabs */
+            if (l.attn_acc) FG_TRY(zero_rows(&e, &dv));
+            const fg_tensor *a[13] = {&dov, NULL, &l.q5, &l.k5, &v, l.lengths, NULL, &o, &lse,
+                                      &l.dq5, &l.dk5, &dv, NULL};
+            FG_TRY(run_part(&e, FG_OP_ATTENTION_BACKWARD, &ao, a, 13, l.attn_acc));
+        } else {
+            const int acc = dscores_in ? U : 0;
+            if (acc) {
+                const fg_tensor all = t1(dt, dqkv, 3 * Td);
+                FG_TRY(zero(&e, &all));
+            }
+            const fg_tensor *a[13] = {&dov, dscores_out, &q, &k, &v, l.lengths, l.scores_in, &o, &lse,
+                                      &dq, &dk, &dv, dscores_in};
+            FG_TRY(run_part(&e, FG_OP_ATTENTION_BACKWARD, &ao, a, 13, acc));
         }
-        const fg_tensor *a[13] = {&dov, dscores_out, &q, &k, &v, l.lengths, l.scores_in, &o, &lse,
-                                  &dq, &dk, &dv, dscores_in};
-        FG_TRY(run_part(&e, FG_OP_ATTENTION_BACKWARD, &ao, a, 13, acc));
     }
     /* q, k, v = u·W_jᵀ + b_j: per j the weight and bias gradients, and du = Σ_j dqkv_j·W_j */
     if (l.lean && g->pre) { /* u1 = N1(x) into ga: da there is spent */
@@ -1105,6 +1182,263 @@ fg_status fg_encoder_layer_backward(fg_context *ctx, const fg_encoder_layer_desc
                                       G[P_N1W], G[P_N1B]};
             FG_TRY(run_part(&e, FG_OP_NORM_BACKWARD, &no, a, 10, U));
         }
+    }
+    fg_clear_error();
+    return FG_OK;
+}
+
+/* ------------------------------------------------------------------ a stack of layers */
+
+/* The stack's memory: its cache is the layers' caches (slabs of one layer's layout, one after
+ * another, so that the layers' q and k are the pieces of one strided view) and the layers' inputs
+ * after the first ([T, d] each); its workspace is a layer's backward workspace, two [T, d]
+ * gradients between layers, and (residual scores in pieces) the gradient of every layer's qkv,
+ * [layers, T, 3d]: each layer's attention backward adds its dq, dk of the earlier layers there. */
+typedef struct stack_t {
+    layout_t c;
+    wlayout w;
+    size_t slab, act;      /* a layer's cache, a [T, d] activation (256-byte multiples) */
+    size_t acts;           /* the cache's activations */
+    size_t cache;
+    size_t dy, carry, ws;  /* the workspace: the ping-pong gradients, the carry, its size */
+    bool pieces;
+} stack_t;
+
+static bool add_ok(size_t a, size_t b, size_t *out) {
+    if (a > SIZE_MAX - b) return false;
+    *out = a + b;
+    return true;
+}
+
+static bool stack_layout(const geom *g, const fg_encoder_layer_desc *desc, int64_t layers, stack_t *s) {
+    const bool lean = desc->save == FG_ENCODER_SAVE_MIN;
+    if (!layout(g, desc->save == FG_ENCODER_SAVE_ALL, lean, &s->c) || !wlayout_of(g, lean, &s->w)) return false;
+    int64_t Td, Td3, n;
+    size_t off = 0, at0;
+    if (!mul_ok(g->T, g->d, &Td) || !mul_ok(Td, 3, &Td3) || !place(&off, Td, g->es, &at0)) return false;
+    s->act = (off + REGION_ALIGN - 1) / REGION_ALIGN * REGION_ALIGN;
+    s->slab = s->c.bytes;
+    s->pieces = desc->residual_scores != 0;
+    int64_t a, b;
+    if (!mul_ok(layers, (int64_t)s->slab, &a) || !mul_ok(layers - 1, (int64_t)s->act, &b)) return false;
+    s->acts = (size_t)a;
+    if (!add_ok((size_t)a, (size_t)b, &s->cache)) return false;
+    s->dy = s->w.bytes;
+    if (!add_ok(s->dy, 2 * s->act, &s->carry)) return false;
+    s->ws = s->carry;
+    if (s->pieces) {
+        if (!mul_ok(layers, Td3, &n) || !mul_ok(n, (int64_t)g->es, &a)) return false;
+        if (!add_ok(s->carry, (size_t)a, &s->ws)) return false;
+    }
+    return true;
+}
+
+/* q (col 0) or k (col d) of layers 0 … P − 1 as pieces: [B, H, L, P, hd] over [T, 3d] buffers
+   `stride` bytes apart from p0 (the first layer's). */
+static fg_tensor pieces_of(const geom *g, void *p0, size_t stride, int64_t P, int64_t col) {
+    const int64_t w = 3 * g->d;
+    const int64_t shape[5] = {g->B, g->H, g->L, P, g->hd};
+    const int64_t st[5] = {g->L * w, g->hd, w, (int64_t)(stride / g->es), 1};
+    return tv(g->dt, p0 ? (char *)p0 + (size_t)col * g->es : NULL, 5, shape, st);
+}
+
+static fg_tensor tokens_at(const geom *g, void *p) {
+    const int64_t s[3] = {g->B, g->L, g->d};
+    return tv(g->dt, p, 3, s, NULL);
+}
+
+fg_status fg_encoder_sizes(const fg_encoder_layer_desc *desc, int64_t layers, fg_dtype dtype, int64_t B, int64_t L,
+                           size_t *cache_bytes, size_t *workspace_bytes) {
+    const char *op = "encoder_sizes";
+    FG_TRY(check_desc(op, desc));
+    FG_TRY(check_dtype(op, dtype));
+    if (layers < 1) return fg_fail(FG_ERR_INVALID_VALUE, "%s: layers (%lld) must be >= 1", op, (long long)layers);
+    if (B < 0 || L < 0)
+        return fg_fail(FG_ERR_SHAPE, "%s: B=%lld and L=%lld must be >= 0", op, (long long)B, (long long)L);
+    geom g;
+    FG_TRY(geom_of(op, desc, dtype, B, L, &g));
+    stack_t s;
+    if (!stack_layout(&g, desc, layers, &s))
+        return fg_fail(FG_ERR_OVERFLOW, "%s: the cache or workspace of %lld layers, B=%lld, L=%lld overflows", op,
+                       (long long)layers, (long long)B, (long long)L);
+    if (cache_bytes) *cache_bytes = g.T ? s.cache : 0;
+    if (workspace_bytes) *workspace_bytes = g.T ? s.ws : 0;
+    fg_clear_error();
+    return FG_OK;
+}
+
+/* Every layer's params (and grads) checked, with its index in the messages; l: layer 0's. */
+static fg_status stack_resolve(fg_context *ctx, const char *op, const fg_encoder_layer_desc *desc, int64_t layers,
+                               const fg_encoder_layer_run *run, const fg_tensor *x, const fg_tensor *lengths,
+                               const fg_encoder_layer_params *params, const fg_encoder_layer_params *grads,
+                               layer *l) {
+    if (!ctx) return fg_fail(FG_ERR_NULL_POINTER, "%s: ctx is NULL", op);
+    FG_TRY(check_desc(op, desc));
+    if (layers < 1) return fg_fail(FG_ERR_INVALID_VALUE, "%s: layers (%lld) must be >= 1", op, (long long)layers);
+    if (!params) return fg_fail(FG_ERR_NULL_POINTER, "%s: params is NULL", op);
+    char set[32];
+    for (int64_t i = layers - 1; i >= 0; i--) {
+        snprintf(set, sizeof set, "params[%lld]", (long long)i);
+        FG_TRY(resolve_set(ctx, op, desc, run, x, lengths, NULL, &params[i], l, set));
+        if (grads) {
+            snprintf(set, sizeof set, "grads[%lld]", (long long)i);
+            FG_TRY(check_params(ctx, op, desc, &l->g, &grads[i], &params[i], NULL, set));
+        }
+    }
+    return FG_OK;
+}
+
+/* Layer i of the stack as the walks take it. */
+static fg_status stack_layer(fg_context *ctx, const char *op, const fg_encoder_layer_desc *desc,
+                             const fg_encoder_layer_run *run, const fg_tensor *x, const fg_tensor *lengths,
+                             const fg_encoder_layer_params *params, const stack_t *s, int64_t i, void *cache,
+                             fg_tensor *xi, layer *l) {
+    FG_TRY(resolve(ctx, op, desc, run, x, lengths, NULL, &params[i], l));
+    const geom *g = &l->g;
+    l->offset = run->offset + (uint64_t)i;
+    l->c = s->c, l->w = s->w;
+    l->keep_pre = desc->save == FG_ENCODER_SAVE_ALL;
+    l->lean = desc->save == FG_ENCODER_SAVE_MIN;
+    *xi = i == 0 ? *x : tokens_at(g, (char *)cache + s->acts + (size_t)(i - 1) * s->act);
+    l->x = xi;
+    if (s->pieces) {
+        l->q5 = pieces_of(g, (char *)cache + s->c.qkv, s->slab, i + 1, 0);
+        l->k5 = pieces_of(g, (char *)cache + s->c.qkv, s->slab, i + 1, g->d);
+    }
+    return FG_OK;
+}
+
+fg_status fg_encoder_forward(fg_context *ctx, const fg_encoder_layer_desc *desc, int64_t layers,
+                             const fg_encoder_layer_run *run, const fg_tensor *x, const fg_tensor *lengths,
+                             const fg_encoder_layer_params *params, const fg_tensor *y, void *cache,
+                             size_t cache_bytes, void *workspace, size_t workspace_bytes) {
+    const char *op = "encoder_forward";
+    layer l;
+    FG_TRY(stack_resolve(ctx, op, desc, layers, run, x, lengths, params, NULL, &l));
+    const geom *g = &l.g;
+    if (!y) return fg_fail(FG_ERR_NULL_POINTER, "%s: y is NULL", op);
+    FG_TRY(check_tokens(ctx, op, "y", y, g));
+    stack_t s;
+    if (!stack_layout(g, desc, layers, &s))
+        return fg_fail(FG_ERR_OVERFLOW, "%s: the cache or workspace of %lld layers, B=%lld, L=%lld overflows", op,
+                       (long long)layers, (long long)g->B, (long long)g->L);
+    const bool lean = desc->save == FG_ENCODER_SAVE_MIN;
+    const size_t need = g->T ? s.cache : 0, wneed = g->T && lean ? s.w.bytes : 0;
+    FG_TRY(check_buffer(ctx, op, "cache", cache, cache_bytes, need));
+    FG_TRY(check_buffer(ctx, op, "workspace", workspace, workspace_bytes, wneed));
+    spans sp;
+    FG_TRY(spans_init(&sp, 8 + 24 * (int)(layers < 1000 ? layers : 1000)));
+    add_tensor(&sp, "x", x, false);
+    add_tensor(&sp, "lengths", l.lengths, false);
+    char set[32];
+    for (int64_t i = 0; i < layers; i++) {
+        snprintf(set, sizeof set, "params[%lld]", (long long)i);
+        add_params(&sp, set, &params[i], false, run->train && g->bn);
+    }
+    add_tensor(&sp, "y", y, true);
+    add_bytes(&sp, "cache", cache, need, true);
+    add_bytes(&sp, "workspace", workspace, wneed, true);
+    FG_TRY(check_spans(op, &sp));
+    if (g->T == 0) {
+        fg_clear_error();
+        return FG_OK;
+    }
+    sub e;
+    memset(&e, 0, sizeof e);
+    e.ctx = ctx;
+    /* the last layer planned first (its attention has the most pieces): a part the backend
+       refuses stops the call before anything is written */
+    e.mode = SUB_MEASURE;
+    for (int64_t i = layers - 1, k = 0; k < 2; k++, i = 0) {
+        fg_tensor xi;
+        FG_TRY(stack_layer(ctx, op, desc, run, x, lengths, params, &s, i, cache, &xi, &l));
+        l.keep_pre = l.train && desc->save == FG_ENCODER_SAVE_ALL;
+        l.ws = workspace;
+        FG_TRY(forward_walk(&e, &l, (char *)cache + (size_t)i * s.slab, y, NULL));
+    }
+    e.mode = SUB_CTX;
+    for (int64_t i = 0; i < layers; i++) {
+        fg_tensor xi;
+        FG_TRY(stack_layer(ctx, op, desc, run, x, lengths, params, &s, i, cache, &xi, &l));
+        l.keep_pre = l.train && desc->save == FG_ENCODER_SAVE_ALL;
+        l.ws = workspace;
+        const fg_tensor yi = i == layers - 1 ? *y : tokens_at(g, (char *)cache + s.acts + (size_t)i * s.act);
+        FG_TRY(forward_walk(&e, &l, (char *)cache + (size_t)i * s.slab, &yi, NULL));
+    }
+    fg_clear_error();
+    return FG_OK;
+}
+
+fg_status fg_encoder_backward(fg_context *ctx, const fg_encoder_layer_desc *desc, int64_t layers,
+                              const fg_encoder_layer_run *run, const fg_tensor *dy, const fg_tensor *x,
+                              const fg_tensor *lengths, const fg_encoder_layer_params *params, const void *cache,
+                              size_t cache_bytes, const fg_tensor *dx, const fg_encoder_layer_params *grads,
+                              int accumulate, void *workspace, size_t workspace_bytes) {
+    const char *op = "encoder_backward";
+    layer l;
+    FG_TRY(stack_resolve(ctx, op, desc, layers, run, x, lengths, params, grads, &l));
+    const geom *g = &l.g;
+    if (!l.train)
+        return fg_fail(FG_ERR_INVALID_VALUE, "%s: run->train is 0 (the backward is of a training forward)", op);
+    if (accumulate != 0 && accumulate != 1)
+        return fg_fail(FG_ERR_INVALID_VALUE, "%s: accumulate (%d) must be 0 or 1", op, accumulate);
+    if (!dy) return fg_fail(FG_ERR_NULL_POINTER, "%s: dy is NULL", op);
+    FG_TRY(check_tokens(ctx, op, "dy", dy, g));
+    dx = opt_t(dx);
+    if (dx) FG_TRY(check_tokens(ctx, op, "dx", dx, g));
+    stack_t s;
+    if (!stack_layout(g, desc, layers, &s))
+        return fg_fail(FG_ERR_OVERFLOW, "%s: the cache or workspace of %lld layers, B=%lld, L=%lld overflows", op,
+                       (long long)layers, (long long)g->B, (long long)g->L);
+    const size_t cneed = g->T ? s.cache : 0, wneed = g->T ? s.ws : 0;
+    FG_TRY(check_buffer(ctx, op, "cache", cache, cache_bytes, cneed));
+    FG_TRY(check_buffer(ctx, op, "workspace", workspace, workspace_bytes, wneed));
+    spans sp;
+    FG_TRY(spans_init(&sp, 8 + 48 * (int)(layers < 1000 ? layers : 1000)));
+    add_tensor(&sp, "dy", dy, false);
+    add_tensor(&sp, "x", x, false);
+    add_tensor(&sp, "lengths", l.lengths, false);
+    char set[32];
+    for (int64_t i = 0; i < layers; i++) {
+        snprintf(set, sizeof set, "params[%lld]", (long long)i);
+        add_params(&sp, set, &params[i], false, false);
+        if (!grads) continue;
+        snprintf(set, sizeof set, "grads[%lld]", (long long)i);
+        add_params(&sp, set, &grads[i], true, false);
+    }
+    add_bytes(&sp, "cache", cache, cneed, false);
+    add_tensor(&sp, "dx", dx, true);
+    add_bytes(&sp, "workspace", workspace, wneed, true);
+    FG_TRY(check_spans(op, &sp));
+    sub e;
+    memset(&e, 0, sizeof e);
+    e.ctx = ctx;
+    e.mode = SUB_CTX;
+    const int U = accumulate;
+    char *ws = workspace;
+    for (int pass = 0; pass < 2; pass++) /* planned first (a refused part stops the call before anything is written), then run */
+    for (int64_t i = layers - 1; i >= 0; i--) {
+        e.mode = pass ? SUB_CTX : SUB_MEASURE;
+        if (!pass && i != layers - 1 && i != 0) continue;
+        const fg_tensor *G[P_N];
+        for (int k = 0; k < P_N; k++) G[k] = grads && k < P_RM1 ? pget(&grads[i], k) : NULL;
+        if (g->T == 0) { /* every gradient is a sum over no tokens */
+            for (int k = 0; k < P_N && !U; k++) FG_TRY(zero(&e, G[k]));
+            continue;
+        }
+        fg_tensor xi;
+        FG_TRY(stack_layer(ctx, op, desc, run, x, lengths, params, &s, i, (void *)(uintptr_t)cache, &xi, &l));
+        const fg_tensor dyi = i == layers - 1 ? *dy : tokens_at(g, ws + s.dy + (size_t)(i & 1) * s.act);
+        const fg_tensor dxi = i == 0 ? (dx ? *dx : tokens_at(g, NULL)) : tokens_at(g, ws + s.dy + (size_t)((i + 1) & 1) * s.act);
+        if (s.pieces) {
+            const size_t slab = (size_t)(g->T * 3 * g->d) * g->es;
+            l.dq5 = pieces_of(g, ws + s.carry, slab, i + 1, 0);
+            l.dk5 = pieces_of(g, ws + s.carry, slab, i + 1, g->d);
+            l.dqkv = ws + s.carry + (size_t)i * slab;
+            l.attn_acc = i < layers - 1;
+        }
+        FG_TRY(backward_walk(&e, &l, (const char *)cache + (size_t)i * s.slab, &s.w, workspace, &dyi, NULL,
+                             i == 0 && !dx ? NULL : &dxi, NULL, G, U));
     }
     fg_clear_error();
     return FG_OK;

@@ -17,7 +17,8 @@ from .ops import (adamw_step, attention_backward, attention_forward, attention_o
                   linear_logp_shard_forward, logp_options, matmul_backward_input,
                   matmul_backward_other, matmul_forward, outer_backward_input, outer_backward_other, outer_forward,
                   plan_info, release_workspace, set_allow_tf32, unary_backward, unary_forward, workspace_bytes)
-from .encoder import encoder_desc, encoder_layer_backward, encoder_layer_forward, encoder_layer_sizes
+from .encoder import (encoder_backward, encoder_desc, encoder_forward, encoder_layer_backward, encoder_layer_forward,
+                      encoder_layer_sizes, encoder_sizes)
 from .norm import (batch_norm_apply, batch_norm_backward, batch_norm_backward_apply, batch_norm_backward_stats,
                    batch_norm_forward, batch_norm_stats, dropout_backward, dropout_forward, layer_norm_forward,
                    norm_backward, norm_forward, rms_norm_forward, revin_backward, revin_forward, revin_stats)
@@ -32,8 +33,8 @@ else:
     from .autograd import Attention, AttentionFunction, attention  # noqa: F401
     from .distributed import (SyncBatchNorm, convert_sync_batchnorm, sync_batch_norm,  # noqa: F401
                               vocab_parallel_cross_entropy, vocab_parallel_logp)
-    from .encoder import (EncoderLayerFunction, PatchTSTEncoder, PatchTSTEncoderLayer,  # noqa: F401
-                          TransformerEncoderLayer)
+    from .encoder import (EncoderLayerFunction, EncoderStackFunction, PatchTSTEncoder,  # noqa: F401
+                          PatchTSTEncoderLayer, TransformerEncoderLayer)
     from .norm import (BatchNorm1d, Dropout, LayerNorm, RevIN, RMSNorm, add_norm, batch_norm,  # noqa: F401
                        dropout, layer_norm, rms_norm)
     from .autograd import (ELU, AdamW, Clamp, LeakyReLU, Lerp, Linear, LinearAct, LinearCrossEntropy, LinearFunction,

@@ -558,6 +558,19 @@ lib.fg_encoder_layer_backward.argtypes = [ctypes.c_void_p, _P(EncoderLayerDesc),
                                           ctypes.c_void_p, ctypes.c_size_t, _P(Tensor), _P(Tensor),
                                           _P(EncoderLayerParams), _c, ctypes.c_void_p, ctypes.c_size_t]
 
+lib.fg_encoder_sizes.restype = _c
+lib.fg_encoder_sizes.argtypes = [_P(EncoderLayerDesc), ctypes.c_int64, _enum_t, ctypes.c_int64, ctypes.c_int64,
+                                 _P(ctypes.c_size_t), _P(ctypes.c_size_t)]
+lib.fg_encoder_forward.restype = _c
+lib.fg_encoder_forward.argtypes = [ctypes.c_void_p, _P(EncoderLayerDesc), ctypes.c_int64, _P(EncoderLayerRun),
+                                   _P(Tensor), _P(Tensor), _P(EncoderLayerParams), _P(Tensor), ctypes.c_void_p,
+                                   ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t]
+lib.fg_encoder_backward.restype = _c
+lib.fg_encoder_backward.argtypes = [ctypes.c_void_p, _P(EncoderLayerDesc), ctypes.c_int64, _P(EncoderLayerRun),
+                                    _P(Tensor), _P(Tensor), _P(Tensor), _P(EncoderLayerParams), ctypes.c_void_p,
+                                    ctypes.c_size_t, _P(Tensor), _P(EncoderLayerParams), _c, ctypes.c_void_p,
+                                    ctypes.c_size_t]
+
 
 def version():
     v = lib.fg_version()

@@ -203,7 +203,73 @@ def encoder_layer_backward(desc, dy, x, params, cache, lengths=None, scores_in=N
     return dx, ds, grads
 
 
-__all__ = ["encoder_desc", "encoder_layer_sizes", "encoder_layer_forward", "encoder_layer_backward"]
+def encoder_sizes(desc, layers, dtype, B, L):
+    """(cache_bytes, workspace_bytes) of a stack of `layers` layers (encoder_forward)."""
+    code = dtype if isinstance(dtype, int) else _dtype_of(dtype)
+    cache, ws = ctypes.c_size_t(), ctypes.c_size_t()
+    _lib.check(_lib.lib.fg_encoder_sizes(ctypes.byref(desc), int(layers), code, int(B), int(L), ctypes.byref(cache),
+                                         ctypes.byref(ws)))
+    return cache.value, ws.value
+
+
+def _params_array(params, name):
+    """fg_encoder_layer_params[len(params)] of a list of {field name: array or None}."""
+    arr = (_lib.EncoderLayerParams * len(params))()
+    for i, p in enumerate(params):
+        arr[i] = _params(p, f"{name}[{i}]")
+    return arr
+
+
+def encoder_forward(desc, x, params, lengths=None, train=True, seed=0, offset=0, cache=None, out=None,
+                    workspace=None):
+    """(y, cache) of a stack of len(params) encoder layers on x [B, L, d] (fg_encoder_forward):
+    layer i draws from (seed, offset + i); with residual_scores the scores are carried as the
+    layers' q and k (no [B, H, L, L] buffer). params: a list of encoder_layer_forward's dicts."""
+    n, b, l = len(params), x.shape[0], x.shape[1]
+    y = out if out is not None else _empty_like_family(x, tuple(x.shape))
+    cb, wb = encoder_sizes(desc, n, x, b, l)
+    if cache is None:
+        cache = _bytes(x, cb)
+    if workspace is None and desc.save == _lib.ENCODER_SAVE["min"]:
+        workspace = _bytes(x, wb) if wb else None
+    ctx = _context(x)
+    run = _run(train, seed, offset)
+    p = _params_array(params, "params")
+    _lib.check(_lib.lib.fg_encoder_forward(
+        ctx.handle, ctypes.byref(desc), n, ctypes.byref(run), ctypes.byref(_describe(x, "x")),
+        _tensor_ptr(lengths, "lengths"), p, ctypes.byref(_describe(y, "y")), _ptr(cache), _nbytes(cache),
+        _ptr(workspace), _nbytes(workspace)))
+    return y, cache
+
+
+def encoder_backward(desc, dy, x, params, cache, lengths=None, seed=0, offset=0, need=None, need_dx=True,
+                     accumulate=False, workspace=None):
+    """(dx, grads) of a training encoder_forward: grads a list (a layer each) of {name: gradient}
+    for the names in need (a list of name lists, a layer each; default: every learnable parameter
+    present)."""
+    n = len(params)
+    grads = []
+    for i, pl in enumerate(params):
+        learnable = [k for k, a in pl.items() if a is not None and not k.startswith("running_")]
+        names = learnable if need is None else [k for k in need[i] if pl.get(k) is not None]
+        grads.append({k: _empty_like_family(dy, tuple(pl[k].shape), pl[k].dtype) for k in names})
+    dx = _empty_like_family(dy, tuple(x.shape)) if need_dx else None
+    if workspace is None:
+        wb = encoder_sizes(desc, n, x, x.shape[0], x.shape[1])[1]
+        workspace = _bytes(dy, wb) if wb else None
+    ctx = _context(dy)
+    run = _run(True, seed, offset)
+    p = _params_array(params, "params")
+    g = _params_array(grads, "grads")
+    _lib.check(_lib.lib.fg_encoder_backward(
+        ctx.handle, ctypes.byref(desc), n, ctypes.byref(run), ctypes.byref(_describe(dy, "dy")),
+        ctypes.byref(_describe(x, "x")), _tensor_ptr(lengths, "lengths"), p, _ptr(cache), _nbytes(cache),
+        _tensor_ptr(dx, "dx"), g, int(bool(accumulate)), _ptr(workspace), _nbytes(workspace)))
+    return dx, grads
+
+
+__all__ = ["encoder_desc", "encoder_layer_sizes", "encoder_layer_forward", "encoder_layer_backward", "encoder_sizes",
+           "encoder_forward", "encoder_backward"]
 
 if torch is not None:
     import torch.nn.functional as F
@@ -240,6 +306,49 @@ if torch is not None:
             self.desc, self.train, self.seed, self.offset = desc, train, seed, offset
             self.names, self.buffers, self.lengths, self.want_scores = names, buffers, lengths, want_scores
             self.no_backward = no_backward
+
+    class _StackCall:
+        """What a stack call needs besides its differentiable inputs: the layers' common descriptor,
+        (seed, offset) (layer i draws from offset + i), the weight names of a layer, each layer's
+        buffers, lengths."""
+
+        def __init__(self, desc, train, seed, offset, names, buffers, lengths):
+            self.desc, self.train, self.seed, self.offset = desc, train, seed, offset
+            self.names, self.buffers, self.lengths = names, buffers, lengths
+
+        def params(self, weights):
+            k = len(self.names)
+            return [dict(zip(self.names, weights[i * k:(i + 1) * k]), **self.buffers[i])
+                    for i in range(len(self.buffers))]
+
+    class EncoderStackFunction(torch.autograd.Function):
+        """A stack of encoder layers as one library call each way (encoder_forward: residual scores
+        carried as the layers' q and k, no [B, H, L, L] buffer): forward(x, call, *weights) → y,
+        weights by call.names for layer 0, then layer 1, …"""
+
+        @staticmethod
+        def forward(ctx, x, call, *weights):
+            y, cache = encoder_forward(call.desc, x, call.params(weights), call.lengths, call.train, call.seed,
+                                       call.offset)
+            ctx.call = call
+            ctx.save_for_backward(x, cache, *weights)
+            ctx.set_materialize_grads(False)
+            return y
+
+        @staticmethod
+        def backward(ctx, dy):
+            call = ctx.call
+            x, cache, *weights = ctx.saved_tensors
+            need = ctx.needs_input_grad
+            k = len(call.names)
+            names = [[n for j, n in enumerate(call.names) if need[2 + i * k + j]] for i in range(len(call.buffers))]
+            if not (need[0] or any(names)):
+                return (None, None) + (None,) * len(weights)
+            dy = torch.zeros_like(x) if dy is None else (dy if dy.is_contiguous() else dy.contiguous())
+            dx, grads = encoder_backward(call.desc, dy, x, call.params(weights), cache, call.lengths, call.seed,
+                                         call.offset, need=names, need_dx=need[0])
+            out = tuple(grads[i].get(n) for i in range(len(call.buffers)) for n in call.names)
+            return (dx, None) + out
 
     class EncoderLayerFunction(torch.autograd.Function):
         """One encoder layer: forward(x, scores_in, call, *weights) → y, or (y, scores_out) when
@@ -354,7 +463,8 @@ if torch is not None:
         (torch_ops) while torch.compile traces: cfg {encoder_desc's arguments}, weights {name:
         tensor} (learnable, cast to x's dtype; autograd carries the cast), buffers {name: tensor}
         (BatchNorm's running statistics), scale a tensor that replaces cfg's attn_scale (read on
-        the host inside the op). Training draws (seed, offset) when any rate is nonzero;
+        the host inside the op). Training draws (seed, offset) when any rate is nonzero (seeds: a
+        two-element int64 CPU tensor of them given instead, as draw_encoder_seed returns);
         evaluation runs the library's evaluation forward, or, when gradients are wanted through a
         layer without BatchNorm, a training forward with every rate 0 (the same function)."""
         names = tuple(k for k, v in weights.items() if v is not None)
@@ -371,10 +481,11 @@ if torch is not None:
             scores_in = scores_in.contiguous()
         if routed():
             return _apply_layer_op(x, scores_in, cfg, names, ws, buffers, lengths, want_scores, train,
-                                   draw_encoder_seed() if training and any_p else None, scale)
+                                   (seeds if seeds is not None else draw_encoder_seed()) if training and any_p
+                                   else None, scale)
         no_backward = None
         if training:
-            seed, offset = (seeds or _draw()) if any_p else (0, 0)
+            seed, offset = ((int(seeds[0]), int(seeds[1])) if seeds is not None else _draw()) if any_p else (0, 0)
         else:
             seed = offset = 0
             if wants_grad and batch:
@@ -656,7 +767,7 @@ if torch is not None:
             return {"running_mean1": bn1.running_mean, "running_var1": bn1.running_var,
                     "running_mean2": bn2.running_mean, "running_var2": bn2.running_var}
 
-        def _run(self, src, prev, lengths, causal, want_scores):
+        def _run(self, src, prev, lengths, causal, want_scores, seeds=None):
             if src.dim() != 3:
                 raise ValueError(f"fastgrad: the PatchTST encoder takes [bs·nvars, q_len, d_model], got "
                                  f"{tuple(src.shape)}")
@@ -667,7 +778,7 @@ if torch is not None:
             else:
                 cfg, scale = self._cfg(causal), None
             out = _apply_layer(src, prev, cfg, self._weights(), self._bn_buffers(), lengths,
-                               want_scores and self.res_attention, self.training, scale=scale)
+                               want_scores and self.res_attention, self.training, seeds=seeds, scale=scale)
             if self.training and self.batch:
                 for bn in self._bns():
                     bn.num_batches_tracked.add_(1)
@@ -711,15 +822,71 @@ if torch is not None:
                 for _ in range(n_layers)])
             self.res_attention = res_attention
 
+        def _seeds(self, causal):
+            """One draw for the whole encoder when training with dropout: layer i drops with (seed,
+            offset + i) on every path (the stack, the layers one by one, the custom ops)."""
+            if not self.training:
+                return None
+            cfg = self.layers[0]._cfg(causal, read_scale=False)
+            if not any(cfg.get(k, 0) > 0 for k in ("dropout", "dropout_ffn", "dropout_attn", "dropout_proj")):
+                return None
+            return draw_encoder_seed()
+
+        def _stack(self, src, lengths, causal, seeds):
+            """The layers as one library call each way (EncoderStackFunction), or None where the
+            layer-by-layer path runs: torch.compile's tracing (the custom ops), no residual scores
+            or one layer (nothing to carry), layers whose descriptors differ (a scale of their own),
+            CUDA sizes beyond the short attention (L > 64 or d_model / n_heads > 8), and an
+            evaluation that wants gradients (the layers' own refusal or rate-0 training forward)."""
+            if routed() or not self.res_attention or len(self.layers) < 2 or src.dim() != 3:
+                return None
+            cfgs = [layer._cfg(causal) for layer in self.layers]
+            cfg = cfgs[0]
+            if any(c != cfg for c in cfgs[1:]):
+                return None
+            if src.is_cuda and (src.shape[1] > 64 or cfg["d_model"] // cfg["heads"] > 8):
+                return None
+            weights = [layer._weights() for layer in self.layers]
+            names = tuple(k for k, v in weights[0].items() if v is not None)
+            if any(tuple(k for k, v in w.items() if v is not None) != names for w in weights[1:]):
+                return None
+            ws = tuple(_as(w[k], src.dtype) for w in weights for k in names)
+            wants_grad = torch.is_grad_enabled() and (src.requires_grad or any(w.requires_grad for w in ws))
+            training = self.training
+            if wants_grad and not training:
+                return None
+            any_p = any(cfg.get(k, 0) > 0 for k in ("dropout", "dropout_ffn", "dropout_attn", "dropout_proj"))
+            if not training:
+                cfg = dict(cfg, dropout=0.0, dropout_ffn=0.0, dropout_attn=0.0, dropout_proj=0.0)
+            seed, offset = (int(seeds[0]), int(seeds[1])) if training and any_p else (0, 0)
+            bufs = [{k: v for k, v in layer._bn_buffers().items() if v is not None} for layer in self.layers]
+            call = _StackCall(encoder_desc(**cfg), training, seed, offset, names, bufs, lengths)
+            x = src if src.is_contiguous() else src.contiguous()
+            if wants_grad:
+                y = EncoderStackFunction.apply(x, call, *ws)
+            else:
+                y, _ = encoder_forward(call.desc, x, call.params(ws), lengths, training, seed, offset)
+            if training:
+                for layer in self.layers:
+                    for bn in layer._bns() or ():
+                        bn.num_batches_tracked.add_(1)
+            return y
+
         def forward(self, src, key_padding_mask=None, attn_mask=None, lengths=None):
             if lengths is None:
                 lengths = _lengths(key_padding_mask, src.shape[0], src.shape[1])
             causal = _causal(attn_mask, src.shape[1], False)
+            seeds = self._seeds(causal)
+            y = self._stack(src, lengths, causal, seeds)
+            if y is not None:
+                return y
             out, scores = src, None
             last = len(self.layers) - 1
             for i, layer in enumerate(self.layers):
-                r = layer._run(out, scores, lengths, causal, i < last)
+                s = None if seeds is None else seeds + torch.tensor([0, i], dtype=seeds.dtype)
+                r = layer._run(out, scores, lengths, causal, i < last, s)
                 out, scores = r if isinstance(r, tuple) else (r, None)
             return out
 
-    __all__ += ["EncoderLayerFunction", "TransformerEncoderLayer", "PatchTSTEncoderLayer", "PatchTSTEncoder"]
+    __all__ += ["EncoderLayerFunction", "EncoderStackFunction", "TransformerEncoderLayer", "PatchTSTEncoderLayer",
+                "PatchTSTEncoder"]

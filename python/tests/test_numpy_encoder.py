@@ -259,3 +259,38 @@ def test_refusals_name_the_argument_and_write_nothing(rng):
         fg.encoder_desc(d, h, dff, activation="tanh")
     with pytest.raises(ValueError, match="parameter"):
         fg.encoder_layer_forward(fg.encoder_desc(d, h, dff, norm="pre_layer"), x, dict(p, w_3=p["w_o"]))
+
+
+@pytest.mark.parametrize("norm,separate,save", [("post_batch", True, "all"), ("post_layer", False, "min")])
+def test_stack_matches_layer_by_layer(rng, norm, separate, save):
+    """encoder_forward / encoder_backward (three layers, residual scores carried as the layers' q
+    and k) against the same layers one call each with [B, H, L, L] scores carried, layer i with
+    (seed, offset + i): y, dx, every gradient and the running statistics."""
+    b, l, d, h, dff, n = 2, 7, 8, 2, 12, 3
+    ps = [params_of(rng, d, dff, norm, separate) for _ in range(n)]
+    ps2 = [{k: v.copy() for k, v in p.items()} for p in ps]
+    x, dy = data(rng, (b, l, d)), data(rng, (b, l, d))
+    desc = fg.encoder_desc(d, h, dff, "gelu", norm, residual_scores=True, dropout=0.1, dropout_ffn=0.1,
+                           dropout_attn=0.1, save=save)
+    seed, offset = 12345, 77
+    y, cache = fg.encoder_forward(desc, x, ps, train=True, seed=seed, offset=offset)
+    dx, grads = fg.encoder_backward(desc, dy, x, ps, cache, seed=seed, offset=offset)
+    xs, scores, caches = [x], [None], []
+    for i in range(n):
+        yi, si, ci = fg.encoder_layer_forward(desc, xs[-1], ps2[i], scores_in=scores[-1], seed=seed,
+                                              offset=offset + i, return_scores=i < n - 1,
+                                              scores_dtype=np.float64)
+        xs.append(yi), scores.append(si), caches.append(ci)
+    assert relerr(y, xs[-1]) <= 1e-12
+    g, ds, ref_grads = dy, None, [None] * n
+    for i in reversed(range(n)):
+        g, ds, ref_grads[i] = fg.encoder_layer_backward(desc, g, xs[i], ps2[i], caches[i], scores_in=scores[i],
+                                                        dscores_out=ds, seed=seed, offset=offset + i)
+    assert relerr(dx, g) <= 1e-12
+    for i in range(n):
+        scale = max(np.linalg.norm(ref_grads[i][k]) for k in ref_grads[i])
+        for k in ref_grads[i]:
+            assert np.linalg.norm(grads[i][k] - ref_grads[i][k]) <= 1e-12 * scale, (i, k)
+        for k in ps[i]:
+            if k.startswith("running_"):
+                assert relerr(ps[i][k], ps2[i][k]) <= 1e-12, (i, k)

@@ -290,6 +290,17 @@ if torch is not None:
         global _ext_encoder
         _ext_encoder = getattr(_torchext.MODULE, "encoder_layer", None) if on else None
 
+    _use_stack = False
+
+    def use_stack(on=True):
+        """Whether fg.PatchTSTEncoder runs its layers as one stack call where it can: the residual
+        scores carried as the layers' q and k instead of [B, H, L, L] buffers (the same masks,
+        values within rounding). Less memory for more time (docs/decisions.md: the attention's
+        products over every earlier layer's pieces cost more than the scores' traffic saves on
+        an H200), so off by default."""
+        global _use_stack
+        _use_stack = bool(on)
+
     def draw_encoder_seed():
         """(seed, offset) as a two-element int64 CPU tensor from torch's default CPU generator."""
         return torch.randint(0, 2**62, (2,))
@@ -838,7 +849,7 @@ if torch is not None:
             or one layer (nothing to carry), layers whose descriptors differ (a scale of their own),
             CUDA sizes beyond the short attention (L > 64 or d_model / n_heads > 8), and an
             evaluation that wants gradients (the layers' own refusal or rate-0 training forward)."""
-            if routed() or not self.res_attention or len(self.layers) < 2 or src.dim() != 3:
+            if not _use_stack or routed() or not self.res_attention or len(self.layers) < 2 or src.dim() != 3:
                 return None
             cfgs = [layer._cfg(causal) for layer in self.layers]
             cfg = cfgs[0]
@@ -888,5 +899,5 @@ if torch is not None:
                 out, scores = r if isinstance(r, tuple) else (r, None)
             return out
 
-    __all__ += ["EncoderLayerFunction", "EncoderStackFunction", "TransformerEncoderLayer", "PatchTSTEncoderLayer",
+    __all__ += ["use_stack", "EncoderLayerFunction", "EncoderStackFunction", "TransformerEncoderLayer", "PatchTSTEncoderLayer",
                 "PatchTSTEncoder"]

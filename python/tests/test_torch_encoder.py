@@ -370,6 +370,52 @@ def test_patchtst_train(rng, device, dtype, norm, res_attention):
 
 
 @pytest.mark.parametrize("device,dtype", CASES)
+@pytest.mark.parametrize("norm,dropout", [("BatchNorm", 0.0), ("LayerNorm", 0.0), ("BatchNorm", 0.2)])
+def test_patchtst_stack(rng, device, dtype, norm, dropout):
+    """fg.encoder.use_stack(True): the layers as one library call each way, the residual scores
+    carried as the layers' q and k: the reference's values (f64) and running statistics without
+    dropout; with it, the layer-by-layer path's values under the same seed (the same masks)."""
+    import fastgrad.encoder as fgenc
+    if dropout and dtype == torch.bfloat16:
+        pytest.skip("bf16: the layer-by-layer path rounds its carried scores to bf16, the stack does not; "
+                    "both are bounded against the f64 reference in the cases without dropout")
+    ours, ref = patchtst_pair(rng, device, dtype, norm=norm, dropout=dropout)
+    x, dy = inputs(rng, 6, 42, 32, device, dtype)
+    fgenc.use_stack(True)
+    try:
+        y = ours(x.detach().requires_grad_(True))
+        assert type(y.grad_fn).__name__ == "EncoderStackFunctionBackward"
+        if dropout == 0.0:
+            ours, ref = patchtst_pair(rng, device, dtype, norm=norm)
+            compare(ours, ref, x, dy, dtype)
+            sd, sd_ref = ours.state_dict(), ref.state_dict()
+            for k in sd_ref:
+                if "running" in k:
+                    check(sd[k], sd_ref[k], dtype, k)
+            return
+        runs = []
+        for on in (True, False):
+            fgenc.use_stack(on)
+            m = copy.deepcopy(ours)
+            xx = x.detach().clone().requires_grad_(True)
+            torch.manual_seed(21)
+            out = m(xx)
+            out.backward(dy)
+            runs.append((out.detach(), xx.grad, {k: p.grad for k, p in m.named_parameters()}))
+        (ys, dxs, gs), (yl, dxl, gl) = runs
+        check(ys, yl.double(), dtype, "y (stack vs layers)")
+        check(dxs, dxl.double(), dtype, "dx (stack vs layers)")
+        top = max(float(v.abs().max()) for v in gl.values())
+        for k in gl:
+            if "W_K.bias" in k:  # zero in exact arithmetic: noise on both paths
+                assert float((gs[k] - gl[k]).abs().max()) <= 30 * tolerance(dtype) * top, k
+            else:
+                check(gs[k], gl[k].double(), dtype, f"d{k} (stack vs layers)")
+    finally:
+        fgenc.use_stack(False)
+
+
+@pytest.mark.parametrize("device,dtype", CASES)
 def test_patchtst_eval(rng, device, dtype):
     ours, ref = patchtst_pair(rng, device, dtype, dropout=0.3)
     ours.eval(), ref.eval()

@@ -5,7 +5,9 @@
  * accumulate), with causal and key-padding masks (lengths 0 and L among them), additive input
  * scores, upstream score gradients (PatchTST's residual attention), dropout (the reference
  * regenerates the mask from src/core/rng.h's definition), q/k/v read in place from a packed
- * [B, L, 3, H, hd] projection, and awkward sizes (L = 1, 3, 17, 42, 127, 129, 1030; hd 0 … 128).
+ * [B, L, 3, H, hd] projection, q and k in pieces ([B, H, L, P, hd] over a [P, B, L, H, hd]
+ * buffer: the reference takes them as one head dim of P·hd; CUDA beyond its short kernels must
+ * refuse them), and awkward sizes (L = 1, 3, 17, 42, 127, 129, 1030; hd 0 … 128).
  * Outputs are NaN-poisoned before each run, masked scores must be exactly −∞, and every element
  * is bounded besides the norm (on CUDA in f16 / bf16 with room for the documented rounding of P̃
  * and dS to the dtype before the gradient products: the dtype's unit roundoff times the sum of

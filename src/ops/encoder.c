@@ -934,6 +934,20 @@ fg_status fg_encoder_layer_forward_ws(fg_context *ctx, const fg_encoder_layer_de
  * to be overwritten are zeroed first. */
 static fg_status prezero(sub *e, int acc, const fg_tensor *t) { return acc ? zero(e, t) : FG_OK; }
 
+/* What both backward entries check besides the layer: a training forward's, accumulate 0 or 1, dy,
+   and dx when given (NULL when absent). */
+static fg_status check_backward_args(fg_context *ctx, const char *op, const layer *l, int accumulate,
+                                     const fg_tensor *dy, const fg_tensor **dx) {
+    if (!l->train)
+        return fg_fail(FG_ERR_INVALID_VALUE, "%s: run->train is 0 (the backward is of a training forward)", op);
+    if (accumulate != 0 && accumulate != 1)
+        return fg_fail(FG_ERR_INVALID_VALUE, "%s: accumulate (%d) must be 0 or 1", op, accumulate);
+    if (!dy) return fg_fail(FG_ERR_NULL_POINTER, "%s: dy is NULL", op);
+    FG_TRY(check_tokens(ctx, op, "dy", dy, &l->g));
+    *dx = opt_t(*dx);
+    return *dx ? check_tokens(ctx, op, "dx", *dx, &l->g) : FG_OK;
+}
+
 static fg_status backward_walk(sub *ep, const layer *lp, const void *cache, const wlayout *wp, void *workspace,
                                const fg_tensor *dy, const fg_tensor *dscores_out, const fg_tensor *dx,
                                const fg_tensor *dscores_in, const fg_tensor *const *G, int U);
@@ -949,14 +963,7 @@ fg_status fg_encoder_layer_backward(fg_context *ctx, const fg_encoder_layer_desc
     layer l;
     FG_TRY(resolve(ctx, op, desc, run, x, lengths, scores_in, params, &l));
     const geom *g = &l.g;
-    if (!l.train)
-        return fg_fail(FG_ERR_INVALID_VALUE, "%s: run->train is 0 (the backward is of a training forward)", op);
-    if (accumulate != 0 && accumulate != 1)
-        return fg_fail(FG_ERR_INVALID_VALUE, "%s: accumulate (%d) must be 0 or 1", op, accumulate);
-    if (!dy) return fg_fail(FG_ERR_NULL_POINTER, "%s: dy is NULL", op);
-    FG_TRY(check_tokens(ctx, op, "dy", dy, g));
-    dx = opt_t(dx);
-    if (dx) FG_TRY(check_tokens(ctx, op, "dx", dx, g));
+    FG_TRY(check_backward_args(ctx, op, &l, accumulate, dy, &dx));
     dscores_out = opt_t(dscores_out), dscores_in = opt_t(dscores_in);
     if (dscores_in && !l.scores_in)
         return fg_fail(FG_ERR_NULL_POINTER, "%s: dscores_in is requested but scores_in is absent", op);
@@ -1378,14 +1385,7 @@ fg_status fg_encoder_backward(fg_context *ctx, const fg_encoder_layer_desc *desc
     layer l;
     FG_TRY(stack_resolve(ctx, op, desc, layers, run, x, lengths, params, grads, &l));
     const geom *g = &l.g;
-    if (!l.train)
-        return fg_fail(FG_ERR_INVALID_VALUE, "%s: run->train is 0 (the backward is of a training forward)", op);
-    if (accumulate != 0 && accumulate != 1)
-        return fg_fail(FG_ERR_INVALID_VALUE, "%s: accumulate (%d) must be 0 or 1", op, accumulate);
-    if (!dy) return fg_fail(FG_ERR_NULL_POINTER, "%s: dy is NULL", op);
-    FG_TRY(check_tokens(ctx, op, "dy", dy, g));
-    dx = opt_t(dx);
-    if (dx) FG_TRY(check_tokens(ctx, op, "dx", dx, g));
+    FG_TRY(check_backward_args(ctx, op, &l, accumulate, dy, &dx));
     stack_t s;
     if (!stack_layout(g, desc, layers, &s))
         return fg_fail(FG_ERR_OVERFLOW, "%s: the cache or workspace of %lld layers, B=%lld, L=%lld overflows", op,

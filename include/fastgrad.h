@@ -1146,7 +1146,7 @@ FG_NODISCARD FG_API fg_status fg_encoder_layer_backward(fg_context *ctx, const f
 
 /* A stack of `layers` encoder layers of one descriptor (torch.nn.TransformerEncoder, PatchTST's
  * TSTEncoder): layer i's output is layer i + 1's input; params and grads are arrays of `layers`
- * (grads NULL: none). Layer i runs as fg_encoder_layer_forward / _backward with (seed, offset + i):
+ * (1 … 256; grads NULL: none). Layer i runs as fg_encoder_layer_forward / _backward with (seed, offset + i):
  * give each step offsets `layers` apart. With residual_scores, layer i's scores in are layer i − 1's
  * scores (layer 0: none), carried as fg_attention_forward's pieces: the stack keeps the layers' q
  * and k side by side in its cache and runs layer i's attention on the i + 1 layers' pieces, so no

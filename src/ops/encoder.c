@@ -1196,6 +1196,16 @@ static fg_status backward_walk(sub *ep, const layer *lp, const void *cache, cons
 
 /* ------------------------------------------------------------------ a stack of layers */
 
+/* The most layers a stack call takes (its overlap check compares every pair of operands). */
+#define STACK_MAX_LAYERS 256
+
+static fg_status check_layers(const char *op, int64_t layers) {
+    if (layers < 1 || layers > STACK_MAX_LAYERS)
+        return fg_fail(FG_ERR_INVALID_VALUE, "%s: layers (%lld) must be in [1, %d]", op, (long long)layers,
+                       STACK_MAX_LAYERS);
+    return FG_OK;
+}
+
 /* The stack's memory: its cache is the layers' caches (slabs of one layer's layout, one after
  * another, so that the layers' q and k are the pieces of one strided view) and the layers' inputs
  * after the first ([T, d] each); its workspace is a layer's backward workspace, two [T, d]
@@ -1231,7 +1241,8 @@ static bool stack_layout(const geom *g, const fg_encoder_layer_desc *desc, int64
     s->acts = (size_t)a;
     if (!add_ok((size_t)a, (size_t)b, &s->cache)) return false;
     s->dy = s->w.bytes;
-    if (!add_ok(s->dy, 2 * s->act, &s->carry)) return false;
+    size_t two;
+    if (!add_ok(s->act, s->act, &two) || !add_ok(s->dy, two, &s->carry)) return false;
     s->ws = s->carry;
     if (s->pieces) {
         if (!mul_ok(layers, Td3, &n) || !mul_ok(n, (int64_t)g->es, &a)) return false;
@@ -1259,7 +1270,7 @@ fg_status fg_encoder_sizes(const fg_encoder_layer_desc *desc, int64_t layers, fg
     const char *op = "encoder_sizes";
     FG_TRY(check_desc(op, desc));
     FG_TRY(check_dtype(op, dtype));
-    if (layers < 1) return fg_fail(FG_ERR_INVALID_VALUE, "%s: layers (%lld) must be >= 1", op, (long long)layers);
+    FG_TRY(check_layers(op, layers));
     if (B < 0 || L < 0)
         return fg_fail(FG_ERR_SHAPE, "%s: B=%lld and L=%lld must be >= 0", op, (long long)B, (long long)L);
     geom g;
@@ -1281,7 +1292,7 @@ static fg_status stack_resolve(fg_context *ctx, const char *op, const fg_encoder
                                layer *l) {
     if (!ctx) return fg_fail(FG_ERR_NULL_POINTER, "%s: ctx is NULL", op);
     FG_TRY(check_desc(op, desc));
-    if (layers < 1) return fg_fail(FG_ERR_INVALID_VALUE, "%s: layers (%lld) must be >= 1", op, (long long)layers);
+    FG_TRY(check_layers(op, layers));
     if (!params) return fg_fail(FG_ERR_NULL_POINTER, "%s: params is NULL", op);
     char set[32];
     for (int64_t i = layers - 1; i >= 0; i--) {
@@ -1334,7 +1345,7 @@ fg_status fg_encoder_forward(fg_context *ctx, const fg_encoder_layer_desc *desc,
     FG_TRY(check_buffer(ctx, op, "cache", cache, cache_bytes, need));
     FG_TRY(check_buffer(ctx, op, "workspace", workspace, workspace_bytes, wneed));
     spans sp;
-    FG_TRY(spans_init(&sp, 8 + 24 * (int)(layers < 1000 ? layers : 1000)));
+    FG_TRY(spans_init(&sp, 8 + 24 * (int)layers));
     add_tensor(&sp, "x", x, false);
     add_tensor(&sp, "lengths", l.lengths, false);
     char set[32];
@@ -1394,7 +1405,7 @@ fg_status fg_encoder_backward(fg_context *ctx, const fg_encoder_layer_desc *desc
     FG_TRY(check_buffer(ctx, op, "cache", cache, cache_bytes, cneed));
     FG_TRY(check_buffer(ctx, op, "workspace", workspace, workspace_bytes, wneed));
     spans sp;
-    FG_TRY(spans_init(&sp, 8 + 48 * (int)(layers < 1000 ? layers : 1000)));
+    FG_TRY(spans_init(&sp, 8 + 48 * (int)layers));
     add_tensor(&sp, "dy", dy, false);
     add_tensor(&sp, "x", x, false);
     add_tensor(&sp, "lengths", l.lengths, false);

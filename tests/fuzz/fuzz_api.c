@@ -841,7 +841,9 @@ static void enc_operand(rd *r, operand *o, int rank, const int64_t *shape, fg_dt
 /* fg_encoder_layer_sizes, _forward and (after a training forward that ran) _backward over a
  * descriptor from the bytes: dims from the pool, every enum and rate sometimes out of range,
  * the parameters present or absent one by one (their shapes the descriptor's, or read as any
- * other operand), the cache and workspace the sizes said or less. */
+ * other operand), the cache and workspace the sizes said or less. Sometimes the stack entries
+ * (fg_encoder_sizes, _forward, _backward) instead, over 1 … 3 layers sharing those parameters
+ * (or a bad layer count), the gradients of the first layer only. */
 static void encoder_call(rd *r) {
     fg_context *ctx = pick_context(u8(r));
     fg_encoder_layer_desc d;
@@ -912,6 +914,17 @@ static void encoder_call(rd *r) {
     place(ops, 5 + ENC_N);
     if (any_big(ops, 5 + ENC_N)) return;
     const uint8_t cut = u8(r);
+    const bool stack = (cut & 128) != 0;
+    int64_t layers = 1;
+    if (stack) {
+        const uint8_t nl = u8(r);
+        layers = nl < 248 ? 1 + nl % 3 : (int64_t[]){0, -1, INT64_MAX, 4, 2, 3, 1, 2}[nl - 248];
+        plant_stale_error();
+        redirect_fds();
+        s = fg_encoder_sizes(desc_null ? NULL : &d, layers, dt, B, L, &cache_bytes, &ws_bytes);
+        check_status("encoder_sizes", s);
+        if (s != FG_OK || cache_bytes > ((size_t)1 << 20) || ws_bytes > ((size_t)1 << 20)) return;
+    }
     const size_t cache_give = (cut & 1) && cache_bytes ? cache_bytes - 1 : cache_bytes;
     const size_t ws_give = (cut & 2) && ws_bytes ? ws_bytes / 2 : ws_bytes;
     const int a_cache = arena_new(cache_give + 16), a_ws = arena_new(ws_give + 16);
@@ -921,29 +934,34 @@ static void encoder_call(rd *r) {
     if (a_cache < 0 || a_ws < 0) return;
     for (size_t b = 0; b < cache_give; b++) arenas[a_cache].mark[b] = 1; /* the forward writes the cache */
     uint8_t *cache = (cut & 4) ? NULL : arenas[a_cache].mem + GUARD;
-    /* the _ws entry (SAVE_MIN's training forward writes its temporaries there) */
-    const bool with_ws = (cut & 32) != 0;
+    /* the _ws entry (SAVE_MIN's training forward writes its temporaries there; the stack's forward
+       takes the workspace always) */
+    const bool with_ws = (cut & 32) != 0 || stack;
     if (with_ws)
         for (size_t b = 0; b < ws_give; b++) arenas[a_ws].mark[b] = 1;
     uint8_t *ws = (cut & 64) ? NULL : arenas[a_ws].mem + GUARD;
-    fg_encoder_layer_params P;
+    fg_encoder_layer_params P, PS[4];
     memset(&P, 0, sizeof P);
     for (int i = 0; i < ENC_N; i++)
         if (!ops[5 + i].absent) *enc_slot(&P, i) = ops[5 + i].t;
+    for (int i = 0; i < 4; i++) PS[i] = P; /* the stack's layers share the parameters */
     const fg_tensor *X = ops[0].null_ptr ? NULL : &ops[0].t;
     const fg_tensor *len = ops[1].absent ? NULL : &ops[1].t, *sin = ops[2].absent ? NULL : &ops[2].t;
     const fg_tensor *Y = &ops[3].t, *sout = ops[4].absent ? NULL : &ops[4].t;
     arenas_snapshot();
     plant_stale_error();
     redirect_fds();
-    if (with_ws)
+    if (stack)
+        s = fg_encoder_forward(ctx, desc_null ? NULL : &d, layers, (cut & 8) ? NULL : &run, X, len,
+                               (cut & 16) ? NULL : PS, Y, cache, cache_give, ws, ws_give);
+    else if (with_ws)
         s = fg_encoder_layer_forward_ws(ctx, desc_null ? NULL : &d, (cut & 8) ? NULL : &run, X, len, sin,
                                         (cut & 16) ? NULL : &P, Y, sout, cache, cache_give, ws, ws_give);
     else
         s = fg_encoder_layer_forward(ctx, desc_null ? NULL : &d, (cut & 8) ? NULL : &run, X, len, sin,
                                      (cut & 16) ? NULL : &P, Y, sout, cache, cache_give);
-    check_status("encoder_layer_forward", s);
-    arenas_check("encoder_layer_forward", s == FG_OK);
+    check_status(stack ? "encoder_forward" : "encoder_layer_forward", s);
+    arenas_check(stack ? "encoder_forward" : "encoder_layer_forward", s == FG_OK);
     if (s != FG_OK || !run.train || !cache) return;
     /* the backward: dy (y's memory, an input now), dscores_out, dx, dscores_in, the gradients */
     operand g[4 + ENC_N];
@@ -975,18 +993,25 @@ static void encoder_call(rd *r) {
     for (int i = 0; i < n0; i++) memset(arenas[i].mark, 0, arenas[i].body + 1); /* the forward's buffers: inputs now */
     mark_outputs(g, 4 + ENC_N);
     for (size_t b = 0; b < ws_give; b++) arenas[a_ws].mark[b] = 1; /* scratch */
-    fg_encoder_layer_params G;
+    fg_encoder_layer_params G, GS[4];
     memset(&G, 0, sizeof G);
+    memset(GS, 0, sizeof GS);
     for (int i = 0; i < ENC_N; i++)
         if (!g[4 + i].absent) *enc_slot(&G, i) = g[4 + i].t;
+    GS[0] = G;
     arenas_snapshot();
     plant_stale_error();
     redirect_fds();
-    s = fg_encoder_layer_backward(ctx, &d, &run, &g[0].t, g[1].absent ? NULL : &g[1].t, X, len, sin, &P, cache,
-                                  cache_give, g[2].absent ? NULL : &g[2].t, g[3].absent ? NULL : &g[3].t,
-                                  (gopt & 8) ? NULL : &G, gopt >> 7, arenas[a_ws].mem + GUARD, ws_give);
-    check_status("encoder_layer_backward", s);
-    arenas_check("encoder_layer_backward", s == FG_OK);
+    if (stack)
+        s = fg_encoder_backward(ctx, &d, layers, &run, &g[0].t, X, len, PS, cache, cache_give,
+                                g[2].absent ? NULL : &g[2].t, (gopt & 8) ? NULL : GS, gopt >> 7,
+                                arenas[a_ws].mem + GUARD, ws_give);
+    else
+        s = fg_encoder_layer_backward(ctx, &d, &run, &g[0].t, g[1].absent ? NULL : &g[1].t, X, len, sin, &P, cache,
+                                      cache_give, g[2].absent ? NULL : &g[2].t, g[3].absent ? NULL : &g[3].t,
+                                      (gopt & 8) ? NULL : &G, gopt >> 7, arenas[a_ws].mem + GUARD, ws_give);
+    check_status(stack ? "encoder_backward" : "encoder_layer_backward", s);
+    arenas_check(stack ? "encoder_backward" : "encoder_layer_backward", s == FG_OK);
 }
 
 /* ------------------------------------------------------------------ the rest */

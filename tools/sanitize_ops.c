@@ -417,15 +417,43 @@ static void norm_kernels(void) {
         o.dropout.p = 0.3, o.dropout.seed = 5;
         char label[80], want[40];
         snprintf(label, sizeof label, "batch_norm_forward + residual %s C=%lld", fg_dtype_name(dt), (long long)bns[k].c);
-        snprintf(want, sizeof want, "bn_apply<%s,%s>", fg_dtype_name(dt), bns[k].vec);
+        /* C 128 aligned: the one-launch kernels (bn_resident); C 7: the stats and apply kernels */
+        const bool one = bns[k].c % 4 == 0;
+        if (one) snprintf(want, sizeof want, "bn_resident<%s,fwd>", fg_dtype_name(dt));
+        else snprintf(want, sizeof want, "bn_apply<%s,%s>", fg_dtype_name(dt), bns[k].vec);
         launched(label, fg_batch_norm_forward(ctx, &o, &X.t, &R.t, &W.t, &B.t, &RM.t, &RV.t, &Y.t, &S.t, &M.t, &Q.t),
                  want);
         written(label, &Y), written(label, &S), written(label, &M), written(label, &RV);
         snprintf(label, sizeof label, "batch_norm_backward %s C=%lld", fg_dtype_name(dt), (long long)bns[k].c);
-        snprintf(want, sizeof want, "bn_bwd_apply<%s,%s>", fg_dtype_name(dt), bns[k].vec);
+        if (one) snprintf(want, sizeof want, "bn_resident<%s,bwd>", fg_dtype_name(dt));
+        else snprintf(want, sizeof want, "bn_bwd_apply<%s,%s>", fg_dtype_name(dt), bns[k].vec);
         launched(label, fg_batch_norm_backward(ctx, &o, &Y.t, &S.t, &W.t, &M.t, &Q.t, &DX.t, &DR.t, &DW.t, &DB.t, 0),
                  want);
         written(label, &DX), written(label, &DR), written(label, &DW), written(label, &DB);
+        if (one) { /* the split form's steps (synchronized BatchNorm) at the same shape: the vector kernels */
+            int64_t sd[1] = {2 * bns[k].c + 1};
+            th_operand SU = out(FG_F64, 1, sd, 0);
+            fg_batch_norm_options plain = o;
+            plain.dropout.p = 0;
+            snprintf(label, sizeof label, "batch_norm_stats + residual %s C=%lld", fg_dtype_name(dt), (long long)bns[k].c);
+            snprintf(want, sizeof want, "bn_stats<%s,%s>", fg_dtype_name(dt), bns[k].vec);
+            launched(label, fg_batch_norm_stats(ctx, &o, &X.t, &R.t, &S.t, &SU.t), want);
+            written(label, &SU);
+            snprintf(label, sizeof label, "batch_norm_apply %s C=%lld", fg_dtype_name(dt), (long long)bns[k].c);
+            snprintf(want, sizeof want, "bn_apply<%s,%s>", fg_dtype_name(dt), bns[k].vec);
+            launched(label, fg_batch_norm_apply(ctx, &plain, &S.t, &SU.t, &W.t, &B.t, &RM.t, &RV.t, &Y.t, &M.t, &Q.t), want);
+            written(label, &Y);
+            snprintf(label, sizeof label, "batch_norm_backward_stats %s C=%lld", fg_dtype_name(dt), (long long)bns[k].c);
+            snprintf(want, sizeof want, "bn_bwd_stats<%s,%s>", fg_dtype_name(dt), bns[k].vec);
+            launched(label, fg_batch_norm_backward_stats(ctx, &plain, &Y.t, &S.t, &M.t, &Q.t, &SU.t), want);
+            snprintf(label, sizeof label, "batch_norm_backward_apply %s C=%lld", fg_dtype_name(dt), (long long)bns[k].c);
+            snprintf(want, sizeof want, "bn_bwd_apply<%s,%s>", fg_dtype_name(dt), bns[k].vec);
+            launched(label, fg_batch_norm_backward_apply(ctx, &o, &Y.t, &S.t, &W.t, &M.t, &Q.t, &SU.t, &DX.t, &DR.t,
+                                                         &DW.t, &DB.t, 0),
+                     want);
+            written(label, &DX);
+            th_drop(&SU);
+        }
         th_drop(&X), th_drop(&R), th_drop(&W), th_drop(&B), th_drop(&RM), th_drop(&RV), th_drop(&Y), th_drop(&S);
         th_drop(&M), th_drop(&Q), th_drop(&DX), th_drop(&DR), th_drop(&DW), th_drop(&DB);
     }

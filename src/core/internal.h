@@ -503,6 +503,11 @@ fg_dropout_gen fg_dropout_make(double p, uint64_t seed, uint64_t offset);
  *   BN_BACKWARD_STATS  sums = {Σ dy, Σ dy·x̂, N} (x̂ from mean, rstd)
  *   BN_BACKWARD_APPLY  dx = w·rstd·(dy − Σdy/N − x̂·Σdy·x̂/N) (eval: w·rstd·dy), dr = dx·m;
  *                  dw = Σ dy·x̂, db = Σ dy from sums (accumulate adds)
+ *   BN_FORWARD     BN_STATS then BN_APPLY as one step (the one-device training forward; the
+ *                  apply normalizes s when s is written): fg_norm_bn_parts gives the two steps,
+ *                  and a backend may run the whole as one kernel instead (CUDA: a cooperative
+ *                  grid that keeps the rows on chip between the sums and the apply)
+ *   BN_BACKWARD    BN_BACKWARD_STATS then BN_BACKWARD_APPLY as one step, the same way
  *   DROPOUT        y = x·m (accumulate adds into y)
  *   REVIN_STATS    x: inst instances of steps × cols rows → mean (or the last step), stdev
  *                  [inst, cols] (in rstd)
@@ -525,7 +530,9 @@ typedef enum fg_norm_step {
     FG_NORM_STEP_DROPOUT,
     FG_NORM_STEP_REVIN_STATS,
     FG_NORM_STEP_REVIN_APPLY,
-    FG_NORM_STEP_REVIN_BACKWARD
+    FG_NORM_STEP_REVIN_BACKWARD,
+    FG_NORM_STEP_BN_FORWARD,
+    FG_NORM_STEP_BN_BACKWARD
 } fg_norm_step;
 
 typedef struct fg_norm_call {
@@ -554,6 +561,12 @@ typedef struct fg_norm_call {
 } fg_norm_call;
 
 fg_status fg_cpu_norm(fg_context *ctx, fg_norm_call *c, bool run);
+/* A BN_FORWARD / BN_BACKWARD step as the two steps it stands for (src/ops/norm.c): parts[0] the
+ * stats step, parts[1] the apply step, sharing c's scratch. */
+void fg_norm_bn_split(const fg_norm_call *c, fg_norm_call parts[2]);
+/* Plans (need: the larger of the two; name: both) or runs that pair through `step`. */
+fg_status fg_norm_bn_parts(fg_context *ctx, fg_norm_call *c, bool run,
+                           fg_status (*step)(fg_context *ctx, fg_norm_call *c, bool run));
 
 /* ------------------------------------------------------------------ attention */
 

@@ -1408,6 +1408,8 @@ static fg_status revin_backward(fg_context *ctx, fg_norm_call *c, bool run) {
 /* ------------------------------------------------------------------ entry */
 
 fg_status fg_cpu_norm(fg_context *ctx, fg_norm_call *c, bool run) {
+    if (c->step == FG_NORM_STEP_BN_FORWARD || c->step == FG_NORM_STEP_BN_BACKWARD)
+        return fg_norm_bn_parts(ctx, c, run, fg_cpu_norm); /* the stats step, then the apply step */
     /* BatchNorm or RevIN over no channel (the row norms refuse D = 0; dropout walks elements):
        nothing in the rows to read or write but BatchNorm's count N. A [2^31, 0] view is valid
        and holds nothing, yet walking its rows took seconds (a fuzz finding: batch_norm_stats of

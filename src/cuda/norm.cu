@@ -35,6 +35,8 @@
 #include "elem.cuh"
 #include "dropout.cuh"
 
+#include <cooperative_groups.h>
+
 #include "../core/rng.h"
 
 
@@ -1148,8 +1150,9 @@ struct bn_args {
 };
 
 /* Per column of the tile: forward {mean, w·rstd, b}; backward {mean, rstd, w·rstd, Σdy/N, Σdy·x̂/N}.
- * The first slab's blocks write mean / rstd and the running statistics (forward) or dw / db. */
-__device__ void bn_coefficients(const bn_args &a, int64_t j, float *k) {
+ * `first` (the first slab's blocks) also writes mean / rstd and the running statistics (forward) or
+ * dw / db. */
+__device__ void bn_coefficients(const bn_args &a, int64_t j, float *k, bool first) {
     if (!a.backward) {
         double mean, var;
         if (a.eval) {
@@ -1164,7 +1167,7 @@ __device__ void bn_coefficients(const bn_args &a, int64_t j, float *k) {
         const float rstd = (float)(1.0 / sqrt(var + a.eps));
         const float w = a.w ? load_as(a.w, a.w_dtype, j) : 1.f, b = a.b ? load_as(a.b, a.w_dtype, j) : 0.f;
         k[0] = (float)mean, k[1] = w * rstd, k[2] = b;
-        if (blockIdx.y != 0) return;
+        if (!first) return;
         if (a.mean) a.mean[j] = (float)mean;
         if (a.rstd) a.rstd[j] = rstd;
         if (!a.eval && a.running_mean) {
@@ -1182,7 +1185,7 @@ __device__ void bn_coefficients(const bn_args &a, int64_t j, float *k) {
     if (a.sums) {
         const double n = a.sums[2 * a.cols];
         if (!a.eval && n > 0.0) k[3] = (float)(a.sums[j] / n), k[4] = (float)(a.sums[a.cols + j] / n);
-        if (blockIdx.y == 0) {
+        if (first) {
             if (a.dw) store_as(a.dw, a.dw_dtype, j, (float)a.sums[a.cols + j], a.accumulate);
             if (a.db) store_as(a.db, a.db_dtype, j, (float)a.sums[j], a.accumulate);
         }
@@ -1200,7 +1203,7 @@ __global__ void __launch_bounds__(COL_THREADS, col_min_blocks<T>()) bn_apply(con
 #pragma unroll
         for (int e = 0; e < VEC; e++) {
             float k[5];
-            bn_coefficients(a, j0 + e, k);
+            bn_coefficients(a, j0 + e, k, blockIdx.y == 0);
             for (int q = 0; q < NK; q++) kc[q][tx * VEC + e] = k[q];
         }
     __syncthreads();
@@ -1280,6 +1283,281 @@ __global__ void __launch_bounds__(COL_THREADS, col_min_blocks<T>()) bn_apply(con
             }
         }
     }
+}
+
+/* ------------------------------------------------------------------ BatchNorm in one launch */
+
+/* BN_FORWARD / BN_BACKWARD as one cooperative grid of one RES_THREADS block an SM. Block b takes
+ * rows [b·per, (b + 1)·per); thread (tx, ty) four columns of every ty-th row of them. Phase 1
+ * reads each row once (the forward forms s = x + dropout(r), writes s when asked, and sums Σ s,
+ * Σ s²; the backward sums Σ dy, Σ dy·x̂) and keeps what it read: its first NREG rows in
+ * registers, the next `srows` in shared memory (their loads all issued at once, cp.async), the
+ * rest not (streamed through a ring of RING rows in shared memory, in both phases). Shared
+ * memory is the thread's own: no barrier guards it. The block adds its rows' f64 sums in ty
+ * order into one partial row; grid barrier; warp w of block b adds partial column b + w·grid
+ * over the blocks (lanes in order, then a fixed shuffle tree); barrier; every block forms the
+ * columns' coefficients (bn_coefficients, as the two-kernel path does) and writes y (dx, dr): the
+ * rows not kept first, last read first, so that most of them still come from L2. Against the
+ * stats kernel + finish + apply kernel this reads x (and dy) from DRAM once where the rows fit on
+ * chip, and launches once. MODE: RES_FWD (x), RES_FWD_R (x and r: s formed), RES_BWD (x and
+ * dy). Needs a 16-byte aligned four-column vector (bn_vec) and cols ≤ 4·RES_THREADS / 2. */
+constexpr int RES_THREADS = 512;
+enum { RES_FWD, RES_FWD_R, RES_BWD };
+/* rows a thread keeps in registers (32 registers of kept data) and the ring's depth (≈ 48 KB) */
+template <typename T, int MODE> constexpr int res_nreg() { return (MODE == RES_BWD ? 4 : 8) * (sizeof(T) == 4 ? 1 : 2); }
+template <typename T, int MODE> constexpr int res_ops() { return MODE == RES_FWD ? 1 : 2; }
+template <typename T, int MODE> constexpr int res_ring() {
+    return 48 * 1024 / (int)(4 * sizeof(T) * res_ops<T, MODE>() * RES_THREADS);
+}
+
+struct bnr_args {
+    bn_args a;      /* a.sums: tot */
+    int64_t per;    /* rows a block */
+    int tx, ty;     /* four-column vectors of a row (cols / 4); rows a step (RES_THREADS / tx) */
+    int64_t srows;  /* rows a thread keeps in shared memory */
+    double *part;   /* [grid][2][cols]: the blocks' partial sums */
+    double *tot;    /* [2·cols + 1]: the sums, then N */
+};
+
+/* 8 or 16 bytes global → shared without registers (16: L2 only; 8: .ca, the only form it has) */
+template <int BYTES> __device__ __forceinline__ void res_copy(void *dst, const void *src) {
+    const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+    if constexpr (BYTES == 16) asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+    else asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(d), "l"(src) : "memory");
+}
+
+template <typename T, int MODE>
+__global__ void __launch_bounds__(RES_THREADS, 1) bn_resident(const bnr_args p) {
+    constexpr int VEC = BN_VEC, NREG = res_nreg<T, MODE>(), U = sizeof(T) == 4 ? 4 : 8;
+    constexpr int NOPS = res_ops<T, MODE>(), RING = res_ring<T, MODE>();
+    constexpr bool BWD = MODE == RES_BWD, RES = MODE == RES_FWD_R;
+    constexpr int NK = BWD ? 5 : 3;
+    typedef vec_t<T, VEC> V;
+    extern __shared__ __align__(16) unsigned char res_smem[];
+    __shared__ double red[RES_THREADS * VEC];
+    const bn_args &a = p.a;
+    const int tid = threadIdx.x, tx = tid % p.tx, ty = tid / p.tx;
+    const bool act = ty < p.ty;
+    const int64_t j0 = (int64_t)tx * VEC;
+    const int64_t r0 = (int64_t)blockIdx.x * p.per;
+    const int64_t r1 = r0 + p.per < a.rows ? r0 + p.per : a.rows;
+    const int64_t n = act && r0 + ty < r1 ? cdiv_d(r1 - r0 - ty, p.ty) : 0; /* rows of this thread */
+    const int64_t kg = NREG + p.srows;                                       /* the first row not kept */
+    const int64_t ks = kg < n ? kg : n;
+    V *const kept = reinterpret_cast<V *>(res_smem);              /* [srows][NOPS][RES_THREADS] */
+    V *const ring = kept + p.srows * NOPS * RES_THREADS;          /* [RING][NOPS][RES_THREADS] */
+    auto slot = [&](V *base, int64_t k, int o) { return base + (k * NOPS + o) * RES_THREADS + tid; };
+    auto row_of = [&](int64_t k) { return r0 + ty + k * p.ty; };
+    /* operand o of a row: x, then r (forward) or dy (backward) */
+    auto src = [&](int64_t row, int o) -> const T * {
+        if (o == 0) return (const T *)a.x + row * a.ld_x + j0;
+        return BWD ? (const T *)a.dy + row * a.ld_dy + j0 : (const T *)a.r + row * a.ld_r + j0;
+    };
+    auto copy_row = [&](V *base, int64_t k, int64_t row) {
+#pragma unroll
+        for (int o = 0; o < NOPS; o++) res_copy<sizeof(V)>(slot(base, k, o), src(row, o));
+    };
+
+    double s0[VEC], s1[VEC];
+    float c0[VEC], c1[VEC]; /* backward: the columns' mean, rstd */
+#pragma unroll
+    for (int e = 0; e < VEC; e++) s0[e] = s1[e] = 0.0, c0[e] = c1[e] = 0.f;
+    if (BWD && act)
+#pragma unroll
+        for (int e = 0; e < VEC; e++) c0[e] = a.mean[j0 + e], c1[e] = a.rstd[j0 + e];
+    /* the forward's s = x + dropout(r) into xv (rounded to T, as it is stored) */
+    auto form = [&](int64_t row, V &xv, const V &ov) {
+        if constexpr (RES) {
+            float m[VEC];
+            drop_mask<VEC>(a.drop, row * a.cols + j0, m);
+#pragma unroll
+            for (int e = 0; e < VEC; e++) xv.v[e] = from_acc<T>(residual<T>(to_acc(xv.v[e]), to_acc(ov.v[e]), m[e]));
+        }
+    };
+    auto take = [&](int64_t row, V &xv, const V &ov) {
+        if constexpr (!BWD) {
+            form(row, xv, ov);
+            if (RES && a.s) col_store<T, VEC>((T *)a.s + row * a.ld_s + j0, xv);
+#pragma unroll
+            for (int e = 0; e < VEC; e++) {
+                const double d = to_acc(xv.v[e]);
+                s0[e] += d;
+                s1[e] = fma(d, d, s1[e]);
+            }
+        } else {
+#pragma unroll
+            for (int e = 0; e < VEC; e++) {
+                const float xh = (to_acc(xv.v[e]) - c0[e]) * c1[e];
+                const double dy = to_acc(ov.v[e]);
+                s0[e] += dy;
+                s1[e] = fma(dy, (double)xh, s1[e]);
+            }
+        }
+    };
+
+    /* phase 1. The kept rows' loads, one group; the ring's first rows, a group each; the register
+       rows (U rows' loads before any use); the kept rows; the rest through the ring. */
+    for (int64_t k = NREG; k < ks; k++) copy_row(kept, k - NREG, row_of(k));
+    ring_commit();
+#pragma unroll
+    for (int q = 0; q < RING; q++) {
+        if (kg + q < n) copy_row(ring, q, row_of(kg + q));
+        ring_commit();
+    }
+    V kx[NREG], kd[BWD ? NREG : 1];
+#pragma unroll
+    for (int k0 = 0; k0 < NREG; k0 += U) {
+        V xv[U], ov[U];
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if (k0 + u < NREG && k0 + u < n) {
+                xv[u] = col_load<T, VEC>(src(row_of(k0 + u), 0));
+                ov[u] = NOPS > 1 ? col_load<T, VEC>(src(row_of(k0 + u), 1)) : xv[u];
+            }
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if (k0 + u < NREG && k0 + u < n) {
+                take(row_of(k0 + u), xv[u], ov[u]);
+                kx[k0 + u] = xv[u];
+                if constexpr (BWD) kd[k0 + u] = ov[u];
+            }
+    }
+    ring_wait<RING>(); /* the kept rows are in */
+    for (int64_t k = NREG; k < ks; k++) {
+        V xv = *slot(kept, k - NREG, 0);
+        const V ov = NOPS > 1 ? *slot(kept, k - NREG, 1) : xv;
+        take(row_of(k), xv, ov);
+        if constexpr (RES) *slot(kept, k - NREG, 0) = xv; /* s from now on */
+    }
+    for (int64_t k = kg; k < n; k++) {
+        ring_wait<RING - 1>(); /* row k's group is in */
+        const int q = (int)((k - kg) % RING);
+        V xv = *slot(ring, q, 0);
+        const V ov = NOPS > 1 ? *slot(ring, q, 1) : xv;
+        take(row_of(k), xv, ov);
+        if (k + RING < n) copy_row(ring, q, row_of(k + RING));
+        ring_commit();
+    }
+    ring_wait<0>();
+
+    /* the block's partial row: its rows' sums in ty order */
+#pragma unroll
+    for (int q = 0; q < 2; q++) {
+        __syncthreads();
+        if (act)
+#pragma unroll
+            for (int e = 0; e < VEC; e++) red[tid * VEC + e] = q ? s1[e] : s0[e];
+        __syncthreads();
+        if (act && ty == 0)
+#pragma unroll
+            for (int e = 0; e < VEC; e++) {
+                double t = 0.0;
+                for (int y = 0; y < p.ty; y++) t += red[(y * p.tx + tx) * VEC + e];
+                p.part[((int64_t)blockIdx.x * 2 + q) * a.cols + j0 + e] = t;
+            }
+    }
+    cooperative_groups::grid_group grid = cooperative_groups::this_grid();
+    grid.sync();
+    /* the finish: column i of the partials over the blocks in a fixed order */
+    {
+        const int warp = tid / 32, lane = tid % 32;
+        const int64_t n2 = 2 * a.cols, G = gridDim.x;
+        for (int64_t i = blockIdx.x + (int64_t)warp * G; i < n2; i += (int64_t)(RES_THREADS / 32) * G) {
+            double t = 0.0;
+            for (int64_t b = lane; b < G; b += 32) t += p.part[b * n2 + i];
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+            if (lane == 0) p.tot[i] = t;
+        }
+        if (blockIdx.x == 0 && tid == 0) p.tot[n2] = (double)a.rows;
+    }
+    grid.sync();
+
+    /* phase 2: the coefficients (block 0's first row of threads writes the per-channel outputs);
+       the ring's first rows (from the last row down); the kept rows; the rest through the ring */
+    if (BWD && !a.dx && !a.dr) { /* dw / db only */
+        if (act && blockIdx.x == 0 && ty == 0)
+#pragma unroll
+            for (int e = 0; e < VEC; e++) {
+                float kk[5];
+                bn_coefficients(a, j0 + e, kk, true);
+            }
+        return;
+    }
+    /* the rows not kept, read again: the forward's s where it was written, else x (and r, s formed
+       again); the backward's x and dy */
+    auto copy_again = [&](int q, int64_t row) {
+        if (RES && a.s) res_copy<sizeof(V)>(slot(ring, q, 0), (const T *)a.s + row * a.ld_s + j0);
+        else copy_row(ring, q, row);
+    };
+#pragma unroll
+    for (int q = 0; q < RING; q++) {
+        if (n - 1 - q >= kg) copy_again(q, row_of(n - 1 - q));
+        ring_commit();
+    }
+    float k[NK][VEC];
+#pragma unroll
+    for (int e = 0; e < VEC; e++) {
+        float kk[5] = {0.f, 0.f, 0.f, 0.f, 0.f};
+        if (act) bn_coefficients(a, j0 + e, kk, blockIdx.x == 0 && ty == 0);
+#pragma unroll
+        for (int q = 0; q < NK; q++) k[q][e] = kk[q];
+    }
+    auto put = [&](int64_t row, const V &xv, const V &ov) {
+        if constexpr (!BWD) {
+            V yv;
+#pragma unroll
+            for (int e = 0; e < VEC; e++) yv.v[e] = from_acc<T>((to_acc(xv.v[e]) - k[0][e]) * k[1][e] + k[2][e]);
+            col_store<T, VEC>((T *)a.y + row * a.ld_y + j0, yv);
+        } else {
+            float d[VEC];
+#pragma unroll
+            for (int e = 0; e < VEC; e++) {
+                const float xh = (to_acc(xv.v[e]) - k[0][e]) * k[1][e], dy = to_acc(ov.v[e]);
+                d[e] = a.eval ? k[2][e] * dy : k[2][e] * (dy - k[3][e] - xh * k[NK - 1][e]);
+            }
+            if (a.dx) {
+                T *q = (T *)a.dx + row * a.ld_dx + j0;
+                V o;
+                if (a.accumulate) o = col_load<T, VEC>(q);
+#pragma unroll
+                for (int e = 0; e < VEC; e++) o.v[e] = from_acc<T>(a.accumulate ? to_acc(o.v[e]) + d[e] : d[e]);
+                col_store<T, VEC>(q, o);
+            }
+            if (a.dr) {
+                float m[VEC];
+                drop_mask<VEC>(a.drop, row * a.cols + j0, m);
+                T *q = (T *)a.dr + row * a.ld_dr + j0;
+                V o;
+                if (a.accumulate) o = col_load<T, VEC>(q);
+#pragma unroll
+                for (int e = 0; e < VEC; e++) {
+                    const float v = d[e] * m[e];
+                    o.v[e] = from_acc<T>(a.accumulate ? to_acc(o.v[e]) + v : v);
+                }
+                col_store<T, VEC>(q, o);
+            }
+        }
+    };
+#pragma unroll
+    for (int kk = 0; kk < NREG; kk++)
+        if (kk < n) put(row_of(kk), kx[kk], BWD ? kd[BWD ? kk : 0] : kx[kk]);
+    for (int64_t kk = NREG; kk < ks; kk++) {
+        const V xv = *slot(kept, kk - NREG, 0);
+        put(row_of(kk), xv, BWD ? *slot(kept, kk - NREG, 1) : xv);
+    }
+    for (int64_t i = 0; n - 1 - i >= kg; i++) {
+        ring_wait<RING - 1>();
+        const int q = (int)(i % RING);
+        const int64_t row = row_of(n - 1 - i);
+        V xv = *slot(ring, q, 0);
+        const V ov = NOPS > 1 ? *slot(ring, q, 1) : xv;
+        if (RES && !a.s) form(row, xv, ov);
+        put(row, xv, ov);
+        if (n - 1 - i - RING >= kg) copy_again(q, row_of(n - 1 - i - RING));
+        ring_commit();
+    }
+    ring_wait<0>();
 }
 
 /* ------------------------------------------------------------------ dropout, RevIN */
@@ -1846,6 +2124,122 @@ static fg_status bn_apply_step(fg_context *ctx, fg_norm_call *c, bool run, bool 
     return done(ctx, label, true);
 }
 
+/* BN_FORWARD / BN_BACKWARD: the one-launch kernel where it applies (bn_resident's rules, a device
+ * with cooperative launches, one block an SM fitting), else the stats and apply steps. */
+struct res_path {
+    bool ok;
+    int tx, ty;
+    int64_t per, grid, srows;
+    size_t smem, need;
+};
+
+template <typename T, int MODE> struct res_info {
+    static const void *kernel() { return (const void *)bn_resident<T, MODE>; }
+    static constexpr int nreg = res_nreg<T, MODE>(), ring = res_ring<T, MODE>();
+    static constexpr size_t row_bytes = 4 * sizeof(T) * res_ops<T, MODE>() * RES_THREADS;
+};
+struct res_kind {
+    const void *kernel;
+    int nreg, ring;
+    size_t row_bytes;
+};
+template <typename T, int MODE> static res_kind res_kind_of() {
+    typedef res_info<T, MODE> I;
+    return res_kind{I::kernel(), I::nreg, I::ring, I::row_bytes};
+}
+template <typename T> static res_kind res_kind_t(int mode) {
+    return mode == RES_BWD ? res_kind_of<T, RES_BWD>() : mode == RES_FWD_R ? res_kind_of<T, RES_FWD_R>()
+                                                                            : res_kind_of<T, RES_FWD>();
+}
+static res_kind res_kind_for(fg_dtype dt, int mode) {
+    switch (dt) {
+    case FG_F32: return res_kind_t<float>(mode);
+    case FG_F16: return res_kind_t<__half>(mode);
+    default: return res_kind_t<__nv_bfloat16>(mode);
+    }
+}
+static int res_mode(const fg_norm_call *c, bool bwd) { return bwd ? RES_BWD : c->r ? RES_FWD_R : RES_FWD; }
+
+static res_path plan_resident(const fg_context *ctx, const fg_norm_call *c, bool bwd) {
+    res_path r;
+    memset(&r, 0, sizeof r);
+    if (c->rows < 1 || c->cols < 1 || bn_vec(c) != BN_VEC || c->cols / BN_VEC > RES_THREADS / 2) return r;
+    int coop = 0, optin = 0;
+    if (cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, ctx->device) != cudaSuccess || !coop) return r;
+    if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, ctx->device) != cudaSuccess) return r;
+    if (ctx->sm_count < 1) return r;
+    const res_kind kind = res_kind_for(c->dtype, res_mode(c, bwd));
+    r.tx = (int)(c->cols / BN_VEC);
+    r.ty = RES_THREADS / r.tx;
+    r.per = cdiv(c->rows, ctx->sm_count);
+    r.grid = cdiv(c->rows, r.per);
+    /* rows a thread at most; kept in shared memory: all past the registers if they fit, else what
+       fits beside the ring */
+    const int64_t most = cdiv(r.per, r.ty);
+    const size_t statics = (size_t)RES_THREADS * BN_VEC * sizeof(double) + 1024;
+    const size_t room = (size_t)optin > statics ? (size_t)optin - statics : 0;
+    const int64_t want = most > kind.nreg ? most - kind.nreg : 0, fit = (int64_t)(room / kind.row_bytes);
+    if (want <= fit) {
+        r.srows = want;
+    } else {
+        r.srows = fit - kind.ring;
+        if (r.srows < 0) return r;
+    }
+    r.smem = (size_t)(r.srows + (want > r.srows ? kind.ring : 0)) * kind.row_bytes;
+    if (cudaFuncSetAttribute(kind.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)r.smem) != cudaSuccess) {
+        cudaGetLastError();
+        return r;
+    }
+    int blocks = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kind.kernel, RES_THREADS, r.smem) != cudaSuccess ||
+        blocks < 1) {
+        cudaGetLastError();
+        return r;
+    }
+    r.need = up256((size_t)r.grid * 2 * (size_t)c->cols * sizeof(double)) + up256((size_t)(2 * c->cols + 1) * sizeof(double));
+    r.ok = true;
+    return r;
+}
+
+static fg_status bn_whole_step(fg_context *ctx, fg_norm_call *c, bool run, bool backward) {
+    const res_path r = plan_resident(ctx, c, backward);
+    if (!r.ok) return fg_norm_bn_parts(ctx, c, run, fg_cuda_norm);
+    char label[64];
+    snprintf(label, sizeof label, "bn_resident<%s,%s>", dt_name(c->dtype), backward ? "bwd" : "fwd");
+    if (!run) {
+        c->need = r.need;
+        add_name(c, label);
+        return FG_OK;
+    }
+    bnr_args p;
+    memset(&p, 0, sizeof p);
+    bn_args &a = p.a;
+    a.rows = c->rows, a.cols = c->cols;
+    a.eval = c->eval, a.accumulate = c->accumulate, a.backward = backward;
+    a.x = c->x, a.r = c->r, a.dy = c->dy, a.w = c->w, a.b = c->b;
+    a.y = c->y, a.s = c->s, a.dx = c->dx, a.dr = c->dr;
+    a.ld_x = c->ld_x, a.ld_r = c->ld_r, a.ld_y = c->ld_y, a.ld_s = c->ld_s;
+    a.ld_dy = c->ld_dy, a.ld_dx = c->ld_dx, a.ld_dr = c->ld_dr;
+    a.w_dtype = c->w_dtype, a.stat_dtype = c->stat_dtype, a.dw_dtype = c->dw_dtype, a.db_dtype = c->db_dtype;
+    a.running_mean = c->running_mean, a.running_var = c->running_var;
+    a.mean = (float *)c->mean, a.rstd = (float *)c->rstd;
+    a.dw = c->dw, a.db = c->db;
+    a.eps = c->eps, a.momentum = c->momentum;
+    a.drop = drop_of(c->drop);
+    p.per = r.per, p.tx = r.tx, p.ty = r.ty, p.srows = r.srows;
+    p.part = (double *)c->scratch;
+    p.tot = (double *)((char *)c->scratch + up256((size_t)r.grid * 2 * (size_t)c->cols * sizeof(double)));
+    a.sums = p.tot;
+    const res_kind kind = res_kind_for(c->dtype, res_mode(c, backward));
+    cudaError_t e = cudaFuncSetAttribute(kind.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)r.smem);
+    if (e != cudaSuccess) return fg_cuda_fail(e, label);
+    void *args[] = {(void *)&p};
+    e = cudaLaunchCooperativeKernel(kind.kernel, dim3((unsigned)r.grid), dim3(RES_THREADS), args, r.smem,
+                                                ctx->cuda->stream);
+    if (e != cudaSuccess) return fg_cuda_fail(e, label);
+    return done(ctx, label, true);
+}
+
 template <typename T> static void launch_dropout(const ew_args &a, int vec, cudaStream_t s) {
     constexpr int V = 16 / sizeof(T);
     const int64_t per_row = vec > 1 ? a.cols / V + a.cols % V : a.cols;
@@ -1955,6 +2349,8 @@ extern "C" fg_status fg_cuda_norm(fg_context *ctx, fg_norm_call *c, bool run) {
     case FG_NORM_STEP_BN_BACKWARD_STATS: return bn_sums_step(ctx, c, run, true);
     case FG_NORM_STEP_BN_APPLY: return bn_apply_step(ctx, c, run, false);
     case FG_NORM_STEP_BN_BACKWARD_APPLY: return bn_apply_step(ctx, c, run, true);
+    case FG_NORM_STEP_BN_FORWARD: return bn_whole_step(ctx, c, run, false);
+    case FG_NORM_STEP_BN_BACKWARD: return bn_whole_step(ctx, c, run, true);
     case FG_NORM_STEP_DROPOUT: return dropout_step(ctx, c, run);
     case FG_NORM_STEP_REVIN_STATS:
     case FG_NORM_STEP_REVIN_APPLY: return revin_step(ctx, c, run);

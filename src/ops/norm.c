@@ -314,7 +314,8 @@ static int build(const fg_plan_desc *d, const fg_tensor *ops, double *ws_sums, f
         double *sums = stats ? (double *)out_of(ops, d, BS_SUMS)
                        : fwd ? ws_sums
                              : (double *)in_of(ops, d, BA_SUMS);
-        if (stats || (fwd && !opt->eval)) {
+        const bool whole = fwd && !opt->eval; /* the stats and apply steps as one */
+        if (stats) {
             fg_norm_call c = call_init(FG_NORM_STEP_BN_STATS, dt, al);
             c.rows = rows, c.cols = cols;
             c.drop = drop;
@@ -323,23 +324,19 @@ static int build(const fg_plan_desc *d, const fg_tensor *ops, double *ws_sums, f
             if (has_s) c.s = out_of(ops, d, si), c.ld_s = ld_of(d, si);
             c.sums = sums;
             calls[n++] = c;
+            return n;
         }
-        if (stats) return n;
-        fg_norm_call c = call_init(FG_NORM_STEP_BN_APPLY, dt, al);
+        fg_norm_call c = call_init(whole ? FG_NORM_STEP_BN_FORWARD : FG_NORM_STEP_BN_APPLY, dt, al);
         c.rows = rows, c.cols = cols;
         c.eval = opt->eval != 0;
         c.eps = eps_or_default(opt->eps);
         c.momentum = opt->momentum > 0.0 ? opt->momentum : DEFAULT_MOMENTUM;
         const int wi = fwd ? BF_W : BA_W, bi = fwd ? BF_B : BA_B, rmi = fwd ? BF_RM : BA_RM, rvi = fwd ? BF_RV : BA_RV;
         const int yi = fwd ? BF_Y : BA_Y, mi = fwd ? BF_MEAN : BA_MEAN, qi = fwd ? BF_RSTD : BA_RSTD;
-        if (fwd && has_s && n > 0) { /* the stats step wrote s: normalize it */
-            c.x = out_of(ops, d, si), c.ld_x = ld_of(d, si);
-        } else {
-            c.x = in_of(ops, d, xi), c.ld_x = ld;
-            if (has_r) {
-                c.r = in_of(ops, d, ri), c.ld_r = ld_of(d, ri), c.drop = drop;
-                if (has_s) c.s = out_of(ops, d, si), c.ld_s = ld_of(d, si);
-            }
+        c.x = in_of(ops, d, xi), c.ld_x = ld;
+        if (has_r) {
+            c.r = in_of(ops, d, ri), c.ld_r = ld_of(d, ri), c.drop = drop;
+            if (has_s) c.s = out_of(ops, d, si), c.ld_s = ld_of(d, si);
         }
         c.sums = c.eval ? NULL : sums;
         c.w = in_of(ops, d, wi), c.b = in_of(ops, d, bi);
@@ -369,7 +366,7 @@ static int build(const fg_plan_desc *d, const fg_tensor *ops, double *ws_sums, f
                   dbi = whole ? BB_DB : BBA_DB, wi = whole ? BB_W : BBA_W;
         const bool want_d = !stats && (has(&o[dxi]) || has(&o[dri]));
         const bool want_sums = !stats && (has(&o[dwi]) || has(&o[dbi]) || (want_d && !opt->eval));
-        if (stats || (whole && want_sums)) {
+        if (stats) {
             fg_norm_call c = call_init(FG_NORM_STEP_BN_BACKWARD_STATS, dt, al);
             c.rows = rows, c.cols = cols;
             c.dy = in_of(ops, d, dyi), c.ld_dy = ld_of(d, dyi);
@@ -377,9 +374,10 @@ static int build(const fg_plan_desc *d, const fg_tensor *ops, double *ws_sums, f
             c.mean = (void *)in_of(ops, d, mi), c.rstd = (void *)in_of(ops, d, qi);
             c.sums = sums;
             calls[n++] = c;
+            return n;
         }
-        if (stats) return n;
-        fg_norm_call c = call_init(FG_NORM_STEP_BN_BACKWARD_APPLY, dt, al);
+        /* the whole backward with sums to form: the stats and apply steps as one */
+        fg_norm_call c = call_init(whole && want_sums ? FG_NORM_STEP_BN_BACKWARD : FG_NORM_STEP_BN_BACKWARD_APPLY, dt, al);
         c.rows = rows, c.cols = cols;
         c.eval = opt->eval != 0;
         c.accumulate = d->accumulate != 0;
@@ -455,6 +453,47 @@ static int build(const fg_plan_desc *d, const fg_tensor *ops, double *ws_sums, f
     default: break;
     }
     return 0;
+}
+
+void fg_norm_bn_split(const fg_norm_call *c, fg_norm_call parts[2]) {
+    const bool fwd = c->step == FG_NORM_STEP_BN_FORWARD;
+    fg_norm_call st = call_init(fwd ? FG_NORM_STEP_BN_STATS : FG_NORM_STEP_BN_BACKWARD_STATS, c->dtype, c->align);
+    st.rows = c->rows, st.cols = c->cols;
+    st.x = c->x, st.ld_x = c->ld_x;
+    st.sums = c->sums;
+    st.scratch = c->scratch, st.scratch_bytes = c->scratch_bytes;
+    if (fwd) {
+        st.r = c->r, st.ld_r = c->ld_r, st.s = c->s, st.ld_s = c->ld_s, st.drop = c->drop;
+    } else {
+        st.dy = c->dy, st.ld_dy = c->ld_dy;
+        st.mean = c->mean, st.rstd = c->rstd;
+    }
+    fg_norm_call ap = *c;
+    ap.step = fwd ? FG_NORM_STEP_BN_APPLY : FG_NORM_STEP_BN_BACKWARD_APPLY;
+    ap.need = 0, ap.name[0] = 0;
+    if (fwd && c->s) { /* the stats step wrote s: normalize it */
+        ap.x = c->s, ap.ld_x = c->ld_s;
+        ap.r = NULL, ap.s = NULL, ap.ld_r = ap.ld_s = 0;
+        ap.drop = fg_dropout_make(0.0, 0, 0);
+    }
+    parts[0] = st, parts[1] = ap;
+}
+
+fg_status fg_norm_bn_parts(fg_context *ctx, fg_norm_call *c, bool run,
+                           fg_status (*step)(fg_context *ctx, fg_norm_call *c, bool run)) {
+    fg_norm_call parts[2];
+    fg_norm_bn_split(c, parts);
+    if (!run) c->need = 0, c->name[0] = 0;
+    for (int i = 0; i < 2; i++) { /* each part planned first: a run records the names its plan made */
+        FG_TRY(step(ctx, &parts[i], false));
+        if (run) {
+            FG_TRY(step(ctx, &parts[i], true));
+            continue;
+        }
+        if (parts[i].need > c->need) c->need = parts[i].need;
+        fg_names_append(c->name, sizeof c->name, parts[i].name);
+    }
+    return FG_OK;
 }
 
 /* The one-device BatchNorm ops keep their sums in the workspace, before the steps' scratch. */

@@ -1486,12 +1486,18 @@ __global__ void __launch_bounds__(RES_THREADS, 1) bn_resident(const bnr_args p) 
     }
     /* the rows not kept, read again: the forward's s where it was written, else x (and r, s formed
        again); the backward's x and dy */
+    const bool one = RES && a.s; /* only s comes back: the ring as 2·RING one-operand slots */
+    const int depth = one ? 2 * RING : RING, width = one ? 1 : NOPS;
+    auto rslot = [&](int q, int o) { return ring + ((int64_t)q * width + o) * RES_THREADS + tid; };
     auto copy_again = [&](int q, int64_t row) {
-        if (RES && a.s) res_copy<sizeof(V)>(slot(ring, q, 0), (const T *)a.s + row * a.ld_s + j0);
-        else copy_row(ring, q, row);
-    };
+        if (one) {
+            res_copy<sizeof(V)>(rslot(q, 0), (const T *)a.s + row * a.ld_s + j0);
+        } else {
 #pragma unroll
-    for (int q = 0; q < RING; q++) {
+            for (int o = 0; o < NOPS; o++) res_copy<sizeof(V)>(rslot(q, o), src(row, o));
+        }
+    };
+    for (int q = 0; q < depth; q++) {
         if (n - 1 - q >= kg) copy_again(q, row_of(n - 1 - q));
         ring_commit();
     }
@@ -1547,14 +1553,15 @@ __global__ void __launch_bounds__(RES_THREADS, 1) bn_resident(const bnr_args p) 
         put(row_of(kk), xv, BWD ? *slot(kept, kk - NREG, 1) : xv);
     }
     for (int64_t i = 0; n - 1 - i >= kg; i++) {
-        ring_wait<RING - 1>();
-        const int q = (int)(i % RING);
+        if (one) ring_wait<2 * RING - 1>();
+        else ring_wait<RING - 1>();
+        const int q = (int)(i % depth);
         const int64_t row = row_of(n - 1 - i);
-        V xv = *slot(ring, q, 0);
-        const V ov = NOPS > 1 ? *slot(ring, q, 1) : xv;
-        if (RES && !a.s) form(row, xv, ov);
+        V xv = *rslot(q, 0);
+        const V ov = NOPS > 1 && !one ? *rslot(q, 1) : xv;
+        if (RES && !one) form(row, xv, ov);
         put(row, xv, ov);
-        if (n - 1 - i - RING >= kg) copy_again(q, row_of(n - 1 - i - RING));
+        if (n - 1 - i - depth >= kg) copy_again(q, row_of(n - 1 - i - depth));
         ring_commit();
     }
     ring_wait<0>();
@@ -2164,6 +2171,10 @@ static res_path plan_resident(const fg_context *ctx, const fg_norm_call *c, bool
     res_path r;
     memset(&r, 0, sizeof r);
     if (c->rows < 1 || c->cols < 1 || bn_vec(c) != BN_VEC || c->cols / BN_VEC > RES_THREADS / 2) return r;
+    /* f32 with the residual keeps the fewest rows (x and r, 16 bytes each, until s is formed) and
+       has the Philox draws on its 16 warps an SM: the stats and apply kernels run it faster
+       (decision 212) */
+    if (!bwd && c->r && c->dtype == FG_F32) return r;
     int coop = 0, optin = 0;
     if (cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, ctx->device) != cudaSuccess || !coop) return r;
     if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, ctx->device) != cudaSuccess) return r;

@@ -561,10 +561,8 @@ typedef struct fg_norm_call {
 } fg_norm_call;
 
 fg_status fg_cpu_norm(fg_context *ctx, fg_norm_call *c, bool run);
-/* A BN_FORWARD / BN_BACKWARD step as the two steps it stands for (src/ops/norm.c): parts[0] the
- * stats step, parts[1] the apply step, sharing c's scratch. */
-void fg_norm_bn_split(const fg_norm_call *c, fg_norm_call parts[2]);
-/* Plans (need: the larger of the two; name: both) or runs that pair through `step`. */
+/* A BN_FORWARD / BN_BACKWARD step as the two steps it stands for (src/ops/norm.c: the stats step,
+ * then the apply step), planned (need: the larger of the two; name: both) or run through `step`. */
 fg_status fg_norm_bn_parts(fg_context *ctx, fg_norm_call *c, bool run,
                            fg_status (*step)(fg_context *ctx, fg_norm_call *c, bool run));
 

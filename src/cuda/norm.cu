@@ -934,6 +934,52 @@ template <typename T, int VEC> __device__ __forceinline__ void col_store(T *p, c
    bytes of spills in their dropout paths); f32 as the compiler chooses */
 template <typename T> constexpr int col_min_blocks() { return sizeof(T) == 2 ? 3 : 1; }
 
+/* BatchNorm's per-row pieces over a thread's VEC columns, one text for the statistics pass, the
+ * apply pass and the one-launch kernel (A: col_args or bn_args). The forward's row: v = s =
+ * x + dropout(r) (r absent: x), s written when asked; xv becomes s rounded to T, as stored. */
+template <typename T, int VEC, bool MAYBE_R = true, typename A>
+__device__ __forceinline__ void bn_form_row(const A &a, int64_t row, int64_t j0, vec_t<T, VEC> &xv,
+                                            const vec_t<T, VEC> &rv, float (&v)[VEC]) {
+    if (MAYBE_R && a.r) { /* (MAYBE_R false: an instance without the residual's code) */
+        float m[VEC];
+        drop_mask<VEC>(a.drop, row * a.cols + j0, m);
+#pragma unroll
+        for (int e = 0; e < VEC; e++) {
+            v[e] = residual<T>(to_acc(xv.v[e]), to_acc(rv.v[e]), m[e]);
+            xv.v[e] = from_acc<T>(v[e]);
+        }
+        if (a.s) col_store<T, VEC>((T *)a.s + row * a.ld_s + j0, xv);
+    } else {
+#pragma unroll
+        for (int e = 0; e < VEC; e++) v[e] = to_acc(xv.v[e]);
+    }
+}
+
+/* The forward statistics' row: Σ v, Σ v² added. */
+template <int VEC>
+__device__ __forceinline__ void bn_stats_row(const float (&v)[VEC], double (&s0)[VEC], double (&s1)[VEC]) {
+#pragma unroll
+    for (int e = 0; e < VEC; e++) {
+        const double d = v[e];
+        s0[e] += d;
+        s1[e] = fma(d, d, s1[e]);
+    }
+}
+
+/* The backward statistics' row: Σ dy, Σ dy·x̂ added (x̂ = (x − mean)·rstd, mean and rstd per column). */
+template <typename T, int VEC>
+__device__ __forceinline__ void bn_bwd_stats_row(const vec_t<T, VEC> &xv, const vec_t<T, VEC> &dv,
+                                                 const float (&mean)[VEC], const float (&rstd)[VEC],
+                                                 double (&s0)[VEC], double (&s1)[VEC]) {
+#pragma unroll
+    for (int e = 0; e < VEC; e++) {
+        const float xh = (to_acc(xv.v[e]) - mean[e]) * rstd[e];
+        const double dy = to_acc(dv.v[e]);
+        s0[e] += dy;
+        s1[e] = fma(dy, (double)xh, s1[e]);
+    }
+}
+
 
 /* What a column kernel sums (two quantities per column, f64 per thread) and writes. */
 enum col_kind {
@@ -1002,34 +1048,10 @@ __global__ void __launch_bounds__(COL_THREADS, col_min_blocks<T>()) col_sums(con
                 if (row >= r1) continue;
                 if constexpr (KIND == COL_BN_STATS) {
                     float v[VEC];
-                    if (a.r) {
-                        float m[VEC];
-                        drop_mask<VEC>(a.drop, row * a.cols + j0, m);
-                        vec_t<T, VEC> sv;
-#pragma unroll
-                        for (int e = 0; e < VEC; e++) {
-                            v[e] = residual<T>(to_acc(xv[u].v[e]), to_acc(ov[u].v[e]), m[e]);
-                            sv.v[e] = from_acc<T>(v[e]);
-                        }
-                        if (a.s) col_store<T, VEC>((T *)a.s + row * a.ld_s + j0, sv);
-                    } else {
-#pragma unroll
-                        for (int e = 0; e < VEC; e++) v[e] = to_acc(xv[u].v[e]);
-                    }
-#pragma unroll
-                    for (int e = 0; e < VEC; e++) {
-                        const double d = v[e];
-                        s0[e] += d;
-                        s1[e] = fma(d, d, s1[e]);
-                    }
+                    bn_form_row<T, VEC>(a, row, j0, xv[u], ov[u], v);
+                    bn_stats_row<VEC>(v, s0, s1);
                 } else {
-#pragma unroll
-                    for (int e = 0; e < VEC; e++) {
-                        const float xh = (to_acc(xv[u].v[e]) - c0[e]) * c1[e];
-                        const double dy = to_acc(ov[u].v[e]);
-                        s0[e] += dy;
-                        s1[e] = fma(dy, (double)xh, s1[e]);
-                    }
+                    bn_bwd_stats_row<T, VEC>(xv[u], ov[u], c0, c1, s0, s1);
                 }
             }
         }
@@ -1192,6 +1214,50 @@ __device__ void bn_coefficients(const bn_args &a, int64_t j, float *k, bool firs
     }
 }
 
+/* The apply pass's forward row: y = (v − mean)·w·rstd + b from bn_coefficients' forward three. */
+template <typename T, int VEC>
+__device__ __forceinline__ void bn_y_row(const bn_args &a, int64_t row, int64_t j0, const float (&v)[VEC],
+                                         const float (&k)[3][VEC]) {
+    vec_t<T, VEC> yv;
+#pragma unroll
+    for (int e = 0; e < VEC; e++) yv.v[e] = from_acc<T>((v[e] - k[0][e]) * k[1][e] + k[2][e]);
+    col_store<T, VEC>((T *)a.y + row * a.ld_y + j0, yv);
+}
+
+/* The backward's row from bn_coefficients' backward five: d = w·rstd·(dy − Σdy/N − x̂·Σdy·x̂/N)
+ * (eval: w·rstd·dy); dx = d, dr = d·m, each added to its old value with accumulate. */
+template <typename T, int VEC>
+__device__ __forceinline__ void bn_grad_row(const bn_args &a, int64_t row, int64_t j0, const vec_t<T, VEC> &xv,
+                                            const vec_t<T, VEC> &dv, const float (&k)[5][VEC]) {
+    float d[VEC];
+#pragma unroll
+    for (int e = 0; e < VEC; e++) {
+        const float xh = (to_acc(xv.v[e]) - k[0][e]) * k[1][e], dy = to_acc(dv.v[e]);
+        d[e] = a.eval ? k[2][e] * dy : k[2][e] * (dy - k[3][e] - xh * k[4][e]);
+    }
+    if (a.dx) {
+        T *p = (T *)a.dx + row * a.ld_dx + j0;
+        vec_t<T, VEC> o;
+        if (a.accumulate) o = col_load<T, VEC>(p);
+#pragma unroll
+        for (int e = 0; e < VEC; e++) o.v[e] = from_acc<T>(a.accumulate ? to_acc(o.v[e]) + d[e] : d[e]);
+        col_store<T, VEC>(p, o);
+    }
+    if (a.dr) {
+        float m[VEC];
+        drop_mask<VEC>(a.drop, row * a.cols + j0, m);
+        T *p = (T *)a.dr + row * a.ld_dr + j0;
+        vec_t<T, VEC> o;
+        if (a.accumulate) o = col_load<T, VEC>(p);
+#pragma unroll
+        for (int e = 0; e < VEC; e++) {
+            const float v = d[e] * m[e];
+            o.v[e] = from_acc<T>(a.accumulate ? to_acc(o.v[e]) + v : v);
+        }
+        col_store<T, VEC>(p, o);
+    }
+}
+
 template <typename T, int VEC, bool BWD>
 __global__ void __launch_bounds__(COL_THREADS, col_min_blocks<T>()) bn_apply(const bn_args a) {
     constexpr int NK = BWD ? 5 : 3;
@@ -1234,52 +1300,10 @@ __global__ void __launch_bounds__(COL_THREADS, col_min_blocks<T>()) bn_apply(con
             if (row >= r1) continue;
             if constexpr (!BWD) {
                 float v[VEC];
-                if (a.r) {
-                    float m[VEC];
-                    drop_mask<VEC>(a.drop, row * a.cols + j0, m);
-                    vec_t<T, VEC> sv;
-#pragma unroll
-                    for (int e = 0; e < VEC; e++) {
-                        v[e] = residual<T>(to_acc(xv[u].v[e]), to_acc(ov[u].v[e]), m[e]);
-                        sv.v[e] = from_acc<T>(v[e]);
-                    }
-                    if (a.s) col_store<T, VEC>((T *)a.s + row * a.ld_s + j0, sv);
-                } else {
-#pragma unroll
-                    for (int e = 0; e < VEC; e++) v[e] = to_acc(xv[u].v[e]);
-                }
-                vec_t<T, VEC> yv;
-#pragma unroll
-                for (int e = 0; e < VEC; e++) yv.v[e] = from_acc<T>((v[e] - k[0][e]) * k[1][e] + k[2][e]);
-                col_store<T, VEC>((T *)a.y + row * a.ld_y + j0, yv);
+                bn_form_row<T, VEC>(a, row, j0, xv[u], ov[u], v);
+                bn_y_row<T, VEC>(a, row, j0, v, k);
             } else {
-                float d[VEC];
-#pragma unroll
-                for (int e = 0; e < VEC; e++) {
-                    const float xh = (to_acc(xv[u].v[e]) - k[0][e]) * k[1][e], dy = to_acc(ov[u].v[e]);
-                    d[e] = a.eval ? k[2][e] * dy : k[2][e] * (dy - k[3][e] - xh * k[NK - 1][e]);
-                }
-                if (a.dx) {
-                    T *p = (T *)a.dx + row * a.ld_dx + j0;
-                    vec_t<T, VEC> o;
-                    if (a.accumulate) o = col_load<T, VEC>(p);
-#pragma unroll
-                    for (int e = 0; e < VEC; e++) o.v[e] = from_acc<T>(a.accumulate ? to_acc(o.v[e]) + d[e] : d[e]);
-                    col_store<T, VEC>(p, o);
-                }
-                if (a.dr) {
-                    float m[VEC];
-                    drop_mask<VEC>(a.drop, row * a.cols + j0, m);
-                    T *p = (T *)a.dr + row * a.ld_dr + j0;
-                    vec_t<T, VEC> o;
-                    if (a.accumulate) o = col_load<T, VEC>(p);
-#pragma unroll
-                    for (int e = 0; e < VEC; e++) {
-                        const float v = d[e] * m[e];
-                        o.v[e] = from_acc<T>(a.accumulate ? to_acc(o.v[e]) + v : v);
-                    }
-                    col_store<T, VEC>(p, o);
-                }
+                bn_grad_row<T, VEC>(a, row, j0, xv[u], ov[u], k);
             }
         }
     }
@@ -1365,33 +1389,15 @@ __global__ void __launch_bounds__(RES_THREADS, 1) bn_resident(const bnr_args p) 
     if (BWD && act)
 #pragma unroll
         for (int e = 0; e < VEC; e++) c0[e] = a.mean[j0 + e], c1[e] = a.rstd[j0 + e];
-    /* the forward's s = x + dropout(r) into xv (rounded to T, as it is stored) */
-    auto form = [&](int64_t row, V &xv, const V &ov) {
-        if constexpr (RES) {
-            float m[VEC];
-            drop_mask<VEC>(a.drop, row * a.cols + j0, m);
-#pragma unroll
-            for (int e = 0; e < VEC; e++) xv.v[e] = from_acc<T>(residual<T>(to_acc(xv.v[e]), to_acc(ov.v[e]), m[e]));
-        }
-    };
+    /* a row read in phase 1: the forward forms s (written when asked; xv becomes it) and sums it,
+       the backward sums dy and dy·x̂ */
     auto take = [&](int64_t row, V &xv, const V &ov) {
         if constexpr (!BWD) {
-            form(row, xv, ov);
-            if (RES && a.s) col_store<T, VEC>((T *)a.s + row * a.ld_s + j0, xv);
-#pragma unroll
-            for (int e = 0; e < VEC; e++) {
-                const double d = to_acc(xv.v[e]);
-                s0[e] += d;
-                s1[e] = fma(d, d, s1[e]);
-            }
+            float v[VEC];
+            bn_form_row<T, VEC, RES>(a, row, j0, xv, ov, v);
+            bn_stats_row<VEC>(v, s0, s1);
         } else {
-#pragma unroll
-            for (int e = 0; e < VEC; e++) {
-                const float xh = (to_acc(xv.v[e]) - c0[e]) * c1[e];
-                const double dy = to_acc(ov.v[e]);
-                s0[e] += dy;
-                s1[e] = fma(dy, (double)xh, s1[e]);
-            }
+            bn_bwd_stats_row<T, VEC>(xv, ov, c0, c1, s0, s1);
         }
     };
 
@@ -1511,38 +1517,12 @@ __global__ void __launch_bounds__(RES_THREADS, 1) bn_resident(const bnr_args p) 
     }
     auto put = [&](int64_t row, const V &xv, const V &ov) {
         if constexpr (!BWD) {
-            V yv;
+            float v[VEC];
 #pragma unroll
-            for (int e = 0; e < VEC; e++) yv.v[e] = from_acc<T>((to_acc(xv.v[e]) - k[0][e]) * k[1][e] + k[2][e]);
-            col_store<T, VEC>((T *)a.y + row * a.ld_y + j0, yv);
+            for (int e = 0; e < VEC; e++) v[e] = to_acc(xv.v[e]);
+            bn_y_row<T, VEC>(a, row, j0, v, k);
         } else {
-            float d[VEC];
-#pragma unroll
-            for (int e = 0; e < VEC; e++) {
-                const float xh = (to_acc(xv.v[e]) - k[0][e]) * k[1][e], dy = to_acc(ov.v[e]);
-                d[e] = a.eval ? k[2][e] * dy : k[2][e] * (dy - k[3][e] - xh * k[NK - 1][e]);
-            }
-            if (a.dx) {
-                T *q = (T *)a.dx + row * a.ld_dx + j0;
-                V o;
-                if (a.accumulate) o = col_load<T, VEC>(q);
-#pragma unroll
-                for (int e = 0; e < VEC; e++) o.v[e] = from_acc<T>(a.accumulate ? to_acc(o.v[e]) + d[e] : d[e]);
-                col_store<T, VEC>(q, o);
-            }
-            if (a.dr) {
-                float m[VEC];
-                drop_mask<VEC>(a.drop, row * a.cols + j0, m);
-                T *q = (T *)a.dr + row * a.ld_dr + j0;
-                V o;
-                if (a.accumulate) o = col_load<T, VEC>(q);
-#pragma unroll
-                for (int e = 0; e < VEC; e++) {
-                    const float v = d[e] * m[e];
-                    o.v[e] = from_acc<T>(a.accumulate ? to_acc(o.v[e]) + v : v);
-                }
-                col_store<T, VEC>(q, o);
-            }
+            bn_grad_row<T, VEC>(a, row, j0, xv, ov, k);
         }
     };
 #pragma unroll
@@ -1559,7 +1539,10 @@ __global__ void __launch_bounds__(RES_THREADS, 1) bn_resident(const bnr_args p) 
         const int64_t row = row_of(n - 1 - i);
         V xv = *rslot(q, 0);
         const V ov = NOPS > 1 && !one ? *rslot(q, 1) : xv;
-        if (RES && !one) form(row, xv, ov);
+        if (RES && !one) { /* s formed again from x and r (not written: there is no s) */
+            float v[VEC];
+            bn_form_row<T, VEC>(a, row, j0, xv, ov, v);
+        }
         put(row, xv, ov);
         if (n - 1 - i - depth >= kg) copy_again(q, row_of(n - 1 - i - depth));
         ring_commit();
@@ -2100,21 +2083,11 @@ static fg_status bn_sums_step(fg_context *ctx, fg_norm_call *c, bool run, bool b
     return done(ctx, "bn_sum", true);
 }
 
-static fg_status bn_apply_step(fg_context *ctx, fg_norm_call *c, bool run, bool backward) {
-    col_geom g = col_geometry(ctx, c->rows, c->cols, bn_vec(c));
-    if (g.slabs == 0) g.slabs = 1, g.per = 0; /* no rows: the first slab still writes the per-channel outputs */
-    char label[64];
-    snprintf(label, sizeof label, "%s<%s,v%d>", backward ? "bn_bwd_apply" : "bn_apply", dt_name(c->dtype), g.vec);
-    const bool any = c->cols > 0;
-    if (!run) {
-        c->need = 0;
-        if (any) add_name(c, label);
-        return FG_OK;
-    }
-    if (!any) return FG_OK;
+/* An apply step's (or the one-launch kernel's) arguments from its call; sums: the call's. */
+static bn_args bn_args_of(const fg_norm_call *c, bool backward) {
     bn_args a;
     memset(&a, 0, sizeof a);
-    a.rows = c->rows, a.cols = c->cols, a.rows_per_slab = g.per;
+    a.rows = c->rows, a.cols = c->cols;
     a.eval = c->eval, a.accumulate = c->accumulate, a.backward = backward;
     a.x = c->x, a.r = c->r, a.dy = c->dy, a.w = c->w, a.b = c->b;
     a.y = c->y, a.s = c->s, a.dx = c->dx, a.dr = c->dr;
@@ -2127,6 +2100,23 @@ static fg_status bn_apply_step(fg_context *ctx, fg_norm_call *c, bool run, bool 
     a.dw = c->dw, a.db = c->db;
     a.eps = c->eps, a.momentum = c->momentum;
     a.drop = drop_of(c->drop);
+    return a;
+}
+
+static fg_status bn_apply_step(fg_context *ctx, fg_norm_call *c, bool run, bool backward) {
+    col_geom g = col_geometry(ctx, c->rows, c->cols, bn_vec(c));
+    if (g.slabs == 0) g.slabs = 1, g.per = 0; /* no rows: the first slab still writes the per-channel outputs */
+    char label[64];
+    snprintf(label, sizeof label, "%s<%s,v%d>", backward ? "bn_bwd_apply" : "bn_apply", dt_name(c->dtype), g.vec);
+    const bool any = c->cols > 0;
+    if (!run) {
+        c->need = 0;
+        if (any) add_name(c, label);
+        return FG_OK;
+    }
+    if (!any) return FG_OK;
+    bn_args a = bn_args_of(c, backward);
+    a.rows_per_slab = g.per;
     BY_DTYPE(c->dtype, launch_bn, g, a, ctx->cuda->stream);
     return done(ctx, label, true);
 }
@@ -2140,19 +2130,16 @@ struct res_path {
     size_t smem, need;
 };
 
-template <typename T, int MODE> struct res_info {
-    static const void *kernel() { return (const void *)bn_resident<T, MODE>; }
-    static constexpr int nreg = res_nreg<T, MODE>(), ring = res_ring<T, MODE>();
-    static constexpr size_t row_bytes = 4 * sizeof(T) * res_ops<T, MODE>() * RES_THREADS;
-};
+/* What the plan needs of one instance: the kernel, its register rows and ring depth, and the bytes a
+   kept row takes (all threads, every operand). */
 struct res_kind {
     const void *kernel;
     int nreg, ring;
     size_t row_bytes;
 };
 template <typename T, int MODE> static res_kind res_kind_of() {
-    typedef res_info<T, MODE> I;
-    return res_kind{I::kernel(), I::nreg, I::ring, I::row_bytes};
+    return res_kind{(const void *)bn_resident<T, MODE>, res_nreg<T, MODE>(), res_ring<T, MODE>(),
+                    4 * sizeof(T) * res_ops<T, MODE>() * RES_THREADS};
 }
 template <typename T> static res_kind res_kind_t(int mode) {
     return mode == RES_BWD ? res_kind_of<T, RES_BWD>() : mode == RES_FWD_R ? res_kind_of<T, RES_FWD_R>()
@@ -2224,29 +2211,17 @@ static fg_status bn_whole_step(fg_context *ctx, fg_norm_call *c, bool run, bool 
     }
     bnr_args p;
     memset(&p, 0, sizeof p);
-    bn_args &a = p.a;
-    a.rows = c->rows, a.cols = c->cols;
-    a.eval = c->eval, a.accumulate = c->accumulate, a.backward = backward;
-    a.x = c->x, a.r = c->r, a.dy = c->dy, a.w = c->w, a.b = c->b;
-    a.y = c->y, a.s = c->s, a.dx = c->dx, a.dr = c->dr;
-    a.ld_x = c->ld_x, a.ld_r = c->ld_r, a.ld_y = c->ld_y, a.ld_s = c->ld_s;
-    a.ld_dy = c->ld_dy, a.ld_dx = c->ld_dx, a.ld_dr = c->ld_dr;
-    a.w_dtype = c->w_dtype, a.stat_dtype = c->stat_dtype, a.dw_dtype = c->dw_dtype, a.db_dtype = c->db_dtype;
-    a.running_mean = c->running_mean, a.running_var = c->running_var;
-    a.mean = (float *)c->mean, a.rstd = (float *)c->rstd;
-    a.dw = c->dw, a.db = c->db;
-    a.eps = c->eps, a.momentum = c->momentum;
-    a.drop = drop_of(c->drop);
+    p.a = bn_args_of(c, backward);
     p.per = r.per, p.tx = r.tx, p.ty = r.ty, p.srows = r.srows;
     p.part = (double *)c->scratch;
     p.tot = (double *)((char *)c->scratch + up256((size_t)r.grid * 2 * (size_t)c->cols * sizeof(double)));
-    a.sums = p.tot;
+    p.a.sums = p.tot;
     const res_kind kind = res_kind_for(c->dtype, res_mode(c, backward));
     cudaError_t e = cudaFuncSetAttribute(kind.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)r.smem);
     if (e != cudaSuccess) return fg_cuda_fail(e, label);
     void *args[] = {(void *)&p};
     e = cudaLaunchCooperativeKernel(kind.kernel, dim3((unsigned)r.grid), dim3(RES_THREADS), args, r.smem,
-                                                ctx->cuda->stream);
+                                    ctx->cuda->stream);
     if (e != cudaSuccess) return fg_cuda_fail(e, label);
     return done(ctx, label, true);
 }

@@ -455,7 +455,9 @@ static int build(const fg_plan_desc *d, const fg_tensor *ops, double *ws_sums, f
     return 0;
 }
 
-void fg_norm_bn_split(const fg_norm_call *c, fg_norm_call parts[2]) {
+/* A BN_FORWARD / BN_BACKWARD step as the two steps it stands for: the stats step, then the apply
+   step (which normalizes s when the stats step wrote it), sharing c's scratch. */
+static void bn_split(const fg_norm_call *c, fg_norm_call parts[2]) {
     const bool fwd = c->step == FG_NORM_STEP_BN_FORWARD;
     fg_norm_call st = call_init(fwd ? FG_NORM_STEP_BN_STATS : FG_NORM_STEP_BN_BACKWARD_STATS, c->dtype, c->align);
     st.rows = c->rows, st.cols = c->cols;
@@ -482,7 +484,7 @@ void fg_norm_bn_split(const fg_norm_call *c, fg_norm_call parts[2]) {
 fg_status fg_norm_bn_parts(fg_context *ctx, fg_norm_call *c, bool run,
                            fg_status (*step)(fg_context *ctx, fg_norm_call *c, bool run)) {
     fg_norm_call parts[2];
-    fg_norm_bn_split(c, parts);
+    bn_split(c, parts);
     if (!run) c->need = 0, c->name[0] = 0;
     for (int i = 0; i < 2; i++) { /* each part planned first: a run records the names its plan made */
         FG_TRY(step(ctx, &parts[i], false));

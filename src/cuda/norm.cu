@@ -2183,17 +2183,10 @@ static res_path plan_resident(const fg_context *ctx, const fg_norm_call *c, bool
         r.srows = fit - kind.ring;
         if (r.srows < 0) return r;
     }
+    /* one block an SM fits by construction: its shared memory (this plus the static reduction
+       rows) stays under the opt-in limit, and __launch_bounds__(RES_THREADS, 1) holds its registers
+       to a block's worth; the run raises the kernel's dynamic limit before it launches */
     r.smem = (size_t)(r.srows + (want > r.srows ? kind.ring : 0)) * kind.row_bytes;
-    if (cudaFuncSetAttribute(kind.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)r.smem) != cudaSuccess) {
-        cudaGetLastError();
-        return r;
-    }
-    int blocks = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kind.kernel, RES_THREADS, r.smem) != cudaSuccess ||
-        blocks < 1) {
-        cudaGetLastError();
-        return r;
-    }
     r.need = up256((size_t)r.grid * 2 * (size_t)c->cols * sizeof(double)) + up256((size_t)(2 * c->cols + 1) * sizeof(double));
     r.ok = true;
     return r;

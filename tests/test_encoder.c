@@ -6,7 +6,8 @@
  * src/core/rng.h's definition), forward and backward: every norm kind, packed and separate
  * q / k / v, biases and norm affines absent, dropout (same seed → same bits, the backward
  * regenerating the masks), evaluation with BatchNorm's running statistics (with and without a
- * cache), SAVE_LESS giving SAVE_ALL's bits, accumulate, finite differences of the f64 layer,
+ * cache), SAVE_LESS giving SAVE_ALL's bits, layer widths that reach CUDA's short-K FFN kernels (d and d_ff
+ * multiples of 8, 16-bit), accumulate, finite differences of the f64 layer,
  * empty batches, and bad descriptors and operands that are refused with nothing written.
  *
  * The reference rounds each value the layer stores between its parts (projections, attention
@@ -1250,6 +1251,16 @@ int main(void) {
             c.act = acts[act];
             run_case(&c, be, be == FG_BACKEND_CPU ? FG_F64 : FG_F32, false);
             run_case(&c, be, FG_F32, false);
+        }
+        for (int norm = 0; norm < 4; norm += 3) { /* d and d_ff multiples of 8 (16-byte rows in 16 bits): on
+            CUDA the FFN's short-K tile forward and the one-kernel backward (SAVE_LESS: the gradient tile) */
+            cfg c = base_cfg(norm);
+            c.d = 16, c.H = 4, c.dff = 32, c.L = 6, c.B = 3;
+            c.p = 0.1, c.p_ff = 0.2, c.p_attn = 0.1, c.resid = true, c.dscores = norm == 3;
+            run_case(&c, be, FG_BF16, false);
+            run_case(&c, be, FG_F16, false);
+            save_case(&c, be, FG_BF16, FG_ENCODER_SAVE_LESS);
+            save_case(&c, be, FG_BF16, FG_ENCODER_SAVE_MIN);
         }
         {
             cfg c = base_cfg(FG_ENCODER_PRE_LAYER); /* awkward sizes */

@@ -1431,6 +1431,8 @@ fg_status fg_cpu_norm(fg_context *ctx, fg_norm_call *c, bool run) {
     case FG_NORM_STEP_REVIN_STATS: return revin_stats(ctx, c, run);
     case FG_NORM_STEP_REVIN_APPLY: return revin_apply(ctx, c, run);
     case FG_NORM_STEP_REVIN_BACKWARD: return revin_backward(ctx, c, run);
+    case FG_NORM_STEP_BN_FORWARD:
+    case FG_NORM_STEP_BN_BACKWARD: break; /* (split into their pairs above) */
     }
     return fg_fail(FG_ERR_INTERNAL, "cpu norm: unknown step %d", (int)c->step);
 }

@@ -1259,8 +1259,11 @@ int main(void) {
             c.p = 0.1, c.p_ff = 0.2, c.p_attn = 0.1, c.resid = true, c.dscores = norm == 3;
             run_case(&c, be, FG_BF16, false);
             run_case(&c, be, FG_F16, false);
-            save_case(&c, be, FG_BF16, FG_ENCODER_SAVE_LESS);
             save_case(&c, be, FG_BF16, FG_ENCODER_SAVE_MIN);
+            /* SAVE_LESS against the reference only: on CUDA its backward (pre recomputed in the gradient
+               tile, dx and dW by GEMMs) sums in another order than SAVE_ALL's one-kernel backward */
+            c.save = FG_ENCODER_SAVE_LESS;
+            run_case(&c, be, FG_BF16, false);
         }
         {
             cfg c = base_cfg(FG_ENCODER_PRE_LAYER); /* awkward sizes */

@@ -7,7 +7,8 @@
 # the kernel it is for), run the Python suite against torch when present, run the
 # benchmark, and print a short summary last. compute-sanitizer missing is a failure.
 # Full logs go to $OUT.
-# Knobs for partial runs: TESTS / MEMCHECK (driver names; default: every tests/test_*.c),
+# Knobs for partial runs: TESTS / MEMCHECK (driver names; default: every tests/test_*.c; MEMCHECK_JOBS
+# drivers under memcheck at once, default 4),
 # SKIP_SANITIZE=1 (no synccheck / racecheck), SKIP_PYTEST=1, SKIP_BENCH=1, SKIP_COMPARE=1,
 # BENCH_ARGS (e.g. --only-logp), COMPARE_ARGS (passed to bench/compare.py). Everything at once
 # does not fit the device's 600 s a command on a fresh machine: run it as two calls,
@@ -46,12 +47,26 @@ for t in ${TESTS-$drivers header_cxx}; do
 done
 
 if command -v compute-sanitizer >/dev/null 2>&1; then
+  # MEMCHECK_JOBS drivers at a time (the tool's instrumentation is bound by the host's cores, not
+  # the GPU; serially every driver no longer fits one call), each reported as it ends
+  memcheck_one() {
+    FG_REQUIRE_CUDA=1 compute-sanitizer --tool memcheck --leak-check full --error-exitcode 9 $build/tests/test_$1 \
+      > "$LOG/memcheck_$1.log" 2>&1
+    local rc=$?
+    echo "... memcheck $1: rc=$rc $(grep -E 'ERROR SUMMARY' "$LOG/memcheck_$1.log" | tail -1) $(grep -E 'checks,' "$LOG/memcheck_$1.log" | tail -1)" \
+      | tee "$LOG/memcheck_$1.note"
+  }
+  running=0
   for t in ${MEMCHECK-$drivers}; do
-    FG_REQUIRE_CUDA=1 compute-sanitizer --tool memcheck --leak-check full --error-exitcode 9 $build/tests/test_$t \
-      > "$LOG/memcheck_$t.log" 2>&1
-    rc=$?
-    [ $rc -eq 0 ] || status=1
-    note "memcheck $t: rc=$rc $(grep -E 'ERROR SUMMARY' "$LOG/memcheck_$t.log" | tail -1) $(grep -E 'checks,' "$LOG/memcheck_$t.log" | tail -1)"
+    memcheck_one "$t" &
+    running=$((running + 1))
+    if [ $running -ge "${MEMCHECK_JOBS:-4}" ]; then wait -n; running=$((running - 1)); fi
+  done
+  wait
+  for t in ${MEMCHECK-$drivers}; do
+    line=$(sed 's/^\.\.\. //' "$LOG/memcheck_$t.note" 2>/dev/null)
+    summary+=("${line:-memcheck $t: no result}")
+    case "$line" in "memcheck $t: rc=0 "*) ;; *) status=1 ;; esac
   done
 else
   status=1

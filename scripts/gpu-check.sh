@@ -52,9 +52,9 @@ if command -v compute-sanitizer >/dev/null 2>&1; then
   memcheck_one() {
     FG_REQUIRE_CUDA=1 compute-sanitizer --tool memcheck --leak-check full --error-exitcode 9 $build/tests/test_$1 \
       > "$LOG/memcheck_$1.log" 2>&1
-    local rc=$?
-    echo "... memcheck $1: rc=$rc $(grep -E 'ERROR SUMMARY' "$LOG/memcheck_$1.log" | tail -1) $(grep -E 'checks,' "$LOG/memcheck_$1.log" | tail -1)" \
-      | tee "$LOG/memcheck_$1.note"
+    local line="memcheck $1: rc=$? $(grep -E 'ERROR SUMMARY' "$LOG/memcheck_$1.log" | tail -1) $(grep -E 'checks,' "$LOG/memcheck_$1.log" | tail -1)"
+    echo "$line" > "$LOG/memcheck_$1.note"
+    echo "... $line"
   }
   running=0
   for t in ${MEMCHECK-$drivers}; do
@@ -64,7 +64,7 @@ if command -v compute-sanitizer >/dev/null 2>&1; then
   done
   wait
   for t in ${MEMCHECK-$drivers}; do
-    line=$(sed 's/^\.\.\. //' "$LOG/memcheck_$t.note" 2>/dev/null)
+    line=$(cat "$LOG/memcheck_$t.note" 2>/dev/null)
     summary+=("${line:-memcheck $t: no result}")
     case "$line" in "memcheck $t: rc=0 "*) ;; *) status=1 ;; esac
   done

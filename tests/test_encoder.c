@@ -6,9 +6,9 @@
  * src/core/rng.h's definition), forward and backward: every norm kind, packed and separate
  * q / k / v, biases and norm affines absent, dropout (same seed → same bits, the backward
  * regenerating the masks), evaluation with BatchNorm's running statistics (with and without a
- * cache), SAVE_LESS giving SAVE_ALL's bits, layer widths that reach CUDA's short-K FFN kernels (d and d_ff
- * multiples of 8, 16-bit), accumulate, finite differences of the f64 layer,
- * empty batches, and bad descriptors and operands that are refused with nothing written.
+ * cache), SAVE_LESS giving SAVE_ALL's bits, layer widths that reach CUDA's short-K FFN kernels
+ * (d and d_ff multiples of 8, 16-bit), accumulate, finite differences of the f64 layer, empty
+ * batches, and bad descriptors and operands that are refused with nothing written.
  *
  * The reference rounds each value the layer stores between its parts (projections, attention
  * output, residual streams, norm outputs, FFN hidden, the backward's gradients between parts)

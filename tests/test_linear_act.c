@@ -993,6 +993,7 @@ static void plan_names(fg_context *ctx, fg_op op, const fg_linear_act_options *o
  *    backward without it; the slope form's backward from the test's masked slope (p = 0) against
  *    g = dy·(m·s), and refused with p > 0. */
 static int pass_drops_seen; /* forwards / backwards whose activation pass applied the dropout */
+static int tile_drops_seen; /* of them, CUDA's short-K tile kernels (forward, gradient) */
 
 /* The backward through a plan with FG_PLAN_CONSUME_DY on a copy of dy: the same gradients' bits
    as the call without it (dx, dw, db), dy's copy left as dy (the mask applied inside the gradient
@@ -1091,6 +1092,7 @@ static void dropout_case(fg_context *ctx, fg_backend be, fg_dtype dt, int act, i
         TH_CHECK(p > 0 ? any && (in_product == fused || (be == FG_BACKEND_CUDA && in_pass)) : !any,
                  "%s saved=%d: ran %s", lab, saved, ran);
         pass_drops_seen += in_pass;
+        tile_drops_seen += in_pass && strstr(ran, "linear_act_tile_") != NULL;
         char l2[260];
         snprintf(l2, sizeof l2, "%s saved=%d", lab, saved);
         const fg_tensor *fo[5] = {&x.t, &w.t, &b.t, &y.t, saved ? &s.t : NULL};
@@ -1126,6 +1128,8 @@ static void dropout_case(fg_context *ctx, fg_backend be, fg_dtype dt, int act, i
         TH_OK(fg_linear_act_backward_ex(ctx, &o, &dy.t, keep ? &pv.t : NULL, &x.t, &w.t, &b.t, &dx.t, &dw.t, &db.t, 0));
         if (p > 0) TH_CHECK(strstr(fg_context_last_kernels(ctx), "dropout") != NULL, "%s: ran %s", l2, fg_context_last_kernels(ctx));
         pass_drops_seen += strstr(fg_context_last_kernels(ctx), "act_grad_") != NULL &&
+                           strstr(fg_context_last_kernels(ctx), ">+dropout") != NULL;
+        tile_drops_seen += strstr(fg_context_last_kernels(ctx), "linear_act_grad_tile_") != NULL &&
                            strstr(fg_context_last_kernels(ctx), ">+dropout") != NULL;
         const fg_tensor *bo[8] = {&dy.t, keep ? &pv.t : NULL, &x.t, &w.t, &b.t, &dx.t, &dw.t, &db.t};
         plan_names(ctx, FG_OP_LINEAR_ACT_BACKWARD, &o, bo, 8, l2);
@@ -1181,7 +1185,7 @@ static void dropout_case(fg_context *ctx, fg_backend be, fg_dtype dt, int act, i
  * p = 0 are edges (p = 1: every element dropped, by the dropout step). */
 static void dropout(fg_context *ctx, fg_backend be, fg_dtype dt) {
     const bool z = be == FG_BACKEND_CPU && dt == FG_F32 && cpu_fuses_dropout();
-    pass_drops_seen = 0;
+    pass_drops_seen = tile_drops_seen = 0;
     dropout_case(ctx, be, dt, FG_ACT_GELU, 330, 16, 202, 0.3, z);
     dropout_case(ctx, be, dt, FG_ACT_GELU_TANH, 300, 32, 256, 0.5, z);
     dropout_case(ctx, be, dt, FG_ACT_SILU, 330, 16, 202, 0.3, false);
@@ -1195,6 +1199,11 @@ static void dropout(fg_context *ctx, fg_backend be, fg_dtype dt) {
     dropout_case(ctx, be, dt, FG_ACT_SILU, 64, 136, 256, 0.2, false);
     if (be == FG_BACKEND_CUDA)
         TH_CHECK(pass_drops_seen > 0, "cuda %s: no activation pass applied the dropout", fg_dtype_name(dt));
+    /* 300 × 32 → 256 in f16 / bf16 runs the tile kernels: the forward (saved none and pre) and the
+       gradient with pre recomputed apply the mask themselves */
+    if (be == FG_BACKEND_CUDA && (dt == FG_F16 || dt == FG_BF16))
+        TH_CHECK(tile_drops_seen >= 3, "cuda %s: the tile kernels applied the dropout %d times, not 3", fg_dtype_name(dt),
+                 tile_drops_seen);
 }
 
 static void bad_input(fg_context *ctx, fg_backend be) {

@@ -203,6 +203,16 @@ static void act_kernels(void) {
         launched("linear_act grad tile", fg_linear_act_backward(ctx, FG_ACT_GELU_TANH, &l.dy.t, NULL, &l.x.t, &l.w.t,
                                                                 &l.b.t, &l.dx.t, NULL, NULL, 0), "linear_act_grad_tile_");
         grads_finite("linear_act grad tile", &l, false);
+        /* the same two tiles applying the dropout (their DROP instances) */
+        const fg_linear_act_options o = {FG_ACT_GELU_TANH, FG_ACT_SAVED_PRE, 0, {0.3, 5, 7}};
+        launched("linear_act tile forward, dropout",
+                 fg_linear_act_forward_ex(ctx, &o, &l.x.t, &l.w.t, &l.b.t, &l.y.t, &l.pre.t),
+                 "linear_act_tile_gelu_tanh<bf16>+dropout");
+        written("linear_act tile forward, dropout", &l.y);
+        launched("linear_act grad tile, dropout",
+                 fg_linear_act_backward_ex(ctx, &o, &l.dy.t, NULL, &l.x.t, &l.w.t, &l.b.t, &l.dx.t, NULL, NULL, 0),
+                 "linear_act_grad_tile_gelu_tanh<bf16>+dropout");
+        grads_finite("linear_act grad tile, dropout", &l, false);
         launched("linear_act backward tile", fg_linear_act_backward(ctx, FG_ACT_SILU, &l.dy.t, NULL, &l.x.t, &l.w.t,
                                                                     &l.b.t, &l.dx.t, &l.dw.t, &l.db.t, 0),
                  "linear_act_bwd_tile_");

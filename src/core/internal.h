@@ -422,7 +422,7 @@ typedef struct fg_act_call {
     int64_t k;
     void *dx, *dw;           /* TILE_BACKWARD's and GEMM_INPUT's / GEMM_WEIGHT's outputs */
     bool slope_out;          /* FORWARD, GEMM_FORWARD: pre receives act′(pre) (slope form) */
-    fg_dropout_gen drop;     /* FORWARD, GRAD where the path's pass_drop says so (drop.on): y = m ⊙ act(pre)
+    fg_dropout_gen drop;     /* FORWARD, GRAD, TILE_FORWARD, TILE_GRAD where the path's pass_drop says so (drop.on): y = m ⊙ act(pre)
                                 (act(pre) rounded to the dtype, then the multiply), g = (m ⊙ dy) ⊙ act′(pre)
                                 (m ⊙ dy rounded to the dtype): the bits of the dropout step before or after
                                 the pass; element (i, j)'s mask at flat index i·cols + j */
@@ -468,7 +468,7 @@ typedef struct fg_act_path {
     bool form;               /* g formed by dx's product (the GEMM's epi.form) */
     size_t grad_scratch;     /* the GRAD / TILE_GRAD step's scratch */
     int64_t dw_parts;        /* dw as this many row-slice products summed in order (0: one) */
-    bool pass_drop;          /* the FORWARD and GRAD passes take fg_act_call.drop */
+    bool pass_drop;          /* the FORWARD and GRAD passes (and TILE_FORWARD, TILE_GRAD) take fg_act_call.drop */
 } fg_act_path;
 
 /* "act_grad", "gemm90_dx", ...: the name of a step in plan infos and launch records. */

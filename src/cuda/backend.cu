@@ -71,7 +71,7 @@ static fg_status cuda_act_plan(fg_context *ctx, const fg_act_problem *p, fg_act_
     memset(path, 0, sizeof *path);
     path->fwd = FG_ACT_STEP_FORWARD;
     path->fused = FG_ACT_STEP_FORWARD; /* none */
-    path->pass_drop = true;           /* linear_act.cu's passes apply the dropout */
+    path->pass_drop = true;           /* the passes and the short-K tiles apply the dropout */
     const bool a16 = p->align >= 16;  /* the own kernels load 16-byte vectors */
     const bool act = p->kind != FG_ACT_NONE;
     if (p->forward) {

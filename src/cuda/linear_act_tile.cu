@@ -7,6 +7,9 @@
  *  TILE_GRAD     pre recomputed the same way — the same bits as the forward's —, then
  *                g = dy ⊙ act′(pre) (stored when wanted) and db's column sums per row tile,
  *                added over the tiles in order by slab_colsum (deterministic whatever the grid)
+ * Both apply a dropout when the call carries one (dropout.cuh's mask on the flat index; y =
+ * m ⊙ act(pre), g = (m ⊙ dy) ⊙ act′(pre), each product rounded as the dropout step rounds it:
+ * the unfused pair's bits), so the FFN hidden's dropout costs no pass of its own.
  * Why: with K ≤ 128 the product is cheap next to a pass over [N, M], and the GEMM-then-pass
  * path moves pre through memory twice more. Recomputing pre from x (K values a row) also
  * reads less than a kept pre (M a row) whenever K < M.
@@ -21,6 +24,7 @@
  */
 #include "act_math.cuh"
 #include "cuda_internal.h"
+#include "dropout.cuh"
 #include "elem.cuh"
 #include "mma.cuh"
 #include "sums.cuh"
@@ -38,6 +42,7 @@ struct tile_args {
     int k, cols;
     bool first;
     bool slope; /* TILE_FORWARD: pre receives act′(pre) (the slope form) */
+    drop_t drop; /* DROP instances: y = m ⊙ act(pre), g = (m ⊙ dy) ⊙ act′(pre) (dropout.cuh's mask) */
 };
 
 /* Shared memory: w's tile (TILE_COLS rows) then two x tiles (TILE_ROWS rows each), rows of
@@ -49,7 +54,7 @@ static size_t tile_smem(int k) { return (size_t)(TILE_COLS + 2 * TILE_ROWS) * ti
 /* Warps: 2 (rows) × 4 (columns), each 32 rows × 32 columns = 2 × 4 mma tiles. In mma column
  * 8j + 2t + e (j, t < 4, e < 2) of a warp's 32 lies output column 8t + 2j + e: thread t of a
  * quad then holds columns 8t … 8t + 7 of its rows. */
-template <typename T, int ACT, bool GRAD>
+template <typename T, int ACT, bool GRAD, bool DROP>
 __global__ void __launch_bounds__(TILE_THREADS, tile_blocks<GRAD>()) act_tile_kernel(tile_args a) {
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ float upper[TILE_COLS]; /* db: the upper row-warps' sums */
@@ -146,6 +151,12 @@ __global__ void __launch_bounds__(TILE_THREADS, tile_blocks<GRAD>()) act_tile_ke
                     from_acc2<T>(acc[mi][c >> 1][2 * h] + my_bias[c], acc[mi][c >> 1][2 * h + 1] + my_bias[c + 1],
                                  &p.v[c]);
                 if constexpr (GRAD) {
+                    if constexpr (DROP) { /* m ⊙ dy rounded to T, as the dropout step writes it */
+                        float m[8];
+                        drop_mask_groups<8>(a.drop, at, m); /* (at: a multiple of 8) */
+#pragma unroll
+                        for (int c = 0; c < 8; c++) d[mi][h].v[c] = from_acc<T>(__fmul_rn(to_acc(d[mi][h].v[c]), m[c]));
+                    }
 #pragma unroll
                     for (int c = 0; c < 8; c += 2) {
                         const float v0 = to_acc(d[mi][h].v[c]) * act_slope(ACT, to_acc(p.v[c]));
@@ -171,6 +182,12 @@ __global__ void __launch_bounds__(TILE_THREADS, tile_blocks<GRAD>()) act_tile_ke
 #pragma unroll
                         for (int c = 0; c < 8; c += 2)
                             from_acc2<T>(act_value(ACT, to_acc(p.v[c])), act_value(ACT, to_acc(p.v[c + 1])), &o.v[c]);
+                    }
+                    if constexpr (DROP) { /* act(pre) rounded to T, then the multiply (the dropout step's bits) */
+                        float m[8];
+                        drop_mask_groups<8>(a.drop, at, m); /* (at: a multiple of 8) */
+#pragma unroll
+                        for (int c = 0; c < 8; c++) o.v[c] = from_acc<T>(__fmul_rn(to_acc(o.v[c]), m[c]));
                     }
                     store_vec<T, 8>(static_cast<T *>(a.y) + at, o);
                 }
@@ -206,8 +223,9 @@ extern "C" bool fg_cuda_act_tile_fits(fg_dtype dtype, int64_t k, int64_t cols) {
            cols <= INT32_MAX - TILE_COLS;
 }
 
-template <typename T, int ACT, bool GRAD> static cudaError_t launch(const tile_args &a, cudaStream_t s, int device) {
-    auto kernel = act_tile_kernel<T, ACT, GRAD>;
+template <typename T, int ACT, bool GRAD, bool DROP>
+static cudaError_t launch(const tile_args &a, cudaStream_t s, int device) {
+    auto kernel = act_tile_kernel<T, ACT, GRAD, DROP>;
     const size_t smem = tile_smem(a.k);
     cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     int sms = 0;
@@ -226,7 +244,8 @@ template <typename T, bool GRAD> static cudaError_t launch_act(int act, const ti
     return with_act(act, [&](auto f) {
         constexpr int ACT = decltype(f)::value;
         if constexpr (ACT == FG_ACT_NONE) return cudaErrorInvalidValue; /* (none: the driver runs a plain GEMM) */
-        else return launch<T, ACT, GRAD>(a, s, dev);
+        else if (a.drop.on) return launch<T, ACT, GRAD, true>(a, s, dev);
+        else return launch<T, ACT, GRAD, false>(a, s, dev);
     });
 }
 
@@ -247,6 +266,9 @@ extern "C" fg_status fg_cuda_act_tile(fg_context *ctx, const fg_act_call *c) {
     a.y = c->y, a.pre = grad ? nullptr : (void *)c->pre, a.g = c->g;
     a.rows = c->rows, a.k = (int)c->k, a.cols = (int)c->cols, a.first = c->first;
     a.slope = !grad && c->slope_out;
+    a.drop = drop_of(c->drop);
+    if (a.slope && a.drop.on) /* (the driver never asks: the slope form's mask is the dropout step's) */
+        return fg_fail(FG_ERR_INTERNAL, "cuda linear_act: the tile path's slope form takes no dropout");
     a.tiles = (c->rows + TILE_ROWS - 1) / TILE_ROWS;
     a.part = nullptr, a.db = nullptr;
     if (grad && c->db_acc) {

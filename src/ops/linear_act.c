@@ -24,13 +24,13 @@
  *            backward's steps run with act GIVEN_SLOPE (s is its own slope).
  *  dropout   (options.dropout, p > 0) y = dropout(act(pre)) with fg_dropout_forward's mask on
  *            y's flat index: in the product's epilogue where the backend applies it there
- *            (fg_kernel_info.drop_fused), or in the activation pass where the backend's passes
- *            take it (fg_act_path.pass_drop; one batch, no slope form), else the normalization
+ *            (fg_kernel_info.drop_fused), or in the activation pass or the short-K tile kernel where
+ *            the backend's take it (fg_act_path.pass_drop; one batch, no slope form), else the normalization
  *            family's dropout step on y (and on the saved slope, which then carries the mask)
  *            after the forward's last step, over the whole tensor (batched weights: after the
  *            last batch). The backward with pre kept (or recomputed) forms g = (dy ⊙ m) ⊙ act′(pre)
- *            (the unfused pair's bits): inside the gradient pass where the backend's passes take
- *            the mask and the walk runs that pass, else by the dropout step on dy first, into the
+ *            (the unfused pair's bits): inside the gradient pass (or its tile kernel) where the backend's
+ *            take the mask and the walk runs that step, else by the dropout step on dy first, into the
  *            workspace (or over dy itself with FG_PLAN_CONSUME_DY), the walk above then reading
  *            it; the slope form's backward needs no mask (p > 0 there is refused, and so is the
  *            slope form with act none, whose backward never reads the slope).
@@ -296,6 +296,7 @@ static fg_status forward_steps(act_run *r, bool keep, void *y, void *pre, bool *
         c.y = y, c.pre = keep ? pre : NULL;
         c.ld_pre = c.ld_y = r->M;
         c.slope_out = r->slope;
+        if (pass_drops(r)) c.drop = r->drop, *dropped = true;
         return step(r, &c);
     }
     FG_TRY(pre_gemm(r, AF_X, AF_W, AF_B, pre));
@@ -375,7 +376,7 @@ static fg_status backward(act_run *r) {
     /* batched weights with db [M]: db sums over the batches, one f32 sum rounded at the end */
     const bool db_over_batches = want_db && r->B > 1 && d->operands[AB_DB].rank == 1;
     /* the mask inside the gradient pass: where the walk below runs that pass over pre */
-    const bool pass_drop = pass_drops(r) && path->fused == FG_ACT_STEP_FORWARD && !path->form && !path->tile_grad && !none;
+    const bool pass_drop = pass_drops(r) && path->fused == FG_ACT_STEP_FORWARD && !path->form && !none;
     if (r->drop.on && (want_dx || want_dw || want_db) && !pass_drop) FG_TRY(backward_drop(r));
     if (path->fused != FG_ACT_STEP_FORWARD) return backward_fused(r, keep, want_db, db_over_batches);
     const size_t nm = (size_t)(r->N * r->M);

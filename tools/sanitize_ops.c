@@ -192,6 +192,10 @@ static void act_kernels(void) {
                  fg_linear_act_backward_ex(ctx, &o, &l.dy.t, &l.pre.t, &l.x.t, &l.w.t, &l.b.t, &l.dx.t, &l.dw.t, &l.db.t, 0),
                  "act_grad_gelu_tanh<f32>+dropout");
         grads_finite("linear_act f32 backward, dropout", &l, true);
+        const fg_linear_act_options os = {FG_ACT_GELU_TANH, FG_ACT_SAVED_SLOPE, 0, {0.3, 5, 7}};
+        launched("linear_act f32 forward, slope + dropout",
+                 fg_linear_act_forward_ex(ctx, &os, &l.x.t, &l.w.t, &l.b.t, &l.y.t, &l.pre.t), "act_gelu_tanh<f32>+dropout");
+        written("linear_act f32 forward, slope + dropout", &l.y);
         drop_layer(&l);
     }
     {   /* short K in bf16: the tile kernels (forward; the gradient with pre recomputed, dx
@@ -213,6 +217,11 @@ static void act_kernels(void) {
                  fg_linear_act_backward_ex(ctx, &o, &l.dy.t, NULL, &l.x.t, &l.w.t, &l.b.t, &l.dx.t, NULL, NULL, 0),
                  "linear_act_grad_tile_gelu_tanh<bf16>+dropout");
         grads_finite("linear_act grad tile, dropout", &l, false);
+        const fg_linear_act_options os = {FG_ACT_GELU_TANH, FG_ACT_SAVED_SLOPE, 0, {0.3, 5, 7}};
+        launched("linear_act tile forward, slope + dropout",
+                 fg_linear_act_forward_ex(ctx, &os, &l.x.t, &l.w.t, &l.b.t, &l.y.t, &l.pre.t),
+                 "linear_act_tile_gelu_tanh<bf16>+dropout");
+        written("linear_act tile forward, slope + dropout", &l.y);
         launched("linear_act backward tile", fg_linear_act_backward(ctx, FG_ACT_SILU, &l.dy.t, NULL, &l.x.t, &l.w.t,
                                                                     &l.b.t, &l.dx.t, &l.dw.t, &l.db.t, 0),
                  "linear_act_bwd_tile_");

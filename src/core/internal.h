@@ -423,7 +423,8 @@ typedef struct fg_act_call {
     void *dx, *dw;           /* TILE_BACKWARD's and GEMM_INPUT's / GEMM_WEIGHT's outputs */
     bool slope_out;          /* FORWARD, GEMM_FORWARD: pre receives act′(pre) (slope form) */
     fg_dropout_gen drop;     /* FORWARD, GRAD, TILE_FORWARD, TILE_GRAD where the path's pass_drop says so (drop.on): y = m ⊙ act(pre)
-                                (act(pre) rounded to the dtype, then the multiply), g = (m ⊙ dy) ⊙ act′(pre)
+                                (act(pre) rounded to the dtype, then the multiply; slope_out: the saved
+                                slope masked the same way), g = (m ⊙ dy) ⊙ act′(pre)
                                 (m ⊙ dy rounded to the dtype): the bits of the dropout step before or after
                                 the pass; element (i, j)'s mask at flat index i·cols + j */
 } fg_act_call;

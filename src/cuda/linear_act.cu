@@ -8,7 +8,8 @@
  *           column sums in registers, added over the block's rows in order, then over the
  *           slabs in order by slab_colsum (no atomics: deterministic)
  *  Both passes apply a dropout when the call carries one (dropout.cuh's mask: y = m ⊙ act(pre),
- *  g = (m ⊙ dy) ⊙ act′(pre), each product rounded as the separate dropout step rounds it), which
+ *  the slope form's saved s = m ⊙ act′(pre) too, g = (m ⊙ dy) ⊙ act′(pre), each product rounded
+ *  as the separate dropout step rounds it), which
  *  saves that step's own pass over the tensor: its Philox draws then overlap the pass's loads.
  * The activation math (f32) is act_math.cuh's. For K ≤ 128 in f16/bf16 the driver runs the
  * fused product + activation tiles of linear_act_tile.cu instead of GEMM + pass; for wide
@@ -29,16 +30,6 @@ static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
  * loads: y may be pre itself. SLOPE (the slope form): pre = act′(pre) in place as well. */
 constexpr int FWD_UNROLL = 4;
 
-template <typename T, int VEC, int ACT, bool SLOPE>
-__device__ __forceinline__ void slope_vec(T *pre, int64_t at, const vec_t<T, VEC> &a) {
-    if constexpr (SLOPE) {
-        vec_t<T, VEC> o;
-#pragma unroll
-        for (int k = 0; k < VEC; k++) o.v[k] = from_acc<T>(act_slope(ACT, to_acc(a.v[k])));
-        store_vec<T, VEC>(pre + at, o);
-    }
-}
-
 /* DROP: o = m ⊙ o for the VEC elements from flat index i0 (o already rounded to T, as the
  * dropout step reads y; the product rounded to T again). */
 template <typename T, int VEC, bool DROP>
@@ -48,6 +39,19 @@ __device__ __forceinline__ void drop_vec(const drop_t &d, int64_t i0, vec_t<T, V
         drop_mask<VEC>(d, i0, m);
 #pragma unroll
         for (int k = 0; k < VEC; k++) o.v[k] = from_acc<T>(__fmul_rn(to_acc(o.v[k]), m[k]));
+    }
+}
+
+/* SLOPE: pre's VEC elements at `at` become act′(pre) rounded to T (DROP: then masked as y is,
+ * the bits of the dropout step over the saved slope) */
+template <typename T, int VEC, int ACT, bool SLOPE, bool DROP>
+__device__ __forceinline__ void slope_vec(T *pre, int64_t at, const vec_t<T, VEC> &a, const drop_t &d) {
+    if constexpr (SLOPE) {
+        vec_t<T, VEC> o;
+#pragma unroll
+        for (int k = 0; k < VEC; k++) o.v[k] = from_acc<T>(act_slope(ACT, to_acc(a.v[k])));
+        drop_vec<T, VEC, DROP>(d, at, o);
+        store_vec<T, VEC>(pre + at, o);
     }
 }
 
@@ -73,7 +77,7 @@ __global__ void __launch_bounds__(THREADS) act_forward_kernel(T *pre, T *y, int6
             }
             drop_vec<T, VEC, DROP>(drop, (v + u * THREADS) * VEC, o);
             store_vec<T, VEC>(y + (v + u * THREADS) * VEC, o);
-            slope_vec<T, VEC, ACT, SLOPE>(pre, (v + u * THREADS) * VEC, a[u]);
+            slope_vec<T, VEC, ACT, SLOPE, DROP>(pre, (v + u * THREADS) * VEC, a[u], drop);
         }
     }
     for (; v < nvec; v += THREADS) { /* the last round: what is left, a block-width at a time */
@@ -82,7 +86,7 @@ __global__ void __launch_bounds__(THREADS) act_forward_kernel(T *pre, T *y, int6
         for (int k = 0; k < VEC; k++) o.v[k] = from_acc<T>(act_value(act, to_acc(a.v[k])));
         drop_vec<T, VEC, DROP>(drop, v * VEC, o);
         store_vec<T, VEC>(y + v * VEC, o);
-        slope_vec<T, VEC, ACT, SLOPE>(pre, v * VEC, a);
+        slope_vec<T, VEC, ACT, SLOPE, DROP>(pre, v * VEC, a, drop);
     }
     for (int64_t i = nvec * VEC + blockIdx.x * (int64_t)THREADS + threadIdx.x; i < n; i += stride) {
         const float p = to_acc(pre[i]);
@@ -90,7 +94,12 @@ __global__ void __launch_bounds__(THREADS) act_forward_kernel(T *pre, T *y, int6
         o.v[0] = from_acc<T>(act_value(act, p));
         drop_vec<T, 1, DROP>(drop, i, o);
         y[i] = o.v[0];
-        if (SLOPE) pre[i] = from_acc<T>(act_slope(act, p));
+        if constexpr (SLOPE) {
+            vec_t<T, 1> sl;
+            sl.v[0] = from_acc<T>(act_slope(act, p));
+            drop_vec<T, 1, DROP>(drop, i, sl);
+            pre[i] = sl.v[0];
+        }
     }
 }
 
@@ -234,8 +243,10 @@ template <typename T, int ACT> static cudaError_t forward_pass(const fg_act_call
     T *pre = (T *)c->pre, *y = (T *)c->y;
     const bool vec = aligned(c->pre) && aligned(c->y);
     const drop_t d = drop_of(c->drop);
-    if (c->slope_out && d.on) return cudaErrorInvalidValue; /* (the driver never asks: the step applies it) */
-    if (c->slope_out) {
+    if (c->slope_out && d.on) {
+        if (vec) act_forward_kernel<T, VEC, ACT, true, true><<<blocks, THREADS, 0, s>>>(pre, y, n, d);
+        else act_forward_kernel<T, 1, ACT, true, true><<<blocks, THREADS, 0, s>>>(pre, y, n, d);
+    } else if (c->slope_out) {
         if (vec) act_forward_kernel<T, VEC, ACT, true, false><<<blocks, THREADS, 0, s>>>(pre, y, n, d);
         else act_forward_kernel<T, 1, ACT, true, false><<<blocks, THREADS, 0, s>>>(pre, y, n, d);
     } else if (d.on) {

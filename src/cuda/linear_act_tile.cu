@@ -8,8 +8,9 @@
  *                g = dy ⊙ act′(pre) (stored when wanted) and db's column sums per row tile,
  *                added over the tiles in order by slab_colsum (deterministic whatever the grid)
  * Both apply a dropout when the call carries one (dropout.cuh's mask on the flat index; y =
- * m ⊙ act(pre), g = (m ⊙ dy) ⊙ act′(pre), each product rounded as the dropout step rounds it:
- * the unfused pair's bits), so the FFN hidden's dropout costs no pass of its own.
+ * m ⊙ act(pre), the slope form's s = m ⊙ act′(pre) too, g = (m ⊙ dy) ⊙ act′(pre), each product
+ * rounded as the dropout step rounds it: the unfused pair's bits), so the FFN hidden's dropout
+ * costs no pass of its own.
  * Why: with K ≤ 128 the product is cheap next to a pass over [N, M], and the GEMM-then-pass
  * path moves pre through memory twice more. Recomputing pre from x (K values a row) also
  * reads less than a kept pre (M a row) whenever K < M.
@@ -166,6 +167,8 @@ __global__ void __launch_bounds__(TILE_THREADS, tile_blocks<GRAD>()) act_tile_ke
                     }
                     if (a.g) store_vec<T, 8>(static_cast<T *>(a.g) + at, o);
                 } else {
+                    float m[8]; /* DROP: the mask of y (and of the saved slope) */
+                    if constexpr (DROP) drop_mask_groups<8>(a.drop, at, m); /* (at: a multiple of 8) */
                     if (a.pre && a.slope) { /* y and s from one evaluation */
                         vec_t<T, 8> sv;
 #pragma unroll
@@ -176,6 +179,10 @@ __global__ void __launch_bounds__(TILE_THREADS, tile_blocks<GRAD>()) act_tile_ke
                             from_acc2<T>(y0, y1, &o.v[c]);
                             from_acc2<T>(s0, s1, &sv.v[c]);
                         }
+                        if constexpr (DROP) { /* m ⊙ s rounded, as the dropout step over s writes it */
+#pragma unroll
+                            for (int c = 0; c < 8; c++) sv.v[c] = from_acc<T>(__fmul_rn(to_acc(sv.v[c]), m[c]));
+                        }
                         store_vec<T, 8>(static_cast<T *>(a.pre) + at, sv);
                     } else {
                         if (a.pre) store_vec<T, 8>(static_cast<T *>(a.pre) + at, p);
@@ -184,8 +191,6 @@ __global__ void __launch_bounds__(TILE_THREADS, tile_blocks<GRAD>()) act_tile_ke
                             from_acc2<T>(act_value(ACT, to_acc(p.v[c])), act_value(ACT, to_acc(p.v[c + 1])), &o.v[c]);
                     }
                     if constexpr (DROP) { /* act(pre) rounded to T, then the multiply (the dropout step's bits) */
-                        float m[8];
-                        drop_mask_groups<8>(a.drop, at, m); /* (at: a multiple of 8) */
 #pragma unroll
                         for (int c = 0; c < 8; c++) o.v[c] = from_acc<T>(__fmul_rn(to_acc(o.v[c]), m[c]));
                     }
@@ -267,8 +272,6 @@ extern "C" fg_status fg_cuda_act_tile(fg_context *ctx, const fg_act_call *c) {
     a.rows = c->rows, a.k = (int)c->k, a.cols = (int)c->cols, a.first = c->first;
     a.slope = !grad && c->slope_out;
     a.drop = drop_of(c->drop);
-    if (a.slope && a.drop.on) /* (the driver never asks: the slope form's mask is the dropout step's) */
-        return fg_fail(FG_ERR_INTERNAL, "cuda linear_act: the tile path's slope form takes no dropout");
     a.tiles = (c->rows + TILE_ROWS - 1) / TILE_ROWS;
     a.part = nullptr, a.db = nullptr;
     if (grad && c->db_acc) {

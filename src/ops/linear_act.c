@@ -25,7 +25,8 @@
  *  dropout   (options.dropout, p > 0) y = dropout(act(pre)) with fg_dropout_forward's mask on
  *            y's flat index: in the product's epilogue where the backend applies it there
  *            (fg_kernel_info.drop_fused), or in the activation pass or the short-K tile kernel where
- *            the backend's take it (fg_act_path.pass_drop; one batch, no slope form), else the normalization
+ *            the backend's take it (fg_act_path.pass_drop; one batch; the saved slope masked there
+ *            too), else the normalization
  *            family's dropout step on y (and on the saved slope, which then carries the mask)
  *            after the forward's last step, over the whole tensor (batched weights: after the
  *            last batch). The backward with pre kept (or recomputed) forms g = (dy ⊙ m) ⊙ act′(pre)
@@ -178,9 +179,10 @@ static fg_status step(act_run *r, fg_act_call *c) {
     return r->ctx->be->act(r->ctx, c);
 }
 
-/* Whether the backend's FORWARD and GRAD passes apply the dropout themselves (one batch: the
-   mask's flat index is the pass's own; not the slope form, whose dropout also masks the slope). */
-static bool pass_drops(const act_run *r) { return r->drop.on && r->path->pass_drop && r->B == 1 && !r->slope; }
+/* Whether the backend's FORWARD and GRAD passes (and short-K tiles) apply the dropout themselves
+   (one batch: the mask's flat index is the pass's own; the slope form's forward masks the saved
+   slope there too). */
+static bool pass_drops(const act_run *r) { return r->drop.on && r->path->pass_drop && r->B == 1; }
 
 /* pre[N × M] = x·wᵀ + b into `dst` */
 static fg_status pre_gemm(act_run *r, int xi, int wi, int bi, void *dst) {
@@ -296,7 +298,7 @@ static fg_status forward_steps(act_run *r, bool keep, void *y, void *pre, bool *
         c.y = y, c.pre = keep ? pre : NULL;
         c.ld_pre = c.ld_y = r->M;
         c.slope_out = r->slope;
-        if (pass_drops(r)) c.drop = r->drop, *dropped = true;
+        if (pass_drops(r) && c.step == FG_ACT_STEP_TILE_FORWARD) c.drop = r->drop, *dropped = true;
         return step(r, &c);
     }
     FG_TRY(pre_gemm(r, AF_X, AF_W, AF_B, pre));

@@ -1031,13 +1031,15 @@ typedef enum fg_encoder_norm {
 
 /* What the forward keeps for the backward (the cache); the rest the backward recomputes. */
 typedef enum fg_encoder_save {
-    FG_ENCODER_SAVE_ALL = 0,    /* everything the backward reads (for the FFN's activation its
-                                   slope with the hidden's dropout mask applied, so the
-                                   backward's g = dy ⊙ s̃ is one multiply)                      */
-    FG_ENCODER_SAVE_LESS = 1,   /* no FFN slope [B·L, d_ff] (the pre-activation recomputed from
-                                   N2's output by one GEMM in the backward): memory for time  */
+    FG_ENCODER_SAVE_ALL = 0,    /* everything the backward reads (for the FFN's activation, f16
+                                   and bf16 layers keep its slope with the hidden's dropout mask
+                                   applied, so the backward's g = dy ⊙ s̃ is one multiply; f32
+                                   and f64 layers keep the pre-activation)                      */
+    FG_ENCODER_SAVE_LESS = 1,   /* no FFN slope or pre-activation [B·L, d_ff] (the pre-activation
+                                   recomputed from N2's output by one GEMM in the backward):
+                                   memory for time                                              */
     FG_ENCODER_SAVE_MIN = 2     /* only qkv, o, lse, the residual streams and the statistics: the
-                                   norms' outputs, the FFN hidden and its slope are
+                                   norms' outputs, the FFN hidden and its slope (pre) are
                                    recomputed in the backward (one more FFN-up product and the
                                    pre-norms' applications); the forward's temporaries live in
                                    the caller's workspace (fg_encoder_layer_forward_ws), so a

@@ -74,9 +74,17 @@ typedef struct geom {
     fg_norm_kind row_kind;   /* the row norms' kind (pre RMS: RMS, else LayerNorm) */
 } geom;
 
+/* What the FFN saves for its backward. 16-bit layers: the masked slope s̃ = m ⊙ act′(pre) (the
+   hidden's dropout mask m applied to it as to f̃), so the backward's g = df ⊙ s̃ is one multiply
+   with neither the mask nor the activation's derivative (on CUDA this takes gelu's arithmetic off
+   the short-K backward, which it bounds, and the dropout passes away). 32- and 64-bit layers: pre,
+   the backward forming act′ and the mask in its gradient pass, which in f32 runs at memory speed
+   already while the forward's pass would write the slope's extra stream (docs/decisions.md 214). */
+static bool slope_form(const geom *g) { return g->es == 2; }
+
 /* The cache's regions (byte offsets); SIZE_MAX: not in this layout. */
 typedef struct layout_t {
-    size_t u1, qkv, o, lse, s1, h, u2, s2, f, slope, mean1, rstd1, mean2, rstd2;
+    size_t u1, qkv, o, lse, s1, h, u2, s2, f, act, mean1, rstd1, mean2, rstd2;
     size_t wcat, bcat;   /* separate w_q, w_k, w_v (b_q, b_k, b_v) gathered as one [3d, d] ([3d]) */
     size_t bytes;
 } layout_t;
@@ -105,12 +113,12 @@ static bool place(size_t *off, int64_t count, size_t es, size_t *at) {
     return true;
 }
 
-/* The cache, in one walk: what the forward writes and the backward reads. keep_slope: the FFN's
- * masked slope s̃ = m ⊙ act′(pre) (training with FG_ENCODER_SAVE_ALL); lean (training with FG_ENCODER_SAVE_MIN):
+/* The cache, in one walk: what the forward writes and the backward reads. keep_act: the FFN's
+ * saved activation operand (training with FG_ENCODER_SAVE_ALL; see slope_form); lean (training with FG_ENCODER_SAVE_MIN):
  * neither the pre-norms' outputs u1, u2 nor the FFN hidden f (the forward's temporaries in the
  * workspace, recomputed by the backward). Row-norm statistics are per token, BatchNorm's per
  * channel. */
-static bool layout(const geom *g, bool keep_slope, bool lean, layout_t *c) {
+static bool layout(const geom *g, bool keep_act, bool lean, layout_t *c) {
     size_t off = 0;
     bool ok = true;
     const int64_t T = g->T, d = g->d;
@@ -121,7 +129,7 @@ static bool layout(const geom *g, bool keep_slope, bool lean, layout_t *c) {
     if (!ok) return false;
     const int64_t nstat = g->bn ? d : T;
     const bool has_mean = g->bn || g->row_kind == FG_NORM_LAYER;
-    c->u1 = c->s1 = c->u2 = c->s2 = c->slope = c->mean1 = c->mean2 = SIZE_MAX;
+    c->u1 = c->s1 = c->u2 = c->s2 = c->act = c->mean1 = c->mean2 = SIZE_MAX;
     c->f = SIZE_MAX;
     if (g->pre && !lean) ok = ok && place(&off, Td, g->es, &c->u1);
     ok = ok && place(&off, Td3, g->es, &c->qkv);
@@ -132,7 +140,7 @@ static bool layout(const geom *g, bool keep_slope, bool lean, layout_t *c) {
     if (g->pre && !lean) ok = ok && place(&off, Td, g->es, &c->u2);
     else if (!g->pre) ok = ok && place(&off, Td, g->es, &c->s2);
     if (!lean) ok = ok && place(&off, Tf, g->es, &c->f);
-    if (keep_slope) ok = ok && place(&off, Tf, g->es, &c->slope);
+    if (keep_act) ok = ok && place(&off, Tf, g->es, &c->act);
     if (has_mean) ok = ok && place(&off, nstat, g->as, &c->mean1);
     ok = ok && place(&off, nstat, g->as, &c->rstd1);
     if (has_mean) ok = ok && place(&off, nstat, g->as, &c->mean2);
@@ -145,7 +153,7 @@ static bool layout(const geom *g, bool keep_slope, bool lean, layout_t *c) {
 
 /* The backward's workspace: three [T, d] gradients (two for post-norm) and one region that
  * holds the FFN hidden's gradient [T, d_ff] first and q, k, v's [T, 3d] (interleaved as qkv) later. lean
- * (FG_ENCODER_SAVE_MIN): also r2 [T, d_ff], the recomputed masked slope (then the activation's
+ * (FG_ENCODER_SAVE_MIN): also r2 [T, d_ff], the recomputed slope or pre (then the activation's
  * gradient, formed in place); r first holds the recomputed FFN hidden. Its training forward places
  * u1 and u2 in ga and f in r. */
 static bool wlayout_of(const geom *g, bool lean, wlayout *w) {
@@ -565,7 +573,7 @@ static fg_tensor heads(const geom *g, void *p, int64_t col, int64_t width) {
 typedef struct layer {
     const fg_encoder_layer_desc *desc;
     geom g;
-    bool train, keep_slope, lean;  /* lean: training with FG_ENCODER_SAVE_MIN */
+    bool train, keep_act, lean;  /* lean: training with FG_ENCODER_SAVE_MIN */
     uint64_t seed, offset;
     const fg_tensor *x, *lengths, *scores_in;
     const fg_tensor *p[P_N];   /* the parameters, NULL when absent */
@@ -633,17 +641,16 @@ static fg_tensor stat(const layer *l, void *base, size_t off) {
 
 static const fg_tensor *opt_t(const fg_tensor *t) { return t && t->rank ? t : NULL; }
 
-/* The FFN hidden f̃ = dropout₂(act(u·W1ᵀ + b1)) into F, and into SLP when given the saved slope
-   s̃ = m ⊙ act′(pre) (the hidden's mask m applied to it as to f̃, so the backward's g = df ⊙ s̃ needs
-   neither the mask nor the activation's derivative again): the forward's call, and SAVE_MIN's
-   backward recomputing them (the same call: the same bits). The dropout is linear + activation's
-   own (in its activation pass or short-K tile where the backend has it there, else its dropout
-   step on F and SLP: the bits of the dropout op on them either way). */
+/* The FFN hidden f̃ = dropout₂(act(u·W1ᵀ + b1)) into F, and into SLP when given the operand its
+   backward reads (slope_form: the masked slope s̃ = m ⊙ act′(pre); else pre): the forward's call,
+   and SAVE_MIN's backward recomputing them (the same call: the same bits). The dropout is
+   linear + activation's own (in its activation pass or short-K tile where the backend has it
+   there, else its dropout step on F and a slope: the bits of the dropout op either way). */
 static fg_status ffn_hidden(sub *e, const layer *l, const fg_tensor *u, const fg_tensor *F, const fg_tensor *SLP) {
     fg_linear_act_options lo;
     memset(&lo, 0, sizeof lo);
     lo.act = l->desc->activation;
-    lo.saved = SLP ? FG_ACT_SAVED_SLOPE : FG_ACT_SAVED_PRE; /* (nothing saved: pre is not written either) */
+    lo.saved = SLP && slope_form(&l->g) ? FG_ACT_SAVED_SLOPE : FG_ACT_SAVED_PRE; /* (SLP NULL: nothing written) */
     lo.dropout = drop(l, 2, l->desc->dropout_ffn);
     const fg_tensor *a[5] = {u, l->p[P_W1], l->p[P_B1], F, SLP};
     return run_part(e, FG_OP_LINEAR_ACT_FORWARD, &lo, a, 5, 0);
@@ -690,7 +697,7 @@ static fg_status forward_walk(sub *e, const layer *l, void *base, const fg_tenso
     const fg_tensor X = t2(dt, l->x->data, T, d), Y = t2(dt, y->data, T, d);
     /* lean: u1, then u2, in the workspace's ga; f in its r */
     void *u1 = l->lean ? at(l->ws, l->w.ga) : at(base, c->u1), *u2 = l->lean ? at(l->ws, l->w.ga) : at(base, c->u2);
-    void *f = l->lean ? at(l->ws, l->w.r) : at(base, c->f), *slp = l->lean ? at(l->ws, l->w.r2) : at(base, c->slope);
+    void *f = l->lean ? at(l->ws, l->w.r) : at(base, c->f), *slp = l->lean ? at(l->ws, l->w.r2) : at(base, c->act);
     const fg_tensor U1 = t2(dt, u1, T, d), H_ = t2(dt, at(base, c->h), T, d);
     const fg_tensor U2 = t2(dt, u2, T, d), S1 = t2(dt, at(base, c->s1), T, d);
     const fg_tensor S2 = t2(dt, at(base, c->s2), T, d);
@@ -750,9 +757,9 @@ static fg_status forward_walk(sub *e, const layer *l, void *base, const fg_tenso
         FG_TRY(run_part(e, FG_OP_BATCH_NORM_FORWARD, &bo, a, 10, 0));
         ffn_in = &H_;
     }
-    /* the FFN: act(u·W1ᵀ + b1) (its masked slope kept with SAVE_ALL; lean: written to the workspace,
+    /* the FFN: act(u·W1ᵀ + b1) (its slope or pre kept with SAVE_ALL; lean: written to the workspace,
        the backward's recomputing call the same), dropout site 2, then W2 → y's memory */
-    FG_TRY(ffn_hidden(e, l, ffn_in, &F, l->keep_slope || l->lean ? &SLP : NULL));
+    FG_TRY(ffn_hidden(e, l, ffn_in, &F, l->keep_act || l->lean ? &SLP : NULL));
     FG_TRY(lin_fwd(e, &F, P[P_W2], P[P_B2], &Y));
     /* the FFN block's residual (dropout site 3) and, post-norm, its norm */
     if (g->pre) {
@@ -855,9 +862,9 @@ static fg_status forward_entry(const char *op, fg_context *ctx, const fg_encoder
         static const char *const sn[2] = {"scores_in", "scores_out"};
         FG_TRY(check_scores(ctx, op, desc, g, s, sn, 2));
     }
-    l.keep_slope = l.train && desc->save == FG_ENCODER_SAVE_ALL;
+    l.keep_act = l.train && desc->save == FG_ENCODER_SAVE_ALL;
     l.lean = l.train && desc->save == FG_ENCODER_SAVE_MIN;
-    if (!layout(g, l.keep_slope, l.lean, &l.c) || !wlayout_of(g, l.lean, &l.w))
+    if (!layout(g, l.keep_act, l.lean, &l.c) || !wlayout_of(g, l.lean, &l.w))
         return fg_fail(FG_ERR_OVERFLOW, "%s: the cache or workspace of B=%lld, L=%lld overflows", op, (long long)g->B,
                        (long long)g->L);
     const size_t need = g->T ? l.c.bytes : 0, wneed = g->T && l.lean ? l.w.bytes : 0;
@@ -975,10 +982,10 @@ fg_status fg_encoder_layer_backward(fg_context *ctx, const fg_encoder_layer_desc
         FG_TRY(check_scores(ctx, op, desc, g, s, sn, 3));
     }
     if (grads) FG_TRY(check_params(ctx, op, desc, g, grads, params, NULL, NULL));
-    l.keep_slope = desc->save == FG_ENCODER_SAVE_ALL;
+    l.keep_act = desc->save == FG_ENCODER_SAVE_ALL;
     l.lean = desc->save == FG_ENCODER_SAVE_MIN;
     wlayout w;
-    if (!layout(g, l.keep_slope, l.lean, &l.c) || !wlayout_of(g, l.lean, &w))
+    if (!layout(g, l.keep_act, l.lean, &l.c) || !wlayout_of(g, l.lean, &w))
         return fg_fail(FG_ERR_OVERFLOW, "%s: the cache or workspace of B=%lld, L=%lld overflows", op, (long long)g->B,
                        (long long)g->L);
     const size_t cneed = g->T ? l.c.bytes : 0, wneed = g->T ? w.bytes : 0;
@@ -1035,10 +1042,10 @@ static fg_status backward_walk(sub *ep, const layer *lp, const void *cache, cons
     const fg_tensor X = t2(dt, x->data, T, d), DY = t2(dt, dy->data, T, d);
     const fg_tensor DX = dx ? t2(dt, dx->data, T, d) : t2(dt, NULL, 0, 0);
     /* lean: what the cache lacks is recomputed into the workspace, each where nothing live is:
-       u2 in gc (before N2's backward writes it), f in r (before the hidden's gradient), s̃ in r2
+       u2 in gc (before N2's backward writes it), f in r (before the hidden's gradient), the slope or pre in r2
        (the activation's gradient then formed in place), u1 in ga (after the projection's backward) */
     void *u1 = l.lean ? at(workspace, w.ga) : at(base, c->u1), *u2 = l.lean ? at(workspace, w.gc) : at(base, c->u2);
-    void *f = l.lean ? at(workspace, w.r) : at(base, c->f), *slp = l.lean ? at(workspace, w.r2) : at(base, c->slope);
+    void *f = l.lean ? at(workspace, w.r) : at(base, c->f), *slp = l.lean ? at(workspace, w.r2) : at(base, c->act);
     const fg_tensor U1 = t2(dt, u1, T, d), H_ = t2(dt, at(base, c->h), T, d);
     const fg_tensor U2 = t2(dt, u2, T, d), S1 = t2(dt, at(base, c->s1), T, d);
     const fg_tensor S2 = t2(dt, at(base, c->s2), T, d);
@@ -1054,13 +1061,14 @@ static fg_status backward_walk(sub *ep, const layer *lp, const void *cache, cons
     fg_linear_act_options lo;
     memset(&lo, 0, sizeof lo);
     lo.act = ds->activation;
-    const fg_tensor *saved = l.keep_slope || l.lean ? &SLP : NULL;
+    const fg_tensor *saved = l.keep_act || l.lean ? &SLP : NULL;
     /* the masked slope saved (SAVE_ALL) or recomputed (SAVE_MIN): g = DF ⊙ s̃, no mask to apply;
-       SAVE_LESS: pre recomputed inside the backward, DF masked there (it is ours: in the gradient's
-       pass, or in place) */
-    lo.saved = saved ? FG_ACT_SAVED_SLOPE : FG_ACT_SAVED_PRE;
-    lo.consume = l.lean ? 1 : 0; /* lean: s̃ is the workspace's, g is formed over it */
-    if (!saved) lo.dropout = d2;
+       pre saved, recomputed (SAVE_MIN) or recomputed inside the backward (SAVE_LESS): DF masked
+       there (it is ours: in the gradient's pass, or in place) */
+    const bool slope = saved && slope_form(g);
+    lo.saved = slope ? FG_ACT_SAVED_SLOPE : FG_ACT_SAVED_PRE;
+    lo.consume = l.lean ? 1 : 0; /* lean: the saved operand is the workspace's, g is formed over it */
+    if (!slope) lo.dropout = d2;
     const fg_tensor *ffn_in = g->pre ? &U2 : &H_;
 
     /* Post-norm: the FFN block's norm N2 over s2 = h + dropout₃(g): dh (its residual part) → GA, dg → GB */
@@ -1085,7 +1093,7 @@ static fg_status backward_walk(sub *ep, const layer *lp, const void *cache, cons
         dg = &DY;
     }
     /* g = f̃·W2ᵀ + b2; f̃ = dropout₂(act(u·W1ᵀ + b1)) */
-    if (l.lean) { /* u2 (pre-norm), then s̃ and f̃ by the forward's own call */
+    if (l.lean) { /* u2 (pre-norm), then the slope or pre and f̃ by the forward's own call */
         if (g->pre) {
             const fg_norm_options no = row_opts(&l, 1, 0.0);
             const fg_tensor *a[8] = {&H_, NULL, P[P_N2W], P[P_N2B], &U2, NULL, NULL, NULL};
@@ -1320,7 +1328,7 @@ static fg_status stack_layer(fg_context *ctx, const char *op, const fg_encoder_l
     const geom *g = &l->g;
     l->offset = run->offset + (uint64_t)i;
     l->c = s->c, l->w = s->w;
-    l->keep_slope = desc->save == FG_ENCODER_SAVE_ALL;
+    l->keep_act = desc->save == FG_ENCODER_SAVE_ALL;
     l->lean = desc->save == FG_ENCODER_SAVE_MIN;
     *xi = i == 0 ? *x : tokens_at(g, (char *)cache + s->acts + (size_t)(i - 1) * s->act);
     l->x = xi;
@@ -1375,7 +1383,7 @@ fg_status fg_encoder_forward(fg_context *ctx, const fg_encoder_layer_desc *desc,
     for (int64_t i = layers - 1, k = 0; k < 2; k++, i = 0) {
         fg_tensor xi;
         FG_TRY(stack_layer(ctx, op, desc, run, x, lengths, params, &s, i, cache, &xi, &l));
-        l.keep_slope = l.train && desc->save == FG_ENCODER_SAVE_ALL;
+        l.keep_act = l.train && desc->save == FG_ENCODER_SAVE_ALL;
         l.ws = workspace;
         FG_TRY(forward_walk(&e, &l, (char *)cache + (size_t)i * s.slab, y, NULL));
     }
@@ -1383,7 +1391,7 @@ fg_status fg_encoder_forward(fg_context *ctx, const fg_encoder_layer_desc *desc,
     for (int64_t i = 0; i < layers; i++) {
         fg_tensor xi;
         FG_TRY(stack_layer(ctx, op, desc, run, x, lengths, params, &s, i, cache, &xi, &l));
-        l.keep_slope = l.train && desc->save == FG_ENCODER_SAVE_ALL;
+        l.keep_act = l.train && desc->save == FG_ENCODER_SAVE_ALL;
         l.ws = workspace;
         const fg_tensor yi = i == layers - 1 ? *y : tokens_at(g, (char *)cache + s.acts + (size_t)i * s.act);
         FG_TRY(forward_walk(&e, &l, (char *)cache + (size_t)i * s.slab, &yi, NULL));

@@ -13,6 +13,8 @@
 # BENCH_ARGS (e.g. --only-logp), COMPARE_ARGS (passed to bench/compare.py). Everything at once
 # does not fit the device's 600 s a command on a fresh machine: run it as two calls,
 # SKIP_BENCH=1 SKIP_COMPARE=1 then TESTS= MEMCHECK= SKIP_SANITIZE=1 SKIP_PYTEST=1.
+# memcheck of linear_act and linear runs longest (neither finished within 470 s beside four other
+# drivers): give them a call of their own, TESTS= MEMCHECK="linear_act linear" SKIP_SANITIZE=1 SKIP_PYTEST=1.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/fastgrad-gpu-check}

@@ -10,6 +10,10 @@
  *   /tmp/lt_algos TN 16384 8192 4096 gelu_aux_bias   # with an epilogue: bias, relu_bias,
  *                                                     # gelu_bias, gelu_aux_bias
  * With an epilogue it also reports what the epilogue makes of NaN and of ±3e38 in A.
+ *   /tmp/lt_algos NT 128 256 172032 bgradb   # a weight gradient dW = dyᵀ·x (B = dy) with the bias
+ *                                            # gradient (column sums of op(B) over k) in the epilogue
+ * bgradb also reruns each algorithm 20 times and reports whether the bias gradient's bits (and
+ * D's) repeat, and its largest error against an f64 column sum.
  * LT_PAD=8 in the environment rounds every leading dimension up to a multiple of 8 elements
  * (16 bytes), as a caller's padded buffer would: whether an odd m, n or k alone still costs.
  */
@@ -22,6 +26,7 @@
 #include <cstdio>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -40,6 +45,15 @@ __global__ void fill(__nv_bfloat16 *p, size_t n, unsigned seed) {
         h ^= h >> 13; h *= 0x5bd1e995u; h ^= h >> 15;
         p[i] = __float2bfloat16((h & 0xffff) / 32768.f - 1.f);
     }
+}
+
+/* ref[j] = Σ_p op(B)(p, j) in f64 for op(B) = Bᵀ: B column-major [n, k], leading dimension ldb */
+__global__ void colsum_ref(const __nv_bfloat16 *B, int64_t n, int64_t k, int64_t ldb, double *ref) {
+    const int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (j >= n) return;
+    double t = 0.0;
+    for (int64_t p = 0; p < k; p++) t += (double)__bfloat162float(B[j + p * ldb]);
+    ref[j] = t;
 }
 
 template <typename F> static float time_ms(F f, cudaStream_t s) {
@@ -97,11 +111,18 @@ int main(int argc, char **argv) {
                              : en == "relu_bias" ? CUBLASLT_EPILOGUE_RELU_BIAS
                              : en == "gelu_bias" ? CUBLASLT_EPILOGUE_GELU_BIAS
                              : en == "gelu_aux_bias" ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+                             : en == "bgradb"        ? CUBLASLT_EPILOGUE_BGRADB
                                                      : CUBLASLT_EPILOGUE_DEFAULT;
+    const bool bgrad = epi == CUBLASLT_EPILOGUE_BGRADB;
+    const int64_t nbias = bgrad ? n : m; /* BGRADB: one a column of D, summed over k */
+    if (bgrad && !tb) {
+        fprintf(stderr, "bgradb: give op(B) = T (B = dy of a weight gradient, e.g. NT)\n");
+        return 2;
+    }
     __nv_bfloat16 *bias = nullptr, *aux = nullptr;
     if (epi != CUBLASLT_EPILOGUE_DEFAULT) {
-        CK(cudaMalloc(&bias, m * 2));
-        CK(cudaMemset(bias, 0, m * 2));
+        CK(cudaMalloc(&bias, nbias * 2));
+        CK(cudaMemset(bias, 0, nbias * 2));
         CK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
         CK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
         if (epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
@@ -143,7 +164,31 @@ int main(int argc, char **argv) {
         printf("  heuristic #%-2d algo=%-3d tile=%-3d stages=%-3d splitk=%-2d swizzle=%d cluster=%-2d ws=%-9zu %.4f ms %6.1f TFLOP/s\n",
                i, id, tile, stages, splitk, swz, cluster, res[i].workspaceSize, ms, flops / ms / 1e9);
     }
-    if (epi != CUBLASLT_EPILOGUE_DEFAULT && found > 0) {
+    if (bgrad && found > 0) {
+        double *ref;
+        CK(cudaMalloc(&ref, n * sizeof(double)));
+        colsum_ref<<<(unsigned)((n + 127) / 128), 128>>>(B, n, k, rb, ref);
+        std::vector<double> hr(n);
+        CK(cudaMemcpy(hr.data(), ref, n * sizeof(double), cudaMemcpyDeviceToHost));
+        std::vector<__nv_bfloat16> b0(n), b1(n), d0(m * n), d1(m * n);
+        for (int i = 0; i < found; i++) {
+            bool same = true;
+            for (int r = 0; r < 20; r++) {
+                CK(cudaMemset(bias, 0, n * 2));
+                cublasLtMatmul(lt, op, &alpha, A, la, B, lb, &beta, D, ld, D, ld, &res[i].algo, ws, res[i].workspaceSize, s);
+                CK(cudaStreamSynchronize(s));
+                CK(cudaMemcpy(r ? b1.data() : b0.data(), bias, n * 2, cudaMemcpyDeviceToHost));
+                CK(cudaMemcpy2D(r ? d1.data() : d0.data(), m * 2, D, ldd * 2, m * 2, n, cudaMemcpyDeviceToHost));
+                if (r && (memcmp(b0.data(), b1.data(), n * 2) || memcmp(d0.data(), d1.data(), m * n * 2))) same = false;
+            }
+            double err = 0.0;
+            for (int64_t j = 0; j < n; j++)
+                err = std::max(err, std::fabs((double)__bfloat162float(b0[j]) - hr[j]) / std::max(1.0, std::fabs(hr[j])));
+            printf("  heuristic #%-2d bias gradient over 20 reruns: %s; largest error against f64 %.3g (relative, floor 1)\n",
+                   i, same ? "bits repeat (bias and D)" : "BITS DIFFER", err);
+        }
+    }
+    if (epi != CUBLASLT_EPILOGUE_DEFAULT && !bgrad && found > 0) {
         /* special values: A's first k-run holds NaN / +3e38 / -3e38 in its first element, the
            rest of that run 0, B = 1 where it meets them: D's first columns see exactly those */
         std::vector<__nv_bfloat16> h(3 * k, __float2bfloat16(0.f));

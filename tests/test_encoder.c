@@ -841,9 +841,10 @@ static void run_case(const cfg *c, fg_backend be, fg_dtype dt, bool extras) {
 }
 
 /* SAVE_LESS and SAVE_MIN: the same forward bits as SAVE_ALL from a smaller cache; SAVE_MIN the same
- * backward bits too (both read the FFN's masked slope, saved or recomputed by the same call), while
- * SAVE_LESS recomputes pre and masks the hidden's gradient instead (the unfused pair's rounding:
- * other bits, checked against the reference by its run_case). */
+ * backward bits too (both read the FFN's saved operand, the masked slope in 16-bit layers and pre
+ * otherwise, kept or recomputed by the same call), while SAVE_LESS recomputes pre inside the
+ * backward and masks the hidden's gradient there (in 16-bit the unfused pair's rounding, and on
+ * CUDA other kernels: other bits, checked against the reference by its run_case). */
 static void save_case(const cfg *c0, fg_backend be, fg_dtype dt, fg_encoder_save lean) {
     const char *mode = lean == FG_ENCODER_SAVE_MIN ? "SAVE_MIN" : "SAVE_LESS";
     char label[256];

@@ -641,18 +641,18 @@ static fg_tensor stat(const layer *l, void *base, size_t off) {
 
 static const fg_tensor *opt_t(const fg_tensor *t) { return t && t->rank ? t : NULL; }
 
-/* The FFN hidden f̃ = dropout₂(act(u·W1ᵀ + b1)) into F, and into SLP when given the operand its
+/* The FFN hidden f̃ = dropout₂(act(u·W1ᵀ + b1)) into F, and into SAV when given the operand its
    backward reads (slope_form: the masked slope s̃ = m ⊙ act′(pre); else pre): the forward's call,
    and SAVE_MIN's backward recomputing them (the same call: the same bits). The dropout is
    linear + activation's own (in its activation pass or short-K tile where the backend has it
    there, else its dropout step on F and a slope: the bits of the dropout op either way). */
-static fg_status ffn_hidden(sub *e, const layer *l, const fg_tensor *u, const fg_tensor *F, const fg_tensor *SLP) {
+static fg_status ffn_hidden(sub *e, const layer *l, const fg_tensor *u, const fg_tensor *F, const fg_tensor *SAV) {
     fg_linear_act_options lo;
     memset(&lo, 0, sizeof lo);
     lo.act = l->desc->activation;
-    lo.saved = SLP && slope_form(&l->g) ? FG_ACT_SAVED_SLOPE : FG_ACT_SAVED_PRE; /* (SLP NULL: nothing written) */
+    lo.saved = SAV && slope_form(&l->g) ? FG_ACT_SAVED_SLOPE : FG_ACT_SAVED_PRE; /* (SAV NULL: nothing written) */
     lo.dropout = drop(l, 2, l->desc->dropout_ffn);
-    const fg_tensor *a[5] = {u, l->p[P_W1], l->p[P_B1], F, SLP};
+    const fg_tensor *a[5] = {u, l->p[P_W1], l->p[P_B1], F, SAV};
     return run_part(e, FG_OP_LINEAR_ACT_FORWARD, &lo, a, 5, 0);
 }
 
@@ -697,11 +697,11 @@ static fg_status forward_walk(sub *e, const layer *l, void *base, const fg_tenso
     const fg_tensor X = t2(dt, l->x->data, T, d), Y = t2(dt, y->data, T, d);
     /* lean: u1, then u2, in the workspace's ga; f in its r */
     void *u1 = l->lean ? at(l->ws, l->w.ga) : at(base, c->u1), *u2 = l->lean ? at(l->ws, l->w.ga) : at(base, c->u2);
-    void *f = l->lean ? at(l->ws, l->w.r) : at(base, c->f), *slp = l->lean ? at(l->ws, l->w.r2) : at(base, c->act);
+    void *f = l->lean ? at(l->ws, l->w.r) : at(base, c->f), *sav = l->lean ? at(l->ws, l->w.r2) : at(base, c->act);
     const fg_tensor U1 = t2(dt, u1, T, d), H_ = t2(dt, at(base, c->h), T, d);
     const fg_tensor U2 = t2(dt, u2, T, d), S1 = t2(dt, at(base, c->s1), T, d);
     const fg_tensor S2 = t2(dt, at(base, c->s2), T, d);
-    const fg_tensor F = t2(dt, f, T, dff), SLP = t2(dt, slp, T, dff);
+    const fg_tensor F = t2(dt, f, T, dff), SAV = t2(dt, sav, T, dff);
     const fg_tensor m1 = stat(l, base, c->mean1), r1 = stat(l, base, c->rstd1);
     const fg_tensor m2 = stat(l, base, c->mean2), r2 = stat(l, base, c->rstd2);
     const bool has_mean = c->mean1 != SIZE_MAX;
@@ -759,7 +759,7 @@ static fg_status forward_walk(sub *e, const layer *l, void *base, const fg_tenso
     }
     /* the FFN: act(u·W1ᵀ + b1) (its slope or pre kept with SAVE_ALL; lean: written to the workspace,
        the backward's recomputing call the same), dropout site 2, then W2 → y's memory */
-    FG_TRY(ffn_hidden(e, l, ffn_in, &F, l->keep_act || l->lean ? &SLP : NULL));
+    FG_TRY(ffn_hidden(e, l, ffn_in, &F, l->keep_act || l->lean ? &SAV : NULL));
     FG_TRY(lin_fwd(e, &F, P[P_W2], P[P_B2], &Y));
     /* the FFN block's residual (dropout site 3) and, post-norm, its norm */
     if (g->pre) {
@@ -1045,11 +1045,11 @@ static fg_status backward_walk(sub *ep, const layer *lp, const void *cache, cons
        u2 in gc (before N2's backward writes it), f in r (before the hidden's gradient), the slope or pre in r2
        (the activation's gradient then formed in place), u1 in ga (after the projection's backward) */
     void *u1 = l.lean ? at(workspace, w.ga) : at(base, c->u1), *u2 = l.lean ? at(workspace, w.gc) : at(base, c->u2);
-    void *f = l.lean ? at(workspace, w.r) : at(base, c->f), *slp = l.lean ? at(workspace, w.r2) : at(base, c->act);
+    void *f = l.lean ? at(workspace, w.r) : at(base, c->f), *sav = l.lean ? at(workspace, w.r2) : at(base, c->act);
     const fg_tensor U1 = t2(dt, u1, T, d), H_ = t2(dt, at(base, c->h), T, d);
     const fg_tensor U2 = t2(dt, u2, T, d), S1 = t2(dt, at(base, c->s1), T, d);
     const fg_tensor S2 = t2(dt, at(base, c->s2), T, d);
-    const fg_tensor F = t2(dt, f, T, dff), SLP = t2(dt, slp, T, dff);
+    const fg_tensor F = t2(dt, f, T, dff), SAV = t2(dt, sav, T, dff);
     const fg_tensor m1 = stat(&l, base, c->mean1), r1 = stat(&l, base, c->rstd1);
     const fg_tensor m2 = stat(&l, base, c->mean2), r2 = stat(&l, base, c->rstd2);
     const bool has_mean = c->mean1 != SIZE_MAX;
@@ -1061,7 +1061,7 @@ static fg_status backward_walk(sub *ep, const layer *lp, const void *cache, cons
     fg_linear_act_options lo;
     memset(&lo, 0, sizeof lo);
     lo.act = ds->activation;
-    const fg_tensor *saved = l.keep_act || l.lean ? &SLP : NULL;
+    const fg_tensor *saved = l.keep_act || l.lean ? &SAV : NULL;
     /* the masked slope saved (SAVE_ALL) or recomputed (SAVE_MIN): g = DF ⊙ s̃, no mask to apply;
        pre saved, recomputed (SAVE_MIN) or recomputed inside the backward (SAVE_LESS): DF masked
        there (it is ours: in the gradient's pass, or in place) */
@@ -1099,7 +1099,7 @@ static fg_status backward_walk(sub *ep, const layer *lp, const void *cache, cons
             const fg_tensor *a[8] = {&H_, NULL, P[P_N2W], P[P_N2B], &U2, NULL, NULL, NULL};
             FG_TRY(run_part(&e, FG_OP_NORM_FORWARD, &no, a, 8, 0));
         }
-        FG_TRY(ffn_hidden(&e, &l, ffn_in, &F, &SLP));
+        FG_TRY(ffn_hidden(&e, &l, ffn_in, &F, &SAV));
     }
     FG_TRY(lin_bw_w(&e, dg, &F, G[P_W2], U));
     FG_TRY(lin_bw_b(&e, dg, G[P_B2], U));

@@ -250,6 +250,11 @@ static void act_kernels(void) {
         launched("linear_act bwd90", fg_linear_act_backward(ctx, FG_ACT_SILU, &l.dy.t, &l.pre.t, &l.x.t, &l.w.t, &l.b.t,
                                                             &l.dx.t, &l.dw.t, &l.db.t, 0), "linear_act_bwd90_");
         grads_finite("linear_act bwd90", &l, true);
+        /* accumulating: the old dx tile comes by TMA into the stage's freed pre boxes */
+        launched("linear_act bwd90 accumulating", fg_linear_act_backward(ctx, FG_ACT_SILU, &l.dy.t, &l.pre.t, &l.x.t, &l.w.t,
+                                                                         &l.b.t, &l.dx.t, &l.dw.t, &l.db.t, 1),
+                 "linear_act_bwd90_");
+        grads_finite("linear_act bwd90 accumulating", &l, true);
         drop_layer(&l);
     }
     {   /* the own sm_90a GEMM's epilogues near their smallest (linear_act_gemm.cu's size rule: a

@@ -4,7 +4,7 @@
  * kept pre (relu: its y). Per tile of 32 rows:
  *   g   = dy ⊙ act′(pre), rounded to the dtype, written over dy's tile in shared memory; db's
  *         column sums in f32 (of the unrounded g, as the gradient pass sums them)
- *   dx  = g·w, written (added to dx when accumulating)
+ *   dx  = g·w, written (added to dx when accumulating: the old dx tile loaded by TMA, below)
  *   dW += gᵀ·x, in registers for the block's whole slab of rows
  * Each block walks one slab of consecutive row tiles (the slabs of linear_act_bwd_tile.cu: the
  * same scratch, per-slab dW and db partials in f32, summed over the slabs in order by CAST and
@@ -22,6 +22,11 @@
  * next box's bytes and their results are dropped) and dW's rows 128c … 128c + 127 (two m64n128:
  * A = gᵀ, MN-major from the same g tile; B = x MN-major). g's elementwise math reads and writes
  * each 16 bytes in place, so the swizzle needs no unscrambling.
+ * Accumulating, the old dx tile (32 rows × K) comes by TMA into two of the stage's pre boxes, free once
+ * every g warp has formed the tile's g: a consumer thread asks for it when the tile's products
+ * start, and the store reads it from shared memory (read by plain loads before each store, the
+ * old dx put a global round trip per 4-byte pair on the walk's path: the compiler cannot move a
+ * load above a store that may alias it).
  */
 #include "act_math.cuh"
 #include "cuda_internal.h"
@@ -31,7 +36,10 @@
 
 constexpr int B9_ROWS = 32 /* (fg_cuda_act_slabs' tiles) */, B9_STAGES = 4, B9_THREADS = 384, B9_MAX_K = 128, B9_MAX_M = 256;
 constexpr int B9_BOX = B9_ROWS * 128;                        /* one 32-row × 64-column box: 4 KiB */
-enum { B9_DY = 0, B9_PRE = 4 * B9_BOX, B9_X = 8 * B9_BOX }; /* offsets in a stage (an enum: the host pass uses none) */
+/* offsets in a stage (an enum: the host pass uses none); accumulating, the old dx tile's ≤ 2
+   boxes go over pre's boxes 1 and 2 once g is formed (box 0 is also rows 32–63 of dx's last m64
+   product: dropped, but read while the copy would land) */
+enum { B9_DY = 0, B9_PRE = 4 * B9_BOX, B9_X = 8 * B9_BOX, B9_DXO = B9_PRE + B9_BOX };
 constexpr int B9_STAGE = 10 * B9_BOX;                        /* dy (→ g) 4 boxes, pre 4, x 2 */
 constexpr int B9_W = 8 * 8192;                               /* w: 4 × 2 boxes of 64 × 64 */
 constexpr size_t B9_SMEM = (size_t)B9_W + (size_t)B9_STAGES * B9_STAGE + 1024;
@@ -41,7 +49,7 @@ struct b9_args {
     float *part_w, *part_b; /* per slab: dW [M, K] and db [M] partial sums */
     int64_t rows, tiles, per; /* per: tiles a slab */
     int k, cols, nkb, nmb;    /* nkb / nmb: 64-wide boxes of K / M */
-    bool accumulate;
+    bool accumulate; /* (then the kernel's fifth map is dx's) */
 };
 
 /* g's math runs on the consumers' eight warps and the producer warpgroup's three spare warps:
@@ -106,17 +114,18 @@ __device__ __forceinline__ void stash_db(float *red, int nmb, int lane, int gw, 
 template <typename T, int ACT>
 __global__ void __launch_bounds__(B9_THREADS, 1)
     act_bwd90_kernel(const __grid_constant__ CUtensorMap mdy, const __grid_constant__ CUtensorMap mpre,
-                     const __grid_constant__ CUtensorMap mx, const __grid_constant__ CUtensorMap mw, b9_args a) {
+                     const __grid_constant__ CUtensorMap mx, const __grid_constant__ CUtensorMap mw,
+                     const __grid_constant__ CUtensorMap mdx, b9_args a) {
 #ifdef __CUDA_ARCH_FEAT_SM90_ALL
     extern __shared__ unsigned char raw[];
-    __shared__ __align__(8) uint64_t full[B9_STAGES], empty[B9_STAGES], wfull;
+    __shared__ __align__(8) uint64_t full[B9_STAGES], empty[B9_STAGES], dxfull[B9_STAGES], wfull;
     unsigned char *smem = (unsigned char *)(((uintptr_t)raw + 1023) & ~(uintptr_t)1023);
     unsigned char *ws = smem, *stages = smem + B9_W;
     const int wg = threadIdx.x / 128;
     const int64_t t0 = blockIdx.x * a.per, t1 = t0 + a.per < a.tiles ? t0 + a.per : a.tiles;
     const int n = (int)(t1 - t0);
     if (threadIdx.x == 0) {
-        for (int s = 0; s < B9_STAGES; s++) mbar_init(&full[s], 1), mbar_init(&empty[s], 256);
+        for (int s = 0; s < B9_STAGES; s++) mbar_init(&full[s], 1), mbar_init(&empty[s], 256), mbar_init(&dxfull[s], 1);
         mbar_init(&wfull, 1);
         mbar_init_fence();
     }
@@ -171,7 +180,12 @@ __global__ void __launch_bounds__(B9_THREADS, 1)
     for (int j = 0; j < n; j++) {
         const int s = j % B9_STAGES;
         const unsigned char *st = stages + s * B9_STAGE;
-        g_sync(); /* every g warp's rows of tile j */
+        g_sync(); /* every g warp's rows of tile j: the stage's pre boxes are free */
+        if (a.accumulate && ct == 0) { /* the old dx tile into them */
+            unsigned char *od = stages + s * B9_STAGE + B9_DXO;
+            mbar_expect_tx(&dxfull[s], a.nkb * B9_BOX);
+            for (int kb = 0; kb < a.nkb; kb++) tma_load_2d(od + kb * B9_BOX, &mdx, &dxfull[s], 64 * kb, (int)((t0 + j) * B9_ROWS));
+        }
         acc_fence(dxa, 32);
         acc_fence(dwa, 128);
         wgmma_fence();
@@ -191,13 +205,15 @@ __global__ void __launch_bounds__(B9_THREADS, 1)
         wgmma_wait<0>();
         acc_fence(dxa, 32);
         acc_fence(dwa, 128);
-        mbar_arrive(&empty[s]);
         if (dx_on && wq < 2) { /* rows 0–31 of the m64 product */
+            const unsigned char *od = st + B9_DXO + c * B9_BOX; /* the old dx, 128-byte swizzled */
+            if (a.accumulate) mbar_wait(&dxfull[s], (j / B9_STAGES) & 1);
             const int64_t row = (t0 + j) * B9_ROWS + wq * 16 + (lane >> 2);
             T *dx = static_cast<T *>(a.dx);
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 if (row + 8 * h >= a.rows) continue;
+                const int rr = wq * 16 + (lane >> 2) + 8 * h;
 #pragma unroll
                 for (int i = 0; i < 8; i++) {
                     const int col = 64 * c + 8 * i + 2 * (lane & 3);
@@ -205,13 +221,15 @@ __global__ void __launch_bounds__(B9_THREADS, 1)
                     T *o = dx + (row + 8 * h) * a.k + col;
                     float v0 = dxa[4 * i + 2 * h], v1 = dxa[4 * i + 2 * h + 1];
                     if (a.accumulate) {
-                        const vec_t<T, 2> old = *reinterpret_cast<const vec_t<T, 2> *>(o);
+                        const vec_t<T, 2> old =
+                            *reinterpret_cast<const vec_t<T, 2> *>(od + rr * 128 + ((i ^ (rr & 7)) << 4) + 4 * (lane & 3));
                         v0 += to_acc(old.v[0]), v1 += to_acc(old.v[1]);
                     }
                     from_acc2<T>(v0, v1, o);
                 }
             }
         }
+        mbar_arrive(&empty[s]); /* (after the old dx is read: the producer refills the stage) */
     }
     /* this slab's dW: warpgroup c's rows 128c + 64h + 16·wq + lane / 4 (+ 8) */
     float *pw = a.part_w + (int64_t)blockIdx.x * a.cols * a.k;
@@ -264,7 +282,7 @@ static cudaError_t b9_launch(const CUtensorMap *maps, const b9_args &a, int64_t 
     auto kernel = act_bwd90_kernel<T, ACT>;
     const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)B9_SMEM);
     if (e != cudaSuccess) return e;
-    kernel<<<(unsigned)slabs, B9_THREADS, B9_SMEM, s>>>(maps[0], maps[1], maps[2], maps[3], a);
+    kernel<<<(unsigned)slabs, B9_THREADS, B9_SMEM, s>>>(maps[0], maps[1], maps[2], maps[3], maps[4], a);
     return cudaGetLastError();
 }
 
@@ -288,9 +306,10 @@ extern "C" fg_status fg_cuda_act_bwd90(fg_context *ctx, const fg_act_call *c) {
     a.k = (int)c->k, a.cols = (int)c->cols, a.nkb = (a.k + 63) / 64, a.nmb = (a.cols + 63) / 64;
     a.accumulate = c->accumulate;
     const bool bf = c->dtype == FG_BF16;
-    CUtensorMap maps[4];
+    CUtensorMap maps[5];
     if (!tma_map_2d(&maps[0], c->dy, c->rows, c->cols, B9_ROWS, bf) || !tma_map_2d(&maps[1], c->pre, c->rows, c->cols, B9_ROWS, bf) ||
-        !tma_map_2d(&maps[2], c->x, c->rows, c->k, B9_ROWS, bf) || !tma_map_2d(&maps[3], c->w, c->cols, c->k, 64, bf))
+        !tma_map_2d(&maps[2], c->x, c->rows, c->k, B9_ROWS, bf) || !tma_map_2d(&maps[3], c->w, c->cols, c->k, 64, bf) ||
+        !tma_map_2d(&maps[4], c->accumulate ? c->dx : c->x, c->rows, c->k, B9_ROWS, bf))
         return fg_fail(FG_ERR_BACKEND, "cuda linear_act: cuTensorMapEncodeTiled refused an operand (rows=%lld K=%lld M=%lld)",
                        (long long)c->rows, (long long)c->k, (long long)c->cols);
     cudaError_t e = with_grad_act(c->act, [&](auto f) {

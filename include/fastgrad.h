@@ -906,8 +906,10 @@ FG_NODISCARD FG_API fg_status fg_revin_backward(fg_context *ctx, const fg_revin_
  * dtype: q's or f32 (f64 for f64). lse: [B, H, L] contiguous, f32 (f64 for f64). lengths: [B],
  * i32 or i64, each in [0, L]: a value outside makes every output of that sequence NaN and
  * fg_context_check() return FG_ERR_DEVICE_VALUE with the sequence (the op does not read the
- * values on the host). Sums are f32 (f64 for f64), in a fixed order: deterministic. The kernel
- * (fg_plan_info.kernel): the CPU backend's rows, blocked per (sequence, head) with O(L·hd)
+ * values on the host). Sums are f32 (f64 for f64), in a fixed order: deterministic. On CUDA
+ * the tensor-core kernels round p̃ and ds to the 16-bit dtype before the products that take them,
+ * and the short-sequence backward with 16-bit scores rounds them to the scores' type before the
+ * dk, dv sums (as FlashAttention does); the sums stay f32. The kernel (fg_plan_info.kernel): the CPU backend's rows, blocked per (sequence, head) with O(L·hd)
  * memory per thread; on CUDA a whole-sequence kernel for short sequences (L <= 128, hd <= 64,
  * every dtype), a tiled online-softmax (flash) kernel on tensor cores for f16 / bf16 with hd
  * 32, 64 or 128, and a tiled kernel for the rest. Inf or NaN in masked inputs: the k and v rows

@@ -29,6 +29,8 @@
  */
 #include "attention.cuh"
 
+#include <type_traits>
+
 /* 1: this unit builds the kernels' instances for q and k in pieces (attention_qrow_pieces.cu
    includes this file so); 0: the plain ones and the entry points. Two units, so the pieces'
    code adds no registers to the plain instances and the two build in parallel. */
@@ -132,6 +134,12 @@ __host__ __device__ __forceinline__ int qrow_heads(int L) { return QT / L; }
 template <typename S, int HDP> constexpr bool qrow_l1_bound() { return sizeof(S) == 4 && HDP == 8; }
 template <typename S, int HDP> constexpr int qrow_fwd_blocks() { return qrow_l1_bound<S, HDP>() ? 6 : 7; }
 template <typename S, int HDP> constexpr int qrow_bwd_blocks() { return qrow_l1_bound<S, HDP>() ? 3 : 4; }
+/* The backward's two score tiles hold f32, or the scores' own 16-bit type (dS and p̃ rounded to it
+   before the key sweep's sums, as flash attention rounds them for its dK, dV products): half the
+   shared memory, the rest of the SM's L1 / shared split left to L1 (its registers still hold the
+   kernel to four blocks; a fifth spills). With q, k in pieces the tile first holds the earlier
+   pieces' products, which the forward summed in f32: f32 there. */
+template <typename S, bool PIECES> using qrow_bwd_tile = std::conditional_t<sizeof(S) == 2 && !PIECES, S, float>;
 
 /* The shared-memory share of the SM's unified L1 / shared memory (percent of the most a block
    may take) for `blocks` blocks of `smem` bytes, each with the 1 KB the runtime reserves. */
@@ -143,6 +151,12 @@ inline int qrow_carveout(size_t smem, int blocks) {
 size_t qrow_smem(int L, int hdp) {
     const size_t G = (size_t)qrow_heads(L);
     return sizeof(float) * (G * 2 * (size_t)L * hdp + G * (size_t)L * (L + 1));
+}
+
+/* a score operand's element as a tile holds it (f32, or the operand's own 16-bit type) */
+template <typename TT, typename S> __device__ __forceinline__ TT tile_of(S x) {
+    if constexpr (std::is_same<TT, S>::value) return x;
+    else return from_acc<TT>(to_acc(x));
 }
 
 /* the block's heads n0 … n0 + nh − 1 of a score operand as one run of nh·L·L elements that
@@ -174,9 +188,9 @@ __device__ __forceinline__ S *qrow_elem(const attn_params &a, const attn_view &v
 
 /* Up to two score operands (vb.p may be null) of the block's heads into their tiles: 4-element
    vectors of both in one batch when they are flat runs, element by element otherwise. */
-template <typename S>
-__device__ __forceinline__ void qrow_scores_in(const attn_params &a, const attn_view &va, float *ta,
-                                               const attn_view &vb, float *tb, int64_t n0, int nh) {
+template <typename S, typename TT>
+__device__ __forceinline__ void qrow_scores_in(const attn_params &a, const attn_view &va, TT *ta,
+                                               const attn_view &vb, TT *tb, int64_t n0, int nh) {
     const int L = a.L, E = nh * L * L, t = (int)threadIdx.x;
     const float invL = 1.f / (float)L;
     const bool two = vb.p != nullptr;
@@ -199,8 +213,8 @@ __device__ __forceinline__ void qrow_scores_in(const attn_params &a, const attn_
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
                         const int x = f + e + qrow_of(f + e, invL);
-                        ta[x] = to_acc(ua[k].v[e]);
-                        if (two) tb[x] = to_acc(ub[k].v[e]);
+                        ta[x] = tile_of<TT>(ua[k].v[e]);
+                        if (two) tb[x] = tile_of<TT>(ub[k].v[e]);
                     }
             }
         }
@@ -208,14 +222,14 @@ __device__ __forceinline__ void qrow_scores_in(const attn_params &a, const attn_
     }
     for (int w = 0; w < (two ? 2 : 1); w++) {
         const attn_view &v = w ? vb : va;
-        float *tile = w ? tb : ta;
+        TT *tile = w ? tb : ta;
         for (int g0 = t; g0 < E; g0 += QT * QU) {
-            float x[QU];
+            TT x[QU];
             int r[QU];
 #pragma unroll
             for (int k = 0; k < QU; k++) {
                 const int g = g0 + QT * k;
-                if (g < E) x[k] = to_acc(*qrow_elem<S>(a, v, n0, g, r[k], invL));
+                if (g < E) x[k] = tile_of<TT>(*qrow_elem<S>(a, v, n0, g, r[k], invL));
             }
 #pragma unroll
             for (int k = 0; k < QU; k++) {
@@ -228,8 +242,8 @@ __device__ __forceinline__ void qrow_scores_in(const attn_params &a, const attn_
 
 /* the tile's rows out to a score operand, added to what is there when asked (the adds' loads
    in batches, as above) */
-template <typename S>
-__device__ __forceinline__ void qrow_scores_out(const attn_params &a, const attn_view &v, const float *tile, int64_t n0,
+template <typename S, typename TT>
+__device__ __forceinline__ void qrow_scores_out(const attn_params &a, const attn_view &v, const TT *tile, int64_t n0,
                                                 int nh, bool add) {
     const int L = a.L, E = nh * L * L, t = (int)threadIdx.x;
     const float invL = 1.f / (float)L;
@@ -249,7 +263,7 @@ __device__ __forceinline__ void qrow_scores_out(const attn_params &a, const attn
                 if (f < E) {
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
-                        const float x = tile[f + e + qrow_of(f + e, invL)];
+                        const float x = to_acc(tile[f + e + qrow_of(f + e, invL)]);
                         u[k].v[e] = from_acc<S>(add ? x + to_acc(u[k].v[e]) : x);
                     }
                     *reinterpret_cast<vec_t<S, 4> *>(dst + f) = u[k];
@@ -273,7 +287,7 @@ __device__ __forceinline__ void qrow_scores_out(const attn_params &a, const attn
 #pragma unroll
         for (int k = 0; k < QU; k++) {
             const int g = g0 + QT * k;
-            if (g < E) *p[k] = from_acc<S>(add ? x[k] + tile[g + r[k]] : tile[g + r[k]]);
+            if (g < E) *p[k] = from_acc<S>(add ? x[k] + to_acc(tile[g + r[k]]) : to_acc(tile[g + r[k]]));
         }
     }
 }
@@ -287,7 +301,7 @@ __device__ __forceinline__ void qrow_piece_scores(const attn_params &a, float *t
                                                   bool bad) {
     const int L = a.L, LP = L + 1;
     float *row = tile + t * LP;
-    if (a.sin.p) qrow_scores_in<S>(a, a.sin, tile, attn_view{}, nullptr, n0, nh);
+    if (a.sin.p) qrow_scores_in<S, float>(a, a.sin, tile, attn_view{}, nullptr, n0, nh);
     else if (on)
         for (int j = 0; j < L; j++) row[j] = 0.f;
     const int jend = on && !bad ? key_end(a, i, len) : 0;
@@ -338,7 +352,7 @@ __global__ void __launch_bounds__(QT, qrow_fwd_blocks<S, HDP>()) qrow_fwd_kernel
         rows_put<HDP>(Ks + t * HDP, k);
         rows_put<HDP>(Vs + t * HDP, v);
     }
-    if (a.sin.p && !pieces) qrow_scores_in<S>(a, a.sin, tile, attn_view{}, nullptr, n0, nh);
+    if (a.sin.p && !pieces) qrow_scores_in<S, float>(a, a.sin, tile, attn_view{}, nullptr, n0, nh);
     __syncthreads();
     if (on) {
         const int jend = bad ? 0 : key_end(a, i, len);
@@ -411,18 +425,18 @@ cudaError_t qrow_launch(const attn_params &a, cudaStream_t st) {
    goes out as the scores in's gradient (coalesced runs, as the forward's scores); the key sweep
    (thread j) then sums dk_j = Σ_i dS_ij q_i and dv_j = Σ_i p̃_ij do_i down the tiles' columns, rows
    in order — each key's sums with one owner, no atomics. Masked entries are 0 in both tiles.
-   At L 42 hd 8 a block takes 51.5 KB: four blocks an SM where the registers allow (16-bit scores,
-   qrow_bwd_blocks). */
-size_t qrow_bwd_smem(int L, int hdp) {
+   At L 42 hd 8 a block takes 51.5 KB with f32 tiles, 29.7 KB with 16-bit ones (qrow_bwd_tile):
+   four blocks an SM where the registers allow (qrow_bwd_blocks). */
+size_t qrow_bwd_smem(int L, int hdp, size_t tile_bytes) {
     const size_t G = (size_t)qrow_heads(L);
-    return sizeof(float) * (G * 2 * (size_t)L * hdp + G * 2 * (size_t)L * (L + 1));
+    return sizeof(float) * G * 2 * (size_t)L * hdp + tile_bytes * G * 2 * (size_t)L * (L + 1);
 }
 
 /* The key sweep (thread j: dk_j = scale Σ_i dS_ij q_i and dv_j = Σ_i p̃_ij do_i down the tiles'
    columns, rows in order) of the last piece; q and do are the thread's own rows. The whole block
    calls it. */
-template <typename T, int HDP>
-__device__ __forceinline__ void qrow_key_sweep(const attn_params &a, const float *TA, const float *TB, float *Qs,
+template <typename T, int HDP, typename TT>
+__device__ __forceinline__ void qrow_key_sweep(const attn_params &a, const TT *TA, const TT *TB, float *Qs,
                                                float *DOs, const float q[HDP], const float dO[HDP], bool on, int t,
                                                int hg, int ij, int64_t b, int64_t h, bool bad, int last) {
     const int L = a.L, hd = a.hd, LP = L + 1;
@@ -430,14 +444,14 @@ __device__ __forceinline__ void qrow_key_sweep(const attn_params &a, const float
     __syncthreads();
     if (on) {
         const int j = ij;
-        const float *ca = TA + hg * L * LP + j, *cb = TB + hg * L * LP + j;
+        const TT *ca = TA + hg * L * LP + j, *cb = TB + hg * L * LP + j;
         const float *Q = Qs + hg * L * HDP, *DO = DOs + hg * L * HDP;
         float dk[HDP], dv[HDP];
 #pragma unroll
         for (int d = 0; d < HDP; d++) dk[d] = dv[d] = 0.f;
 #pragma unroll 2
         for (int i = 0; i < L; i++) {
-            const float ds = ca[i * LP], pk = cb[i * LP];
+            const float ds = to_acc(ca[i * LP]), pk = to_acc(cb[i * LP]);
             float qi[HDP], di[HDP];
             rows_get<HDP>(Q + i * HDP, qi);
             rows_get<HDP>(DO + i * HDP, di);
@@ -460,8 +474,8 @@ __device__ __forceinline__ void qrow_key_sweep(const attn_params &a, const float
 /* q and k in pieces, the backward's end: dq and dk of every piece but the last from the dS tile
    TA (row ij: dq_i = scale Σ_j dS_ij k_j over the row's jrow keys; column ij: dk_j = scale Σ_i
    dS_ij q_i), each piece's k and q rows in Ks and Vs. The whole block calls it. */
-template <typename T, int HDP>
-__device__ __forceinline__ void qrow_piece_grads(const attn_params &a, const float *TA, float *Ks, float *Vs, bool on,
+template <typename T, int HDP, typename TT>
+__device__ __forceinline__ void qrow_piece_grads(const attn_params &a, const TT *TA, float *Ks, float *Vs, bool on,
                                                  int t, int hg, int ij, int64_t b, int64_t h, int len, bool bad,
                                                  int jrow) {
     const int L = a.L, hd = a.hd, LP = L + 1;
@@ -478,12 +492,13 @@ __device__ __forceinline__ void qrow_piece_grads(const attn_params &a, const flo
         if (!on) continue;
         float acc[HDP];
         if (a.dq.p) {
-            const float *K = Ks + hg * L * HDP, *ra = TA + t * LP;
+            const float *K = Ks + hg * L * HDP;
+            const TT *ra = TA + t * LP;
 #pragma unroll
             for (int d = 0; d < HDP; d++) acc[d] = 0.f;
 #pragma unroll 2
             for (int j = 0; j < jrow; j++) {
-                const float ds = ra[j];
+                const float ds = to_acc(ra[j]);
                 float k[HDP];
                 rows_get<HDP>(K + j * HDP, k);
 #pragma unroll
@@ -494,12 +509,13 @@ __device__ __forceinline__ void qrow_piece_grads(const attn_params &a, const flo
             key_store<T, HDP>(piece_of<T>(a.dq, pc), b, h, ij, hd, acc, a.accumulate && !bad);
         }
         if (a.dk.p) {
-            const float *Q = Vs + hg * L * HDP, *ca = TA + hg * L * LP + ij;
+            const float *Q = Vs + hg * L * HDP;
+            const TT *ca = TA + hg * L * LP + ij;
 #pragma unroll
             for (int d = 0; d < HDP; d++) acc[d] = 0.f;
 #pragma unroll 2
             for (int i = 0; i < L; i++) {
-                const float ds = ca[i * LP];
+                const float ds = to_acc(ca[i * LP]);
                 float qi[HDP];
                 rows_get<HDP>(Q + i * HDP, qi);
 #pragma unroll
@@ -514,11 +530,13 @@ __device__ __forceinline__ void qrow_piece_grads(const attn_params &a, const flo
 
 template <typename T, typename S, int HDP, bool DROP, bool PIECES>
 __global__ void __launch_bounds__(QT, qrow_bwd_blocks<S, HDP>()) qrow_bwd_kernel(attn_params a) {
+    using TT = qrow_bwd_tile<S, PIECES>;
     extern __shared__ float4 ksm4[];
     const int L = a.L, hd = a.hd, LP = L + 1, G = QT / L;
     const int64_t BH = (int64_t)a.B * a.H, n0 = (int64_t)blockIdx.x * G;
     const int nh = (int)min((int64_t)G, BH - n0);
-    float *Ks = reinterpret_cast<float *>(ksm4), *Vs = Ks + G * L * HDP, *TA = Vs + G * L * HDP, *TB = TA + G * L * LP;
+    float *Ks = reinterpret_cast<float *>(ksm4), *Vs = Ks + G * L * HDP;
+    TT *TA = reinterpret_cast<TT *>(Vs + G * L * HDP), *TB = TA + G * L * LP;
     float *Qs = Ks, *DOs = Vs; /* the key sweep's q and do rows, once the row sweep is done with k and v */
     /* thread t < nh·L is row t of the block's heads (its query row in the first sweep, its key in
        the second): it loads that row's k, v (zeros past a sequence's length), q, do, o and lse,
@@ -531,7 +549,7 @@ __global__ void __launch_bounds__(QT, qrow_bwd_blocks<S, HDP>()) qrow_bwd_kernel
     const int len = seq_len(a, b, &bad);
     constexpr bool pieces = PIECES;
     const int last = PIECES ? a.P - 1 : 0; /* the kernels' own piece */
-    if (pieces) qrow_piece_scores<T, S, HDP>(a, TA, Ks, n0, nh, on, t, hg, ij, b, h, len, bad);
+    if constexpr (PIECES) qrow_piece_scores<T, S, HDP>(a, TA, Ks, n0, nh, on, t, hg, ij, b, h, len, bad);
     float q[HDP], dO[HDP], o[HDP], lse = 0.f;
     if (on) {
         float k[HDP], v[HDP];
@@ -545,7 +563,7 @@ __global__ void __launch_bounds__(QT, qrow_bwd_blocks<S, HDP>()) qrow_bwd_kernel
         rows_put<HDP>(Vs + t * HDP, v);
     }
     if (a.sin.p && !pieces) qrow_scores_in<S>(a, a.sin, TA, a.dso, TB, n0, nh);
-    else if (a.dso.p) qrow_scores_in<S>(a, a.dso, TB, attn_view{}, nullptr, n0, nh);
+    else if (a.dso.p) qrow_scores_in<S, TT>(a, a.dso, TB, attn_view{}, nullptr, n0, nh);
     __syncthreads();
     const int jrow = !on || bad || lse == KNEG_INF ? 0 : key_end(a, ij, len); /* the keys row ij has gradients for */
     if (on) {
@@ -559,7 +577,7 @@ __global__ void __launch_bounds__(QT, qrow_bwd_blocks<S, HDP>()) qrow_bwd_kernel
             dq[d] = 0.f;
         }
         const float *K = Ks + hg * L * HDP, *V = Vs + hg * L * HDP;
-        float *ra = TA + t * LP, *rb = TB + t * LP;
+        TT *ra = TA + t * LP, *rb = TB + t * LP;
         const bool sin = a.sin.p != nullptr || pieces, gin = a.dso.p != nullptr;
         keep_row kr(a, n, i);
 #pragma unroll 2
@@ -567,17 +585,17 @@ __global__ void __launch_bounds__(QT, qrow_bwd_blocks<S, HDP>()) qrow_bwd_kernel
             float k[HDP], v[HDP];
             rows_get<HDP>(K + j * HDP, k);
             rows_get<HDP>(V + j * HDP, v);
-            const float x = rows_dot_r<HDP>(q, k) * a.scale + (sin ? ra[j] : 0.f);
+            const float x = rows_dot_r<HDP>(q, k) * a.scale + (sin ? to_acc(ra[j]) : 0.f);
             const float p = kexp(x - lse), kd = DROP ? kr.at(a, j) : 1.f;
-            const float ds = p * (rows_dot_r<HDP>(dO, v) * kd - D) + (gin ? rb[j] : 0.f);
-            ra[j] = ds;
-            rb[j] = p * kd;
+            const float ds = p * (rows_dot_r<HDP>(dO, v) * kd - D) + (gin ? to_acc(rb[j]) : 0.f);
+            ra[j] = from_acc<TT>(ds);
+            rb[j] = from_acc<TT>(p * kd);
 #pragma unroll
             for (int d = 0; d < HDP; d++) dq[d] += ds * k[d];
         }
-        for (int j = jend; j < L; j++) ra[j] = 0.f, rb[j] = 0.f;
+        for (int j = jend; j < L; j++) ra[j] = from_acc<TT>(0.f), rb[j] = from_acc<TT>(0.f);
         if (bad)
-            for (int j = 0; j < L; j++) ra[j] = knan();
+            for (int j = 0; j < L; j++) ra[j] = from_acc<TT>(knan());
         if (a.dq.p) {
 #pragma unroll
             for (int d = 0; d < HDP; d++) dq[d] = bad ? knan() : dq[d] * a.scale;
@@ -587,8 +605,8 @@ __global__ void __launch_bounds__(QT, qrow_bwd_blocks<S, HDP>()) qrow_bwd_kernel
     }
     __syncthreads();
     if (a.dsin.p) qrow_scores_out<S>(a, a.dsin, TA, n0, nh, a.accumulate);
-    if (a.dk.p || a.dv.p) qrow_key_sweep<T, HDP>(a, TA, TB, Qs, DOs, q, dO, on, t, hg, ij, b, h, bad, last);
-    if (pieces && (a.dq.p || a.dk.p)) qrow_piece_grads<T, HDP>(a, TA, Ks, Vs, on, t, hg, ij, b, h, len, bad, jrow);
+    if (a.dk.p || a.dv.p) qrow_key_sweep<T, HDP, TT>(a, TA, TB, Qs, DOs, q, dO, on, t, hg, ij, b, h, bad, last);
+    if (pieces && (a.dq.p || a.dk.p)) qrow_piece_grads<T, HDP, TT>(a, TA, Ks, Vs, on, t, hg, ij, b, h, len, bad, jrow);
 }
 
 template <typename T, typename S, int HDP, bool DROP>
@@ -597,10 +615,16 @@ cudaError_t qrow_bwd_launch(const attn_params &a, cudaStream_t st) {
     const int G = qrow_heads(a.L);
     const int64_t heads = (int64_t)a.B * a.H;
     const unsigned blocks = (unsigned)((heads + G - 1) / G);
-    const size_t smem = qrow_bwd_smem(a.L, HDP);
+    const size_t smem = qrow_bwd_smem(a.L, HDP, sizeof(qrow_bwd_tile<S, PIECES>));
     if (smem > 48 * 1024) { /* past the default limit the kernel must opt in */
         const cudaError_t e = cudaFuncSetAttribute((const void *)qrow_bwd_kernel<T, S, HDP, DROP, PIECES>,
                                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (e != cudaSuccess) return e;
+    }
+    if (sizeof(qrow_bwd_tile<S, PIECES>) == 2) { /* shared memory for all of qrow_bwd_blocks, the rest L1 */
+        const cudaError_t e = cudaFuncSetAttribute((const void *)qrow_bwd_kernel<T, S, HDP, DROP, PIECES>,
+                                                   cudaFuncAttributePreferredSharedMemoryCarveout,
+                                                   qrow_carveout(smem, qrow_bwd_blocks<S, HDP>()));
         if (e != cudaSuccess) return e;
     }
     qrow_bwd_kernel<T, S, HDP, DROP, PIECES><<<blocks, QT, smem, st>>>(a);

@@ -22,6 +22,8 @@
 #include <stdlib.h>
 #include <vector>
 
+#include "../src/cuda/mma.cuh" /* the tile kernels' cp.async pieces */
+
 #define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { printf("CUDA %s at line %d\n", cudaGetErrorString(e_), __LINE__); exit(1); } } while (0)
 #define CB(x) ((x) == CUBLAS_STATUS_SUCCESS)
 
@@ -31,10 +33,6 @@ constexpr int BM = 128, BN = 128, BK = 32, STAGES = 3, THREADS = 256;
 constexpr int LDK = BK + 4, LDN = 128 + 8, TILE = 128 * LDK > BK * LDN ? 128 * LDK : BK * LDN;
 constexpr size_t SMEM = (size_t)STAGES * 2 * TILE * sizeof(float);
 
-__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void cp16(uint32_t dst, const void *src, bool ok) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0));
-}
 __device__ __forceinline__ uint32_t tf32(float x) {
     uint32_t r;
     asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
@@ -57,11 +55,11 @@ __device__ __forceinline__ void load_tile(float *dst, const float *X, int ld, in
         if (KMAJOR) {
             const int r = c >> 3, q = c & 7;
             const bool ok = r0 + r < rows;
-            cp16(smem_u32(dst + r * LDK + q * 4), X + (size_t)(ok ? r0 + r : 0) * ld + k0 + q * 4, ok);
+            copy16(smem_at(dst + r * LDK + q * 4), X + (size_t)(ok ? r0 + r : 0) * ld + k0 + q * 4, ok);
         } else {
             const int k = c >> 5, q = c & 31;
             const bool ok = r0 + q * 4 < rows; /* (rows a multiple of 4) */
-            cp16(smem_u32(dst + k * LDN + q * 4), X + (size_t)(k0 + k) * ld + (ok ? r0 + q * 4 : 0), ok);
+            copy16(smem_at(dst + k * LDN + q * 4), X + (size_t)(k0 + k) * ld + (ok ? r0 + q * 4 : 0), ok);
         }
     }
 }
@@ -86,23 +84,17 @@ __global__ void __launch_bounds__(THREADS, 2)
         load_tile<AK>(As + s * TILE, A, lda, m0, M, kbase + kt * BK, tid);
         load_tile<BKM>(Bs + s * TILE, B, ldb, n0, N, kbase + kt * BK, tid);
     };
-    float acc[4][4][4];
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) acc[i][j][e] = 0.f;
+    float acc[4][4][4] = {};
 #pragma unroll
     for (int s = 0; s < STAGES - 1; s++) {
         if (s < kt_n) load(s, s);
-        asm volatile("cp.async.commit_group;\n" ::);
+        copy_commit();
     }
     for (int kt = 0; kt < kt_n; kt++) {
-        asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 2));
+        copy_wait<STAGES - 2>();
         __syncthreads(); /* tile kt landed; the stage the next load refills is no longer read */
         if (kt + STAGES - 1 < kt_n) load(kt + STAGES - 1, (kt + STAGES - 1) % STAGES);
-        asm volatile("cp.async.commit_group;\n" ::);
+        copy_commit();
         const float *as = As + (kt % STAGES) * TILE, *bs = Bs + (kt % STAGES) * TILE;
         const int ma = wm * 64 + g, nb = wn * 32 + g;
 #pragma unroll 2

@@ -3,8 +3,9 @@
  * shapes and layouts, against a float64 reference: forward (with and without bias,
  * the single-row GEMV path, misaligned data), the three backward kernels with and
  * without accumulate, finite differences in f64, the plan API, bad input (status,
- * message, untouched output), TF32 opt-in on CUDA, and with FG_TEST_LARGE=1 on a GPU
- * tensors past 2^31 elements.
+ * message, untouched output), TF32 opt-in on CUDA, f32 products at the shapes that take
+ * the split TF32 tensor-core kernel on sm_90a, and with FG_TEST_LARGE=1 on a GPU tensors
+ * past 2^31 elements.
  */
 #include "harness.h"
 
@@ -326,6 +327,76 @@ static void plans(fg_context *ctx, fg_backend be) {
 }
 
 #ifdef FG_TEST_HAVE_CUDA
+/* f32 products of narrow layers over many tokens: on sm_90a they run as three TF32 tensor-core
+ * passes of split operands (gemm_split.cu), which must hold f32's tolerance at any reduction
+ * length. Shapes with a full wave of 128 × 128 tiles, a partial last row tile, n and k off the
+ * tiles' multiples, a long k (3072), a bias, dx accumulated (its old values read by TMA, and
+ * by each thread where c's rows are not whole 16 bytes: n = 130); the reference is f64 on every
+ * 7th row (and the last). On a 9.0 device the split kernel must be the one that ran. */
+typedef struct split_case {
+    int input;        /* 0: y = x·wᵀ + b; 1: dx (+)= dy·w */
+    int64_t m, k, n;  /* rows, reduction, outputs */
+    int accumulate;
+} split_case;
+
+static void split_products(fg_context *ctx) {
+    static const split_case cases[] = {
+        {0, 17000, 384, 128, 0}, {0, 17000, 100, 130, 0}, {0, 17000, 3072, 136, 0},
+        {1, 17000, 384, 128, 1}, {1, 16900, 2048, 256, 0}, {1, 17000, 256, 130, 1},
+    };
+    int arch = 0;
+    {
+        const int64_t xs[2] = {256, 64}, ws[2] = {64, 64}, ys[2] = {256, 64};
+        th_operand x = th_make(FG_BACKEND_CUDA, FG_F32, 2, xs, 0), w = th_make(FG_BACKEND_CUDA, FG_F32, 2, ws, 0);
+        th_operand y = th_make(FG_BACKEND_CUDA, FG_F32, 2, ys, 0);
+        fg_plan_desc d;
+        memset(&d, 0, sizeof d);
+        d.op = FG_OP_LINEAR_FORWARD;
+        d.operands[0] = x.t, d.operands[1] = w.t, d.operands[3] = y.t;
+        fg_plan *plan = NULL;
+        fg_plan_info info;
+        TH_OK(fg_plan_create(ctx, &d, &plan));
+        if (plan && fg_plan_info_get(plan, &info) == FG_OK) arch = info.arch;
+        fg_plan_destroy(plan);
+        th_drop(&x), th_drop(&w), th_drop(&y);
+    }
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const split_case *c = &cases[ci];
+        const int64_t m = c->m, k = c->k, n = c->n;
+        /* forward: a = x [m, k], w [n, k]; input: a = dy [m, k], w [k, n] (the layer's [out, in]) */
+        const int64_t as[2] = {m, k}, wsh[2] = {c->input ? k : n, c->input ? n : k}, bs[1] = {n}, os[2] = {m, n};
+        th_operand a = th_make(FG_BACKEND_CUDA, FG_F32, 2, as, 0), w = th_make(FG_BACKEND_CUDA, FG_F32, 2, wsh, 0);
+        th_operand b = th_make(FG_BACKEND_CUDA, FG_F32, 1, bs, 0), o = th_make(FG_BACKEND_CUDA, FG_F32, 2, os, 0);
+        th_randomize(&a), th_randomize(&w), th_randomize(&b);
+        double *ref = calloc((size_t)(m * n), sizeof(double)), *got = malloc(sizeof(double) * (size_t)(m * n));
+        th_prepare_out(&o, ref, c->accumulate); /* ref: the old values when accumulating */
+        char label[128];
+        snprintf(label, sizeof label, "[split f32 %s m=%lld k=%lld n=%lld acc=%d]", c->input ? "dx" : "forward",
+                 (long long)m, (long long)k, (long long)n, c->accumulate);
+        if (c->input) TH_OK(fg_linear_backward_input(ctx, &a.t, &w.t, &o.t, c->accumulate));
+        else TH_OK(fg_linear_forward(ctx, &a.t, &w.t, &b.t, &o.t));
+        const char *ran = fg_context_last_kernels(ctx);
+        if (arch == 90)
+            TH_CHECK(ran && strstr(ran, "split_tf32") != NULL, "%s: ran %s, not the split kernel", label, ran ? ran : "(none)");
+        th_get(&o.buf, &o.t, got);
+        double num = 0, den = 0;
+        for (int64_t r = 0; r <= (m - 1) / 7 + 1; r++) { /* rows 0, 7, 14, … and the last */
+            const int64_t i = r <= (m - 1) / 7 ? 7 * r : m - 1;
+            for (int64_t j = 0; j < n; j++) {
+                double s = c->input ? 0 : b.v[j];
+                for (int64_t p = 0; p < k; p++) s += a.v[i * k + p] * (c->input ? w.v[p * n + j] : w.v[j * k + p]);
+                if (c->accumulate) s += ref[i * n + j];
+                num += (got[i * n + j] - s) * (got[i * n + j] - s), den += s * s;
+            }
+        }
+        const double err = den > 0 ? sqrt(num / den) : sqrt(num);
+        TH_CHECK(err <= th_tol(FG_F32, false), "%s: relerr %.3g over sampled rows", label, err);
+        printf("%s relerr %.3g (%s)\n", label, err, ran ? ran : "");
+        free(ref), free(got);
+        th_drop(&a), th_drop(&w), th_drop(&b), th_drop(&o);
+    }
+}
+
 /* bf16 tensors of more than 2^31 elements: index math must be 64-bit everywhere. */
 static void large(fg_context *ctx) {
     const int64_t n = 65600, m = 32768, k = 64;
@@ -422,6 +493,11 @@ int main(void) {
                 run_case(tf, FG_BACKEND_CUDA, FG_F32, &cases[ci], true);
             fg_context_destroy(tf);
 #ifdef FG_TEST_HAVE_CUDA
+            {
+                fg_context *sp = th_context(FG_BACKEND_CUDA, false);
+                split_products(sp);
+                fg_context_destroy(sp);
+            }
             if (th_large("the > 2^31-element cases (a GPU with 8 GB free)")) {
                 fg_context *big = th_context(FG_BACKEND_CUDA, false);
                 large(big);

@@ -39,51 +39,11 @@ typedef struct fg_lt_entry {
     cublasLtMatrixLayout_t la, lb, lc;
 } fg_lt_entry;
 
-#ifdef __cplusplus
-extern "C" {
-#ifdef __cplusplus
-extern "C" {
-#endif
-/* The CUDA backend's kernels, reached through its table (src/cuda/backend.cu). */
-fg_status fg_cuda_gemm(fg_context *ctx, const fg_gemm *g, fg_kernel_info *info, void *ws, size_t ws_bytes, bool run);
-fg_status fg_cuda_elementwise(fg_context *ctx, const fg_ew *e, fg_kernel_info *info, void *ws, size_t ws_bytes,
-                              bool run);
-fg_status fg_cuda_adamw(fg_context *ctx, const fg_adamw_run *r);
-/* Scratch the log-prob GRAD step needs for a tile of `rows` × `cols` (column partial sums). */
-size_t fg_cuda_logp_scratch(int64_t rows, int64_t cols);
-fg_status fg_cuda_logp(fg_context *ctx, const fg_logp_call *c);
-/* The linear + activation steps (the scratch of GRAD's per-slab db partials): */
-size_t fg_cuda_act_scratch(fg_dtype dtype, int64_t rows, int64_t cols);
-fg_status fg_cuda_act(fg_context *ctx, const fg_act_call *c);
-/* Whether the TILE steps take this shape (pointers then need 16-byte alignment), and the
- * scratch TILE_GRAD needs for db's per-row-tile sums (fg_cuda_act_scratch covers it). */
-bool fg_cuda_act_tile_fits(fg_dtype dtype, int64_t k, int64_t cols);
-size_t fg_cuda_act_tile_scratch(int64_t rows, int64_t cols);
-fg_status fg_cuda_act_tile(fg_context *ctx, const fg_act_call *c);
-/* TILE_BACKWARD: whether it takes the shape (any alignment), and its scratch (per-slab dW and
- * db partial sums; the slab count is the device's SM count, capped by the row tiles) */
-bool fg_cuda_act_bwd_tile_fits(fg_dtype dtype, int act, int64_t k, int64_t cols);
-size_t fg_cuda_act_bwd_tile_scratch(int device, int64_t rows, int64_t k, int64_t cols, int64_t *parts);
-fg_status fg_cuda_act_bwd_tile(fg_context *ctx, const fg_act_call *c);
-bool fg_cuda_act_bwd90_fits(int device, fg_dtype dtype, int64_t k, int64_t cols);
-fg_status fg_cuda_act_bwd90(fg_context *ctx, const fg_act_call *c);
-bool fg_cuda_act_gemm_fits(int device, fg_dtype dtype, fg_act_step step, int64_t rows, int64_t k, int64_t cols);
-fg_status fg_cuda_act_gemm(fg_context *ctx, const fg_act_call *c);
-/* GEMM_INPUT_FORM's scratch (rows N, k M): its unit flags, and db's per-row-tile sums; and the
- * activations it forms g for (where it beats the gradient pass + plain product) */
-size_t fg_cuda_act_form_scratch(int64_t rows, int64_t k, bool want_db);
-bool fg_cuda_act_form_takes(int act);
-#ifdef __cplusplus
-}
-#endif
 
+#ifdef __cplusplus
+extern "C" {
 #endif
 void fg_lt_entry_clear(fg_lt_entry *e);
-#ifdef __cplusplus
-}
-#ifdef __cplusplus
-extern "C" {
-#endif
 /* The CUDA backend's kernels, reached through its table (src/cuda/backend.cu). */
 fg_status fg_cuda_gemm(fg_context *ctx, const fg_gemm *g, fg_kernel_info *info, void *ws, size_t ws_bytes, bool run);
 fg_status fg_cuda_elementwise(fg_context *ctx, const fg_ew *e, fg_kernel_info *info, void *ws, size_t ws_bytes,
@@ -113,10 +73,20 @@ fg_status fg_cuda_act_gemm(fg_context *ctx, const fg_act_call *c);
  * activations it forms g for (where it beats the gradient pass + plain product) */
 size_t fg_cuda_act_form_scratch(int64_t rows, int64_t k, bool want_db);
 bool fg_cuda_act_form_takes(int act);
+/* The short-K backward kernels' slabs (linear_act_bwd_tile.cu, linear_act_bwd90.cu): `rows` in
+   32-row tiles, one slab of `per` consecutive tiles a block; slabs: the SM count, capped by the
+   tiles (0 when there are no rows) */
+void fg_cuda_act_slabs(int device, int64_t rows, int64_t *slabs, int64_t *per);
+/* f32 products as three TF32 tensor-core passes of split operands (gemm_split.cu): whether
+ * the kernel takes the problem (running: with its pointers), and the product itself (planning,
+ * run = false, fills info: its name and workspace). */
+bool fg_cuda_split_takes(int device, const fg_gemm *g, bool run);
+fg_status fg_cuda_split_gemm(fg_context *ctx, const fg_gemm *g, fg_kernel_info *info, void *ws, size_t ws_bytes,
+                             bool run);
+/* Turns a CUDA error into FG_ERR_BACKEND with the call named. */
+fg_status fg_cuda_fail(cudaError_t err, const char *what);
 #ifdef __cplusplus
 }
-#endif
-
 #endif
 
 struct fg_cuda_state {
@@ -140,46 +110,7 @@ class fg_device_guard {
   private:
     int prev_;
 };
-#ifdef __cplusplus
-extern "C" {
 #endif
-/* The CUDA backend's kernels, reached through its table (src/cuda/backend.cu). */
-fg_status fg_cuda_gemm(fg_context *ctx, const fg_gemm *g, fg_kernel_info *info, void *ws, size_t ws_bytes, bool run);
-fg_status fg_cuda_elementwise(fg_context *ctx, const fg_ew *e, fg_kernel_info *info, void *ws, size_t ws_bytes,
-                              bool run);
-fg_status fg_cuda_adamw(fg_context *ctx, const fg_adamw_run *r);
-/* Scratch the log-prob GRAD step needs for a tile of `rows` × `cols` (column partial sums). */
-size_t fg_cuda_logp_scratch(int64_t rows, int64_t cols);
-fg_status fg_cuda_logp(fg_context *ctx, const fg_logp_call *c);
-/* The linear + activation steps (the scratch of GRAD's per-slab db partials): */
-size_t fg_cuda_act_scratch(fg_dtype dtype, int64_t rows, int64_t cols);
-fg_status fg_cuda_act(fg_context *ctx, const fg_act_call *c);
-/* Whether the TILE steps take this shape (pointers then need 16-byte alignment), and the
- * scratch TILE_GRAD needs for db's per-row-tile sums (fg_cuda_act_scratch covers it). */
-bool fg_cuda_act_tile_fits(fg_dtype dtype, int64_t k, int64_t cols);
-size_t fg_cuda_act_tile_scratch(int64_t rows, int64_t cols);
-fg_status fg_cuda_act_tile(fg_context *ctx, const fg_act_call *c);
-/* TILE_BACKWARD: whether it takes the shape (any alignment), and its scratch (per-slab dW and
- * db partial sums; the slab count is the device's SM count, capped by the row tiles) */
-bool fg_cuda_act_bwd_tile_fits(fg_dtype dtype, int act, int64_t k, int64_t cols);
-size_t fg_cuda_act_bwd_tile_scratch(int device, int64_t rows, int64_t k, int64_t cols, int64_t *parts);
-fg_status fg_cuda_act_bwd_tile(fg_context *ctx, const fg_act_call *c);
-bool fg_cuda_act_bwd90_fits(int device, fg_dtype dtype, int64_t k, int64_t cols);
-fg_status fg_cuda_act_bwd90(fg_context *ctx, const fg_act_call *c);
-bool fg_cuda_act_gemm_fits(int device, fg_dtype dtype, fg_act_step step, int64_t rows, int64_t k, int64_t cols);
-fg_status fg_cuda_act_gemm(fg_context *ctx, const fg_act_call *c);
-/* GEMM_INPUT_FORM's scratch (rows N, k M): its unit flags, and db's per-row-tile sums; and the
- * activations it forms g for (where it beats the gradient pass + plain product) */
-size_t fg_cuda_act_form_scratch(int64_t rows, int64_t k, bool want_db);
-bool fg_cuda_act_form_takes(int act);
-#ifdef __cplusplus
-}
-#endif
-
-#endif
-
-/* Turns a CUDA error into FG_ERR_BACKEND with the call named. */
-fg_status fg_cuda_fail(cudaError_t err, const char *what);
 
 /* The series family's steps (src/cuda/series.cu): planning (run = false) fills c->name. */
 extern "C" fg_status fg_cuda_series(fg_context *ctx, fg_series_call *c, bool run);
@@ -200,124 +131,5 @@ static inline bool fg_cuda_is_sm90(int device) {
            cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess && major == 9 &&
            minor == 0;
 }
-
-#ifdef __cplusplus
-extern "C" {
-#ifdef __cplusplus
-extern "C" {
-#endif
-/* The CUDA backend's kernels, reached through its table (src/cuda/backend.cu). */
-fg_status fg_cuda_gemm(fg_context *ctx, const fg_gemm *g, fg_kernel_info *info, void *ws, size_t ws_bytes, bool run);
-fg_status fg_cuda_elementwise(fg_context *ctx, const fg_ew *e, fg_kernel_info *info, void *ws, size_t ws_bytes,
-                              bool run);
-fg_status fg_cuda_adamw(fg_context *ctx, const fg_adamw_run *r);
-/* Scratch the log-prob GRAD step needs for a tile of `rows` × `cols` (column partial sums). */
-size_t fg_cuda_logp_scratch(int64_t rows, int64_t cols);
-fg_status fg_cuda_logp(fg_context *ctx, const fg_logp_call *c);
-/* The linear + activation steps (the scratch of GRAD's per-slab db partials): */
-size_t fg_cuda_act_scratch(fg_dtype dtype, int64_t rows, int64_t cols);
-fg_status fg_cuda_act(fg_context *ctx, const fg_act_call *c);
-/* Whether the TILE steps take this shape (pointers then need 16-byte alignment), and the
- * scratch TILE_GRAD needs for db's per-row-tile sums (fg_cuda_act_scratch covers it). */
-bool fg_cuda_act_tile_fits(fg_dtype dtype, int64_t k, int64_t cols);
-size_t fg_cuda_act_tile_scratch(int64_t rows, int64_t cols);
-fg_status fg_cuda_act_tile(fg_context *ctx, const fg_act_call *c);
-/* TILE_BACKWARD: whether it takes the shape (any alignment), and its scratch (per-slab dW and
- * db partial sums; the slab count is the device's SM count, capped by the row tiles) */
-bool fg_cuda_act_bwd_tile_fits(fg_dtype dtype, int act, int64_t k, int64_t cols);
-size_t fg_cuda_act_bwd_tile_scratch(int device, int64_t rows, int64_t k, int64_t cols, int64_t *parts);
-fg_status fg_cuda_act_bwd_tile(fg_context *ctx, const fg_act_call *c);
-bool fg_cuda_act_bwd90_fits(int device, fg_dtype dtype, int64_t k, int64_t cols);
-fg_status fg_cuda_act_bwd90(fg_context *ctx, const fg_act_call *c);
-bool fg_cuda_act_gemm_fits(int device, fg_dtype dtype, fg_act_step step, int64_t rows, int64_t k, int64_t cols);
-fg_status fg_cuda_act_gemm(fg_context *ctx, const fg_act_call *c);
-/* GEMM_INPUT_FORM's scratch (rows N, k M): its unit flags, and db's per-row-tile sums; and the
- * activations it forms g for (where it beats the gradient pass + plain product) */
-size_t fg_cuda_act_form_scratch(int64_t rows, int64_t k, bool want_db);
-bool fg_cuda_act_form_takes(int act);
-#ifdef __cplusplus
-}
-#endif
-
-#endif
-/* The short-K backward kernels' slabs (linear_act_bwd_tile.cu, linear_act_bwd90.cu): `rows` in
-   32-row tiles, one slab of `per` consecutive tiles a block; slabs: the SM count, capped by the
-   tiles (0 when there are no rows) */
-void fg_cuda_act_slabs(int device, int64_t rows, int64_t *slabs, int64_t *per);
-#ifdef __cplusplus
-}
-#ifdef __cplusplus
-extern "C" {
-#endif
-/* The CUDA backend's kernels, reached through its table (src/cuda/backend.cu). */
-fg_status fg_cuda_gemm(fg_context *ctx, const fg_gemm *g, fg_kernel_info *info, void *ws, size_t ws_bytes, bool run);
-fg_status fg_cuda_elementwise(fg_context *ctx, const fg_ew *e, fg_kernel_info *info, void *ws, size_t ws_bytes,
-                              bool run);
-fg_status fg_cuda_adamw(fg_context *ctx, const fg_adamw_run *r);
-/* Scratch the log-prob GRAD step needs for a tile of `rows` × `cols` (column partial sums). */
-size_t fg_cuda_logp_scratch(int64_t rows, int64_t cols);
-fg_status fg_cuda_logp(fg_context *ctx, const fg_logp_call *c);
-/* The linear + activation steps (the scratch of GRAD's per-slab db partials): */
-size_t fg_cuda_act_scratch(fg_dtype dtype, int64_t rows, int64_t cols);
-fg_status fg_cuda_act(fg_context *ctx, const fg_act_call *c);
-/* Whether the TILE steps take this shape (pointers then need 16-byte alignment), and the
- * scratch TILE_GRAD needs for db's per-row-tile sums (fg_cuda_act_scratch covers it). */
-bool fg_cuda_act_tile_fits(fg_dtype dtype, int64_t k, int64_t cols);
-size_t fg_cuda_act_tile_scratch(int64_t rows, int64_t cols);
-fg_status fg_cuda_act_tile(fg_context *ctx, const fg_act_call *c);
-/* TILE_BACKWARD: whether it takes the shape (any alignment), and its scratch (per-slab dW and
- * db partial sums; the slab count is the device's SM count, capped by the row tiles) */
-bool fg_cuda_act_bwd_tile_fits(fg_dtype dtype, int act, int64_t k, int64_t cols);
-size_t fg_cuda_act_bwd_tile_scratch(int device, int64_t rows, int64_t k, int64_t cols, int64_t *parts);
-fg_status fg_cuda_act_bwd_tile(fg_context *ctx, const fg_act_call *c);
-bool fg_cuda_act_bwd90_fits(int device, fg_dtype dtype, int64_t k, int64_t cols);
-fg_status fg_cuda_act_bwd90(fg_context *ctx, const fg_act_call *c);
-bool fg_cuda_act_gemm_fits(int device, fg_dtype dtype, fg_act_step step, int64_t rows, int64_t k, int64_t cols);
-fg_status fg_cuda_act_gemm(fg_context *ctx, const fg_act_call *c);
-/* GEMM_INPUT_FORM's scratch (rows N, k M): its unit flags, and db's per-row-tile sums; and the
- * activations it forms g for (where it beats the gradient pass + plain product) */
-size_t fg_cuda_act_form_scratch(int64_t rows, int64_t k, bool want_db);
-bool fg_cuda_act_form_takes(int act);
-#ifdef __cplusplus
-}
-#endif
-
-#endif
-
-#ifdef __cplusplus
-extern "C" {
-#endif
-/* The CUDA backend's kernels, reached through its table (src/cuda/backend.cu). */
-fg_status fg_cuda_gemm(fg_context *ctx, const fg_gemm *g, fg_kernel_info *info, void *ws, size_t ws_bytes, bool run);
-fg_status fg_cuda_elementwise(fg_context *ctx, const fg_ew *e, fg_kernel_info *info, void *ws, size_t ws_bytes,
-                              bool run);
-fg_status fg_cuda_adamw(fg_context *ctx, const fg_adamw_run *r);
-/* Scratch the log-prob GRAD step needs for a tile of `rows` × `cols` (column partial sums). */
-size_t fg_cuda_logp_scratch(int64_t rows, int64_t cols);
-fg_status fg_cuda_logp(fg_context *ctx, const fg_logp_call *c);
-/* The linear + activation steps (the scratch of GRAD's per-slab db partials): */
-size_t fg_cuda_act_scratch(fg_dtype dtype, int64_t rows, int64_t cols);
-fg_status fg_cuda_act(fg_context *ctx, const fg_act_call *c);
-/* Whether the TILE steps take this shape (pointers then need 16-byte alignment), and the
- * scratch TILE_GRAD needs for db's per-row-tile sums (fg_cuda_act_scratch covers it). */
-bool fg_cuda_act_tile_fits(fg_dtype dtype, int64_t k, int64_t cols);
-size_t fg_cuda_act_tile_scratch(int64_t rows, int64_t cols);
-fg_status fg_cuda_act_tile(fg_context *ctx, const fg_act_call *c);
-/* TILE_BACKWARD: whether it takes the shape (any alignment), and its scratch (per-slab dW and
- * db partial sums; the slab count is the device's SM count, capped by the row tiles) */
-bool fg_cuda_act_bwd_tile_fits(fg_dtype dtype, int act, int64_t k, int64_t cols);
-size_t fg_cuda_act_bwd_tile_scratch(int device, int64_t rows, int64_t k, int64_t cols, int64_t *parts);
-fg_status fg_cuda_act_bwd_tile(fg_context *ctx, const fg_act_call *c);
-bool fg_cuda_act_bwd90_fits(int device, fg_dtype dtype, int64_t k, int64_t cols);
-fg_status fg_cuda_act_bwd90(fg_context *ctx, const fg_act_call *c);
-bool fg_cuda_act_gemm_fits(int device, fg_dtype dtype, fg_act_step step, int64_t rows, int64_t k, int64_t cols);
-fg_status fg_cuda_act_gemm(fg_context *ctx, const fg_act_call *c);
-/* GEMM_INPUT_FORM's scratch (rows N, k M): its unit flags, and db's per-row-tile sums; and the
- * activations it forms g for (where it beats the gradient pass + plain product) */
-size_t fg_cuda_act_form_scratch(int64_t rows, int64_t k, bool want_db);
-bool fg_cuda_act_form_takes(int act);
-#ifdef __cplusplus
-}
-#endif
 
 #endif

@@ -3,7 +3,8 @@
  * kernels: mbarriers, the tensor memory accelerator's 2-D tile loads and stores
  * (cp.async.bulk.tensor) and their host-side tensor maps, and warpgroup MMA (wgmma m64nNk16 for
  * N 64 / 128 / 256, f32 accumulators, operands in shared memory through 128-byte-swizzled
- * descriptors; m64n64k16 with A in registers for the attention kernels' P·V-type products).
+ * descriptors; m64n64k16 with A in registers for the attention kernels' P·V-type products;
+ * m64n128k8 in TF32 with A in registers for the split f32 products of gemm_split.cu).
  * Why: the own kernels put work cuBLASLt cannot take (an activation and its slope in the
  * epilogue, g formed beside the product; attention's online softmax between its products)
  * under asynchronous products; these thin inline-PTX wrappers are all they need, without a
@@ -193,6 +194,32 @@ __device__ __forceinline__ void wgmma_rs64(float *d, const uint32_t *a, uint64_t
     if constexpr (bf) FG_WGMMA_RS("bf16");
     else FG_WGMMA_RS("f16");
 #undef FG_WGMMA_RS
+}
+
+/* D[64 × 128] (+)= A[64 × 8] · B[8 × 128] in TF32 with A in registers: four 32-bit registers a
+   thread holding TF32 values (f32 bit patterns, the low 13 mantissa bits clear), warp w's rows
+   16w … 16w + 15 in mma.m16n8k8's tf32 A layout (a0 (row g, k t), a1 (g + 8, t), a2 (g, t + 4),
+   a3 (g + 8, t + 4); g = lane / 4, t = lane % 4); B K-major in shared memory (TF32 has no
+   transposed form), a k-step of 8 is 32 bytes along its 128-byte rows. */
+__device__ __forceinline__ void wgmma_tf32_rs128(float *d, const uint32_t *a, uint64_t db, int accumulate) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\nwgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 " FG_WGMMA_R128
+                 ", {%64, %65, %66, %67}, %68, p, 1, 1;\n}\n"
+                 : FG_WGMMA_D128
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
+}
+
+/* ---- host: the tensor map of a row-major [rows, cols] f32 tensor with row stride `ld`
+   elements (a multiple of 4), read in boxes of box_rows × 32 columns (one 128-byte line a row)
+   with 128-byte swizzling; false when the driver has no encoder or refuses */
+static inline bool tma_map_2d_f32(CUtensorMap *m, const void *base, int64_t rows, int64_t cols, int64_t ld,
+                                  int box_rows) {
+    PFN_cuTensorMapEncodeTiled_v12000 enc = tma_encoder();
+    if (!enc) return false;
+    cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)ld * 4};
+    cuuint32_t box[2] = {32, (cuuint32_t)box_rows}, es[2] = {1, 1};
+    return enc(m, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, (void *)base, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+               CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 #endif

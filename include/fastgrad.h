@@ -302,7 +302,9 @@ typedef struct fg_precision {
                                tensor-core passes of split operands (x = hi + lo), summed
                                in f32 a 32-deep slice at a time: f32-accurate (≈ 2e-7
                                against f64 at k up to 3072), deterministic, but not the
-                               same bits as cuBLAS's f32 products                     */
+                               same bits as cuBLAS's f32 products; an infinite input (or
+                               a finite one of size ≥ (2 − 2^-11)·2^127) gives NaN
+                               there, not ±Inf                                        */
     int32_t deterministic;  /* 1: the same inputs give the same bits, run to run      */
     int32_t bit_stable;     /* 1: ... also across processes on the same hardware and
                                library versions                                       */

@@ -14,11 +14,13 @@
  * first. The tensor cores' own f32 sums do not round to nearest, so one long sum's error grows
  * with k; a slice's three passes go to a fresh accumulator that is then added to the tile's
  * in f32 (round to nearest), which keeps the error at the f32 products' level for any k.
- * The epilogue (alpha, bias) stages each warpgroup's rows in shared memory and leaves them to
- * TMA stores, so the consumers start the next tile while the copy engine writes (at these
- * shapes the output has as many bytes as a, or more); with
- * beta ≠ 0 (or a c TMA cannot address) each thread reads and stores its elements. Each element
- * is one block's sum in a fixed order: deterministic.
+ * The epilogue (alpha, beta, bias) stages each warpgroup's rows in shared memory and leaves them
+ * to TMA stores, so the consumers start the next tile while the copy engine writes (at these
+ * shapes the output has as many bytes as a, or more); with beta ≠ 0 the old c comes into the same
+ * boxes by TMA at the tile's start. Where TMA cannot address c, each thread reads and stores its
+ * elements. Each element is one block's sum in a fixed order: deterministic.
+ * Non-finite inputs: an infinite element, or a finite one of size ≥ (2 − 2^-11)·2^127 (its TF32
+ * rounding overflows), gives NaN where an f32 product gives ±Inf (the pieces' products meet Inf·0).
  * Why: at narrow layers' reduction lengths (k 128–384, PatchTST) cuBLAS's f32 products run on
  * the CUDA cores at 35–50 TFLOP/s; three TF32 passes have ≈ 165 TFLOP/s of tensor-core ceiling,
  * so the products become bound by their bytes (docs/decisions.md, perf-notes 24). gemm.cu
@@ -242,9 +244,10 @@ static size_t sp_workspace(const fg_gemm *g) {
 
 /* Whether the split kernel takes the problem: an sm_90a build on a 9.0 device; f32 without the
    caller's TF32 consent (with it, cuBLASLt's one TF32 pass is faster), one matrix, no
-   activation or other epilogue, a bias (if any) along the columns; a row-major with a row stride of whole 16 bytes (TMA), c
-   row-major; at least a full wave of 128 × 128 tiles and k ≥ 64; b small beside a (m ≥ 8·n_pad:
-   its pre-pass is then a few percent of a's bytes). Running, a must be 16-byte aligned too. */
+   activation or other epilogue, a bias (if any) along the columns; a row-major with a row stride
+   of whole 16 bytes (TMA), c row-major; at least a full wave of 128 × 128 tiles and k ≥ 64; b
+   small beside a (m ≥ 8·n_pad: its pre-pass then writes at most a quarter of a's bytes).
+   Running, a must be 16-byte aligned too. */
 extern "C" bool fg_cuda_split_takes(int device, const fg_gemm *g, bool run) {
 #ifdef FG_CUDA_HAVE_SM90A
     if (g->dtype != FG_F32 || g->allow_tf32 || g->batch != 1 || g->c_f32 || g->act) return false;

@@ -245,7 +245,8 @@ static size_t sp_workspace(const fg_gemm *g) {
 /* Whether the split kernel takes the problem: an sm_90a build on a 9.0 device; f32 without the
    caller's TF32 consent (with it, cuBLASLt's one TF32 pass is faster), one matrix, no
    activation or other epilogue, a bias (if any) along the columns; a row-major with a row stride
-   of whole 16 bytes (TMA), c row-major; at least a full wave of 128 × 128 tiles and k ≥ 64; b
+   of whole 16 bytes (TMA), c row-major; at least a full wave of 128 × 128 tiles, k ≥ 64 and
+   n ≥ 64 (a narrower c would leave most of each tile's products on zero columns); b
    small beside a (m ≥ 8·n_pad: its pre-pass then writes at most a quarter of a's bytes).
    Running, a must be 16-byte aligned too. */
 extern "C" bool fg_cuda_split_takes(int device, const fg_gemm *g, bool run) {
@@ -256,7 +257,7 @@ extern "C" bool fg_cuda_split_takes(int device, const fg_gemm *g, bool run) {
     if ((g->bias_operand >= 0 || g->bias) && g->bias_rs != 0) return false; /* (a bias along the columns only) */
     if (g->a.cs != 1 || g->a.rs < g->k || g->a.rs % 4 != 0 || g->c.cs != 1 || g->c.rs < g->n) return false;
     if (g->align && g->align < 16) return false;
-    if (g->k < 64 || g->k > (1 << 24) || g->n < 1 || g->n > (1 << 16) || g->m > INT32_MAX - SP_BM) return false;
+    if (g->k < 64 || g->k > (1 << 24) || g->n < 64 || g->n > (1 << 16) || g->m > INT32_MAX - SP_BM) return false;
     const int64_t n_pad = sp_pad(g->n, SP_BN);
     if (g->m < 8 * n_pad) return false;
     if (!fg_cuda_is_sm90(device)) return false;

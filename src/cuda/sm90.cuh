@@ -110,14 +110,29 @@ static PFN_cuTensorMapEncodeTiled_v12000 tma_encoder() {
     return fn;
 }
 
-static inline bool tma_map_2d(CUtensorMap *m, const void *base, int64_t rows, int64_t cols, int box_rows, bool bf16) {
+/* the common form: a row-major [rows, cols] tensor of `type` (elem_bytes each) with row stride
+   `ld` elements, in boxes of box_rows × one 128-byte line of columns */
+static inline bool tma_map_2d_lines(CUtensorMap *m, const void *base, CUtensorMapDataType type, int elem_bytes,
+                                    int64_t rows, int64_t cols, int64_t ld, int box_rows) {
     PFN_cuTensorMapEncodeTiled_v12000 enc = tma_encoder();
     if (!enc) return false;
-    cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)cols * 2};
-    cuuint32_t box[2] = {64, (cuuint32_t)box_rows}, es[2] = {1, 1};
-    return enc(m, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, (void *)base, dims, strides,
-               box, es, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+    cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)ld * elem_bytes};
+    cuuint32_t box[2] = {(cuuint32_t)(128 / elem_bytes), (cuuint32_t)box_rows}, es[2] = {1, 1};
+    return enc(m, type, 2, (void *)base, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+static inline bool tma_map_2d(CUtensorMap *m, const void *base, int64_t rows, int64_t cols, int box_rows, bool bf16) {
+    return tma_map_2d_lines(m, base, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, rows,
+                            cols, cols, box_rows);
+}
+
+/* the tensor map of a row-major [rows, cols] f32 tensor with row stride `ld`
+   elements (a multiple of 4), read in boxes of box_rows × 32 columns (one 128-byte line a row)
+   with 128-byte swizzling; false when the driver has no encoder or refuses */
+static inline bool tma_map_2d_f32(CUtensorMap *m, const void *base, int64_t rows, int64_t cols, int64_t ld,
+                                  int box_rows) {
+    return tma_map_2d_lines(m, base, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, rows, cols, ld, box_rows);
 }
 
 /* ---- wgmma */
@@ -206,20 +221,6 @@ __device__ __forceinline__ void wgmma_tf32_rs128(float *d, const uint32_t *a, ui
                  ", {%64, %65, %66, %67}, %68, p, 1, 1;\n}\n"
                  : FG_WGMMA_D128
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
-}
-
-/* ---- host: the tensor map of a row-major [rows, cols] f32 tensor with row stride `ld`
-   elements (a multiple of 4), read in boxes of box_rows × 32 columns (one 128-byte line a row)
-   with 128-byte swizzling; false when the driver has no encoder or refuses */
-static inline bool tma_map_2d_f32(CUtensorMap *m, const void *base, int64_t rows, int64_t cols, int64_t ld,
-                                  int box_rows) {
-    PFN_cuTensorMapEncodeTiled_v12000 enc = tma_encoder();
-    if (!enc) return false;
-    cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)ld * 4};
-    cuuint32_t box[2] = {32, (cuuint32_t)box_rows}, es[2] = {1, 1};
-    return enc(m, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, (void *)base, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
-               CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 #endif

@@ -332,7 +332,8 @@ static void plans(fg_context *ctx, fg_backend be) {
  * length. Shapes with a full wave of 128 × 128 tiles, a partial last row tile, n and k off the
  * tiles' multiples, a long k (3072), a bias, dx accumulated (its old values read by TMA, and
  * by each thread where c's rows are not whole 16 bytes: n = 130); the reference is f64 on every
- * 7th row (and the last). On a 9.0 device the split kernel must be the one that ran. */
+ * 7th row (and the last). Then the weight gradient's form. On a 9.0 device the split kernels must
+ * be the ones that ran. */
 typedef struct split_case {
     int input;        /* 0: y = x·wᵀ + b; 1: dx (+)= dy·w */
     int64_t m, k, n;  /* rows, reduction, outputs */
@@ -394,6 +395,42 @@ static void split_products(fg_context *ctx) {
         printf("%s relerr %.3g (%s)\n", label, err, ran ? ran : "");
         free(ref), free(got);
         th_drop(&a), th_drop(&w), th_drop(&b), th_drop(&o);
+    }
+    /* the weight gradient's form: dw [n, k] (+)= dyᵀ·x over t tokens, ranges of t summed in order;
+       t off the 32-deep slices, n and k off the tiles, accumulated; f64 on every 5th row of dw */
+    static const struct { int64_t t, n, k; int accumulate; } wcases[] = {{40000, 384, 128, 0}, {33001, 132, 100, 1}};
+    for (size_t ci = 0; ci < sizeof wcases / sizeof wcases[0]; ci++) {
+        const int64_t t = wcases[ci].t, n = wcases[ci].n, k = wcases[ci].k;
+        const int64_t dys[2] = {t, n}, xs[2] = {t, k}, dws[2] = {n, k};
+        th_operand dy = th_make(FG_BACKEND_CUDA, FG_F32, 2, dys, 0), x = th_make(FG_BACKEND_CUDA, FG_F32, 2, xs, 0);
+        th_operand dw = th_make(FG_BACKEND_CUDA, FG_F32, 2, dws, 0);
+        th_randomize(&dy), th_randomize(&x);
+        double *ref = calloc((size_t)(n * k), sizeof(double)), *got = malloc(sizeof(double) * (size_t)(n * k));
+        th_prepare_out(&dw, ref, wcases[ci].accumulate); /* ref: the old values when accumulating */
+        char label[128];
+        snprintf(label, sizeof label, "[split f32 dw t=%lld n=%lld k=%lld acc=%d]", (long long)t, (long long)n,
+                 (long long)k, wcases[ci].accumulate);
+        TH_OK(fg_linear_backward_weight(ctx, &dy.t, &x.t, &dw.t, wcases[ci].accumulate));
+        const char *ran = fg_context_last_kernels(ctx);
+        if (arch == 90)
+            TH_CHECK(ran && strstr(ran, "split_tf32_wgrad") != NULL, "%s: ran %s, not the split kernel", label,
+                     ran ? ran : "(none)");
+        th_get(&dw.buf, &dw.t, got);
+        double num = 0, den = 0;
+        for (int64_t r = 0; r <= (n - 1) / 5 + 1; r++) { /* rows 0, 5, 10, … and the last */
+            const int64_t i = r <= (n - 1) / 5 ? 5 * r : n - 1;
+            for (int64_t j = 0; j < k; j++) {
+                double sum = 0;
+                for (int64_t p = 0; p < t; p++) sum += dy.v[p * n + i] * x.v[p * k + j];
+                if (wcases[ci].accumulate) sum += ref[i * k + j];
+                num += (got[i * k + j] - sum) * (got[i * k + j] - sum), den += sum * sum;
+            }
+        }
+        const double err = den > 0 ? sqrt(num / den) : sqrt(num);
+        TH_CHECK(err <= th_tol(FG_F32, false), "%s: relerr %.3g over sampled rows", label, err);
+        printf("%s relerr %.3g (%s)\n", label, err, ran ? ran : "");
+        free(ref), free(got);
+        th_drop(&dy), th_drop(&x), th_drop(&dw);
     }
 }
 

@@ -117,8 +117,8 @@ static void gemm_kernels(void) {
         th_drop(&A), th_drop(&DC), th_drop(&DB);
     }
 #ifdef FG_TEST_HAVE_SM90A
-    {   /* f32 products of a narrow layer over many rows: the split TF32 kernel (k and n off its
-           tiles' multiples, a partial last row tile; dx accumulated) */
+    {   /* f32 products of a narrow layer over many rows: the split TF32 kernels (k and n off their
+           tiles' multiples, a partial last row tile; dx and dw accumulated) */
         int64_t x[2] = {17100, 100}, w[2] = {136, 100}, b[1] = {136}, y[2] = {17100, 136};
         th_operand X = make(FG_F32, 2, x, 0), W = make(FG_F32, 2, w, 0), B = make(FG_F32, 1, b, 0), Y = out(FG_F32, 2, y, 0);
         launched("linear_forward f32 split", fg_linear_forward(ctx, &X.t, &W.t, &B.t, &Y.t), "split_tf32_gemm90");
@@ -126,6 +126,10 @@ static void gemm_kernels(void) {
         th_operand DX = make(FG_F32, 2, x, 0);
         launched("linear_backward_input f32 split", fg_linear_backward_input(ctx, &Y.t, &W.t, &DX.t, 1), "split_tf32_gemm90");
         written("linear_backward_input f32 split", &DX);
+        th_operand DW = make(FG_F32, 2, w, 0);
+        launched("linear_backward_weight f32 split", fg_linear_backward_weight(ctx, &Y.t, &X.t, &DW.t, 1), "split_tf32_wgrad90");
+        written("linear_backward_weight f32 split", &DW);
+        th_drop(&DW);
         th_drop(&X), th_drop(&W), th_drop(&B), th_drop(&Y), th_drop(&DX);
     }
 #endif

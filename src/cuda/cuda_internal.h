@@ -83,6 +83,11 @@ void fg_cuda_act_slabs(int device, int64_t rows, int64_t *slabs, int64_t *per);
 bool fg_cuda_split_takes(int device, const fg_gemm *g, bool run);
 fg_status fg_cuda_split_gemm(fg_context *ctx, const fg_gemm *g, fg_kernel_info *info, void *ws, size_t ws_bytes,
                              bool run);
+/* ... and its weight-gradient form (dW = dyᵀ·x over many tokens: ranges of the reduction summed in
+ * order) */
+bool fg_cuda_split_wgrad_takes(int device, const fg_gemm *g, bool run);
+fg_status fg_cuda_split_wgrad(fg_context *ctx, const fg_gemm *g, fg_kernel_info *info, void *ws, size_t ws_bytes,
+                              bool run);
 /* Turns a CUDA error into FG_ERR_BACKEND with the call named. */
 fg_status fg_cuda_fail(cudaError_t err, const char *what);
 #ifdef __cplusplus

@@ -20,8 +20,9 @@
  *    kernel (it streams the writes faster than cuBLASLt does for 2-byte types; for f32
  *    cuBLASLt is faster, so f32 / f64 stay there).
  *  - Batch sums (c.bs == 0) in f16/bf16 accumulate in an f32 buffer and round once.
- *  - f32 products of a narrow layer over many tokens on sm_90a (a [m, k] row-major, b small):
- *    three TF32 tensor-core passes of split operands at f32 accuracy (gemm_split.cu).
+ *  - f32 products of a narrow layer over many tokens on sm_90a (a [m, k] row-major, b small;
+ *    and the layer's weight gradient, a long reduction into a small c): three TF32 tensor-core
+ *    passes of split operands at f32 accuracy (gemm_split.cu).
  */
 #include "cuda_internal.h"
 #include "elem.cuh"
@@ -1050,5 +1051,6 @@ extern "C" fg_status fg_cuda_gemm(fg_context *ctx, const fg_gemm *g, fg_kernel_i
     }
     if (skinny_takes(g)) return by_dtype<skinny_product>(g->dtype, g, ctx, info, ws, ws_bytes, run);
     if (fg_cuda_split_takes(ctx->device, g, run)) return fg_cuda_split_gemm(ctx, g, info, ws, ws_bytes, run);
+    if (fg_cuda_split_wgrad_takes(ctx->device, g, run)) return fg_cuda_split_wgrad(ctx, g, info, ws, ws_bytes, run);
     return by_dtype<general_product>(g->dtype, g, ctx, info, ws, ws_bytes, run);
 }

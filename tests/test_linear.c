@@ -398,7 +398,9 @@ static void split_products(fg_context *ctx) {
     }
     /* the weight gradient's form: dw [n, k] (+)= dyᵀ·x over t tokens, ranges of t summed in order;
        t off the 32-deep slices, n and k off the tiles, accumulated; f64 on every 5th row of dw */
-    static const struct { int64_t t, n, k; int accumulate; } wcases[] = {{40000, 384, 128, 0}, {33001, 132, 100, 1}};
+    static const struct { int64_t t, n, k; int accumulate; } wcases[] = {
+        {40000, 384, 128, 0}, {33001, 132, 100, 1}, {20000, 136, 260, 0}, /* (three column tiles) */
+    };
     for (size_t ci = 0; ci < sizeof wcases / sizeof wcases[0]; ci++) {
         const int64_t t = wcases[ci].t, n = wcases[ci].n, k = wcases[ci].k;
         const int64_t dys[2] = {t, n}, xs[2] = {t, k}, dws[2] = {n, k};

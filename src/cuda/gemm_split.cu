@@ -267,7 +267,7 @@ __global__ void __launch_bounds__(SP_THREADS, 1)
     const int wg = threadIdx.x / 128;
     const int tile = blockIdx.x / p.parts, range = blockIdx.x % p.parts;
     const int tr = tile / p.tiles_n, tc = tile % p.tiles_n;
-    const int t0 = range * p.chunk, t1 = min(p.k, t0 + p.chunk);
+    const int t0 = range * p.chunk, t1 = p.k - t0 < p.chunk ? p.k : t0 + p.chunk; /* (no int overflow near INT32_MAX) */
     const int slices = t1 > t0 ? (t1 - t0 + SP_BK - 1) / SP_BK : 0;
     if (threadIdx.x == 0) {
         for (int s = 0; s < SP_STAGES; s++) mbar_init(&full[s], 1), mbar_init(&empty[s], 256);
@@ -483,7 +483,8 @@ extern "C" fg_status fg_cuda_split_gemm(fg_context *ctx, const fg_gemm *g, fg_ke
 static int sw_parts(int device, int64_t tiles, int64_t k) {
     int sms = 0;
     if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms < 1) sms = 1;
-    int64_t parts = (sms + tiles - 1) / tiles;
+    int64_t parts = sms / tiles; /* (one block an SM: rounding up would start a second, nearly empty wave) */
+    if (parts < 1) parts = 1;
     const int64_t slices = (k + SP_BK - 1) / SP_BK;
     if (parts > slices) parts = slices;
     return (int)(parts < 1 ? 1 : parts);

@@ -257,6 +257,53 @@ static void backward_plan(fg_context *ctx, int act, const th_operand *dy, const 
 }
 #endif
 
+#ifdef FG_TEST_HAVE_SM90A
+/* An f32 backward whose weight gradient has few output tiles over many tokens (PatchTST's
+ * FFN-up: [256, 128] over 20000 tokens): on a 9.0 device the split TF32 weight-gradient kernel
+ * takes the whole product (it splits the tokens itself), not a sum of per-range cuBLAS
+ * products. dw against f64 on every 5th row (g from the given pre), accumulated and not. */
+static void split_weight_gradient(fg_context *ctx) {
+    const int64_t N = 20000, K = 128, M = 256, xs[2] = {N, K}, ws[2] = {M, K}, ys[2] = {N, M}, bs[1] = {M};
+    th_operand x = th_make(FG_BACKEND_CUDA, FG_F32, 2, xs, 0), w = th_make(FG_BACKEND_CUDA, FG_F32, 2, ws, 0);
+    th_operand b = th_make(FG_BACKEND_CUDA, FG_F32, 1, bs, 0), pre = th_make(FG_BACKEND_CUDA, FG_F32, 2, ys, 0);
+    th_operand dy = th_make(FG_BACKEND_CUDA, FG_F32, 2, ys, 0), dx = th_make(FG_BACKEND_CUDA, FG_F32, 2, xs, 0);
+    th_operand dw = th_make(FG_BACKEND_CUDA, FG_F32, 2, ws, 0), db = th_make(FG_BACKEND_CUDA, FG_F32, 1, bs, 0);
+    th_randomize(&x), th_randomize(&w), th_randomize(&b), th_randomize(&pre), th_randomize(&dy);
+    fg_plan_info info;
+    backward_plan(ctx, FG_ACT_GELU, &dy, &pre.t, &x, &w, &b, &dx, &dw, &db, &info, false);
+    for (int acc = 0; acc <= 1; acc++) {
+        double *ref = calloc((size_t)(M * K), sizeof(double)), *got = malloc(sizeof(double) * (size_t)(M * K));
+        th_prepare_out(&dw, ref, acc); /* ref: the old values when accumulating */
+        th_poison(&dx.buf), th_poison(&db.buf);
+        TH_OK(fg_linear_act_backward(ctx, FG_ACT_GELU, &dy.t, &pre.t, &x.t, &w.t, &b.t, &dx.t, &dw.t, &db.t, acc));
+        const char *ran = fg_context_last_kernels(ctx);
+        char label[160];
+        snprintf(label, sizeof label, "[split f32 dw through linear_act gelu N=%lld K=%lld M=%lld acc=%d]", (long long)N,
+                 (long long)K, (long long)M, acc);
+        if (info.arch == 90)
+            TH_CHECK(ran && strstr(ran, "split_tf32_wgrad") != NULL, "%s: ran %s, not the split kernel", label,
+                     ran ? ran : "(none)");
+        th_get(&dw.buf, &dw.t, got);
+        double num = 0, den = 0;
+        for (int64_t r = 0; r <= (M - 1) / 5 + 1; r++) { /* rows 0, 5, 10, … and the last */
+            const int64_t m = r <= (M - 1) / 5 ? 5 * r : M - 1;
+            for (int64_t k = 0; k < K; k++) {
+                double sum = 0;
+                for (int64_t n = 0; n < N; n++)
+                    sum += dy.v[n * M + m] * (double)ref_slope(FG_ACT_GELU, pre.v[n * M + m]) * x.v[n * K + k];
+                if (acc) sum += ref[m * K + k];
+                num += (got[m * K + k] - sum) * (got[m * K + k] - sum), den += sum * sum;
+            }
+        }
+        const double err = den > 0 ? sqrt(num / den) : sqrt(num);
+        TH_CHECK(err <= th_tol(FG_F32, false), "%s: relerr %.3g over sampled rows", label, err);
+        printf("%s relerr %.3g (%s)\n", label, err, ran ? ran : "");
+        free(ref), free(got);
+    }
+    th_drop(&x), th_drop(&w), th_drop(&b), th_drop(&pre), th_drop(&dy), th_drop(&dx), th_drop(&dw), th_drop(&db);
+}
+#endif
+
 /* ------------------------------------------------------------------ cases */
 
 typedef struct shape_case {
@@ -1305,6 +1352,9 @@ int main(void) {
             for (int act = 0; act <= FG_ACT_TANH; act += 3) /* relu, gelu_tanh, tanh */
                 for (int bk = 0; bk < 3; bk++) batched_weights(ctx, be, dt, act == 0 ? FG_ACT_RELU : act, bk);
         }
+#ifdef FG_TEST_HAVE_SM90A
+        if (be == FG_BACKEND_CUDA) split_weight_gradient(ctx);
+#endif
         bad_input(ctx, be);
         fg_context_destroy(ctx);
     }

@@ -37,9 +37,15 @@ static fg_status cuda_logp(fg_context *ctx, const fg_logp_call *c) { return fg_c
  * 0: no split — also for M, K ≤ 128, where the GEMM primitive's skinny kernel (src/cuda/gemm.cu)
  * splits the rows itself in one product up to FG_SKINNY_MAX_OUTS outputs, and cuBLASLt's own
  * split-K runs the rest (the split here was not re-measured for them). */
-static int64_t dw_parts(fg_dtype t, int64_t N, int64_t K, int64_t M) {
+static int64_t dw_parts(fg_context *ctx, const fg_act_problem *p) {
+    const fg_dtype t = p->dtype;
+    const int64_t N = p->N, K = p->K, M = p->M;
     const int64_t tiles = ((M + 127) / 128) * ((K + 127) / 128);
     if (tiles >= 32 || N < 16384) return 0;
+    /* the f32 split kernel for weight gradients splits the tokens into ranges itself */
+    const fg_gemm whole = fg_gemm_plain(t, 1, M, K, N, fg_mat_at(NULL, 1, M), fg_mat_at(NULL, K, 1), fg_mat_at(NULL, K, 1),
+                                        p->accumulate ? 1.0 : 0.0, false, NULL, p->tf32, false, p->align);
+    if (fg_cuda_split_wgrad_takes(ctx->device, &whole, false)) return 0;
     if (t != FG_F64 && M >= 2 && K >= 2 && M <= 128 && K <= 128) return 0;
     const int64_t parts = N / 2048;
     return parts > 64 ? 64 : parts;
@@ -103,7 +109,7 @@ static fg_status cuda_act_plan(fg_context *ctx, const fg_act_problem *p, fg_act_
     /* or g formed by dx's product, where the GEMM primitive can */
     if (!path->tile_grad && p->want_dx && act) FG_TRY(gemm_takes(ctx, p, false, p->keep, p->act, &path->form));
     if (!path->form && p->want_db) path->grad_scratch = fg_cuda_act_scratch(p->dtype, p->N, p->M);
-    path->dw_parts = p->want_dw ? dw_parts(p->dtype, p->N, p->K, p->M) : 0;
+    path->dw_parts = p->want_dw ? dw_parts(ctx, p) : 0;
     return FG_OK;
 }
 
